@@ -1,0 +1,61 @@
+"""The one `agentkv` entry point. Sub-commands stay thin: they parse flags and call the packages."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+
+from agentkv import __version__
+from agentkv.errors import UserError
+
+Handler = Callable[[argparse.Namespace], int | None]
+
+
+def _trace_commands(sub: argparse._SubParsersAction) -> None:
+    """`agentkv trace ...`: read, convert, synthesise and summarise agentic traces."""
+    trace = sub.add_parser("trace", help="read, convert, synthesise and summarise agentic traces")
+    tsub = trace.add_subparsers(dest="trace_cmd", required=True, metavar="COMMAND")
+
+    p = tsub.add_parser("stats", help="per-trace and total statistics, with the prefix-cache hit ceiling")
+    p.add_argument("paths", nargs="*", metavar="PATH",
+                   help="trace files or directories (default: the bundled sample)")
+    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"],
+                   help="input format (default: detect from file name and content)")
+    p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.set_defaults(func=_cmd_trace_stats)
+
+
+def _cmd_trace_stats(args: argparse.Namespace) -> int:
+    from agentkv.trace.stats import stats_command
+
+    return stats_command(args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentkv",
+        description="Replay, simulate and route agentic LLM inference; the KV cache at the centre.",
+    )
+    parser.add_argument("--version", action="version", version=f"agentkv {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _trace_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except UserError as e:
+        print(f"agentkv: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("agentkv: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""A serving engine without weights: hardware catalogue, cost model, scheduler, clock."""

@@ -1,0 +1,62 @@
+"""KV events in vLLM's wire format: what a pool stores and removes, batched and msgpack-encoded.
+
+Observed on a live vLLM 0.32 (../shared/vllm/README.md): a batch is the array
+`[ts, [event, ...], data_parallel_rank]`; each event is a map tagged `"type"` with every field
+present (None as nil). Decoding tolerates missing optional fields, so older and newer
+publishers (SGLang, earlier vLLM) decode too.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class BlockStored(msgspec.Struct, tag="BlockStored", tag_field="type", kw_only=True):
+    """Full blocks were stored (hashes in chain order; `parent_block_hash` precedes the first)."""
+
+    block_hashes: list[int]
+    parent_block_hash: int | None = None
+    token_ids: list[int] = msgspec.field(default_factory=list)
+    block_size: int = 0
+    lora_id: int | None = None
+    medium: str | None = "GPU"
+    lora_name: str | None = None
+    extra_keys: list | None = None
+    group_idx: int | None = 0
+    kv_cache_spec_kind: str | None = "full_attention"
+
+
+class BlockRemoved(msgspec.Struct, tag="BlockRemoved", tag_field="type", kw_only=True):
+    """Blocks were evicted from `medium` (a tier move shows as Removed here, Stored below)."""
+
+    block_hashes: list[int]
+    medium: str | None = "GPU"
+    group_idx: int | None = 0
+
+
+class AllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type"):
+    """Every block was dropped (cache reset or restart)."""
+
+
+KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class EventBatch(msgspec.Struct, array_like=True):
+    """One published message: a timestamp, its events and the data-parallel rank."""
+
+    ts: float
+    events: list[KVEvent]
+    data_parallel_rank: int | None = None
+
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(EventBatch)
+
+
+def encode_batch(batch: EventBatch) -> bytes:
+    return _encoder.encode(batch)
+
+
+def decode_batch(payload: bytes) -> EventBatch:
+    """Decode one payload; raises msgspec.DecodeError / ValidationError on a malformed one."""
+    return _decoder.decode(payload)

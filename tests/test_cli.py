@@ -1,0 +1,22 @@
+"""The CLI's contract: a version, help, and one clear line (no traceback) for bad input."""
+
+import subprocess
+import sys
+
+from agentkv.cli import main
+
+
+def test_version(capsys):
+    try:
+        main(["--version"])
+    except SystemExit as e:
+        assert e.code == 0
+    assert "agentkv" in capsys.readouterr().out
+
+
+def test_missing_file_is_one_line_error():
+    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "trace", "stats", "/nonexistent/x.json"],
+                       capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    assert "/nonexistent/x.json" in p.stderr
