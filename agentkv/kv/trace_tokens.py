@@ -1,0 +1,167 @@
+"""Trace blocks -> deterministic token ids, and their chained keys without the tokens.
+
+Traces carry `hash_ids` (prefix block ids), not text. To replay them against a real server or
+engine we need token ids that share exactly where the trace's blocks are shared:
+
+- every trace block (trace key, hash id) gets a *base*, a 64-bit value, and its tokens are a
+  counter-based hash (splitmix64) of (base, position): a pure function, so any process, any
+  machine and any numpy version produce the same tokens; vectorised over whole requests.
+- tokens past the blocks `hash_ids` cover (the trailing partial block of a trace) are filler:
+  virtual blocks `m = 0, 1, ...` whose bases derive from (trace key, last hash id, m).
+- `chain_keys` maps a request to the chained keys of *engine* blocks of another size from the
+  same bases, so the simulator need not materialise tokens.
+
+The trace key is a stable 64-bit hash of the trace id (XXH3, never Python's `hash()`); for
+traces whose hash ids are global (`hash_id_scope == "global"`) pass one shared key instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import xxhash
+
+DEFAULT_VOCAB = (1000, 31000)
+
+_U = np.uint64
+_M1, _M2 = _U(0xBF58476D1CE4E5B9), _U(0x94D049BB133111EB)
+_GOLDEN = _U(0x9E3779B97F4A7C15)  # odd: k + i * GOLDEN is injective in i (mod 2**64)
+_POS = _U(0xD1B54A32D192ED03)
+_SUB = _U(0xAEF17502108EF2D9)
+_GROUP = _U(0xDB4F0B9175AE2165)
+_DEPTH = _U(0x8CB92BA72F3D8DD7)
+_REAL, _FILL, _EMPTY = 0x7265616C, 0x66696C6C, 0x656D7074  # domain tags: "real", "fill", "empt"
+_R = 0xFF51AFD7ED558CCD  # odd multiplier of the polynomial prefix hash in chain_keys
+_RINV = pow(_R, -1, 1 << 64)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (a bijection; wraps mod 2**64)."""
+    x = (x ^ (x >> _U(30))) * _M1
+    x = (x ^ (x >> _U(27))) * _M2
+    return x ^ (x >> _U(31))
+
+
+def _mix1(x: int) -> int:
+    return int(_mix(np.array([x & 0xFFFFFFFFFFFFFFFF], dtype=_U))[0])
+
+
+def trace_key(trace_id: str | int) -> int:
+    """A stable 64-bit key of a trace id (XXH3-64 of its UTF-8); an int is used as the key."""
+    if isinstance(trace_id, str):
+        return xxhash.xxh3_64_intdigest(trace_id.encode("utf-8"))
+    if isinstance(trace_id, bool) or not isinstance(trace_id, int | np.integer):
+        raise TypeError(f"trace id must be a str or an int key, got {type(trace_id).__name__}")
+    return int(trace_id) & 0xFFFFFFFFFFFFFFFF
+
+
+_trace_key = trace_key  # chain_keys' parameter shadows the name
+
+
+def _slot_bases(key: int, hash_ids: Sequence[int] | np.ndarray, m: int) -> np.ndarray:
+    """Bases of the first `m` trace-block slots: real blocks, then filler after the last one."""
+    ids = np.asarray(hash_ids[:m] if len(hash_ids) > m else hash_ids, dtype=np.int64).view(_U)
+    out = np.empty(m, dtype=_U)
+    k = len(ids)
+    if k:
+        out[:k] = _mix(_U(_mix1(key ^ _REAL)) + ids * _GOLDEN)
+    if m > k:
+        if len(hash_ids):
+            last = int(hash_ids[-1]) & 0xFFFFFFFFFFFFFFFF
+            fill = _mix1(_mix1(key ^ _FILL) + last * int(_GOLDEN))
+        else:
+            fill = _mix1(key ^ _FILL ^ _EMPTY)
+        out[k:] = _mix(_U(fill) + np.arange(m - k, dtype=_U) * _GOLDEN)
+    return out
+
+
+def _tokens(bases: np.ndarray, n: int, vocab: tuple[int, int]) -> np.ndarray:
+    """`n` tokens per base, uniform in [lo, hi): position-keyed hash of (base, position)."""
+    lo, hi = vocab
+    pos = (np.arange(n, dtype=_U) + _U(1)) * _POS
+    x = _mix(bases[:, None] + pos[None, :])
+    return ((x >> _U(32)) * _U(hi - lo) >> _U(32)).astype(np.int64).astype(np.int32) + np.int32(lo)
+
+
+def _check(block_size: int, vocab: tuple[int, int]) -> None:
+    if isinstance(block_size, bool) or not isinstance(block_size, int | np.integer) or block_size <= 0:
+        raise ValueError(f"block_size must be a positive int, got {block_size!r}")
+    lo, hi = vocab
+    if not 0 <= lo < hi <= 2**31:
+        raise ValueError(f"vocab must be (lo, hi) with 0 <= lo < hi <= 2**31, got {vocab!r}")
+
+
+def trace_block_tokens(trace_id: str | int, hash_id: int, block_size: int,
+                       vocab: tuple[int, int] = DEFAULT_VOCAB) -> np.ndarray:
+    """The `block_size` int32 token ids of trace block `hash_id` (deterministic, in [lo, hi))."""
+    _check(block_size, vocab)
+    return _tokens(_slot_bases(trace_key(trace_id), [hash_id], 1), block_size, vocab)[0]
+
+
+def request_tokens(trace_id: str | int, hash_ids: Sequence[int] | np.ndarray, input_tokens: int,
+                   block_size: int, vocab: tuple[int, int] = DEFAULT_VOCAB) -> np.ndarray:
+    """A request's prompt: its trace blocks' tokens concatenated, cut to `input_tokens`.
+
+    Tokens past the blocks `hash_ids` cover are filler derived from the last block, so two
+    requests with the same blocks and lengths get the same prompt.
+    """
+    _check(block_size, vocab)
+    if input_tokens < 0:
+        raise ValueError(f"input_tokens must be >= 0, got {input_tokens}")
+    m = -(-input_tokens // block_size)
+    if m == 0:
+        return np.empty(0, dtype=np.int32)
+    return _tokens(_slot_bases(trace_key(trace_id), hash_ids, m), block_size, vocab).ravel()[:input_tokens]
+
+
+_pow_cache: list[np.ndarray] = [np.ones(1, dtype=_U), np.ones(1, dtype=_U)]
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """R**j and R**-j (mod 2**64) for j < n, grown by doubling and kept."""
+    rp, ri = _pow_cache
+    if len(rp) < n:
+        size = max(n, 2 * len(rp))
+        rp = np.concatenate(([_U(1)], np.cumprod(np.full(size - 1, _R, dtype=_U)))).astype(_U)
+        ri = np.concatenate(([_U(1)], np.cumprod(np.full(size - 1, _RINV, dtype=_U)))).astype(_U)
+        _pow_cache[:] = [rp, ri]
+    return rp[:n], ri[:n]
+
+
+def chain_keys(trace_key: int | str, hash_ids: Sequence[int] | np.ndarray, trace_block_size: int,
+               block_size: int, input_tokens: int) -> np.ndarray:
+    """Chained uint64 keys of a request's full engine blocks of `block_size`, without tokens.
+
+    Contract: with `request_tokens(trace_key, hash_ids, input_tokens, trace_block_size)` as the
+    prompt, there is one key per full engine block inside `input_tokens`, and two requests
+    share their first k keys iff their prompts share the tokens of those k engine blocks (up
+    to 64-bit collisions), as chained token hashes would. `block_size` must divide the trace's
+    block size (each trace block splits into sub-blocks) or be a multiple of it (engine blocks
+    group trace blocks). The keys live in their own key space: compare them with each other,
+    not with `block_hashes` of the tokens.
+    """
+    t, b = trace_block_size, block_size
+    _check(t, DEFAULT_VOCAB)
+    _check(b, DEFAULT_VOCAB)
+    if t % b and b % t:
+        raise ValueError(f"engine block size {b} must divide or be a multiple of the trace's {t}")
+    n = max(input_tokens, 0) // b
+    if n == 0:
+        return np.empty(0, dtype=_U)
+    key = _trace_key(trace_key)
+    if b <= t:
+        r = t // b
+        bases = _slot_bases(key, hash_ids, -(-n // r))
+        sub = (np.arange(r, dtype=_U) + _U(1)) * _SUB
+        ident = _mix(bases[:, None] ^ sub[None, :]).ravel()[:n] if r > 1 else bases
+    else:
+        g = b // t
+        slots = _slot_bases(key, hash_ids, n * g).reshape(n, g)
+        ident = slots[:, 0].copy()
+        for s in range(1, g):
+            ident = _mix(ident * _GROUP + slots[:, s])
+    rp, ri = _powers(n)
+    prefix = np.cumsum(ident * ri, dtype=_U) * rp  # P_j = sum_{i<=j} ident_i * R**(j-i)
+    depth = (np.arange(n, dtype=_U) + _U(1)) * _DEPTH
+    return _mix(prefix ^ depth)
