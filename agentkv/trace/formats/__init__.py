@@ -51,6 +51,7 @@ def detect(path: Path, data: bytes) -> str:
 def _expand(path: Path) -> list[Path]:
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES))
+        files = _module("claude_code").drop_companions(files)  # sub-agents are read with their session
         if not files:
             raise TraceError(str(path), None, None, f"directory holds no trace files ({', '.join(_SUFFIXES)})")
         return files
