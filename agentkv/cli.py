@@ -25,11 +25,28 @@ def _trace_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.set_defaults(func=_cmd_trace_stats)
 
+    p = tsub.add_parser("convert", help="save traces (any format) as AgentX JSON, as kv-cache-tester and AIPerf read")
+    p.add_argument("paths", nargs="+", metavar="INPUT", help="trace files or directories")
+    p.add_argument("-o", "--output", required=True, metavar="OUT",
+                   help="a .json or .json.gz file for one trace, or a directory for many")
+    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"],
+                   help="input format (default: detect from file name and content)")
+    p.add_argument("--gzip", action="store_true", help="gzip the files written into a directory (.json.gz)")
+    p.set_defaults(func=_cmd_trace_convert)
+
 
 def _cmd_trace_stats(args: argparse.Namespace) -> int:
     from agentkv.trace.stats import stats_command
 
     return stats_command(args)
+
+
+def _cmd_trace_convert(args: argparse.Namespace) -> int:
+    from agentkv.trace.formats.convert import convert
+
+    for t, path in convert(args.paths, args.output, args.format, gzip=args.gzip):
+        print(f"{path}  ({t.num_requests} requests, {t.num_subagents} sub-agents, from {t.format})")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -76,3 +76,11 @@ def load_paths(paths: list[str | Path], fmt: str = "auto") -> list[Trace]:
         for f in _expand(Path(p)):
             traces.extend(load(f, fmt))
     return traces
+
+
+def bundled_sample() -> list[Path]:
+    """The small real Claude Code traces shipped in `agentkv/data/traces` (see its NOTICE.md), sorted."""
+    from importlib.resources import files
+
+    folder = files("agentkv") / "data" / "traces"
+    return sorted(Path(str(p)) for p in folder.iterdir() if p.name.endswith(_SUFFIXES))

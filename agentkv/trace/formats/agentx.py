@@ -1,21 +1,65 @@
 """AgentX / kv-cache-tester JSON traces: one session tree per file, sub-agents nested inline.
 
-Top level: `id, block_size, hash_id_scope, tool_tokens, system_tokens, requests[]`. A request is
-`{t, type: "n"|"s", model, in, out, hash_ids, input_types, output_types, stop, api_time,
-think_time, ttft}`; a sub-agent is `{t, type: "subagent", agent_id, subagent_type, duration_ms,
-status, tool_tokens, system_tokens, requests[]}` whose requests count `t` from its spawn.
+Top level: `id, models, block_size, hash_id_scope, tool_tokens, system_tokens, requests[], totals`.
+A request is `{t, type: "n"|"s", model, in, out, hash_ids, input_types, output_types, stop,
+api_time, ttft, think_time}`; a sub-agent is `{t, type: "subagent", agent_id, subagent_type,
+duration_ms, total_tokens, tool_use_count, status, requests[], models, tool_tokens, system_tokens}`
+whose requests count `t` from its spawn. `read` parses it; `write_agentx` saves any `Trace` as it.
 """
 
 from __future__ import annotations
 
+import gzip
 import math
 from pathlib import Path
+from typing import Annotated, Literal
 
 import msgspec
 
+from agentkv.trace.formats._errors import from_msgspec
 from agentkv.trace.model import Request, Session, Trace, TraceError
 
-_json = msgspec.json.Decoder()
+_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+_Secs = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class _Item(msgspec.Struct, gc=False):
+    """A request or a sub-agent entry as stored; schema checks (types, signs) happen in C."""
+
+    t: _Secs | None = None
+    type: str = "n"
+    model: str = ""
+    in_: _NonNeg | None = msgspec.field(default=None, name="in")
+    out: _NonNeg | None = None
+    hash_ids: list[_NonNeg] = []
+    input_types: list[str] = []
+    output_types: list[str] = []
+    stop: str | None = None
+    api_time: _Secs | None = None
+    ttft: _Secs | None = None
+    think_time: _Secs | None = None
+    agent_id: str | None = None
+    subagent_type: str | None = None
+    duration_ms: _Secs | None = None
+    total_tokens: _NonNeg | None = None
+    tool_use_count: _NonNeg | None = None
+    status: str | None = None
+    tool_tokens: _NonNeg = 0
+    system_tokens: _NonNeg = 0
+    requests: list[_Item] | None = None
+
+
+class _Doc(msgspec.Struct, gc=False):
+    requests: list[_Item]
+    id: str | int | None = None
+    block_size: Annotated[int, msgspec.Meta(gt=0)] = 64
+    hash_id_scope: Literal["local", "global"] = "local"
+    replay: Literal["session", "timestamp"] = "session"
+    tool_tokens: _NonNeg = 0
+    system_tokens: _NonNeg = 0
+
+
+_decode = msgspec.json.Decoder(_Doc).decode
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -23,112 +67,148 @@ def sniff(path: Path, head: bytes) -> bool:
     return s[:1] == b"{" and b'"requests"' in s and (b'"block_size"' in s or b'"hash_ids"' in s)
 
 
-class _Ctx:
-    __slots__ = ("path", "block_size")
-
-    def __init__(self, path: str, block_size: int):
-        self.path, self.block_size = path, block_size
-
-    def err(self, rec: str, field: str | None, msg: str) -> TraceError:
-        return TraceError(self.path, rec, field, msg)
-
-
-def _num(ctx: _Ctx, d: dict, key: str, rec: str, *, required: bool, integer: bool = False,
-         default=None):
-    v = d.get(key, None)
+def _count(path: str, rec: str, key: str, v: int | None) -> int:
     if v is None:
-        if required:
-            raise ctx.err(rec, key, "missing")
-        return default
-    if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise ctx.err(rec, key, f"expected a number, got {type(v).__name__} {v!r:.40}")
-    if integer and not (isinstance(v, int) or float(v).is_integer()):
-        raise ctx.err(rec, key, f"expected an integer, got {v!r}")
-    if not math.isfinite(v) or v < 0:
-        raise ctx.err(rec, key, f"must be a finite number >= 0, got {v!r}")
-    return int(v) if integer else float(v)
-
-
-def _strs(ctx: _Ctx, d: dict, key: str, rec: str) -> list[str]:
-    v = d.get(key) or []
-    if not isinstance(v, list) or not all(isinstance(x, str) for x in v):
-        raise ctx.err(rec, key, "expected a list of strings")
+        raise TraceError(path, rec, key, "missing")
     return v
 
 
-def _request(ctx: _Ctx, d: dict, rec: str) -> Request:
-    n_in = _num(ctx, d, "in", rec, required=True, integer=True)
-    n_out = _num(ctx, d, "out", rec, required=True, integer=True)
-    hash_ids = d.get("hash_ids", [])
-    if not isinstance(hash_ids, list) or not all(type(h) is int and h >= 0 for h in hash_ids):
-        raise ctx.err(rec, "hash_ids", "expected a list of non-negative integers")
-    limit = -(-n_in // ctx.block_size)
-    if len(hash_ids) > limit:
-        raise ctx.err(rec, "hash_ids", f"{len(hash_ids)} blocks but 'in' = {n_in} tokens implies at most "
-                                       f"{limit} blocks of {ctx.block_size}")
-    model = d.get("model", "")
-    stop = d.get("stop", "") or ""
-    if not isinstance(model, str):
-        raise ctx.err(rec, "model", "expected a string")
-    if not isinstance(stop, str):
-        raise ctx.err(rec, "stop", "expected a string")
-    return Request(
-        t=_num(ctx, d, "t", rec, required=True),
-        input_tokens=n_in,
-        output_tokens=n_out,
-        hash_ids=hash_ids,
-        think_time=_num(ctx, d, "think_time", rec, required=False, default=0.0),
-        model=model,
-        kind=d.get("type", "n"),
-        stop=stop,
-        api_time=_num(ctx, d, "api_time", rec, required=False),
-        ttft=_num(ctx, d, "ttft", rec, required=False),
-        input_types=_strs(ctx, d, "input_types", rec),
-        output_types=_strs(ctx, d, "output_types", rec),
-    )
+def _request(path: str, bs: int, it: _Item, rec: str) -> Request:
+    if it.t is None:
+        raise TraceError(path, rec, "t", "missing")
+    n_in = _count(path, rec, "in", it.in_)
+    limit = -(-n_in // bs)
+    if len(it.hash_ids) > limit:
+        raise TraceError(path, rec, "hash_ids", f"{len(it.hash_ids)} blocks but 'in' = {n_in} tokens implies "
+                                                f"at most {limit} blocks of {bs}")
+    return Request(t=it.t, input_tokens=n_in, output_tokens=_count(path, rec, "out", it.out),
+                   hash_ids=it.hash_ids, think_time=it.think_time or 0.0, model=it.model, kind=it.type,
+                   stop=it.stop or "", api_time=it.api_time, ttft=it.ttft,
+                   input_types=it.input_types, output_types=it.output_types)
 
 
-def _session(ctx: _Ctx, d: dict, sid: str, rec_prefix: str, t: float) -> Session:
-    reqs = d.get("requests")
-    if not isinstance(reqs, list):
-        raise ctx.err(rec_prefix or "top level", "requests", "expected a list of requests")
-    dur = d.get("duration_ms")
-    s = Session(
-        id=sid, t=t,
-        agent_type=str(d.get("subagent_type", "") or ""),
-        status=str(d.get("status", "") or ""),
-        system_tokens=_num(ctx, d, "system_tokens", rec_prefix, required=False, integer=True, default=0),
-        tool_tokens=_num(ctx, d, "tool_tokens", rec_prefix, required=False, integer=True, default=0),
-        duration=dur / 1000.0 if isinstance(dur, (int, float)) and not isinstance(dur, bool) else None,
-    )
-    for i, r in enumerate(reqs):
-        rec = f"{rec_prefix}requests[{i}]"
-        if not isinstance(r, dict):
-            raise ctx.err(rec, None, f"expected an object, got {type(r).__name__}")
-        kind = r.get("type", "n")
-        if kind == "subagent":
-            sub_t = _num(ctx, r, "t", rec, required=True)
-            agent = r.get("agent_id") or f"agent_{len(s.subagents) + 1:03d}"
-            s.subagents.append(_session(ctx, r, f"{sid}/{agent}", rec + ".", sub_t))
-        elif kind in ("n", "s"):
-            s.requests.append(_request(ctx, r, rec))
+def _session(path: str, bs: int, src: _Item | _Doc, sid: str, prefix: str, t: float) -> Session:
+    s = Session(id=sid, t=t, tool_tokens=src.tool_tokens, system_tokens=src.system_tokens)
+    if isinstance(src, _Item):
+        s.agent_type, s.status = src.subagent_type or "", src.status or ""
+        s.total_tokens, s.tool_use_count = src.total_tokens, src.tool_use_count
+        s.duration = src.duration_ms / 1000.0 if src.duration_ms is not None else None
+    for i, it in enumerate(src.requests or ()):
+        rec = f"{prefix}requests[{i}]"
+        if it.type in ("n", "s"):
+            s.requests.append(_request(path, bs, it, rec))
+        elif it.type == "subagent":
+            if it.t is None:
+                raise TraceError(path, rec, "t", "missing")
+            if it.requests is None:
+                raise TraceError(path, rec, "requests", "missing (a sub-agent needs a list of requests)")
+            agent = it.agent_id or f"agent_{len(s.subagents) + 1:03d}"
+            s.subagents.append(_session(path, bs, it, f"{sid}/{agent}", rec + ".", it.t))
         else:
-            raise ctx.err(rec, "type", f"unknown request type {kind!r} (expected 'n', 's' or 'subagent')")
+            raise TraceError(path, rec, "type", f"unknown request type {it.type!r} (expected 'n', 's' or 'subagent')")
     return s
 
 
 def read(path: Path, data: bytes) -> list[Trace]:
     try:
-        doc = _json.decode(data)
+        doc = _decode(data)
     except msgspec.DecodeError as e:
-        raise TraceError(str(path), None, None, f"invalid JSON: {e}") from None
-    if not isinstance(doc, dict):
-        raise TraceError(str(path), None, None, "expected a JSON object with 'requests'")
-    bs = doc.get("block_size", 64)
-    if type(bs) is not int or bs <= 0:
-        raise TraceError(str(path), "top level", "block_size", f"expected a positive integer, got {bs!r}")
-    ctx = _Ctx(str(path), bs)
-    tid = doc.get("id") or path.name.split(".")[0]
-    scope = doc.get("hash_id_scope", "local")
-    return [Trace(id=str(tid), block_size=bs, session=_session(ctx, doc, str(tid), "", 0.0),
-                  hash_id_scope=str(scope), source=str(path), format="agentx")]
+        raise from_msgspec(str(path), e, top="top level") from None
+    tid = str(doc.id) if doc.id not in (None, "") else path.name.split(".")[0]
+    root = _session(str(path), doc.block_size, doc, tid, "", 0.0)
+    return [Trace(id=tid, block_size=doc.block_size, session=root, hash_id_scope=doc.hash_id_scope,
+                  source=str(path), format="agentx", replay=doc.replay)]
+
+
+# ---------------------------------------------------------------------------------------------- writer
+
+
+def _models(requests: list[Request]) -> list[str]:
+    return list(dict.fromkeys(r.model for r in requests if r.model))
+
+
+def _ms(seconds: float) -> int | float:
+    """Seconds as the milliseconds the format stores: the shortest nearby value that reads back
+    (as ms / 1000) to the same float, when one exists."""
+    x = seconds * 1000.0
+    near = [x, math.nextafter(x, math.inf), math.nextafter(x, -math.inf)]
+    for c in (round(x), round(x, 3), *near, math.nextafter(near[1], math.inf), math.nextafter(near[2], -math.inf)):
+        if c / 1000.0 == seconds:
+            return c
+    return x
+
+
+def _request_doc(r: Request) -> dict:
+    d = {"t": r.t, "type": r.kind, "model": r.model, "in": r.input_tokens, "out": r.output_tokens,
+         "hash_ids": r.hash_ids, "input_types": r.input_types, "output_types": r.output_types, "stop": r.stop}
+    if r.api_time is not None:
+        d["api_time"] = r.api_time
+    if r.ttft is not None:
+        d["ttft"] = r.ttft
+    d["think_time"] = r.think_time
+    return d
+
+
+def _items(s: Session) -> list[dict]:
+    """Requests and sub-agents merged by time, each list keeping its own order; requests win ties."""
+    out: list[dict] = []
+    subs, j = s.subagents, 0
+    for r in s.requests:
+        while j < len(subs) and subs[j].t < r.t:
+            out.append(_subagent_doc(subs[j], s.id))
+            j += 1
+        out.append(_request_doc(r))
+    out.extend(_subagent_doc(sub, s.id) for sub in subs[j:])
+    return out
+
+
+def _subagent_doc(s: Session, parent_id: str) -> dict:
+    agent = s.id[len(parent_id) + 1:] if s.id.startswith(parent_id + "/") else s.id
+    d: dict = {"t": s.t, "type": "subagent", "agent_id": agent, "subagent_type": s.agent_type}
+    if s.duration is not None:
+        d["duration_ms"] = _ms(s.duration)
+    if s.total_tokens is not None:
+        d["total_tokens"] = s.total_tokens
+    if s.tool_use_count is not None:
+        d["tool_use_count"] = s.tool_use_count
+    d.update(status=s.status, requests=_items(s), models=_models(s.requests),
+             tool_tokens=s.tool_tokens, system_tokens=s.system_tokens)
+    return d
+
+
+def _tokens(sessions) -> dict:
+    reqs = [r for s in sessions for r in s.requests]
+    return {"input": sum(r.input_tokens for r in reqs), "output": sum(r.output_tokens for r in reqs)}
+
+
+def to_agentx(trace: Trace) -> dict:
+    """The AgentX document for a trace (the root session's own fields sit at the top level)."""
+    root = trace.session
+    subs = [s for s in trace.sessions() if s is not root]
+    for s in (root, *subs):
+        for i, r in enumerate(s.requests):
+            if r.kind not in ("n", "s"):
+                raise TraceError(trace.source or trace.id, f"session {s.id} request {i}", "kind",
+                                 f"{r.kind!r} cannot be saved as AgentX (expected 'n' or 's')")
+    parent, sub = _tokens([root]), _tokens(subs)
+    doc: dict = {"id": trace.id, "models": _models(root.requests), "block_size": trace.block_size,
+                 "hash_id_scope": trace.hash_id_scope}
+    if trace.replay != "session":
+        doc["replay"] = trace.replay  # an extension: Mooncake traces replay by arrival time
+    doc.update(tool_tokens=root.tool_tokens, system_tokens=root.system_tokens, requests=_items(root))
+    doc["totals"] = {"parent_tokens": parent, "subagent_tokens": sub,
+                     "combined_tokens": {k: parent[k] + sub[k] for k in parent}, "subagent_count": len(subs)}
+    return doc
+
+
+def write_agentx(trace: Trace, path: str | Path) -> Path:
+    """Save `trace` as AgentX JSON at `path` (gzip when the name ends with .gz); returns the path."""
+    path = Path(path)
+    data = msgspec.json.encode(to_agentx(trace))
+    if path.name.endswith(".gz"):
+        data = gzip.compress(data, compresslevel=6, mtime=0)
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise TraceError(str(path), None, None, f"cannot write: {e.strerror or e}") from None
+    return path

@@ -1,0 +1,52 @@
+"""How long reading real traces takes: all 119 Claude Code traces, and each Mooncake file.
+
+Usage: python benchmarks/trace_load.py [SHARED_DIR]   (default: ../shared beside the repository)
+Prints the best and median of a few runs, the bytes read and the requests found.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from agentkv.trace.formats import load_paths, read_bytes
+
+RUNS = 3
+
+
+def _time(paths: list[Path]) -> tuple[float, float, list]:
+    times, traces = [], []
+    for _ in range(RUNS):
+        t0 = time.perf_counter()
+        traces = load_paths(paths)
+        times.append(time.perf_counter() - t0)
+    return min(times), statistics.median(times), traces
+
+
+def _report(label: str, paths: list[Path]) -> None:
+    files = [f for p in paths for f in (sorted(p.rglob("*.gz")) if p.is_dir() else [p])]
+    packed = sum(f.stat().st_size for f in files) / 1e6
+    raw = sum(len(read_bytes(f)) for f in files) / 1e6
+    best, median, traces = _time(paths)
+    reqs = sum(t.num_requests for t in traces)
+    subs = sum(t.num_subagents for t in traces)
+    print(f"{label:<28} {len(traces):>4} traces {reqs:>7} requests {subs:>3} sub-agents "
+          f"{packed:6.1f} MB gz {raw:6.1f} MB json   best {best:6.3f} s  median {median:6.3f} s  "
+          f"({raw / best:5.1f} MB/s)")
+
+
+def main() -> None:
+    shared = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1].parent / "shared"
+    traces = shared / "traces"
+    if not traces.is_dir():
+        sys.exit(f"trace_load: no traces under {shared} (pass the shared directory as the argument)")
+    print(f"reading traces under {traces} ({RUNS} runs each)")
+    _report("claude-code (all files)", [traces / "claude-code"])
+    for f in sorted((traces / "mooncake").glob("*.jsonl*")):
+        _report(f"mooncake {f.name.split('.')[0]}", [f])
+
+
+if __name__ == "__main__":
+    main()
