@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -68,6 +69,13 @@ def _tree() -> Trace:
     root = Session(id="root", requests=[r(0.0), r(2.0, kind="s"), r(5.0, api_time=1.5, ttft=0.2), r(12.0)],
                    subagents=[a1, a2], tool_tokens=11, system_tokens=3)
     return Trace(id="root", block_size=64, session=root)
+
+
+def test_claude_code_log_round_trips(tmp_path):
+    fixture = Path(__file__).parent / "fixtures" / "claude_code" / "project"
+    [t] = load_paths([fixture])
+    assert t.format == "claude_code" and t.num_subagents == 1
+    assert _same(t, load(write_agentx(t, tmp_path / "cc.json"))[0])
 
 
 def test_subagents_nested_inline_at_their_spawn_time(tmp_path):
