@@ -1,0 +1,214 @@
+"""Step time of one engine step (chunked-prefill pieces + decodes), roofline terms fitted to an H200.
+
+Per layer and TP rank (see docs/cost-model.md for the derivation and the fit):
+  linear = ||(W/BW, 2 T P / R_gemm)||_k           weights streamed vs GEMM compute, p-norm overlap
+  attn   = self_pairs x f / R_self + past_pairs x f / R_past + setup (if any piece has a cached past)
+  kv     = prefill KV read / BW + max(decode KV read / BW, longest decode ctx x per-head bytes / BW_stream)
+  layer  = ||(linear + attn + kv + 2 all-reduces, launch floor)||_kf
+  step   = layers x layer + lm_head (one row per sequence) + logits gather
+Other GPUs scale bandwidth terms by their HBM TB/s and compute terms by their dense TFLOP/s, both
+relative to the H200 datasheet; per-layer launch costs do not scale.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+from agentkv.engine.hardware import (
+    ACT_BYTES,
+    ALLREDUCE_LATENCY_S,
+    DTYPE_BYTES,
+    GPU,
+    KV_DTYPES,
+    ModelShape,
+    get_gpu,
+    get_model,
+    ring_allreduce_s,
+)
+from agentkv.errors import UserError
+
+COEFFICIENTS = "data/calibration/cost-h200.json"
+REF_HBM_TBPS = 4.8  # H200 SXM datasheet, the part the calibration ran on
+REF_BF16_TFLOPS = 989.0
+ACTIVATION_FIXED_BYTES = 1 << 30  # CUDA context, cuBLAS/NCCL workspaces, graphs: outside the KV budget
+
+
+@dataclass(frozen=True, slots=True)
+class CostCoefficients:
+    """Fitted constants of the step-time model (H200 scale) and the measured ceilings they refer to."""
+
+    copy_gbps: float  # measured device copy bandwidth (read + write), the bandwidth roof
+    gemm_tflops: float  # measured bf16 8192^3 GEMM rate, the compute roof
+    gemm_eff: float  # layer GEMMs' rate / gemm_tflops
+    overlap_k: float  # p-norm exponent joining weight streaming and GEMM compute (1: serial, inf: overlap)
+    attn_self_eff: float  # causal attention among the new tokens: rate / gemm_tflops
+    attn_past_eff: float  # new tokens attending to the cached past: rate / gemm_tflops
+    stream_gbps: float  # one (sequence, KV head) decode attention program's read rate
+    past_setup_s: float  # per layer, when a prefill piece attends to a cached past
+    launch_floor_s: float  # per layer: kernel launches the GPU cannot run faster than
+    floor_k: float  # p-norm exponent joining GPU time and the launch floor
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if not (isinstance(v, int | float) and v >= 0 and v == v and v != float("inf")):
+                raise UserError(f"cost coefficients: '{f.name}' must be a finite number >= 0, got {v!r}")
+        if self.overlap_k < 1 or self.floor_k < 1:
+            raise UserError("cost coefficients: 'overlap_k' and 'floor_k' must be >= 1")
+
+    def to_dict(self) -> dict[str, float]:
+        """Plain dict for JSON."""
+        return asdict(self)
+
+
+def load_coefficients(path: str | Path | None = None) -> CostCoefficients:
+    """The bundled H200 fit, or a JSON file written by `scripts/fit_cost.py`; UserError names bad fields."""
+    if path is None:
+        return _bundled()
+    try:
+        doc = json.loads(Path(path).read_text())
+        return CostCoefficients(**doc["coefficients"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise UserError(f"{path}: not a cost coefficient file ({type(e).__name__}: {e})") from None
+
+
+@cache
+def _bundled() -> CostCoefficients:
+    doc = json.loads(resources.files("agentkv").joinpath(COEFFICIENTS).read_text())
+    return CostCoefficients(**doc["coefficients"])
+
+
+def _pnorm(a: float, b: float, k: float) -> float:
+    """(a^k + b^k)^(1/k): at least max(a, b), at most a + b."""
+    if a <= 0.0 or b <= 0.0:
+        return a if a > b else b
+    return (a**k + b**k) ** (1.0 / k)
+
+
+class CostModel:
+    """Seconds of one engine step on one (GPU, model, TP, dtypes) replica; cheap enough to call every step."""
+
+    def __init__(self, gpu: GPU | str, model: ModelShape | str, tp: int = 1, kv_dtype: str = "bf16",
+                 weight_dtype: str = "bf16", coeffs: CostCoefficients | None = None):
+        self.gpu, self.model, self.tp = get_gpu(gpu), get_model(model), tp
+        if kv_dtype not in KV_DTYPES:
+            raise UserError(f"KV dtype '{kv_dtype}' is not one of {', '.join(KV_DTYPES)}")
+        self.kv_dtype, self.weight_dtype = kv_dtype, weight_dtype
+        c = self.coeffs = coeffs or load_coefficients()
+        g, m, r = self.gpu, self.model, self.model.shard(tp)
+        self.rank = r
+        bw = c.copy_gbps * 1e9 * g.hbm_tbps / REF_HBM_TBPS  # achievable HBM bytes/s (the roof)
+        peak = c.gemm_tflops * 1e12 / REF_BF16_TFLOPS  # measured rate per datasheet TFLOP/s
+        gemm = peak * g.tflops(weight_dtype) * c.gemm_eff
+        attn = peak * g.bf16_tflops
+        kvb = DTYPE_BYTES[kv_dtype]
+        wb = DTYPE_BYTES[weight_dtype]
+        self.bandwidth = bw
+        self._w = r.layer_params * wb / bw
+        self._flop_tok = 2.0 * r.layer_params / gemm
+        pair_flops = 4.0 * r.heads * m.head_dim  # QK^T and PV, multiply-add = 2 flops
+        self._self_pair = pair_flops / (attn * c.attn_self_eff)
+        self._past_pair = pair_flops / (attn * c.attn_past_eff)
+        self._kv_tok = 2.0 * r.kv_heads * m.head_dim * kvb / bw  # one token's K and V, one layer
+        self._stream_tok = 2.0 * m.head_dim * kvb / (c.stream_gbps * 1e9 * g.hbm_tbps / REF_HBM_TBPS)
+        self._k, self._fk = c.overlap_k, c.floor_k
+        self._setup, self._floor = c.past_setup_s, c.launch_floor_s
+        act = m.hidden * ACT_BYTES
+        link = g.gpu_link_gbps * 1e9
+        # two all-reduces per layer (attention out, MLP out): bytes term per token, latency apart
+        self._ar_tok = 2.0 * ring_allreduce_s(act, tp, g.gpu_link_gbps, latency_s=0.0)
+        self._ar_lat = 2.0 * ALLREDUCE_LATENCY_S if tp > 1 else 0.0
+        self._lm_w = r.lm_head_params * 2 / bw
+        self._lm_row = 2.0 * r.lm_head_params / (peak * g.bf16_tflops * c.gemm_eff)
+        self._gather_row = ((tp - 1) / tp * m.vocab * ACT_BYTES / link) if tp > 1 else 0.0
+        self._gather_lat = ALLREDUCE_LATENCY_S if tp > 1 else 0.0
+        self._layers = m.layers
+
+    # -- sizes --------------------------------------------------------------------------------
+    @property
+    def weights_bytes(self) -> float:
+        """Weight bytes on one rank: its linear-layer shard, lm_head/embedding shards, norms (bf16)."""
+        r, m = self.rank, self.model
+        norms = (2 * m.layers + 1) * m.hidden * 2
+        linear = m.layers * r.layer_params * DTYPE_BYTES[self.weight_dtype]
+        return linear + (r.lm_head_params + r.embed_params) * 2 + norms
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV cache bytes per token on one rank."""
+        return self.model.kv_bytes_per_token(self.kv_dtype, self.tp)
+
+    def activation_reserve_bytes(self, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> float:
+        """Peak non-KV working memory per rank: one layer's activations for a full token budget, fp32
+        logits for one row per sequence, and a fixed 1 GiB for the CUDA context and workspaces."""
+        m, r = self.model, self.rank
+        per_tok = (m.hidden * 3 + (r.heads + 2 * r.kv_heads) * m.head_dim + 3 * m.intermediate // self.tp) * ACT_BYTES
+        logits = min(max_num_seqs, max_num_batched_tokens) * -(-m.vocab // self.tp) * 4
+        return max_num_batched_tokens * per_tok + logits + ACTIVATION_FIXED_BYTES
+
+    def kv_capacity_bytes(self, gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
+                          max_num_seqs: int = 256) -> float:
+        """KV cache bytes per rank: HBM x utilization - weights - activation reserve (vLLM's budget rule)."""
+        if not 0.0 < gpu_memory_utilization <= 1.0:
+            raise UserError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
+        free = (self.gpu.hbm_bytes * gpu_memory_utilization - self.weights_bytes
+                - self.activation_reserve_bytes(max_num_batched_tokens, max_num_seqs))
+        if free <= 0:
+            raise UserError(f"{self.model.name} (tp={self.tp}, {self.weight_dtype}) does not fit on "
+                            f"{self.gpu.name} at gpu_memory_utilization={gpu_memory_utilization}")
+        return free
+
+    # -- times --------------------------------------------------------------------------------
+    def decode_roofline(self, batch: int, ctx: int) -> float:
+        """Lower bound of a decode step: all weights read (layers + lm_head) and all KV read, at full BW."""
+        return (self._layers * (self._w + batch * ctx * self._kv_tok) + self._lm_w)
+
+    def layer_time_agg(self, new_tokens: int, past_tokens: int, self_pairs: float, past_pairs: float,
+                       any_past: bool, n_decode: int, decode_ctx_sum: int, decode_ctx_max: int) -> float:
+        """One decoder layer on one rank (what the calibration probe timed) from batch aggregates."""
+        t = new_tokens + n_decode
+        lin = _pnorm(self._w, t * self._flop_tok, self._k)
+        attn = self_pairs * self._self_pair + past_pairs * self._past_pair + (self._setup if any_past else 0.0)
+        kv = (new_tokens + past_tokens) * self._kv_tok
+        if n_decode:
+            d_bw, d_stream = decode_ctx_sum * self._kv_tok, decode_ctx_max * self._stream_tok
+            kv += d_bw if d_bw > d_stream else d_stream
+        comm = t * self._ar_tok + self._ar_lat if t else 0.0
+        return _pnorm(lin + attn + kv + comm, self._floor, self._fk)
+
+    def step_time_agg(self, new_tokens: int, past_tokens: int, self_pairs: float, past_pairs: float,
+                      any_past: bool, n_prefill: int, n_decode: int, decode_ctx_sum: int,
+                      decode_ctx_max: int) -> float:
+        """A whole step from aggregates: `new_tokens`/`past_tokens` summed over prefill pieces,
+        `self_pairs` = sum n(n+1)/2, `past_pairs` = sum new x past, decode contexts summed and maxed."""
+        rows = n_prefill + n_decode
+        if rows == 0:
+            return 0.0
+        layer = self.layer_time_agg(new_tokens, past_tokens, self_pairs, past_pairs, any_past,
+                                    n_decode, decode_ctx_sum, decode_ctx_max)
+        lm = _pnorm(self._lm_w, rows * self._lm_row, self._k)
+        gather = rows * self._gather_row + self._gather_lat
+        return self._layers * layer + lm + gather
+
+    def step_time(self, prefills: Sequence[tuple[int, int]], decodes: Sequence[int]) -> float:
+        """Seconds for one step: `prefills` are (new tokens, cached past tokens) chunks, `decodes` the
+        context length (tokens already cached) of each decoding sequence."""
+        new = past = 0
+        self_pairs = past_pairs = 0.0
+        for n, p in prefills:
+            new += n
+            past += p
+            self_pairs += n * (n + 1) * 0.5
+            past_pairs += n * p
+        nd = len(decodes)
+        return self.step_time_agg(new, past, self_pairs, past_pairs, past > 0, len(prefills), nd,
+                                  sum(decodes) if nd else 0, max(decodes) if nd else 0)
+
+    def __repr__(self) -> str:
+        return (f"CostModel({self.gpu.name}, {self.model.name}, tp={self.tp}, kv={self.kv_dtype}, "
+                f"weights={self.weight_dtype})")
