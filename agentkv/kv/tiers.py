@@ -146,6 +146,7 @@ class TierStack:
         ]
         self._gpu: set[int] = set()
         self.counters = StackCounters(tiers={t.name: t.counters for t in self._tiers})
+        self._block_copy_s = self.link.seconds(block_bytes, self.chunk_bytes)  # one block, host<->GPU
 
     # -- queries ---------------------------------------------------------------------------------
     @property
@@ -213,7 +214,7 @@ class TierStack:
             tier = self._tier(name)
             n = len(hashes)
             nbytes = n * self.block_bytes
-            seconds = n * self.link.seconds(self.block_bytes, self.chunk_bytes)
+            seconds = n * self._block_copy_s
             if tier.disk is not None:
                 seconds += tier.disk.seconds(nbytes, n, write=False)
             for h in hashes:
@@ -237,7 +238,8 @@ class TierStack:
                 hashes = list(t.blocks)
                 t.blocks.clear()
                 t.counters.removed_blocks += len(hashes)
-                self._emit(BlockRemoved(block_hashes=hashes, medium=t.name))
+                if self.on_event is not None:
+                    self.on_event(BlockRemoved(block_hashes=hashes, medium=t.name))
         self._gpu.clear()
 
     # -- internals -------------------------------------------------------------------------------
@@ -257,7 +259,7 @@ class TierStack:
         if block_hash in top.blocks:
             self._touch(top, block_hash)
             return 0.0
-        seconds = self.link.seconds(self.block_bytes, self.chunk_bytes)
+        seconds = self._block_copy_s
         if top.disk is not None:
             seconds += top.disk.seconds(self.block_bytes, 1, write=True)
         top.counters.bytes_down += self.block_bytes
@@ -273,10 +275,12 @@ class TierStack:
             victim, _ = tier.blocks.popitem(last=False)
             self._demote(level + 1, victim)
             tier.counters.removed_blocks += 1
-            self._emit(BlockRemoved(block_hashes=[victim], medium=tier.name))
+            if self.on_event is not None:
+                self.on_event(BlockRemoved(block_hashes=[victim], medium=tier.name))
         tier.blocks[block_hash] = None
         tier.counters.stored_blocks += 1
-        self._emit(BlockStored(block_hashes=[block_hash], block_size=self.block_size, medium=tier.name))
+        if self.on_event is not None:
+            self.on_event(BlockStored(block_hashes=[block_hash], block_size=self.block_size, medium=tier.name))
 
     def _demote(self, level: int, block_hash: int) -> None:
         """Move a victim into tier `level` (a DISK write), or drop it past the last tier."""
@@ -292,7 +296,3 @@ class TierStack:
         tier.counters.seconds_down += seconds
         self.counters.demote_s += seconds
         self._insert(level, block_hash)
-
-    def _emit(self, event: KVEvent) -> None:
-        if self.on_event is not None:
-            self.on_event(event)
