@@ -49,6 +49,15 @@ def test_lru_touch_on_promote_changes_victim_and_fifo_does_not():
         assert s.blocks("CPU") == [survivor, 3], policy
 
 
+def test_match_touches_the_run_so_it_is_evicted_last():
+    s, _ = stack(cpu=3, disk=0)
+    for h in (1, 2, 3):
+        s.on_gpu_evict(h)
+    assert s.match([1, 2, 9], 0) == ["CPU", "CPU"]
+    s.on_gpu_evict(4)  # room is made by evicting 3, the only block not just looked up
+    assert s.blocks("CPU") == [1, 2, 4]
+
+
 def test_promotion_is_inclusive_and_costs_transfer_time():
     s, _ = stack()
     for h in (1, 2):

@@ -172,13 +172,20 @@ class TierStack:
         return list(self._tier(name).blocks)
 
     def match(self, block_hashes: Sequence[int], start: int = 0) -> list[str]:
-        """Tier names of the longest run of `block_hashes[start:]` held below the GPU (a query: no LRU touch)."""
+        """Tier names of the longest run of `block_hashes[start:]` held below the GPU.
+
+        A lookup counts as a use: the run is touched (LRU), so the GPU evictions that make room for
+        its promotion push other blocks down first. Promote before evicting to be sure of it.
+        """
         out: list[str] = []
         for h in block_hashes[start:]:
-            name = self.where(h)
-            if name is None:
+            for t in self._tiers:
+                if h in t.blocks:
+                    self._touch(t, h)
+                    out.append(t.name)
+                    break
+            else:
                 break
-            out.append(name)
         return out
 
     # -- the pool's hooks ------------------------------------------------------------------------
