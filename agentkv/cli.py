@@ -23,7 +23,17 @@ def _trace_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"],
                    help="input format (default: detect from file name and content)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
+    p.add_argument("--top", type=int, default=10, metavar="N",
+                   help="show one row per trace up to N traces, else the N largest and a total (default 10)")
     p.set_defaults(func=_cmd_trace_stats)
+
+    p = tsub.add_parser("synth", help="write seeded synthetic agentic sessions as AgentX JSON")
+    p.add_argument("--sessions", type=int, default=10, metavar="N", help="sessions (traces) to write (default 10)")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed; same seed, same bytes (default 0)")
+    p.add_argument("-o", "--output", default="synth-traces", metavar="OUT",
+                   help="directory to write <trace id>.json files into (default ./synth-traces)")
+    p.add_argument("--gzip", action="store_true", help="write .json.gz files")
+    p.set_defaults(func=_cmd_trace_synth)
 
     p = tsub.add_parser("convert", help="save traces (any format) as AgentX JSON, as kv-cache-tester and AIPerf read")
     p.add_argument("paths", nargs="+", metavar="INPUT", help="trace files or directories")
@@ -39,6 +49,12 @@ def _cmd_trace_stats(args: argparse.Namespace) -> int:
     from agentkv.trace.stats import stats_command
 
     return stats_command(args)
+
+
+def _cmd_trace_synth(args: argparse.Namespace) -> int:
+    from agentkv.trace.synth import synth_command
+
+    return synth_command(args)
 
 
 def _cmd_trace_convert(args: argparse.Namespace) -> int:

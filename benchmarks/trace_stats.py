@@ -1,0 +1,46 @@
+"""`agentkv trace stats` speed on the 119 shared Claude Code traces (16M hash ids), and synth speed.
+
+Run: .venv/bin/python benchmarks/trace_stats.py [TRACE_DIR]   (default ../shared/traces/claude-code;
+prints best-of-3 wall times: reading, statistics with the ceiling, and synthesising 120 sessions)
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from agentkv.trace.formats import load_paths
+from agentkv.trace.stats import compute
+from agentkv.trace.synth import synthesize
+
+
+def best_s(fn: Callable[[], object], repeat: int = 3) -> float:
+    """Best of `repeat` runs, in seconds (the least disturbed by other work on the machine)."""
+    best = float("inf")
+    for _ in range(repeat):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def main() -> int:
+    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/traces/claude-code"
+    if not root.is_dir():
+        print(f"skipped: {root} not found (pass a trace directory)")
+        return 0
+    traces = load_paths([root])
+    report = compute(traces)
+    blocks = sum(len(x.request.hash_ids) for t in traces for x in t.timeline())
+    print(f"{len(traces)} traces, {report.total.requests} requests, {blocks:,} hash ids, "
+          f"ceiling {report.total.ceiling:.5f}")
+    print(f"read:      {best_s(lambda: load_paths([root])):.2f} s")
+    print(f"stats:     {best_s(lambda: compute(traces)):.2f} s  (all figures, ceiling included)")
+    print(f"synth 120: {best_s(lambda: synthesize(120, 0)):.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
