@@ -65,6 +65,76 @@ def _cmd_trace_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine's knobs, under vLLM's flag names where vLLM has one (shared by simulate and serve)."""
+    g = p.add_argument_group("engine (vLLM flag names)")
+    g.add_argument("--gpu", default="h200", help="accelerator from the catalogue (default h200)")
+    g.add_argument("--model", default="llama3-8b",
+                   help="model shape: llama3-8b, llama3-70b, qwen3-32b, or a HF config.json / folder")
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument("--kv-offloading-size", type=float, default=0.0, metavar="GIB",
+                   help="CPU memory for KV offload, in GiB (vLLM's flag)")
+    g.add_argument("--cpu-offload", default=None, metavar="SIZE",
+                   help="CPU offload tier as a size, e.g. 512GB (same as --kv-offloading-size)")
+    g.add_argument("--disk-offload", default=None, metavar="SIZE", help="SSD tier below the CPU tier, e.g. 2TB")
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    g.add_argument("--eviction-policy", default="lru", help="lru, lfu, radix_lru, arc, session (default lru)")
+    g.add_argument("--prefix-caching-hash-algo", dest="hash_algo", default="xxhash",
+                   choices=["xxhash", "sha256", "sha256_cbor"])
+
+
+def engine_config_from_args(args: argparse.Namespace):
+    from agentkv.engine.config import EngineConfig
+    from agentkv.units import parse_capacity
+
+    gib = float(1 << 30)
+    offload = args.kv_offloading_size
+    if args.cpu_offload:
+        offload = parse_capacity(args.cpu_offload, "--cpu-offload") / gib
+    disk = parse_capacity(args.disk_offload, "--disk-offload") / gib if args.disk_offload else 0.0
+    return EngineConfig(
+        gpu=args.gpu, model=args.model, tensor_parallel_size=args.tensor_parallel_size,
+        block_size=args.block_size, kv_cache_dtype=args.kv_cache_dtype, max_model_len=args.max_model_len,
+        gpu_memory_utilization=args.gpu_memory_utilization, enable_prefix_caching=args.enable_prefix_caching,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        kv_offloading_size=offload, kv_disk_size=disk, num_gpu_blocks_override=args.num_gpu_blocks_override,
+        eviction_policy=args.eviction_policy, hash_algo=args.hash_algo)
+
+
+def _simulate_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="replay traces on N simulated engines behind a router (virtual clock)")
+    p.add_argument("paths", nargs="*", metavar="TRACE", help="trace files or directories (default: bundled sample)")
+    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"])
+    p.add_argument("--workers", type=int, default=1, help="simulated engines (default 1)")
+    p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
+    p.add_argument("--router", default="kv_aware", choices=["round_robin", "least_loaded", "session", "kv_aware"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warm-start", action="store_true", help="start each lane's first trace at a random point")
+    p.add_argument("--idle-gap-cap", default="10s", help="longest gap while nothing is in flight (default 10s)")
+    p.add_argument("--max-requests", type=int, default=None)
+    p.add_argument("--duration", default=None, help="stop releasing requests after this simulated time, e.g. 10m")
+    p.add_argument("--sweep", action="append", default=[], metavar="KEY=V1,V2",
+                   help="run a grid over a setting (repeatable), e.g. --sweep lanes=16,64 --sweep cpu_offload=0,512GB")
+    p.add_argument("--out", default=None, help="write summary.json and requests.jsonl here")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    add_engine_args(p)
+    p.set_defaults(func=_cmd_simulate)
+
+
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    from agentkv.sim.command import simulate_command
+
+    return simulate_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentkv",
@@ -73,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentkv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _trace_commands(sub)
+    _simulate_command(sub)
     return parser
 
 

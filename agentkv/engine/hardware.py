@@ -126,6 +126,7 @@ class ModelShape:
     vocab: int
     tie_embeddings: bool = False
     aliases: tuple[str, ...] = ()
+    max_position: int = 131072  # max_position_embeddings: the default --max-model-len
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
@@ -205,7 +206,8 @@ class ModelShape:
         head_dim = need("head_dim", hidden // heads if hidden % heads == 0 else None)
         name = str(cfg.get("_name_or_path") or (p.name if p.is_dir() else f.parent.name) or f.stem)
         return cls(name, layers, hidden, heads, kv, head_dim, need("intermediate_size"), need("vocab_size"),
-                   bool(cfg.get("tie_word_embeddings", False)))
+                   bool(cfg.get("tie_word_embeddings", False)),
+                   max_position=need("max_position_embeddings", 131072))
 
 
 def _check_dtype(dtype: str, allowed) -> str:
@@ -219,7 +221,7 @@ MODELS: tuple[ModelShape, ...] = (
                ("llama3-8b", "llama-3-8b", "llama3.1-8b", "meta-llama-3.1-8b")),
     ModelShape("Llama-3.1-70B", 80, 8192, 64, 8, 128, 28672, 128256, False,
                ("llama3-70b", "llama-3-70b", "llama3.1-70b", "meta-llama-3.1-70b")),
-    ModelShape("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, False, ("qwen3-32b",)),
+    ModelShape("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, False, ("qwen3-32b",), 40960),
 )
 _MODEL_INDEX = {_key(a): m for m in MODELS for a in (m.name, *m.aliases)}
 

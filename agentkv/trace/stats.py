@@ -249,3 +249,24 @@ def stats_command(args) -> int:
     else:
         render(report, top=top)
     return 0
+
+
+class CeilingTracker:
+    """`cache_hits` one request at a time, in replay order: what an unbounded cache would serve.
+
+    Bench and simulate use it for the ceiling of the requests they actually replayed; `key`
+    names the hash-id space (a trace, or a whole file for global ids).
+    """
+
+    def __init__(self) -> None:
+        self._seen: dict[str, set[int]] = {}
+
+    def hit_tokens(self, key: str, hash_ids: Sequence[int], input_tokens: int, block_size: int) -> int:
+        seen = self._seen.setdefault(key, set())
+        run = 0
+        for h in hash_ids:
+            if h not in seen:
+                break
+            run += 1
+        seen.update(hash_ids)
+        return min(run * block_size, input_tokens)

@@ -1,0 +1,227 @@
+"""The agentkv engine: vLLM's scheduling and paged prefix cache, timed by a calibrated cost model.
+
+No weights and no GPU: a step's duration comes from `CostModel`, output tokens are counted, not
+computed. `step()` runs one engine step at the clock's `now()` and returns what happened, with
+the step's end time; the driver advances a virtual clock (simulator) or sleeps (server).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.cost import CostModel
+from agentkv.engine.hardware import get_model
+from agentkv.engine.request import EngineRequest, Status
+from agentkv.engine.scheduler import Scheduler
+from agentkv.errors import UserError
+from agentkv.kv.events import KVEvent
+from agentkv.kv.hashing import make_hasher
+from agentkv.kv.pool import BlockPool
+from agentkv.kv.tiers import TierSpec, TierStack
+
+GIB = 1 << 30
+
+
+@dataclass(slots=True)
+class RequestOutput:
+    """What one step did for one request: tokens produced and, at the end, why it finished."""
+
+    request: EngineRequest
+    new_tokens: int
+    finished: bool
+
+
+@dataclass(slots=True)
+class StepResult:
+    start: float
+    end: float
+    outputs: list[RequestOutput]
+    num_prefill_tokens: int
+    num_decode: int
+    preempted: int
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters in vLLM's terms (tokens), plus agentkv's per-tier hits and busy time."""
+
+    steps: int = 0
+    busy_s: float = 0.0
+    promote_s: float = 0.0
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: int = 0
+    requests_aborted: int = 0
+    lower_tier_hits: dict[str, int] = field(default_factory=dict)
+
+
+class Engine:
+    """One simulated serving replica: `add_request`, `step`, `abort`, with vLLM-like counters."""
+
+    def __init__(self, config: EngineConfig | None = None, clock=None, *,
+                 on_event: Callable[[KVEvent], None] | None = None, record_tokens: bool = False,
+                 itl_sink: list[float] | None = None):
+        from agentkv.engine.clock import VirtualClock
+
+        self.config = cfg = config or EngineConfig()
+        self.clock = clock or VirtualClock()
+        self.record_tokens = record_tokens
+        self.itl_sink = itl_sink  # when given, every inter-token gap is appended (for ITL percentiles)
+        shape = get_model(cfg.model)
+        self.model_shape = shape
+        self.cost = CostModel(cfg.gpu, shape, tp=cfg.tensor_parallel_size, kv_dtype=cfg.kv_dtype)
+        self.max_model_len = cfg.max_model_len or shape.max_position
+        block_bytes = int(self.cost.kv_bytes_per_token * cfg.block_size)
+        if cfg.num_gpu_blocks_override is not None:
+            num_blocks = cfg.num_gpu_blocks_override
+        else:
+            capacity = self.cost.kv_capacity_bytes(cfg.gpu_memory_utilization, cfg.max_num_batched_tokens,
+                                                   cfg.max_num_seqs)
+            if capacity <= 0:
+                raise UserError(f"{shape.name} does not fit on {self.cost.gpu.name} x{cfg.tensor_parallel_size} "
+                                f"at --gpu-memory-utilization {cfg.gpu_memory_utilization}: no memory left for KV")
+            num_blocks = int(capacity // block_bytes)
+        if num_blocks * cfg.block_size < min(self.max_model_len, cfg.max_num_batched_tokens):
+            raise UserError(f"the KV cache holds {num_blocks * cfg.block_size} tokens, fewer than one "
+                            f"batch or --max-model-len ({self.max_model_len}); lower --max-model-len or give "
+                            "more memory")
+        self.num_gpu_blocks = num_blocks
+        self.block_bytes = block_bytes
+        lower = None
+        specs = []
+        if cfg.kv_offloading_size > 0:
+            specs.append(TierSpec("CPU", int(cfg.kv_offloading_size * GIB)))
+        if cfg.kv_disk_size > 0:
+            specs.append(TierSpec("DISK", int(cfg.kv_disk_size * GIB)))
+        if specs:
+            lower = TierStack(specs, block_bytes, block_size=cfg.block_size, num_layers=shape.layers,
+                              on_event=on_event)
+        self.pool = BlockPool(num_blocks, cfg.block_size, cfg.eviction_policy, on_event=on_event, lower=lower)
+        self.scheduler = Scheduler(cfg, self.pool)
+        self.hasher = make_hasher(cfg.hash_algo, cfg.seed if cfg.hash_algo == "xxhash" else None)
+        self.requests: dict[str, EngineRequest] = {}
+        self.stats = EngineStats()
+
+    # -- requests ------------------------------------------------------------------------------
+    def add_request(self, request_id: str, *, max_tokens: int, prompt_len: int | None = None,
+                    token_ids: Sequence[int] | None = None, block_hashes: list[int] | None = None,
+                    cache_salt: str | None = None, session_id: object = None,
+                    user_data: object = None, arrival: float | None = None) -> EngineRequest:
+        """Queue a request: token ids (hashed here, salted per tenant) or a length with hashes."""
+        if request_id in self.requests:
+            raise ValueError(f"request id {request_id!r} is already in the engine")
+        if token_ids is not None:
+            prompt_len = len(token_ids)
+            if block_hashes is None:
+                block_hashes = self.hasher.hashes(token_ids, self.config.block_size, cache_salt=cache_salt)
+        if prompt_len is None or prompt_len < 1:
+            raise ValueError("a request needs a prompt of at least one token")
+        if max_tokens < 1:
+            raise ValueError("max_tokens must be >= 1")
+        if prompt_len + max_tokens > self.max_model_len:
+            raise ValueError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds "
+                             f"max_model_len ({self.max_model_len})")
+        now = self.clock.now() if arrival is None else arrival
+        req = EngineRequest(request_id, prompt_len, max_tokens, block_hashes or [], now,
+                            session_id=session_id, token_ids=token_ids, record_tokens=self.record_tokens,
+                            user_data=user_data)
+        self.requests[request_id] = req
+        self.scheduler.add(req)
+        return req
+
+    def abort(self, request_id: str) -> bool:
+        """Stop a request now and free its blocks (a client went away); False if unknown."""
+        req = self.requests.pop(request_id, None)
+        if req is None:
+            return False
+        self.scheduler.finish(req, Status.ABORTED)
+        req.finish_reason = "abort"
+        req.finished_at = self.clock.now()
+        self.stats.requests_aborted += 1
+        return True
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    @property
+    def num_running(self) -> int:
+        return len(self.scheduler.running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self.scheduler.waiting)
+
+    # -- stepping ------------------------------------------------------------------------------
+    def step(self) -> StepResult | None:
+        """Schedule and 'run' one batch starting now; None when nothing can run."""
+        now = self.clock.now()
+        batch, preempted = self.scheduler.schedule(now)
+        if not batch:
+            return None
+        prefills: list[tuple[int, int]] = []
+        decodes: list[int] = []
+        promote = 0.0
+        for req, n in batch:
+            if req.is_prefill:
+                prefills.append((n, req.num_computed))
+            else:
+                decodes.append(req.num_computed)
+            if req.promote_s:
+                promote += req.promote_s
+                req.promote_s = 0.0
+        dt = self.cost.step_time(prefills, decodes) + promote
+        end = now + dt
+        st = self.stats
+        st.steps += 1
+        st.busy_s += dt
+        st.promote_s += promote
+        outputs: list[RequestOutput] = []
+        finished: list[EngineRequest] = []
+        itl = self.itl_sink
+        n_prefill_tokens = 0
+        for req, n in batch:
+            if req.is_prefill:
+                n_prefill_tokens += n
+            req.num_computed += n
+            if req.num_computed < req.num_tokens:
+                continue  # a chunk of a longer prefill: no token yet
+            req.num_output += 1
+            if req.first_token is None:
+                req.first_token = end
+            else:
+                gap = end - req.last_token
+                if gap > req.itl_max:
+                    req.itl_max = gap
+                if itl is not None:
+                    itl.append(gap)
+            req.last_token = end
+            if req.token_times is not None:
+                req.token_times.append(end)
+            done = req.num_output >= req.max_tokens or req.num_tokens >= self.max_model_len
+            if done:
+                req.finish_reason = "length"
+                req.finished_at = end
+                finished.append(req)
+            outputs.append(RequestOutput(req, 1, done))
+        st.prompt_tokens += n_prefill_tokens
+        st.generation_tokens += len(outputs)
+        for req in finished:
+            self.scheduler.finish(req)
+            self.requests.pop(req.request_id, None)
+            st.requests_finished += 1
+        return StepResult(now, end, outputs, n_prefill_tokens, len(decodes), len(preempted))
+
+    # -- metrics -------------------------------------------------------------------------------
+    @property
+    def kv_usage(self) -> float:
+        return self.pool.usage
+
+    @property
+    def prefix_cache_queries(self) -> int:
+        return self.pool.stats.queries
+
+    @property
+    def prefix_cache_hits(self) -> int:
+        return self.pool.stats.hits

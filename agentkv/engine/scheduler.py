@@ -1,0 +1,123 @@
+"""Continuous batching as vLLM v1 does it: running requests first, then FCFS waiting ones.
+
+One step has a token budget (`max_num_batched_tokens`) shared by decodes (one token each) and
+chunked-prefill pieces. When blocks run out, the most recently started running request is
+preempted by recompute (its blocks freed, it goes back to the head of the queue). New requests
+are admitted only in steps without preemption, as in vLLM.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.request import EngineRequest, Status
+from agentkv.kv.pool import BlockPool
+
+
+class Scheduler:
+    """Chooses each step's batch: `schedule()` returns [(request, new tokens)] and the preempted."""
+
+    def __init__(self, config: EngineConfig, pool: BlockPool):
+        self.config = config
+        self.pool = pool
+        self.waiting: deque[EngineRequest] = deque()
+        self.running: list[EngineRequest] = []
+        self.num_preemptions = 0
+        self.lower_tier_tokens: dict[str, int] = {}
+
+    def add(self, req: EngineRequest) -> None:
+        self.waiting.append(req)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self, now: float) -> tuple[list[tuple[EngineRequest, int]], list[EngineRequest]]:
+        budget = self.config.max_num_batched_tokens
+        pool = self.pool
+        batch: list[tuple[EngineRequest, int]] = []
+        preempted: list[EngineRequest] = []
+
+        # decode (and unfinished chunked prefills) of running requests
+        running = self.running
+        i = 0
+        while i < len(running) and budget > 0:
+            req = running[i]
+            n = min(req.num_tokens - req.num_computed, budget)
+            while not pool.allocate_slots(req.request_id, n, req.block_hashes, req.num_computed):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted.append(victim)
+                if victim is req:
+                    break
+            else:
+                batch.append((req, n))
+                budget -= n
+                i += 1
+                continue
+            break
+
+        # prefill: admit waiting requests in arrival order
+        if not preempted:
+            max_seqs = self.config.max_num_seqs
+            while self.waiting and budget > 0 and len(running) < max_seqs:
+                req = self.waiting[0]
+                self._lookup(req)  # again on every try: blocks found last step may be gone
+                n = min(req.num_tokens - req.num_computed - req.num_lower_tokens, budget)
+                nl = req.num_lower_tokens // pool.block_size
+                if not pool.allocate_slots(req.request_id, n, req.block_hashes, req.num_computed,
+                                           num_lower_blocks=nl, session_id=req.session_id):
+                    break
+                self.waiting.popleft()
+                if nl:
+                    req.promote_s = pool.last_promote_s
+                    req.num_computed += req.num_lower_tokens
+                req.status = Status.RUNNING
+                if req.first_scheduled is None:
+                    req.first_scheduled = now
+                    for tier, n_tok in req.lower_tier_tokens.items():
+                        self.lower_tier_tokens[tier] = self.lower_tier_tokens.get(tier, 0) + n_tok
+                running.append(req)
+                batch.append((req, n))
+                budget -= n
+        return batch, preempted
+
+    def _lookup(self, req: EngineRequest) -> None:
+        """Find the request's cached prefix: GPU blocks first, then a run in the lower tiers."""
+        pool = self.pool
+        bs = pool.block_size
+        first_try = not req._looked_up
+        req._looked_up = True
+        if not self.config.enable_prefix_caching:
+            return
+        n_gpu = pool.get_computed_blocks(req.block_hashes, req.num_tokens, count=first_try)
+        req.num_computed = n_gpu * bs
+        limit = (req.num_tokens - 1) // bs
+        lower: list[str] = []
+        if pool.lower is not None and n_gpu < limit:
+            lower = pool.match_lower(req.block_hashes[:limit], n_gpu)
+        req.num_lower_tokens = len(lower) * bs
+        if req.num_preemptions == 0:
+            req.num_cached_tokens = req.num_computed
+            req.lower_tier_tokens = {}
+            for tier in lower:
+                req.lower_tier_tokens[tier] = req.lower_tier_tokens.get(tier, 0) + bs
+
+    def _preempt(self, req: EngineRequest) -> None:
+        """Recompute-style preemption: drop its blocks; it starts over from the queue head."""
+        self.pool.free(req.request_id)
+        req.status = Status.WAITING
+        req.num_computed = 0
+        req.num_lower_tokens = 0
+        req._looked_up = False
+        req.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(req)
+
+    def finish(self, req: EngineRequest, status: Status = Status.FINISHED) -> None:
+        self.pool.free(req.request_id)
+        req.status = status
+        if req in self.running:
+            self.running.remove(req)
+        elif req in self.waiting:
+            self.waiting.remove(req)

@@ -1,0 +1,70 @@
+"""The per-request record: one schema written by `agentkv bench` (measured) and `agentkv simulate`.
+
+Times are seconds from the run's start. `scheduled` is when the replay plan said the request was
+due; latencies count from it, so a slow client or a saturated server cannot hide queueing
+(no coordinated omission).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
+    id: int
+    trace: str
+    session: str  # live session key (session id + replay number)
+    tree: str = ""  # live session tree (root session + its sub-agents): trace id + replay number
+    lane: int = -1
+    depth: int = 0  # 0: main session; 1+: sub-agent
+    index: int = 0  # request position in its session
+    worker: str = ""  # which engine served it (URL or simulated worker index)
+    scheduled: float = 0.0  # due time per the replay plan
+    sent: float = 0.0  # when the client actually sent it
+    first_token: float | None = None
+    end: float = 0.0
+    ttft: float | None = None  # first_token - scheduled
+    e2e: float = 0.0  # end - scheduled
+    tpot: float | None = None  # (end - first_token) / (output_tokens - 1)
+    itl_max: float | None = None  # longest gap between two tokens
+    input_tokens: int = 0
+    output_tokens: int = 0  # tokens actually received
+    expected_output_tokens: int = 0  # max_tokens asked (the trace's recorded output)
+    cached_tokens: int | None = None  # server-reported usage.prompt_tokens_details.cached_tokens
+    cached_by_tier: dict[str, int] = msgspec.field(default_factory=dict)  # simulate: GPU/CPU/DISK
+    ceiling_tokens: int = 0  # hit tokens an unbounded prefix cache would give (trace ceiling)
+    queue_s: float | None = None  # simulate: arrival -> first scheduled
+    preemptions: int = 0
+    ok: bool = True
+    error: str = ""  # reason when not ok: http_500, timeout, reset, context_overflow, ...
+    recorded_api_time: float | None = None
+    recorded_ttft: float | None = None
+
+
+_enc = msgspec.json.Encoder()
+_dec = msgspec.json.Decoder(RequestRecord)
+
+
+def encode_record(r: RequestRecord) -> bytes:
+    return _enc.encode(r)
+
+
+def decode_record(line: bytes | str) -> RequestRecord:
+    return _dec.decode(line)
+
+
+def read_records(path) -> list[RequestRecord]:
+    """Records from a requests.jsonl; a torn last line (crash mid-write) is skipped."""
+    out = []
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(_dec.decode(line))
+        except msgspec.DecodeError:
+            if i == len(lines) - 1:
+                break
+            raise
+    return out

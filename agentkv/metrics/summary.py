@@ -1,0 +1,242 @@
+"""Summaries of a run from its per-request records: latency distributions, throughput, cache hits,
+goodput and per-session roll-ups. One versioned schema for `bench` and `simulate`, so runs compare."""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from agentkv import __version__
+from agentkv.errors import UserError
+from agentkv.metrics.records import RequestRecord
+
+SCHEMA = "agentkv.summary/1"
+OVERFLOW_LIMIT = 0.01  # a context-overflow rate above this marks the run invalid, as AgentX does
+
+
+class Dist(msgspec.Struct, omit_defaults=True):
+    """A distribution in seconds (or tokens): count, mean and percentiles."""
+
+    count: int = 0
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: float | None = None
+
+    @classmethod
+    def of(cls, values) -> Dist:
+        a = np.asarray([v for v in values if v is not None], dtype=float)
+        if a.size == 0:
+            return cls()
+        p50, p90, p99 = np.percentile(a, [50, 90, 99])
+        return cls(int(a.size), float(a.mean()), float(p50), float(p90), float(p99), float(a.max()))
+
+
+class Throughput(msgspec.Struct):
+    input_tokens_per_s: float
+    output_tokens_per_s: float
+    total_tokens_per_s: float
+    requests_per_s: float
+    output_tokens_per_s_per_gpu: float | None = None
+    total_tokens_per_s_per_gpu: float | None = None
+    million_total_tokens_per_s_per_mw: float | None = None
+
+
+class CacheHits(msgspec.Struct, omit_defaults=True):
+    """Token hit rates three ways: reported per request, from server metrics, and the ceiling."""
+
+    reported: float | None = None  # sum(cached_tokens) / sum(input_tokens), when the server reports it
+    metrics: float | None = None  # delta vllm:prefix_cache_hits_total / queries_total
+    ceiling: float | None = None  # unbounded prefix cache over the replayed requests
+    by_tier: dict[str, float] = msgspec.field(default_factory=dict)
+
+
+class Goodput(msgspec.Struct):
+    slo: dict[str, float]
+    fraction: float  # requests meeting every SLO / all requests
+    requests_per_s: float
+
+
+class SessionRollup(msgspec.Struct):
+    session: str
+    trace: str
+    turns: int
+    sub_requests: int  # requests of its sub-agents
+    duration_s: float
+    input_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    hit_rate: float | None
+    ttft_p50: float | None
+    failed: int
+
+
+class Sample(msgspec.Struct, array_like=True):
+    """One point of a time series: (t, in-flight requests, KV usage, running, waiting)."""
+
+    t: float
+    in_flight: int
+    kv_usage: float | None = None
+    running: int | None = None
+    waiting: int | None = None
+
+
+class Summary(msgspec.Struct, kw_only=True):
+    schema: str = SCHEMA
+    kind: str  # "bench" or "simulate"
+    agentkv_version: str = __version__
+    created: str = ""
+    target: str = ""
+    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    requests: int = 0
+    succeeded: int = 0
+    failed: int = 0
+    errors: dict[str, int] = msgspec.field(default_factory=dict)
+    duration_s: float = 0.0
+    ttft: Dist = msgspec.field(default_factory=Dist)
+    tpot: Dist = msgspec.field(default_factory=Dist)
+    itl: Dist = msgspec.field(default_factory=Dist)
+    e2e: Dist = msgspec.field(default_factory=Dist)
+    input_tokens: int = 0
+    output_tokens: int = 0
+    throughput: Throughput | None = None
+    cache: CacheHits = msgspec.field(default_factory=CacheHits)
+    goodput: Goodput | None = None
+    preemptions: int = 0
+    sessions: list[SessionRollup] = msgspec.field(default_factory=list)
+    timeline: list[Sample] = msgspec.field(default_factory=list)
+    valid: bool = True
+    invalid_reason: str = ""
+    gpu: dict[str, Any] | None = None  # NVML figures, or None when no GPU was monitored
+    notes: list[str] = msgspec.field(default_factory=list)
+
+
+SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "itl": "itl_max"}
+
+
+def parse_slo(text: str | None) -> dict[str, float]:
+    """`ttft=2s,tpot=50ms` -> {"ttft": 2.0, "tpot": 0.05}; UserError on an unknown key or value."""
+    from agentkv.units import parse_duration
+
+    if not text:
+        return {}
+    out = {}
+    for part in text.split(","):
+        key, sep, val = part.partition("=")
+        key = key.strip().lower()
+        if not sep or key not in SLO_KEYS:
+            raise UserError(f"--slo: expected key=duration with key in {', '.join(SLO_KEYS)}, got {part!r}")
+        out[key] = parse_duration(val.strip(), f"--slo {key}")
+    return out
+
+
+def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
+    if not r.ok:
+        return False
+    for key, limit in slo.items():
+        v = getattr(r, SLO_KEYS[key])
+        if v is not None and v > limit:
+            return False
+        if v is None and key == "ttft":
+            return False
+    return True
+
+
+def session_rollups(records: list[RequestRecord]) -> list[SessionRollup]:
+    """Per live session tree: turns, time span, tokens and hit rate (sub-agents folded into the root)."""
+    groups: dict[tuple[str, str], list[RequestRecord]] = defaultdict(list)
+    for r in records:
+        groups[(r.trace, r.tree or r.session)].append(r)
+    out = []
+    for (trace, sess), rs in sorted(groups.items()):
+        inp = sum(r.input_tokens for r in rs)
+        cached = sum(r.cached_tokens or 0 for r in rs)
+        has_cache = any(r.cached_tokens is not None for r in rs)
+        ttfts = [r.ttft for r in rs if r.ttft is not None]
+        out.append(SessionRollup(
+            session=sess, trace=trace, turns=sum(1 for r in rs if r.depth == 0),
+            sub_requests=sum(1 for r in rs if r.depth > 0),
+            duration_s=max(r.end for r in rs) - min(r.scheduled for r in rs),
+            input_tokens=inp, output_tokens=sum(r.output_tokens for r in rs), cached_tokens=cached,
+            hit_rate=(cached / inp if inp and has_cache else None),
+            ttft_p50=float(np.median(ttfts)) if ttfts else None,
+            failed=sum(1 for r in rs if not r.ok)))
+    return out
+
+
+def summarize(records: list[RequestRecord], *, kind: str, target: str = "", config: dict | None = None,
+              duration_s: float | None = None, itl_values=None, slo: dict[str, float] | None = None,
+              metrics_hit_rate: float | None = None, timeline: list[Sample] | None = None,
+              gpus: int | None = None, power_w: float | None = None, gpu: dict | None = None,
+              preemptions: int = 0, by_tier: dict[str, float] | None = None,
+              notes: list[str] | None = None) -> Summary:
+    """Build the summary of one run; `duration_s` defaults to first scheduled -> last end."""
+    ok = [r for r in records if r.ok]
+    if duration_s is None:
+        duration_s = (max(r.end for r in records) - min(r.scheduled for r in records)) if records else 0.0
+    errors: dict[str, int] = defaultdict(int)
+    for r in records:
+        if not r.ok:
+            errors[r.error or "unknown"] += 1
+    inp = sum(r.input_tokens for r in ok)
+    out = sum(r.output_tokens for r in ok)
+    dur = max(duration_s, 1e-9)
+    tp = Throughput(inp / dur, out / dur, (inp + out) / dur, len(ok) / dur)
+    if gpus:
+        tp.output_tokens_per_s_per_gpu = out / dur / gpus
+        tp.total_tokens_per_s_per_gpu = (inp + out) / dur / gpus
+        if power_w:
+            tp.million_total_tokens_per_s_per_mw = (inp + out) / dur / (gpus * power_w / 1e6) / 1e6
+    reported = [r for r in ok if r.cached_tokens is not None]
+    ceiling_in = sum(r.input_tokens for r in records)
+    cache = CacheHits(
+        reported=(sum(r.cached_tokens for r in reported) / sum(r.input_tokens for r in reported)
+                  if reported and sum(r.input_tokens for r in reported) else None),
+        metrics=metrics_hit_rate,
+        ceiling=(sum(r.ceiling_tokens for r in records) / ceiling_in) if ceiling_in else None,
+        by_tier=by_tier or {},
+    )
+    s = Summary(
+        kind=kind, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), target=target,
+        config=config or {}, requests=len(records), succeeded=len(ok), failed=len(records) - len(ok),
+        errors=dict(errors), duration_s=duration_s,
+        ttft=Dist.of(r.ttft for r in ok), tpot=Dist.of(r.tpot for r in ok),
+        itl=Dist.of(itl_values if itl_values is not None else (r.itl_max for r in ok)),
+        e2e=Dist.of(r.e2e for r in ok), input_tokens=inp, output_tokens=out, throughput=tp, cache=cache,
+        preemptions=preemptions, sessions=session_rollups(records), timeline=timeline or [], gpu=gpu,
+        notes=list(notes or []),
+    )
+    if slo:
+        good = sum(1 for r in records if _meets(r, slo))
+        s.goodput = Goodput(slo, good / len(records) if records else 0.0, good / dur)
+    overflow = errors.get("context_overflow", 0)
+    if records and overflow / len(records) > OVERFLOW_LIMIT:
+        s.valid = False
+        s.invalid_reason = (f"context overflow on {overflow} of {len(records)} requests "
+                            f"({overflow / len(records):.1%} > {OVERFLOW_LIMIT:.0%})")
+    return s
+
+
+def write_summary(summary: Summary, path) -> None:
+    with open(path, "wb") as f:
+        f.write(msgspec.json.format(msgspec.json.encode(summary), indent=2))
+
+
+def read_summary(path) -> Summary:
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise UserError(f"{path}: cannot read ({e.strerror or e})") from None
+    try:
+        s = msgspec.json.decode(data, type=Summary)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise UserError(f"{path}: not an agentkv summary ({e})") from None
+    if not s.schema.startswith("agentkv.summary/"):
+        raise UserError(f"{path}: unknown summary schema {s.schema!r}")
+    return s

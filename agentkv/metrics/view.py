@@ -1,0 +1,72 @@
+"""Rich tables of a run summary, shared by `agentkv bench`, `simulate` and `compare`."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from agentkv.metrics.summary import Dist, Summary
+
+
+def ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:,.1f}"
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def num(v: float | None, digits: int = 0) -> str:
+    return "-" if v is None else f"{v:,.{digits}f}"
+
+
+def latency_table(s: Summary, title: str = "latency (ms)") -> Table:
+    t = Table(title=title)
+    for col in ("metric", "mean", "p50", "p90", "p99", "max", "count"):
+        t.add_column(col, justify="left" if col == "metric" else "right")
+    rows: list[tuple[str, Dist]] = [("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e)]
+    for name, d in rows:
+        t.add_row(name, ms(d.mean), ms(d.p50), ms(d.p90), ms(d.p99), ms(d.max), f"{d.count:,}")
+    return t
+
+
+def overview_table(s: Summary) -> Table:
+    t = Table(title=f"{s.kind}: {s.target}", show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    tp = s.throughput
+    t.add_row("requests (ok / failed)", f"{s.succeeded:,} / {s.failed:,}")
+    if s.errors:
+        t.add_row("errors", ", ".join(f"{k}: {v}" for k, v in sorted(s.errors.items())))
+    t.add_row("duration (s)", num(s.duration_s, 1))
+    t.add_row("input / output tokens", f"{s.input_tokens:,} / {s.output_tokens:,}")
+    if tp:
+        t.add_row("input tok/s", num(tp.input_tokens_per_s))
+        t.add_row("output tok/s", num(tp.output_tokens_per_s))
+        t.add_row("requests/s", num(tp.requests_per_s, 2))
+        if tp.output_tokens_per_s_per_gpu is not None:
+            t.add_row("output tok/s per GPU", num(tp.output_tokens_per_s_per_gpu))
+        if tp.million_total_tokens_per_s_per_mw is not None:
+            t.add_row("M total tok/s per MW", num(tp.million_total_tokens_per_s_per_mw, 2))
+    c = s.cache
+    t.add_row("cache hit: reported", pct(c.reported))
+    t.add_row("cache hit: server metrics", pct(c.metrics))
+    t.add_row("cache hit: ceiling (unbounded)", pct(c.ceiling))
+    for tier, v in sorted(c.by_tier.items()):
+        t.add_row(f"  hit from {tier}", pct(v))
+    if s.goodput:
+        slo = ", ".join(f"{k}<={v * 1000:g}ms" for k, v in s.goodput.slo.items())
+        t.add_row(f"goodput ({slo})", f"{s.goodput.fraction:.1%} ({s.goodput.requests_per_s:.2f} req/s)")
+    t.add_row("preemptions", f"{s.preemptions:,}")
+    t.add_row("sessions", f"{len(s.sessions):,}")
+    if not s.valid:
+        t.add_row("[red]INVALID[/red]", s.invalid_reason)
+    return t
+
+
+def print_summary(s: Summary, console: Console | None = None) -> None:
+    console = console or Console()
+    console.print(overview_table(s))
+    console.print(latency_table(s))
+    for note in s.notes:
+        console.print(f"[dim]note: {note}[/dim]")

@@ -1,0 +1,148 @@
+"""Routing policies, shared by the offline simulator and the live router.
+
+A policy sees each worker through `WorkerView` (its load and what it caches for this request)
+and picks one. kv_aware follows Dynamo's KV router: cost = weight x blocks still to prefill +
+the worker's active blocks, lowest cost wins (ties rotate, so idle workers share the load).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from agentkv.errors import UserError
+
+POLICIES = ("round_robin", "least_loaded", "session", "kv_aware")
+
+
+@dataclass(slots=True)
+class RouteRequest:
+    """What a policy knows of a request: its prompt's block hashes and its session."""
+
+    block_hashes: Sequence[int]
+    prompt_tokens: int
+    session: str = ""
+    block_size: int = 16
+
+
+class WorkerView(Protocol):
+    def active_requests(self) -> int: ...  # running + waiting
+    def active_blocks(self) -> int: ...  # KV blocks held by running requests
+    def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]: ...  # (GPU, lower-tier) blocks
+
+
+class Policy:
+    name = "base"
+
+    def choose(self, req: RouteRequest, workers: Sequence[WorkerView]) -> int:
+        raise NotImplementedError
+
+    def forget(self, worker: int) -> None:
+        """A worker left: drop any state that points at it."""
+
+
+class RoundRobin(Policy):
+    name = "round_robin"
+
+    def __init__(self, seed: int = 0):
+        self._next = 0
+
+    def choose(self, req, workers):
+        i = self._next % len(workers)
+        self._next = i + 1
+        return i
+
+
+class LeastLoaded(Policy):
+    """Fewest active requests; ties go round-robin so idle workers share the load."""
+
+    name = "least_loaded"
+
+    def __init__(self, seed: int = 0):
+        self._rot = 0
+
+    def choose(self, req, workers):
+        n = len(workers)
+        self._rot = (self._rot + 1) % n
+        loads = [w.active_requests() for w in workers]
+        best = min(loads)
+        for k in range(n):
+            i = (self._rot + k) % n
+            if loads[i] == best:
+                return i
+        return 0
+
+
+class SessionAffinity(Policy):
+    """A session's requests stay on one worker, unless it is overloaded (then it moves, least loaded)."""
+
+    name = "session"
+
+    def __init__(self, seed: int = 0, overload: float = 2.0, slack: int = 4):
+        self._home: dict[str, int] = {}
+        self._ll = LeastLoaded()
+        self.overload, self.slack = overload, slack
+
+    def choose(self, req, workers):
+        home = self._home.get(req.session) if req.session else None
+        loads = [w.active_requests() for w in workers]
+        if home is not None and home < len(workers):
+            mean = sum(loads) / len(loads)
+            if loads[home] <= self.overload * mean + self.slack:
+                return home
+        i = self._ll.choose(req, workers)
+        if req.session:
+            self._home[req.session] = i
+        return i
+
+    def forget(self, worker):
+        self._home = {s: w for s, w in self._home.items() if w != worker}
+
+
+class KvAware(Policy):
+    """cost_i = weight x (blocks to prefill on i) + active blocks on i; lower-tier hits earn `tier_credit`.
+
+    `temperature` > 0 samples from softmax(-cost / (temperature x mean cost)) instead of argmin.
+    """
+
+    name = "kv_aware"
+
+    def __init__(self, seed: int = 0, weight: float = 1.0, tier_credit: float = 0.5, temperature: float = 0.0):
+        self.weight, self.tier_credit, self.temperature = weight, tier_credit, temperature
+        self._rng = random.Random(seed)
+        self._rot = 0
+
+    def costs(self, req: RouteRequest, workers: Sequence[WorkerView]) -> list[float]:
+        total = -(-req.prompt_tokens // req.block_size)
+        out = []
+        for w in workers:
+            gpu, lower = w.cached_prefix(req.block_hashes)
+            prefill = total - gpu - self.tier_credit * lower
+            out.append(self.weight * prefill + w.active_blocks())
+        return out
+
+    def choose(self, req, workers):
+        costs = self.costs(req, workers)
+        n = len(costs)
+        if self.temperature > 0:
+            scale = self.temperature * (sum(costs) / n or 1.0)
+            lo = min(costs)
+            weights = [math.exp(-(c - lo) / scale) for c in costs]
+            return self._rng.choices(range(n), weights)[0]
+        self._rot = (self._rot + 1) % n
+        best = min(costs)
+        for k in range(n):
+            i = (self._rot + k) % n
+            if costs[i] == best:
+                return i
+        return 0
+
+
+def make_policy(name: str, seed: int = 0, **kwargs) -> Policy:
+    classes = {c.name: c for c in (RoundRobin, LeastLoaded, SessionAffinity, KvAware)}
+    if name not in classes:
+        raise UserError(f"--router/--policy: unknown policy '{name}' (choose from {', '.join(POLICIES)})")
+    return classes[name](seed=seed, **kwargs)

@@ -1,0 +1,235 @@
+"""A discrete-event simulation of N engines behind a routing policy, replaying agentic traces.
+
+The replay plan (agentkv.trace.plan) decides when each request is due; the router picks a worker;
+each worker is an `Engine` on its own virtual clock that runs one step at a time. Events are
+processed in time order: a step's outputs land at its end, and plan releases at the same instant
+come after them. The result is the same per-request records and summary `agentkv bench` writes.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.engine import Engine, StepResult
+from agentkv.engine.hardware import get_gpu
+from agentkv.metrics.records import RequestRecord
+from agentkv.metrics.summary import Sample, Summary, summarize
+from agentkv.route.policy import RouteRequest, make_policy
+from agentkv.trace.model import Trace
+from agentkv.trace.plan import Dispatch, ReplayPlan
+from agentkv.trace.stats import CeilingTracker
+
+
+@dataclass(slots=True)
+class SimConfig:
+    """A simulated cluster: one engine config for every worker, the router and the replay plan."""
+
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    workers: int = 1
+    lanes: int = 16
+    router: str = "kv_aware"
+    seed: int = 0
+    warm_start: bool = False
+    idle_gap_cap: float | None = 10.0
+    max_requests: int | None = None
+    duration: float | None = None  # simulated seconds after which no new request is released
+    sample_every: float = 1.0  # simulated seconds between timeline samples
+
+
+class SimWorker:
+    """One engine as the router sees it (the `WorkerView` protocol), plus its pending step."""
+
+    __slots__ = ("index", "engine", "pending", "_cached")
+
+    def __init__(self, index: int, engine: Engine):
+        self.index = index
+        self.engine = engine
+        self.pending: StepResult | None = None
+        self._cached = engine.pool.cached
+
+    def active_requests(self) -> int:
+        return self.engine.num_running + self.engine.num_waiting
+
+    def active_blocks(self) -> int:
+        pool = self.engine.pool
+        return pool.num_blocks - pool.num_free_blocks
+
+    def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
+        """Leading blocks cached on the GPU, then in lower tiers: what an event-fed index knows."""
+        cached = self._cached
+        n = 0
+        for h in block_hashes:
+            if h not in cached:
+                break
+            n += 1
+        lower = self.engine.pool.lower
+        m = 0
+        if lower is not None:
+            for h in block_hashes[n:]:
+                if lower.where(h) is None:
+                    break
+                m += 1
+        return n, m
+
+
+class SimResult:
+    def __init__(self, records: list[RequestRecord], summary: Summary, wall_s: float, sim_s: float):
+        self.records, self.summary, self.wall_s, self.sim_s = records, summary, wall_s, sim_s
+
+
+def _max_len_for(traces: Sequence[Trace]) -> int:
+    return max((r.input_tokens + max(1, r.output_tokens) for t in traces for s in t.sessions()
+                for r in s.requests), default=1)
+
+
+def simulate(traces: Sequence[Trace], cfg: SimConfig,
+             progress: Callable[[int, int], None] | None = None) -> SimResult:
+    """Replay `traces` on `cfg.workers` simulated engines; returns records and the summary."""
+    wall0 = time.perf_counter()
+    notes: list[str] = []
+    ecfg = cfg.engine
+    probe = Engine(ecfg) if ecfg.max_model_len is None else None
+    if probe is not None:
+        need = _max_len_for(traces)
+        if need > probe.max_model_len:
+            notes.append(f"max_model_len raised from the model's {probe.max_model_len} to {need} "
+                         "so that every trace request fits (pass --max-model-len to cap it)")
+            ecfg = EngineConfig(**{**asdict(ecfg), "max_model_len": need})
+    itl: list[float] = []
+    workers = [SimWorker(i, Engine(ecfg, itl_sink=itl)) for i in range(cfg.workers)]
+    policy = make_policy(cfg.router, seed=cfg.seed)
+    plan = ReplayPlan(traces, lanes=cfg.lanes, seed=cfg.seed, warm_start=cfg.warm_start,
+                      idle_gap_cap=cfg.idle_gap_cap, max_requests=cfg.max_requests)
+    bs = ecfg.block_size
+    ceiling = CeilingTracker()
+    records: list[RequestRecord] = []
+    dispatched: dict[str, tuple[Dispatch, int, int]] = {}  # engine request id -> (dispatch, worker, ceiling)
+    total = cfg.max_requests or sum(t.num_requests for t in traces)
+    ends: list[tuple[float, int]] = []
+    timeline: list[Sample] = []
+    next_sample = 0.0
+    max_len = workers[0].engine.max_model_len
+
+    def start_step(w: SimWorker, now: float) -> None:
+        eng = w.engine
+        eng.clock.advance_to(now)
+        res = eng.step()
+        w.pending = res
+        if res is not None:
+            heapq.heappush(ends, (res.end, w.index))
+
+    def finish_step(w: SimWorker, now: float) -> None:
+        res, w.pending = w.pending, None
+        for out in res.outputs:
+            if not out.finished:
+                continue
+            req = out.request
+            d, wi, ceil_tok = dispatched.pop(req.request_id)
+            records.append(_record(d, req, wi, ceil_tok))
+            plan.complete(d.item.id, now, True)
+        start_step(w, now)
+
+    def dispatch(d: Dispatch, now: float) -> None:
+        item = d.item
+        r = item.request
+        tkey = f"{item.trace.id}#{item.replay}" if item.trace.hash_id_scope == "local" else item.trace.id
+        ceil_tok = ceiling.hit_tokens(tkey, r.hash_ids, r.input_tokens, item.trace.block_size)
+        out_tokens = max(1, r.output_tokens)
+        if r.input_tokens + out_tokens > max_len or r.input_tokens < 1:
+            records.append(RequestRecord(
+                id=item.id, trace=item.trace.id, session=item.session_key, tree=item.tree_key, lane=item.lane,
+                depth=item.depth, index=item.index, scheduled=d.due, sent=d.due, end=now, e2e=now - d.due,
+                input_tokens=r.input_tokens, expected_output_tokens=out_tokens, ceiling_tokens=ceil_tok,
+                ok=False, error="context_overflow" if r.input_tokens >= 1 else "empty_prompt"))
+            plan.complete(item.id, now, False)
+            return
+        keys = _keys(tkey, r.hash_ids, item.trace.block_size, bs, r.input_tokens)
+        i = policy.choose(RouteRequest(keys, r.input_tokens, item.tree_key, bs), workers)
+        w = workers[i]
+        rid = str(item.id)
+        w.engine.add_request(rid, max_tokens=out_tokens, prompt_len=r.input_tokens, block_hashes=keys,
+                             session_id=item.tree_key, arrival=now)
+        dispatched[rid] = (d, i, ceil_tok)
+        if w.pending is None:
+            start_step(w, now)
+
+    plan.start(0.0)
+    done = 0
+    while True:
+        due = plan.next_due()
+        if ends and (due is None or ends[0][0] <= due):
+            now, wi = heapq.heappop(ends)
+            finish_step(workers[wi], now)
+        elif due is None:
+            break
+        elif cfg.duration is not None and due > cfg.duration:
+            plan.stop()
+            continue
+        else:
+            now = due
+            for d in plan.pop_due(due):
+                dispatch(d, now)
+        while now >= next_sample:
+            timeline.append(_sample(next_sample, plan, workers))
+            next_sample += cfg.sample_every
+        if progress is not None and len(records) != done:
+            done = len(records)
+            progress(done, total)
+    sim_s = max((r.end for r in records), default=0.0)
+    summary = _summarize(records, cfg, ecfg, workers, timeline, itl, notes)
+    return SimResult(records, summary, time.perf_counter() - wall0, sim_s)
+
+
+def _keys(tkey: str, hash_ids, trace_bs: int, bs: int, input_tokens: int) -> list[int]:
+    from agentkv.kv.hashing import chain_keys
+
+    return chain_keys(tkey, hash_ids, trace_bs, bs, input_tokens).tolist()
+
+
+def _record(d: Dispatch, req, worker: int, ceil_tok: int) -> RequestRecord:
+    item = d.item
+    r = item.request
+    ft, end = req.first_token, req.finished_at
+    cached = {"GPU": req.num_cached_tokens, **req.lower_tier_tokens}
+    return RequestRecord(
+        id=item.id, trace=item.trace.id, session=item.session_key, tree=item.tree_key, lane=item.lane,
+        depth=item.depth, index=item.index, worker=str(worker), scheduled=d.due, sent=d.due,
+        first_token=ft, end=end, ttft=ft - d.due, e2e=end - d.due,
+        tpot=(end - ft) / (req.num_output - 1) if req.num_output > 1 else None,
+        itl_max=req.itl_max if req.num_output > 1 else None,
+        input_tokens=req.prompt_len, output_tokens=req.num_output, expected_output_tokens=req.max_tokens,
+        cached_tokens=req.num_cached_tokens + sum(req.lower_tier_tokens.values()), cached_by_tier=cached,
+        ceiling_tokens=ceil_tok, queue_s=(req.first_scheduled - req.arrival) if req.first_scheduled else None,
+        preemptions=req.num_preemptions, recorded_api_time=r.api_time, recorded_ttft=r.ttft)
+
+
+def _sample(t: float, plan: ReplayPlan, workers: list[SimWorker]) -> Sample:
+    usage = sum(w.engine.kv_usage for w in workers) / len(workers)
+    return Sample(t, plan.in_flight, usage, sum(w.engine.num_running for w in workers),
+                  sum(w.engine.num_waiting for w in workers))
+
+
+def _summarize(records, cfg: SimConfig, ecfg: EngineConfig, workers, timeline, itl, notes) -> Summary:
+    queries = sum(w.engine.prefix_cache_queries for w in workers)
+    hits = sum(w.engine.prefix_cache_hits for w in workers)
+    ok_in = sum(r.input_tokens for r in records if r.ok) or 1
+    by_tier: dict[str, float] = {}
+    for r in records:
+        for tier, n in r.cached_by_tier.items():
+            by_tier[tier] = by_tier.get(tier, 0) + n
+    by_tier = {k: v / ok_in for k, v in by_tier.items()}
+    gpu = get_gpu(ecfg.gpu)
+    config = {"engine": asdict(ecfg), "workers": cfg.workers, "lanes": cfg.lanes, "router": cfg.router,
+              "seed": cfg.seed, "warm_start": cfg.warm_start, "idle_gap_cap": cfg.idle_gap_cap,
+              "max_requests": cfg.max_requests, "duration": cfg.duration,
+              "num_gpu_blocks": workers[0].engine.num_gpu_blocks}
+    target = f"simulated {cfg.workers}x {gpu.name} (tp={ecfg.tensor_parallel_size}) {ecfg.model}"
+    return summarize(
+        records, kind="simulate", target=target, config=config, itl_values=itl,
+        metrics_hit_rate=hits / queries if queries else None, timeline=timeline,
+        gpus=cfg.workers * ecfg.tensor_parallel_size, power_w=gpu.power_w,
+        preemptions=sum(w.engine.scheduler.num_preemptions for w in workers), by_tier=by_tier, notes=notes)

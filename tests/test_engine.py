@@ -1,0 +1,117 @@
+"""The engine behaves like vLLM step by step: prefix hits skip prefill, pressure preempts, tiers restore."""
+
+import pytest
+
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.engine import Engine
+from agentkv.errors import UserError
+
+
+def run(engine: Engine) -> list:
+    steps = []
+    while engine.has_work():
+        s = engine.step()
+        assert s is not None, "engine has work but scheduled nothing"
+        engine.clock.advance_to(s.end)
+        steps.append(s)
+    return steps
+
+
+def test_second_turn_hits_prefix_and_ttft_drops():
+    e = Engine(EngineConfig(block_size=16))
+    first = e.add_request("t1", max_tokens=4, token_ids=list(range(1, 20001)))
+    run(e)
+    ttft1 = first.first_token - first.arrival
+    second = e.add_request("t2", max_tokens=4, token_ids=list(range(1, 20001)) + list(range(5, 2005)))
+    run(e)
+    ttft2 = second.first_token - second.arrival
+    assert second.num_cached_tokens == 20000 // 16 * 16
+    assert ttft2 < ttft1 / 3
+    assert e.prefix_cache_hits == second.num_cached_tokens
+
+
+def test_salt_isolates_identical_prompts():
+    e = Engine(EngineConfig())
+    e.add_request("a", max_tokens=1, token_ids=list(range(1, 1025)), cache_salt="tenant-a")
+    run(e)
+    b = e.add_request("b", max_tokens=1, token_ids=list(range(1, 1025)), cache_salt="tenant-b")
+    run(e)
+    assert b.num_cached_tokens == 0
+    a2 = e.add_request("a2", max_tokens=1, token_ids=list(range(1, 1025)), cache_salt="tenant-a")
+    run(e)
+    assert a2.num_cached_tokens == 1024 - 16
+
+
+def test_chunked_prefill_respects_token_budget():
+    e = Engine(EngineConfig(max_num_batched_tokens=2048))
+    r = e.add_request("long", max_tokens=2, prompt_len=10000, block_hashes=list(range(625)))
+    steps = run(e)
+    assert all(s.num_prefill_tokens <= 2048 for s in steps)
+    assert sum(s.num_prefill_tokens for s in steps) == 10000
+    assert r.first_token == steps[4].end  # 5 chunks of <= 2048, the token comes with the last
+
+
+def test_memory_pressure_preempts_and_all_finish():
+    e = Engine(EngineConfig(num_gpu_blocks_override=600, max_model_len=8192, max_num_batched_tokens=8192))
+    reqs = [e.add_request(f"r{i}", max_tokens=400, prompt_len=2000,
+                          block_hashes=[i * 1000 + j for j in range(125)]) for i in range(8)]
+    run(e)
+    assert e.scheduler.num_preemptions > 0
+    assert all(r.num_output == 400 for r in reqs)
+    e.pool.check_invariants()
+    assert e.pool.usage == 0.0
+
+
+def test_cpu_offload_restores_hits_at_a_transfer_cost():
+    def trial(offload: float):
+        e = Engine(EngineConfig(num_gpu_blocks_override=700, max_model_len=8192, kv_offloading_size=offload))
+        first = e.add_request("s0", max_tokens=1, prompt_len=8000, block_hashes=list(range(500)))
+        run(e)
+        for i in range(1, 4):  # other sessions push s0's blocks out of HBM
+            e.add_request(f"s{i}", max_tokens=1, prompt_len=8000,
+                          block_hashes=[i * 10_000 + j for j in range(500)])
+            run(e)
+        again = e.add_request("s0b", max_tokens=1, prompt_len=8000, block_hashes=list(range(500)))
+        run(e)
+        return first, again, e
+
+    _, again, e = trial(0.0)
+    assert again.num_cached_tokens == 0 and again.num_lower_tokens == 0
+    _, again_off, e_off = trial(64.0)
+    assert again_off.lower_tier_tokens.get("CPU", 0) > 7000
+    assert e_off.stats.promote_s > 0
+    assert (again_off.first_token - again_off.arrival) < (again.first_token - again.arrival)
+
+
+def test_abort_frees_blocks():
+    e = Engine(EngineConfig())
+    e.add_request("x", max_tokens=1000, prompt_len=5000, block_hashes=list(range(312)))
+    s = e.step()
+    e.clock.advance_to(s.end)
+    assert e.pool.usage > 0
+    assert e.abort("x")
+    assert e.pool.usage == 0.0 and not e.has_work()
+    assert not e.abort("x")
+
+
+def test_bad_config_and_requests():
+    with pytest.raises(UserError, match="--block-size"):
+        EngineConfig(block_size=17)
+    with pytest.raises(UserError, match="--gpu-memory-utilization"):
+        EngineConfig(gpu_memory_utilization=1.5)
+    e = Engine(EngineConfig(max_model_len=4096))
+    with pytest.raises(ValueError, match="max_model_len"):
+        e.add_request("big", max_tokens=10, prompt_len=5000)
+    with pytest.raises(UserError, match="KV cache holds"):
+        Engine(EngineConfig(num_gpu_blocks_override=10))
+
+
+def test_deterministic():
+    def once():
+        e = Engine(EngineConfig(num_gpu_blocks_override=900, max_model_len=8192))
+        for i in range(6):
+            e.add_request(f"r{i}", max_tokens=50 + i, prompt_len=3000 + 100 * i,
+                          block_hashes=[j + (i % 2) * 7 for j in range(180)])
+        return [(s.start, s.end, s.num_prefill_tokens) for s in run(e)]
+
+    assert once() == once()
