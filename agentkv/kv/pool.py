@@ -1,0 +1,405 @@
+"""The paged KV block pool with a prefix cache, in the shape of vLLM v1's BlockPool + KVCacheManager.
+
+Blocks are ints `0..num_blocks-1`. Per-block Python work is what limits a pure-Python pool
+(benchmarks/kv_pool.py measures it), so reference counts, the empty-block stack and each
+request's block table are numpy arrays updated in bulk; only the hash -> block map is a dict,
+used through C-level `map`. The verbs are the scheduler's: `get_computed_blocks`,
+`allocate_slots`, `free`, `usage`, `reset`.
+
+Invariants (`check_invariants` asserts them):
+
+- `ref[b]` equals the number of running requests whose block table holds `b`.
+- A block is free iff `ref[b] == 0`; a free block is either *empty* (no hash: in `empty`) or
+  *cached* (has a hash: held by the eviction policy), never both; in-use blocks are in neither.
+- `cached[h] == b` iff `block_hash[b] == h`: a cached hash maps to exactly one block. Only full
+  blocks get hashes; a block computed again under an already cached hash stays uncached.
+- Eviction only takes free cached blocks, and only when no empty block is left.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+
+from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from agentkv.kv.policies import Evictor, make_policy
+
+DTYPE_BYTES = {"fp32": 4, "float32": 4, "bf16": 2, "bfloat16": 2, "fp16": 2, "float16": 2,
+               "half": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str | int = "bf16") -> int:
+    """Bytes of K and V one token occupies: 2 x layers x kv_heads x head_dim x bytes per element."""
+    if isinstance(dtype, str):
+        if dtype.lower() not in DTYPE_BYTES:
+            raise ValueError(f"unknown KV dtype {dtype!r} (expected one of: {', '.join(DTYPE_BYTES)})")
+        nbytes = DTYPE_BYTES[dtype.lower()]
+    else:
+        nbytes = int(dtype)
+    for name, v in (("layers", layers), ("kv_heads", kv_heads), ("head_dim", head_dim), ("dtype bytes", nbytes)):
+        if v <= 0:
+            raise ValueError(f"{name} must be positive, got {v}")
+    return 2 * layers * kv_heads * head_dim * nbytes
+
+
+def num_blocks_for(capacity_bytes: int, block_size: int, layers: int, kv_heads: int, head_dim: int,
+                   dtype: str | int = "bf16") -> int:
+    """How many whole blocks of `block_size` tokens fit in `capacity_bytes` of KV memory."""
+    if block_size <= 0:
+        raise ValueError(f"block_size must be positive, got {block_size}")
+    return int(capacity_bytes) // (block_size * kv_bytes_per_token(layers, kv_heads, head_dim, dtype))
+
+
+class LowerTier(Protocol):
+    """What the pool calls on the tiers below the GPU (agentkv.kv.tiers.TierStack implements it)."""
+
+    def on_gpu_store(self, block_hash: int) -> None: ...
+    def on_gpu_evict(self, block_hash: int) -> None: ...
+    def match(self, block_hashes: Sequence[int], start: int = 0) -> list[str]: ...
+    def promote(self, block_hashes: Sequence[int]) -> float: ...
+
+
+@dataclass(slots=True)
+class PoolStats:
+    """Counters: prefix-cache queries/hits in tokens (as vLLM's metrics), and block traffic."""
+
+    queries: int = 0  # tokens looked up (vllm:prefix_cache_queries_total)
+    hits: int = 0  # tokens found cached (vllm:prefix_cache_hits_total)
+    lookups: int = 0  # get_computed_blocks calls
+    allocated: int = 0  # blocks handed to requests fresh (not prefix hits)
+    stored: int = 0  # blocks that got a hash (became cached)
+    evicted: int = 0  # cached blocks whose content was dropped to make room
+    alloc_failures: int = 0  # allocate_slots calls refused for lack of room
+    lower_blocks: int = 0  # blocks promoted from lower tiers
+    promote_s: float = 0.0  # seconds spent promoting them
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class BlockPool:
+    """Fixed-size KV blocks with reference counts, a prefix cache and a pluggable eviction policy.
+
+    `policy` is a name from `agentkv.kv.policies.POLICIES` or an `Evictor` (e.g. `Belady`).
+    Events (BlockStored/BlockRemoved/AllBlocksCleared, medium "GPU") go to `on_event` when given,
+    else are buffered for `take_events()` when `record_events`. `lower` is a tier stack below
+    the GPU: it is told of stores and evictions, and `allocate_slots` promotes from it.
+    """
+
+    def __init__(self, num_blocks: int, block_size: int = 16, policy: str | Evictor = "lru", *,
+                 on_event: Callable[[KVEvent], None] | None = None, record_events: bool = False,
+                 lower: LowerTier | None = None) -> None:
+        if num_blocks <= 0 or block_size <= 0:
+            raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref = np.zeros(num_blocks, dtype=np.int32)
+        self.block_hash: list[int | None] = [None] * num_blocks
+        self.cached: dict[int, int] = {}
+        self._empty = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)  # a stack, top at the end
+        self._n_empty = num_blocks
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        self.policy.bind(self)
+        self.lower = lower
+        self.stats = PoolStats()
+        self.last_promote_s = 0.0
+        self._events: list[KVEvent] = []
+        self._emit = on_event if on_event is not None else (self._events.append if record_events else None)
+        self._req_blocks: dict[str, np.ndarray] = {}
+        self._req_hashed: dict[str, int] = {}  # leading blocks whose caching was decided
+        self._req_session: dict[str, object] = {}
+        self._holes: set[str] = set()  # requests holding an uncached block inside their hashed prefix
+        self._probe: tuple[Sequence[int], list[int | None]] | None = None
+
+    # -- the scheduler's verbs -------------------------------------------------------------------
+    def get_computed_blocks(self, block_hashes: Sequence[int], num_tokens: int | None = None) -> int:
+        """Number of leading blocks of `block_hashes` cached on the GPU (a query: nothing is pinned).
+
+        With `num_tokens` (the prompt length), at most `(num_tokens - 1) // block_size` blocks
+        count, as vLLM recomputes the last prompt token. Counts queries and hits in tokens.
+        """
+        limit = len(block_hashes)
+        if num_tokens is not None:
+            limit = max(0, min(limit, (num_tokens - 1) // self.block_size))
+        found = self._lookup(block_hashes, limit)
+        n = len(found)
+        self._probe = (block_hashes, found)
+        self.policy.on_lookup(block_hashes)
+        st = self.stats
+        st.lookups += 1
+        st.queries += num_tokens if num_tokens is not None else len(block_hashes) * self.block_size
+        st.hits += n * self.block_size
+        return n
+
+    def match_lower(self, block_hashes: Sequence[int], start: int) -> list[str]:
+        """Tier names of the longest run of `block_hashes[start:]` held below the GPU ([] without tiers)."""
+        return self.lower.match(block_hashes, start) if self.lower is not None else []
+
+    def allocate_slots(self, request_id: str, num_new_tokens: int, block_hashes: Sequence[int] = (),
+                       num_computed_tokens: int = 0, *, num_lower_blocks: int = 0,
+                       session_id: object = None, token_ids: Sequence[int] | None = None) -> bool:
+        """Make room for `num_new_tokens` more tokens of a request; False (nothing changed) if full.
+
+        First call for a request: its first `num_computed_tokens // block_size` blocks are prefix
+        hits (as `get_computed_blocks` found them) and are shared; the next `num_lower_blocks` are
+        promoted from the lower tiers (seconds in `last_promote_s`). Later calls (chunked prefill,
+        decode) pass the tokens computed so far. Blocks that become full and have a hash in
+        `block_hashes` are cached; `token_ids`, when given, fill the BlockStored events.
+        """
+        bs = self.block_size
+        ref = self.ref
+        blocks = self._req_blocks.get(request_id)
+        if blocks is None:
+            if num_computed_tokens % bs:
+                raise ValueError(f"request {request_id}: num_computed_tokens {num_computed_tokens} "
+                                 f"is not a multiple of block_size {bs} on its first allocation")
+            nc = num_computed_tokens // bs
+            nl = num_lower_blocks
+            if nl and (self.lower is None or nc + nl > len(block_hashes)):
+                raise ValueError(f"request {request_id}: {nl} lower-tier blocks but "
+                                 f"{'no lower tiers' if self.lower is None else 'too few block hashes'}")
+            hit = np.fromiter(self._prefix_blocks(block_hashes, nc, request_id), np.int64, nc)
+            total = num_computed_tokens + nl * bs + num_new_tokens
+            free_hits = hit[ref[hit] == 0]
+            need = _cdiv(total, bs) - nc
+            if need + len(free_hits) > self._n_empty + len(self.policy):
+                self.stats.alloc_failures += 1
+                return False
+            if len(free_hits):
+                self.policy.remove_many(self._ids(free_hits))
+            ref[hit] += 1
+            blocks = np.concatenate((hit, self._take(need))) if need > 0 else hit
+            self._req_blocks[request_id] = blocks
+            self._req_hashed[request_id] = nc
+            self._req_session[request_id] = session_id
+            self.last_promote_s = 0.0
+            if nl:
+                self.last_promote_s = self.lower.promote(block_hashes[nc:nc + nl])
+                self.stats.lower_blocks += nl
+                self.stats.promote_s += self.last_promote_s
+        else:
+            total = num_computed_tokens + num_new_tokens
+            need = _cdiv(total, bs) - len(blocks)
+            if need > 0:
+                if need > self._n_empty + len(self.policy):
+                    self.stats.alloc_failures += 1
+                    return False
+                blocks = self._req_blocks[request_id] = np.concatenate((blocks, self._take(need)))
+        full = min(total // bs, len(block_hashes), len(blocks))
+        hashed = self._req_hashed[request_id]
+        if full > hashed:
+            self._cache(request_id, blocks, block_hashes, hashed, full, token_ids)
+            self._req_hashed[request_id] = full
+        return True
+
+    def free(self, request_id: str) -> None:
+        """Release a finished or preempted request's blocks, tail first (its tail is evicted first)."""
+        blocks = self._req_blocks.pop(request_id, None)
+        if blocks is None:
+            return
+        hashed = self._req_hashed.pop(request_id)
+        session = self._req_session.pop(request_id)
+        ref = self.ref
+        rev = blocks[::-1]
+        ref[rev] -= 1
+        if request_id in self._holes:
+            self._holes.discard(request_id)
+            bh = self.block_hash
+            has_hash = np.fromiter((bh[b] is not None for b in rev.tolist()), bool, len(rev))
+            freed_cached, freed_empty = rev[has_hash], rev[~has_hash]
+        else:  # the first `hashed` blocks are cached, the rest not
+            k = len(rev) - hashed
+            freed_cached, freed_empty = rev[k:], rev[:k]
+        freed_cached = freed_cached[ref[freed_cached] == 0]  # shared blocks stay with their other users
+        freed_empty = freed_empty[ref[freed_empty] == 0]
+        m, k = self._n_empty, len(freed_empty)
+        self._empty[m:m + k] = freed_empty
+        self._n_empty = m + k
+        if len(freed_cached):
+            self.policy.add_many(self._ids(freed_cached), session)
+
+    @property
+    def num_free_blocks(self) -> int:
+        """Blocks a new allocation can take: empty ones plus evictable cached ones."""
+        return self._n_empty + len(self.policy)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by running requests (vllm:kv_cache_usage_perc)."""
+        return 1.0 - self.num_free_blocks / self.num_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return len(self.cached)
+
+    def request_blocks(self, request_id: str) -> list[int]:
+        """The block ids a running request holds, in token order (a copy)."""
+        blocks = self._req_blocks.get(request_id)
+        return [] if blocks is None else blocks.tolist()
+
+    def reset(self) -> bool:
+        """Drop the whole prefix cache (emits AllBlocksCleared); False if requests still hold blocks."""
+        if self._req_blocks:
+            return False
+        self.cached.clear()
+        self.block_hash = [None] * self.num_blocks
+        self._empty = np.arange(self.num_blocks - 1, -1, -1, dtype=np.int64)
+        self._n_empty = self.num_blocks
+        self.policy.clear()
+        self._probe = None
+        if self._emit is not None:
+            self._emit(AllBlocksCleared())
+        return True
+
+    def take_events(self) -> list[KVEvent]:
+        """The buffered events (record_events=True), oldest first; the buffer is emptied."""
+        events = self._events[:]
+        self._events.clear()
+        return events
+
+    # -- hints for session-aware policies --------------------------------------------------------
+    def session_paused(self, session_id: object, now: float, reason: str = "tool_use") -> None:
+        """A session's request finished at `now`; it waits on a tool ("tool_use") or on its user."""
+        self.policy.session_paused(session_id, now, reason)
+
+    def session_resumed(self, session_id: object, now: float) -> None:
+        """A session's next request arrived at `now`."""
+        self.policy.session_resumed(session_id, now)
+
+    def session_ended(self, session_id: object, now: float | None = None) -> None:
+        """A session will send no more requests; its cached blocks are the cheapest to lose."""
+        self.policy.session_ended(session_id, now)
+
+    # -- internals -------------------------------------------------------------------------------
+    def _lookup(self, block_hashes: Sequence[int], limit: int) -> list[int]:
+        """The cached blocks of the longest cached prefix of block_hashes[:limit].
+
+        Galloping: chunks of doubling size are looked up in bulk (C speed), so a miss early in a
+        long prompt does not cost a lookup of every later hash.
+        """
+        get = self.cached.get
+        found: list[int] = []
+        lo, step = 0, 32
+        while lo < limit:
+            hi = min(limit, lo + step)
+            chunk = list(map(get, block_hashes[lo:hi]))
+            if None in chunk:
+                found += chunk[:chunk.index(None)]
+                return found
+            found += chunk
+            lo, step = hi, step * 4
+        return found
+
+    def _prefix_blocks(self, block_hashes: Sequence[int], n: int, request_id: str) -> list[int]:
+        """The cached blocks of the first `n` hashes (reusing the last lookup when it was these hashes)."""
+        if n == 0:
+            return []
+        probe = self._probe
+        if probe is not None and probe[0] is block_hashes and len(probe[1]) >= n:
+            return probe[1][:n]
+        found = self._lookup(block_hashes, n)
+        if len(found) < n:
+            raise ValueError(f"request {request_id}: block {len(found)} of its computed prefix is not "
+                             "cached (call get_computed_blocks right before allocate_slots)")
+        return found
+
+    def _ids(self, blocks: np.ndarray) -> np.ndarray | list[int]:
+        """Block ids in the form the policy takes: the array itself, or a list of ints."""
+        return blocks if self.policy.arrays else blocks.tolist()
+
+    def _take(self, n: int) -> np.ndarray:
+        """`n` blocks for fresh content (ref set to 1): empty blocks first, then evicted victims."""
+        m = self._n_empty
+        if n <= m:
+            new = self._empty[m - n:m][::-1].copy()
+            self._n_empty = m - n
+        else:
+            victims = np.asarray(self.policy.pop_victims(n - m), dtype=np.int64)
+            self._uncache(victims)
+            self._probe = None  # the last lookup may name evicted blocks now
+            new = np.concatenate((self._empty[:m][::-1], victims))
+            self._n_empty = 0
+        self.ref[new] = 1
+        self.stats.allocated += n
+        return new
+
+    def _uncache(self, victims: np.ndarray) -> None:
+        """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
+        bh, cached = self.block_hash, self.cached
+        vl = victims.tolist()
+        hashes = list(map(bh.__getitem__, vl))
+        deque(map(cached.__delitem__, hashes), 0)
+        for b in vl:
+            bh[b] = None
+        self.stats.evicted += len(victims)
+        if self._emit is not None and hashes:
+            self._emit(BlockRemoved(block_hashes=hashes, medium="GPU"))
+        if self.lower is not None:
+            for h in hashes:
+                self.lower.on_gpu_evict(h)
+
+    def _cache(self, request_id: str, blocks: np.ndarray, block_hashes: Sequence[int], lo: int, hi: int,
+               token_ids: Sequence[int] | None) -> None:
+        """Give blocks[lo:hi] (full now) their hashes; a hash cached elsewhere leaves its block uncached."""
+        cached, bh = self.cached, self.block_hash
+        seg_hashes = list(block_hashes[lo:hi])
+        seg_blocks = blocks[lo:hi].tolist()
+        got = list(map(cached.setdefault, seg_hashes, seg_blocks))  # inserts only absent hashes
+        if got == seg_blocks:
+            runs = [(lo, seg_blocks, seg_hashes)]
+        else:  # some hashes were cached already (their prefix was evicted and recomputed): split runs
+            self._holes.add(request_id)
+            runs, start, run = [], lo, []
+            for i, (b, g) in enumerate(zip(seg_blocks, got, strict=True), lo):
+                if g != b:
+                    if run:
+                        runs.append((start, run, seg_hashes[start - lo:i - lo]))
+                    run, start = [], i + 1
+                else:
+                    run.append(b)
+            if run:
+                runs.append((start, run, seg_hashes[start - lo:]))
+        for start, run, hs in runs:
+            for b, h in zip(run, hs, strict=True):
+                bh[b] = h
+            parent = cached.get(block_hashes[start - 1]) if start else None
+            self.policy.on_cached(run, start, parent)
+            self.stats.stored += len(run)
+            if self._emit is not None:
+                toks = list(token_ids[start * self.block_size:(start + len(run)) * self.block_size]) \
+                    if token_ids is not None else []
+                self._emit(BlockStored(block_hashes=list(hs), parent_block_hash=block_hashes[start - 1] if start else None,
+                                       token_ids=toks, block_size=self.block_size, medium="GPU"))
+            if self.lower is not None:
+                for h in hs:
+                    self.lower.on_gpu_store(h)
+
+    def check_invariants(self) -> None:
+        """Assert the invariants in the module docstring (for tests; O(num_blocks))."""
+        counts = np.zeros(self.num_blocks, dtype=np.int64)
+        for rid, blocks in self._req_blocks.items():
+            assert len(set(blocks.tolist())) == len(blocks), f"request {rid} holds a block twice"
+            counts[blocks] += 1
+            assert self._req_hashed[rid] <= len(blocks), rid
+        assert (counts == self.ref).all(), "ref counts differ from the requests' block tables"
+        empty_list = self._empty[:self._n_empty].tolist()
+        empty, evictable = set(empty_list), {int(b) for b in self.policy.blocks()}
+        assert len(empty) == len(empty_list), "a block is twice in the empty stack"
+        assert len(evictable) == len(self.policy), "policy size differs from its blocks"
+        assert not empty & evictable, "a block is both empty and evictable"
+        for b in range(self.num_blocks):
+            free = self.ref[b] == 0
+            assert free == (b in empty or b in evictable), f"block {b}: free iff in empty/policy"
+            if b in empty:
+                assert self.block_hash[b] is None, f"empty block {b} has a hash"
+            if b in evictable:
+                assert self.block_hash[b] is not None, f"evictable block {b} has no hash"
+        assert len(self.cached) == sum(h is not None for h in self.block_hash)
+        for h, b in self.cached.items():
+            assert self.block_hash[b] == h, f"cached hash {h} -> block {b}, which holds {self.block_hash[b]}"
+        self.policy.check()

@@ -1,0 +1,114 @@
+"""Replay the block accesses of traces through a `BlockPool`: lookup, allocate, free per request.
+
+Requests of all traces are interleaved by arrival time (every trace starts at 0); hash ids are
+made unique per trace and spread over 64 bits like real block hashes. Used by
+benchmarks/kv_pool.py and the tests to compare eviction policies on the same accesses.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from agentkv.kv.pool import BlockPool
+from agentkv.trace.model import Trace
+
+_MIX = 0x9E3779B97F4A7C15  # odd: multiplication mod 2**64 is a bijection, so ids stay unique
+
+
+@dataclass(frozen=True, slots=True)
+class BlockRequest:
+    """One request's block accesses: when it arrives and ends, its session and its block hashes."""
+
+    time: float
+    end: float
+    session: str
+    hashes: list[int]
+    input_tokens: int
+    output_tokens: int
+    stop: str
+    last: bool  # the session's last request
+
+
+def block_requests(traces: Sequence[Trace]) -> list[BlockRequest]:
+    """All traces' requests in arrival order, hash ids mapped to `mix((trace_index << 32) | id)`."""
+    items: list[tuple[float, int, int, BlockRequest]] = []
+    for ti, trace in enumerate(traces):
+        timeline = trace.timeline()
+        last_of: dict[int, int] = {}
+        for k, tr in enumerate(timeline):
+            last_of[id(tr.session)] = k
+        # one int object per distinct id, shared by every request that repeats it (memory, speed)
+        uniq = sorted({h for tr in timeline for h in tr.request.hash_ids})
+        with np.errstate(over="ignore"):
+            mixed = ((np.asarray(uniq, dtype=np.uint64) | np.uint64(ti << 32)) * np.uint64(_MIX)).tolist()
+        to_hash = dict(zip(uniq, mixed, strict=True))
+        for k, tr in enumerate(timeline):
+            r = tr.request
+            hashes = list(map(to_hash.__getitem__, r.hash_ids))
+            end = tr.time + (r.api_time or 0.0)
+            items.append((tr.time, ti, k, BlockRequest(
+                tr.time, end, f"{ti}:{tr.session.id}", hashes, r.input_tokens, r.output_tokens,
+                r.stop, last_of[id(tr.session)] == k)))
+    items.sort(key=lambda x: x[:3])
+    return [x[3] for x in items]
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """Hit rate in prompt tokens, block counts and the wall time of one replay."""
+
+    policy: str
+    num_blocks: int
+    requests: int = 0
+    failed: int = 0  # requests larger than the free room (skipped)
+    query_tokens: int = 0
+    hit_tokens: int = 0
+    request_blocks: int = 0  # sum of hash-list lengths: one lookup+allocate+free cycle each
+    block_ops: int = 0  # blocks looked up + blocks allocated or shared + blocks freed
+    seconds: float = 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
+
+
+def replay(pool: BlockPool, requests: Sequence[BlockRequest], *, hints: bool = True) -> ReplayResult:
+    """Run each request through the pool in order: lookup, allocate prompt + output, free.
+
+    With `hints`, sessions are reported resumed on arrival, paused at their end (reason: the
+    request's stop reason) and ended after their last request.
+    """
+    res = ReplayResult(pool.policy.name, pool.num_blocks)
+    bs = pool.block_size
+    before_q, before_h = pool.stats.queries, pool.stats.hits
+    get, alloc, free = pool.get_computed_blocks, pool.allocate_slots, pool.free
+    ops = nblocks = failed = 0
+    t0 = time.perf_counter()
+    for i, r in enumerate(requests):
+        rid = str(i)
+        if hints:
+            pool.session_resumed(r.session, r.time)
+        hs = r.hashes
+        n = get(hs, r.input_tokens)
+        total = r.input_tokens + r.output_tokens
+        if alloc(rid, total - n * bs, hs, n * bs, session_id=r.session):
+            k = -(-total // bs)
+            ops += len(hs) + 2 * k
+            free(rid)
+        else:
+            failed += 1
+            ops += len(hs)
+        nblocks += len(hs)
+        if hints:
+            pool.session_paused(r.session, r.end, r.stop)
+            if r.last:
+                pool.session_ended(r.session, r.end)
+    res.seconds = time.perf_counter() - t0
+    res.requests, res.failed, res.block_ops, res.request_blocks = len(requests), failed, ops, nblocks
+    res.query_tokens = pool.stats.queries - before_q
+    res.hit_tokens = pool.stats.hits - before_h
+    return res

@@ -1,0 +1,210 @@
+"""Eviction policies: each one's rule on hand-made sequences, and Belady as the ceiling on real traces."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from agentkv.kv.belady import Belady, next_use_keys
+from agentkv.kv.events import BlockRemoved
+from agentkv.kv.policies import ARC, POLICIES, RadixLRU, make_policy
+from agentkv.kv.pool import BlockPool
+from agentkv.kv.replay import block_requests, replay
+from agentkv.kv.session_policy import SessionAware
+from agentkv.trace.formats import load_paths
+
+BS = 4
+
+
+def use(pool: BlockPool, rid: str, hashes: list[int], session: object = None) -> int:
+    """One whole request of full blocks: look up, allocate, free; return its cached prefix."""
+    n = pool.get_computed_blocks(hashes)
+    assert pool.allocate_slots(rid, (len(hashes) - n) * BS, hashes, n * BS, session_id=session)
+    pool.free(rid)
+    return n
+
+
+def cached(pool: BlockPool, *hashes: int) -> list[bool]:
+    return [h in pool.cached for h in hashes]
+
+
+def evicted(pool: BlockPool) -> list[int]:
+    return [h for e in pool.take_events() if isinstance(e, BlockRemoved) for h in e.block_hashes]
+
+
+def test_make_policy_names_and_errors() -> None:
+    for name in POLICIES:
+        if name != "belady":
+            assert make_policy(name).name == name
+    assert make_policy("belady", accesses=[[1, 2]]).name == "belady"
+    with pytest.raises(ValueError, match="access sequence"):
+        make_policy("belady")
+    with pytest.raises(ValueError, match="unknown eviction policy"):
+        make_policy("mru")
+
+
+@pytest.mark.parametrize(("policy", "survivor", "victim"), [("lru", 2, 1), ("lfu", 1, 2)])
+def test_lfu_keeps_the_often_reused_block_lru_the_recent_one(policy: str, survivor: int, victim: int) -> None:
+    pool = BlockPool(2, BS, policy)
+    for i in range(3):
+        assert use(pool, f"a{i}", [1]) == min(i, 1)  # block 1: reused twice
+    use(pool, "b", [2])  # block 2: used once, but last
+    use(pool, "c", [3])  # one victim
+    assert cached(pool, survivor, victim, 3) == [True, False, True]
+
+
+def test_lru_frees_a_request_tail_first() -> None:
+    pool = BlockPool(4, BS, "lru", record_events=True)
+    use(pool, "a", [10, 11, 12, 13])
+    pool.take_events()
+    use(pool, "b", [20, 21])
+    assert evicted(pool) == [13, 12]
+    assert pool.get_computed_blocks([10, 11, 12, 13]) == 2
+
+
+def test_radix_evicts_only_leaves_and_parents_after_their_children() -> None:
+    pol = RadixLRU()
+    BlockPool(8, BS, pol)
+    pol.on_cached([0, 1, 2], 0, None)  # chain 0 -> 1 -> 2
+    pol.on_cached([3], 1, 0)  # 3: a second child of 0
+    pol.add_many([0])  # the root freed first: LRU would take it first
+    pol.add_many([1, 2, 3])
+    assert pol.pop_victims(4) == [2, 1, 3, 0]
+    pol.check()
+
+
+def test_radix_hands_back_a_parent_when_its_last_child_goes() -> None:
+    pool = BlockPool(3, BS, "radix", record_events=True)
+    use(pool, "a", [1, 2])
+    use(pool, "b", [1, 3])  # 1 now has two cached children
+    pool.take_events()
+    use(pool, "c", [7, 8])
+    assert evicted(pool) == [2, 3]  # never the shared parent 1 while a child is cached
+    use(pool, "d", [9, 10, 11])
+    assert 1 in evicted(pool)
+
+
+def test_arc_resists_a_scan_that_flushes_lru() -> None:
+    for policy, kept in (("arc", True), ("lru", False)):
+        pool = BlockPool(4, BS, policy)
+        use(pool, "a0", [1])
+        use(pool, "a1", [1])  # reused: ARC's T2
+        for i in range(6):
+            use(pool, f"s{i}", [100 + i])  # a scan of blocks used once
+        assert (1 in pool.cached) is kept, policy
+
+
+def test_arc_ghost_hits_adapt_the_target() -> None:
+    pol = ARC()
+    pool = BlockPool(2, BS, pol, record_events=True)
+    use(pool, "a0", [1])
+    use(pool, "a1", [1])  # 1 reused: T2
+    use(pool, "b", [2])  # T1
+    use(pool, "c", [3])  # T1 is over its target (0): 2 goes, remembered in ghost B1
+    assert evicted(pool) == [2] and 2 in pol.b1 and pol.p == 0
+    use(pool, "b2", [2])  # a B1 ghost hit: recency pays, T1's target grows
+    assert pol.p == 1 and pol._cls[pool.cached[2]] == 2
+    use(pool, "d", [4])  # T1 has no free block: T2's oldest, 1, goes to ghost B2
+    assert evicted(pool) == [3, 1] and 1 in pol.b2
+    use(pool, "a2", [1])  # T1 (1 block) is within its target: T2's 2 goes; B2 ghost hit shrinks it
+    assert evicted(pool) == [2] and pol.p == 0
+    pol.check()
+
+
+def test_session_policy_evicts_the_session_expected_back_last() -> None:
+    pool = BlockPool(6, BS, "session", record_events=True)
+    pol: SessionAware = pool.policy
+    for t, (s, hashes, reason) in enumerate([("A", [1, 2], "tool_use"), ("B", [3, 4], "end_turn"),
+                                             ("C", [5, 6], "tool_use")]):
+        pool.session_resumed(s, 2.0 * t)
+        use(pool, s, hashes, session=s)
+        pool.session_paused(s, 2.0 * t + 1, reason)
+    pool.take_events()
+    pool.session_resumed("D", 6.0)
+    use(pool, "d1", [7, 8], session="D")
+    # LRU would take A's blocks (freed first); B waits on its user (120 s), A on a tool (10 s)
+    assert evicted(pool) == [4, 3]
+    assert pol.time_to_return("A") == pytest.approx(10 - 5)
+    pool.session_ended("C", 6.5)
+    assert pol.time_to_return("C") == math.inf
+    use(pool, "d2", [9, 10], session="D")
+    assert evicted(pool) == [6, 5]  # an ended session goes before everyone
+    pool.session_resumed("A", 4.0)  # A's tool call took 3 s: learnt
+    assert pol.expected_gap("A", "tool_use") == pytest.approx(3.0)
+    pool.session_paused("A", 5.0, "tool_use")
+    pool.session_paused("D", 7.0, "tool_use")
+    pool.session_resumed("E", 1000.0)  # now A and D are long overdue: idle as long again
+    assert pol.time_to_return("A") == pytest.approx(995.0)
+    assert pol.time_to_return("A") > pol.time_to_return("D")
+    pool.check_invariants()
+
+
+def test_session_policy_without_hints_is_lru() -> None:
+    orders = []
+    for policy in ("session", "lru"):
+        pool = BlockPool(4, BS, policy, record_events=True)
+        use(pool, "a", [1, 2])
+        use(pool, "b", [3, 4])
+        use(pool, "a2", [1, 2])
+        use(pool, "c", [5, 6, 7])
+        orders.append(evicted(pool))
+    assert orders[0] == orders[1] == [4, 3, 2]
+
+
+def test_next_use_keys() -> None:
+    keys, offsets = next_use_keys([[5, 6], [5], [7, 6, 7], [6]])
+    nxt = (keys >> 20).tolist()
+    assert offsets.tolist() == [0, 2, 3, 6, 7]
+    assert nxt == [1, 2, 4, 4, 3, 4, 4]  # a repeat inside one request is not a next use
+    assert (keys & 0xFFFFF).tolist() == [0, 1, 0, 0, 1, 2, 0]
+
+
+def test_belady_evicts_the_farthest_next_use() -> None:
+    seq = [[1], [2], [3], [1], [2], [1]]
+    hits = {}
+    for policy in ("belady", "lru"):
+        pol = Belady(seq) if policy == "belady" else policy
+        pool = BlockPool(2, BS, pol, record_events=True)
+        hits[policy] = sum(use(pool, str(i), s) for i, s in enumerate(seq))
+        if policy == "belady":
+            assert evicted(pool) == [2, 3]  # at [3]: 1 is back at 3, 2 at 4; at [2]: 3 never
+    assert hits == {"belady": 2, "lru": 1}
+
+
+def test_belady_refuses_a_diverging_replay() -> None:
+    pool = BlockPool(4, BS, Belady([[1, 2], [3]]))
+    pool.get_computed_blocks([1, 2])
+    with pytest.raises(ValueError, match="diverged"):
+        pool.get_computed_blocks([3, 4])
+
+
+def test_belady_keeps_invariants_on_random_sequences() -> None:
+    rng = np.random.default_rng(7)
+    seq = [[(int(f) << 8) | i for i in range(int(rng.integers(1, 6)))] for f in rng.integers(0, 5, 60)]
+    pool = BlockPool(8, BS, Belady(seq))
+    for i, s in enumerate(seq):
+        use(pool, str(i), s)
+        pool.check_invariants()
+
+
+TRACES = ["trace_0624", "trace_0449", "trace_0684", "trace_0462"]
+
+
+@pytest.mark.shared
+def test_belady_is_the_ceiling_on_real_traces(shared_dir) -> None:
+    traces = load_paths([shared_dir / "traces" / "claude-code" / f"{n}.json.gz" for n in TRACES])
+    reqs = block_requests(traces)
+    capacity = 2 * max(len(r.hashes) for r in reqs)
+    rates = {}
+    for name in POLICIES:
+        pol = Belady([r.hashes for r in reqs]) if name == "belady" else name
+        pool = BlockPool(capacity, traces[0].block_size, pol)
+        res = replay(pool, reqs)
+        assert res.failed == 0
+        pool.check_invariants()
+        rates[name] = res.hit_rate
+    assert all(rates["belady"] >= r for r in rates.values()), rates
+    assert rates["belady"] > rates["lru"]
+    assert 0.5 < rates["lru"] < rates["belady"] <= 1.0

@@ -1,0 +1,255 @@
+"""The block pool: prefix reuse, partial blocks, sharing, clean failure, events, tiers, invariants."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from agentkv.kv.pool import BlockPool, kv_bytes_per_token, num_blocks_for
+from agentkv.kv.tiers import TierSpec, TierStack
+
+
+def chain(tag: int, n: int, start: int = 0) -> list[int]:
+    """n made-up block hashes of one prompt family `tag` (equal prefixes share their hashes)."""
+    return [(tag << 20) | i for i in range(start, start + n)]
+
+
+def run(pool: BlockPool, rid: str, hashes: list[int], tokens: int, **kw) -> int:
+    """Look up, allocate a whole prompt of `tokens` tokens; return the cached prefix in blocks."""
+    n = pool.get_computed_blocks(hashes, tokens)
+    assert pool.allocate_slots(rid, tokens - n * pool.block_size, hashes, n * pool.block_size, **kw)
+    return n
+
+
+def test_kv_bytes_llama_8b() -> None:
+    assert kv_bytes_per_token(32, 8, 128, "bf16") == 128 * 1024
+    assert kv_bytes_per_token(32, 8, 128, "fp8") == 64 * 1024
+    assert kv_bytes_per_token(32, 8, 128, 2) == 128 * 1024
+    # 80 GiB of bf16 KV in blocks of 16 tokens: 80 GiB / (16 x 128 KiB)
+    assert num_blocks_for(80 << 30, 16, 32, 8, 128, "bf16") == 40960
+    assert num_blocks_for(80 << 30, 16, 32, 8, 128, "fp8") == 81920
+    with pytest.raises(ValueError, match="unknown KV dtype"):
+        kv_bytes_per_token(32, 8, 128, "int3")
+    with pytest.raises(ValueError, match="layers"):
+        kv_bytes_per_token(0, 8, 128)
+
+
+@pytest.mark.parametrize("bs", [16, 32, 64, 256])
+def test_second_turn_reuses_first_turns_full_blocks(bs: int) -> None:
+    pool = BlockPool(64, bs)
+    turn1 = chain(1, 5)
+    assert run(pool, "t1", turn1, 5 * bs + bs // 2, session_id="s") == 0
+    pool.free("t1")
+    turn2 = turn1 + chain(1, 3, start=5)
+    assert run(pool, "t2", turn2, 8 * bs + 3, session_id="s") == 5
+    assert pool.stats.hits == 5 * bs
+    assert pool.stats.queries == 5 * bs + bs // 2 + 8 * bs + 3
+    pool.check_invariants()
+
+
+def test_partial_blocks_are_never_cached_until_full() -> None:
+    pool = BlockPool(16, 16)
+    hashes = chain(1, 3)
+    assert pool.allocate_slots("r", 40, hashes)  # 2.5 blocks: the third is partial
+    assert pool.num_cached_blocks == 2 and len(pool.request_blocks("r")) == 3
+    assert pool.get_computed_blocks(hashes) == 2
+    assert pool.allocate_slots("r", 8, hashes, num_computed_tokens=40)  # decode fills block 3
+    assert pool.num_cached_blocks == 3 and len(pool.request_blocks("r")) == 3
+    assert pool.allocate_slots("r", 1, hashes, num_computed_tokens=48)  # a 4th, partial block
+    assert len(pool.request_blocks("r")) == 4 and pool.num_cached_blocks == 3
+    pool.free("r")
+    pool.check_invariants()
+    assert pool.num_free_blocks == 16
+
+
+def test_last_prompt_token_is_recomputed() -> None:
+    pool = BlockPool(8, 16)
+    hashes = chain(1, 2)
+    run(pool, "a", hashes, 32)
+    pool.free("a")
+    assert pool.get_computed_blocks(hashes, 32) == 1  # as vLLM: at most (num_tokens - 1) // bs
+    assert pool.get_computed_blocks(hashes, 33) == 2
+
+
+def test_concurrent_requests_share_prefix_blocks() -> None:
+    pool = BlockPool(32, 16)
+    prefix = chain(7, 4)
+    run(pool, "a", prefix + chain(8, 2), 6 * 16)
+    assert run(pool, "b", prefix + chain(9, 2), 6 * 16 + 5) == 4
+    a, b = pool.request_blocks("a"), pool.request_blocks("b")
+    assert a[:4] == b[:4] and not set(a[4:]) & set(b[4:])
+    assert all(pool.ref[x] == 2 for x in a[:4])
+    assert pool.num_free_blocks == 32 - 4 - 2 - 3
+    pool.check_invariants()
+    pool.free("a")  # the shared prefix stays pinned by b
+    assert all(pool.ref[x] == 1 for x in a[:4]) and pool.num_free_blocks == 32 - 7
+    pool.check_invariants()
+    pool.free("b")
+    assert pool.num_free_blocks == 32 and pool.usage == 0.0
+    assert pool.get_computed_blocks(prefix + chain(9, 2)) == 6
+    pool.check_invariants()
+
+
+def test_allocation_fails_cleanly_when_full() -> None:
+    pool = BlockPool(8, 16, record_events=True)
+    run(pool, "a", chain(1, 6), 96)
+    before = (pool.ref.tolist(), pool.num_free_blocks, pool.num_cached_blocks)
+    assert not pool.allocate_slots("b", 48, chain(2, 3))  # needs 3, only 2 free
+    assert (pool.ref.tolist(), pool.num_free_blocks, pool.num_cached_blocks) == before
+    assert pool.stats.alloc_failures == 1 and pool.request_blocks("b") == []
+    assert not pool.allocate_slots("a", 48, chain(1, 6), num_computed_tokens=96)  # growth too
+    assert len(pool.request_blocks("a")) == 6
+    pool.check_invariants()
+    pool.free("a")
+    # free cached hits count against the room: 2 hits (free) + 7 new > 8
+    n = pool.get_computed_blocks(chain(1, 2) + chain(3, 7))
+    assert n == 2 and not pool.allocate_slots("c", 7 * 16, chain(1, 2) + chain(3, 7), 32)
+    assert pool.num_cached_blocks == 6 and pool.num_free_blocks == 8
+    assert not any(isinstance(e, BlockRemoved) for e in pool.take_events())
+    pool.check_invariants()
+
+
+def test_lru_evicts_tail_first_and_oldest_request_first() -> None:
+    pool = BlockPool(6, 4, "lru", record_events=True)
+    a, b = chain(1, 3), chain(2, 3)
+    run(pool, "a", a, 12)
+    pool.free("a")
+    run(pool, "b", b, 12)
+    pool.free("b")
+    pool.take_events()
+    run(pool, "c", chain(3, 4), 16)  # 4 victims: a's tail first, then b's tail
+    removed = [h for e in pool.take_events() if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    assert removed == [a[2], a[1], a[0], b[2]]
+    assert pool.get_computed_blocks(b) == 2
+    pool.check_invariants()
+
+
+def test_events_in_order_with_parent_hashes() -> None:
+    seen = []
+    pool = BlockPool(4, 4, on_event=seen.append)
+    hashes = chain(1, 4)
+    tokens = list(range(100, 116))
+    assert pool.allocate_slots("a", 6, hashes, token_ids=tokens)  # chunked prefill: 6 tokens
+    assert pool.allocate_slots("a", 10, hashes, 6, token_ids=tokens)  # the other 10
+    assert seen == [
+        BlockStored(block_hashes=hashes[:1], parent_block_hash=None, token_ids=tokens[:4], block_size=4),
+        BlockStored(block_hashes=hashes[1:], parent_block_hash=hashes[0], token_ids=tokens[4:], block_size=4),
+    ]
+    assert seen[0].medium == "GPU"
+    pool.free("a")
+    seen.clear()
+    run(pool, "b", chain(2, 2), 8)  # evicts a's last two blocks, tail first
+    assert seen[0] == BlockRemoved(block_hashes=[hashes[3], hashes[2]])
+    assert seen[1] == BlockStored(block_hashes=chain(2, 2), parent_block_hash=None, block_size=4)
+    assert not pool.reset()  # b still holds blocks
+    pool.free("b")
+    assert pool.reset() and seen[-1] == AllBlocksCleared()
+    assert pool.num_cached_blocks == 0 and pool.get_computed_blocks(hashes) == 0
+    pool.check_invariants()
+
+
+def test_recomputed_block_under_a_cached_hash_stays_uncached() -> None:
+    """LFU can orphan a child (parent evicted first); recomputing the chain then meets its hash."""
+    pool = BlockPool(4, 4, "lfu")
+    p, c = chain(1, 2)
+    run(pool, "r1", [p], 4)  # holds p
+    run(pool, "r2", [p, c], 8)  # p shared (no reuse counted), c new
+    pool.free("r2")
+    assert run(pool, "r3", [p, c], 9) == 2  # c is reused from the free pool: frequency 2
+    pool.free("r3")
+    pool.free("r1")  # p joins the free pool with frequency 1
+    run(pool, "r4", chain(2, 3), 12)  # 2 empty blocks + 1 victim: p, the least used
+    assert pool.get_computed_blocks([p, c]) == 0 and c in pool.cached
+    pool.free("r4")
+    assert run(pool, "r5", [p, c], 9) == 0
+    blocks = pool.request_blocks("r5")
+    assert pool.cached[p] == blocks[0] and pool.cached[c] not in blocks  # r5's copy of c: uncached
+    assert pool.block_hash[blocks[1]] is None
+    pool.check_invariants()
+    pool.free("r5")
+    pool.check_invariants()
+    assert pool.get_computed_blocks([p, c]) == 2
+
+
+def test_lookup_then_eviction_then_allocate_is_caught() -> None:
+    pool = BlockPool(4, 4)
+    run(pool, "a", chain(1, 2), 8)
+    pool.free("a")
+    assert pool.get_computed_blocks(chain(1, 2)) == 2
+    run(pool, "b", chain(2, 4), 16)  # evicts a's blocks in between
+    with pytest.raises(ValueError, match="not cached"):
+        pool.allocate_slots("c", 4, chain(1, 2), 8)
+    with pytest.raises(ValueError, match="multiple of block_size"):
+        pool.allocate_slots("c", 4, chain(1, 2), 3)
+    with pytest.raises(ValueError, match="no lower tiers"):
+        pool.allocate_slots("c", 4, chain(1, 2), 0, num_lower_blocks=1)
+
+
+def test_lower_tiers_demote_match_and_promote() -> None:
+    events = []
+    tiers = TierStack([TierSpec("CPU", capacity_blocks=16)], block_bytes=4 * 128 * 1024,
+                      block_size=4, on_event=events.append)
+    pool = BlockPool(5, 4, lower=tiers)
+    a = chain(1, 4)
+    run(pool, "a", a, 16)
+    pool.free("a")
+    run(pool, "b", chain(2, 5), 20)  # a's four blocks go down to CPU
+    pool.free("b")
+    assert set(tiers.blocks("CPU")) == set(a)
+    n = pool.get_computed_blocks(a, 17)
+    assert n == 0 and pool.match_lower(a, n) == ["CPU"] * 4
+    assert pool.allocate_slots("c", 1, a, 0, num_lower_blocks=4)
+    assert pool.last_promote_s > 0 and pool.stats.lower_blocks == 4
+    assert tiers.counters.tiers["CPU"].hit_blocks == 4
+    assert pool.get_computed_blocks(a) == 4 and len(pool.request_blocks("c")) == 5
+    pool.check_invariants()
+    assert BlockPool(4, 4).match_lower(a, 0) == []
+
+
+POLICY_NAMES = ["lru", "lfu", "radix", "arc", "session"]
+
+
+@st.composite
+def op_sequences(draw):
+    """Random requests over a few prompt families: new, grow, free, pause hints, reset."""
+    ops = []
+    for _ in range(draw(st.integers(5, 40))):
+        kind = draw(st.sampled_from(["new", "new", "grow", "free", "free", "pause", "reset"]))
+        ops.append((kind, draw(st.integers(0, 3)), draw(st.integers(1, 9)), draw(st.integers(0, 7))))
+    return ops
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+@settings(max_examples=40, deadline=None)
+@given(ops=op_sequences())
+def test_invariants_hold_under_random_operations(policy: str, ops) -> None:
+    pool = BlockPool(12, 4, policy, record_events=True)
+    running: dict[str, tuple[list[int], int]] = {}
+    for i, (kind, fam, nblk, slot) in enumerate(ops):
+        if kind == "new":
+            hashes = chain(fam, nblk)
+            tokens = nblk * 4 + slot % 4
+            n = pool.get_computed_blocks(hashes, tokens)
+            rid = f"r{i}"
+            if pool.allocate_slots(rid, tokens - 4 * n, hashes, 4 * n, session_id=fam):
+                running[rid] = (hashes, tokens)
+        elif kind == "grow" and running:
+            rid = sorted(running)[slot % len(running)]
+            hashes, tokens = running[rid]
+            if pool.allocate_slots(rid, 3, hashes, tokens):
+                running[rid] = (hashes, tokens + 3)
+        elif kind == "free" and running:
+            rid = sorted(running)[slot % len(running)]
+            pool.free(rid)
+            del running[rid]
+        elif kind == "pause":
+            pool.session_paused(fam, float(i), "tool_use" if slot % 2 else "end_turn")
+        elif kind == "reset":
+            assert pool.reset() == (not running)
+        pool.check_invariants()
+    for rid in running:
+        pool.free(rid)
+    pool.check_invariants()
+    assert pool.usage == 0.0
