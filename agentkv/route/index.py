@@ -1,0 +1,231 @@
+"""The router's global block index: which worker caches which block, per tier, per tenant.
+
+Design (measured against a hash -> worker-bitmask dict and a radix tree in
+benchmarks/indexer.py, where it was fastest): block hashes are chained (equal hash at block i
+means equal tokens in blocks 0..i), so a worker's cache is just the set of hashes it holds,
+and its longest cached prefix of a request is the leading run of the request's hashes found in
+that set. Every update is one C-level set operation per event (`update`, `difference_update`);
+a query walks only the workers that hold the request's first block, each at C speed
+(`takewhile`). AllBlocksCleared or a dead worker drops that worker's sets. The GPU tier is
+separate from lower tiers (CPU, DISK, ...: the `medium` of vLLM/LMCache events); a lower-tier
+run continues a GPU prefix, as a CPU-offload load would.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from itertools import takewhile
+
+from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+
+GPU = "GPU"
+_GPU_NAMES = frozenset({"GPU", "DEVICE", "CUDA", "HBM"})
+
+
+def tier_name(medium: str | None) -> str:
+    """Canonical tier of an event's `medium`: None and device names are GPU, others upper-cased."""
+    if medium is None:
+        return GPU
+    m = medium.upper()
+    return GPU if m in _GPU_NAMES else m
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A worker's cached prefix for one request: leading blocks on GPU, then in lower tiers."""
+
+    gpu: int
+    lower: int = 0
+
+    @property
+    def blocks(self) -> int:
+        return self.gpu + self.lower
+
+
+def _prefix(held: set[int], hashes: Sequence[int], start: int = 0) -> int:
+    """How many of `hashes[start:]`, from the front, are in `held`."""
+    if start:
+        hashes = hashes[start:]
+    return len(list(takewhile(held.__contains__, hashes)))
+
+
+class BlockIndex:
+    """Each worker's held block hashes, per tier (workers are small ints, tiers names)."""
+
+    def __init__(self) -> None:
+        self._gpu: dict[int, set[int]] = {}  # worker -> GPU hashes (the hot path)
+        self._lower: dict[int, dict[str, set[int]]] = {}  # worker -> tier -> hashes
+
+    def _set(self, worker: int, tier: str) -> set[int]:
+        if tier == GPU:
+            s = self._gpu.get(worker)
+            if s is None:
+                s = self._gpu[worker] = set()
+            return s
+        tiers = self._lower.setdefault(worker, {})
+        s = tiers.get(tier)
+        if s is None:
+            s = tiers[tier] = set()
+        return s
+
+    # -- updates ---------------------------------------------------------------------------------
+    def store(self, worker: int, hashes: Collection[int], tier: str = GPU) -> None:
+        """`worker` now holds `hashes` in `tier`."""
+        self._set(worker, tier).update(hashes)
+
+    def remove(self, worker: int, hashes: Collection[int], tier: str = GPU) -> None:
+        """`worker` dropped `hashes` from `tier` (hashes it did not hold are ignored)."""
+        s = self._gpu.get(worker) if tier == GPU else self._lower.get(worker, {}).get(tier)
+        if s:
+            s.difference_update(hashes)
+
+    def clear_worker(self, worker: int) -> int:
+        """Drop everything `worker` holds, in every tier (AllBlocksCleared, or it died); returns blocks dropped."""
+        n = len(self._gpu.pop(worker, ()))
+        for s in self._lower.pop(worker, {}).values():
+            n += len(s)
+        return n
+
+    def apply(self, worker: int, event: KVEvent) -> None:
+        """Apply one vLLM KV event from `worker`."""
+        if isinstance(event, BlockStored):
+            self.store(worker, event.block_hashes, tier_name(event.medium))
+        elif isinstance(event, BlockRemoved):
+            self.remove(worker, event.block_hashes, tier_name(event.medium))
+        elif isinstance(event, AllBlocksCleared):
+            self.clear_worker(worker)
+
+    # -- queries ---------------------------------------------------------------------------------
+    def find_matches(self, hashes: Sequence[int]) -> dict[int, Match]:
+        """Longest cached prefix of `hashes` on every worker that has one (GPU, then lower tiers)."""
+        out: dict[int, Match] = {}
+        if not hashes:
+            return out
+        h0 = hashes[0]
+        for w, held in self._gpu.items():
+            if h0 in held:
+                out[w] = Match(_prefix(held, hashes))
+        for w, tiers in self._lower.items():
+            start = out[w].gpu if w in out else 0
+            if start >= len(hashes):
+                continue
+            n = 0
+            h = hashes[start]
+            while any(h in s for s in tiers.values()):
+                n += 1
+                if start + n == len(hashes):
+                    break
+                h = hashes[start + n]
+            if n:
+                out[w] = Match(start, n)
+        return out
+
+    def tier_prefix(self, worker: int, hashes: Sequence[int], tier: str = GPU) -> int:
+        """Leading blocks of `hashes` that `worker` holds in `tier` alone."""
+        s = self._gpu.get(worker) if tier == GPU else self._lower.get(worker, {}).get(tier)
+        return _prefix(s, hashes) if s else 0
+
+    def holds(self, worker: int, block_hash: int, tier: str = GPU) -> bool:
+        s = self._gpu.get(worker) if tier == GPU else self._lower.get(worker, {}).get(tier)
+        return bool(s) and block_hash in s
+
+    def blocks(self, worker: int, tier: str | None = None) -> int:
+        """Blocks `worker` holds in `tier` (None: all tiers)."""
+        if tier == GPU:
+            return len(self._gpu.get(worker, ()))
+        lower = self._lower.get(worker, {})
+        if tier is not None:
+            return len(lower.get(tier, ()))
+        return len(self._gpu.get(worker, ())) + sum(len(s) for s in lower.values())
+
+    def workers(self) -> list[int]:
+        """Workers that hold at least one block."""
+        return sorted({w for w, s in self._gpu.items() if s}
+                      | {w for w, t in self._lower.items() if any(t.values())})
+
+    def __contains__(self, block_hash: int) -> bool:
+        return any(block_hash in s for s in self._gpu.values()) or any(
+            block_hash in s for t in self._lower.values() for s in t.values())
+
+
+DEFAULT_TENANT = ""
+
+
+class TenantIndex:
+    """One BlockIndex per tenant, so a tenant's lookups only ever see that tenant's blocks.
+
+    Events carry hashes, not tenants, so each stored run is attributed: a continuation goes to
+    the tenant whose index holds its parent on that worker; a run that starts a sequence goes
+    by its salt (vLLM reports `cache_salt` in the first block's `extra_keys`) or by its first
+    hash, which the router registered (`expect`) when it hashed that tenant's request.
+    Unattributed runs go to DEFAULT_TENANT, the unsalted namespace. Salted hashes already
+    differ per tenant; separate indexes make isolation hold by construction, not only by hash.
+    A removal is applied to every tenant's sets for that worker (a C-level set difference each).
+    """
+
+    def __init__(self, salts: dict[str, str] | None = None, max_roots: int = 1 << 20) -> None:
+        self.indexes: dict[str, BlockIndex] = {DEFAULT_TENANT: BlockIndex()}
+        self.salts = dict(salts or {})  # cache_salt -> tenant
+        self._roots: OrderedDict[int, str] = OrderedDict()  # first hash of a request -> tenant
+        self.max_roots = max_roots
+
+    def index(self, tenant: str) -> BlockIndex:
+        idx = self.indexes.get(tenant)
+        if idx is None:
+            idx = self.indexes[tenant] = BlockIndex()
+        return idx
+
+    def expect(self, tenant: str, hashes: Sequence[int]) -> None:
+        """The router hashed a request of `tenant`: a stored run starting at hashes[0] is theirs."""
+        if hashes:
+            roots = self._roots
+            roots[hashes[0]] = tenant
+            roots.move_to_end(hashes[0])
+            if len(roots) > self.max_roots:
+                roots.popitem(last=False)
+
+    def tenant_of(self, worker: int, event: BlockStored) -> str:
+        """The tenant a BlockStored run from `worker` belongs to (DEFAULT_TENANT when unknown)."""
+        parent = event.parent_block_hash
+        tier = tier_name(event.medium)
+        if parent is not None:
+            if len(self.indexes) == 1:
+                return DEFAULT_TENANT
+            for t, idx in self.indexes.items():
+                if idx.holds(worker, parent, tier) or (tier != GPU and idx.holds(worker, parent)):
+                    return t
+        else:
+            ek = event.extra_keys
+            if ek and self.salts:
+                for key in ek[0] or ():
+                    salt = key[-1] if isinstance(key, list | tuple) else key
+                    if isinstance(salt, str) and salt in self.salts:
+                        return self.salts[salt]
+        if event.block_hashes:
+            return self._roots.get(event.block_hashes[0], DEFAULT_TENANT)
+        return DEFAULT_TENANT
+
+    def apply(self, worker: int, event: KVEvent) -> None:
+        """Apply one KV event from `worker` to the index of the tenant it belongs to."""
+        if isinstance(event, BlockStored):
+            self.index(self.tenant_of(worker, event)).store(worker, event.block_hashes, tier_name(event.medium))
+        elif isinstance(event, BlockRemoved):
+            tier = tier_name(event.medium)
+            for idx in self.indexes.values():
+                idx.remove(worker, event.block_hashes, tier)
+        elif isinstance(event, AllBlocksCleared):
+            self.clear_worker(worker)
+
+    def clear_worker(self, worker: int) -> int:
+        """Drop every entry of `worker` in every tenant's index (AllBlocksCleared, death, restart)."""
+        return sum(idx.clear_worker(worker) for idx in self.indexes.values())
+
+    def find_matches(self, tenant: str, hashes: Sequence[int]) -> dict[int, Match]:
+        """Longest cached prefix per worker, looked up in `tenant`'s index only."""
+        idx = self.indexes.get(tenant)
+        return idx.find_matches(hashes) if idx is not None else {}
+
+    def blocks(self, worker: int) -> int:
+        return sum(idx.blocks(worker) for idx in self.indexes.values())
