@@ -1,0 +1,433 @@
+"""The replay plan: one event-driven state machine that decides when each trace request is sent.
+
+Both drivers use it unchanged, the simulator on a virtual clock and the benchmark on real time:
+ask `next_due()`, send what `pop_due(now)` releases, report each end with `complete(id, now)`.
+The rules (lanes, gaps, sub-agents, joins, idle caps, warm start, timestamps) are in docs/replay.md.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections import deque
+from collections.abc import Callable, Iterable
+
+import msgspec
+
+from agentkv.errors import UserError
+from agentkv.trace.model import Request, Session, Trace
+
+
+class PlanItem(msgspec.Struct, gc=False):
+    """One request released for sending, with where it sits in the replay."""
+
+    id: int  # unique in this plan, increasing in release order
+    lane: int  # -1 for timestamp-mode traces
+    trace: Trace
+    replay: int  # how many times this trace id was started before in this plan (0 first)
+    session: Session
+    request: Request
+    index: int  # position of `request` in `session.requests`
+    depth: int  # 0 for the root session, 1 for its sub-agents, ...
+    session_key: str  # "<session.id>#<replay>": one live session; for sticky routing and salts
+    tree_key: str  # "<trace.id>#<replay>": the whole live session tree
+    resumed: bool = False  # first request sent after a warm-start skip (its prefix was never sent)
+
+
+class Dispatch(msgspec.Struct, gc=False):
+    """A released item and the (possibly idle-shifted) time it was due."""
+
+    due: float
+    item: PlanItem
+
+
+class Span(msgspec.Struct, gc=False):
+    """One item as `simulate_schedule` ran it: sent at `start`, done at `end`."""
+
+    item: PlanItem
+    start: float
+    end: float
+    ok: bool = True
+
+
+class _Info:
+    """Per-session timing precomputed once: scaled gaps, spawn anchors and join gates."""
+
+    __slots__ = ("gaps", "anchored", "loose", "anchor", "gates")
+
+    def __init__(self, s: Session, scale: float):
+        rs = s.requests
+        thinks = any(r.think_time > 0 for r in rs[1:])  # else the trace carries no think times
+        self.gaps = [scale * rs[0].t] if rs else []
+        for prev, r in zip(rs, rs[1:], strict=False):
+            g = r.think_time if thinks else r.t - prev.t - (prev.api_time or 0.0)
+            self.gaps.append(scale * max(0.0, g))
+        self.anchored: dict[int, list[tuple[int, float]]] = {}
+        self.loose: list[tuple[int, float]] = []
+        self.anchor: list[int] = []
+        self.gates: dict[int, list[int]] = {}
+        for c, sub in enumerate(s.subagents):
+            j = max((i for i, r in enumerate(rs) if r.t <= sub.t), default=-1)
+            self.anchor.append(j)
+            if j < 0:
+                self.loose.append((c, scale * max(0.0, sub.t)))
+            else:
+                a = rs[j]
+                self.anchored.setdefault(j, []).append((c, scale * max(0.0, sub.t - a.t - (a.api_time or 0.0))))
+            end = sub.t + _length(sub)
+            gate = next((i for i in range(j + 1, len(rs)) if rs[i].t >= end), None)
+            if gate is not None:
+                self.gates.setdefault(gate, []).append(c)
+
+
+def _length(s: Session) -> float:
+    """Recorded length of a sub-agent: its duration, else its last request's end or child's end."""
+    if s.duration is not None:
+        return s.duration
+    ends = [r.t + (r.api_time or 0.0) for r in s.requests] + [c.t + _length(c) for c in s.subagents]
+    return max(ends, default=0.0)
+
+
+class _Tree:
+    __slots__ = ("lane", "trace", "replay", "key", "runs", "inflight", "finished")
+
+    def __init__(self, lane: int, trace: Trace, replay: int):
+        self.lane, self.trace, self.replay = lane, trace, replay
+        self.key = f"{trace.id}#{replay}"
+        self.runs: list[_Run] = []
+        self.inflight = 0
+        self.finished = False
+
+
+class _Run:
+    """One live session: at most one request armed or in flight, plus its sub-agents' state."""
+
+    __slots__ = ("tree", "session", "info", "parent", "cidx", "depth", "key", "next", "n", "busy",
+                 "live", "cdone", "waiting", "gkey", "hkey", "hseq", "started", "resumed")
+
+    def __init__(self, tree: _Tree, session: Session, info: _Info, parent: _Run | None, cidx: int,
+                 depth: int, skip: int = 0):
+        self.tree, self.session, self.info, self.parent, self.cidx, self.depth = (
+            tree, session, info, parent, cidx, depth)
+        self.key = f"{session.id}#{tree.replay}"
+        self.next, self.n, self.busy = skip, len(session.requests), False
+        # a warm-start skip drops the sub-agents anchored to skipped requests (or to the start)
+        skipped = {c for c, j in enumerate(info.anchor) if j < skip} if skip else set()
+        self.live = len(session.subagents) - len(skipped)
+        self.cdone = skipped
+        self.waiting: set[int] | None = None
+        self.gkey = 0.0
+        self.hkey, self.hseq = 0.0, -1
+        self.started, self.resumed = False, skip > 0
+        tree.runs.append(self)
+
+
+class _Cursor:
+    """A timestamp-mode trace: its requests in arrival order, each due at its own time."""
+
+    __slots__ = ("trace", "rows", "i", "base", "hkey", "hseq")
+
+    def __init__(self, trace: Trace):
+        rows = []
+        for start, depth, s in trace.session.walk():
+            key = f"{s.id}#0"
+            rows.extend((start + r.t, len(rows), s, r, i, depth, key) for i, r in enumerate(s.requests))
+        rows.sort(key=lambda x: (x[0], x[1]))
+        self.trace, self.rows, self.i, self.base = trace, rows, 0, 0.0
+        self.hkey, self.hseq = 0.0, -1
+
+
+def _check(name: str, v: float | None, lo: float, *, allow_none: bool = True, strict: bool = False):
+    if v is None and allow_none:
+        return
+    bad = v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
+    if bad or v < lo or (strict and v == lo):
+        raise UserError(f"replay plan: {name} must be a finite number {'>' if strict else '>='} {lo}, got {v!r}")
+
+
+class ReplayPlan:
+    """N session lanes over a shared trace queue, plus timestamp-mode traces; see docs/replay.md.
+
+    Times are whatever clock the driver uses (seconds). The plan never reads a clock itself.
+    """
+
+    def __init__(self, traces: Iterable[Trace], *, lanes: int = 16, seed: int = 0, shuffle: bool = False,
+                 cycle: bool = False, max_requests: int | None = None, warm_start: bool = False,
+                 idle_gap_cap: float | None = 10.0, lane_idle_gap_cap: float | None = None,
+                 time_scale: float = 1.0):
+        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
+            raise UserError(f"replay plan: lanes must be an integer >= 1, got {lanes!r}")
+        if max_requests is not None and (isinstance(max_requests, bool) or not isinstance(max_requests, int)
+                                         or max_requests < 1):
+            raise UserError(f"replay plan: max_requests must be an integer >= 1, got {max_requests!r}")
+        _check("idle_gap_cap", idle_gap_cap, 0.0)
+        _check("lane_idle_gap_cap", lane_idle_gap_cap, 0.0)
+        _check("time_scale", time_scale, 0.0, allow_none=False, strict=True)
+        self.traces: list[Trace] = []
+        stamped: list[Trace] = []
+        for t in traces:
+            if t.replay not in ("session", "timestamp"):
+                raise UserError(f"{t.source or t.id}: trace {t.id}: replay must be 'session' or "
+                                f"'timestamp', got {t.replay!r}")
+            if t.num_requests:
+                (stamped if t.replay == "timestamp" else self.traces).append(t)
+        if not self.traces and not stamped:
+            raise UserError("replay plan: the traces hold no requests to replay")
+        self.lanes, self.cycle, self.max_requests, self.warm_start = lanes, cycle, max_requests, warm_start
+        self.idle_gap_cap, self.lane_idle_gap_cap, self.time_scale = idle_gap_cap, lane_idle_gap_cap, time_scale
+        self._order_rng = random.Random(f"agentkv-plan-order-{seed}")
+        self._warm_rng = random.Random(f"agentkv-plan-warm-{seed}")
+        self._shuffle = shuffle
+        self._queue: deque[int] = deque()
+        self._refill()
+        self._cursors = [_Cursor(t) for t in stamped]
+        self._info: dict[int, _Info] = {}
+        self._replays: dict[str, int] = {}
+        self._lane_used = [False] * lanes
+        self._heap: list[tuple[float, int, _Run | _Cursor]] = []
+        self._seq = 0
+        self._offset = 0.0  # heap keys are due + offset; a plan-wide idle shift raises it
+        self._inflight: dict[int, _Run | _Cursor] = {}
+        self._started = self._stopped = False
+        self.released = self.completed = self.failed = self.trees_started = self.active_trees = 0
+
+    # ---- driver API -------------------------------------------------------------------------
+    def start(self, now: float) -> None:
+        """Fill every lane with its first tree and arm timestamp traces; nothing is released yet."""
+        if self._started:
+            raise RuntimeError("replay plan already started")
+        self._started = True
+        if self._cursors:
+            t0 = min(c.rows[0][0] for c in self._cursors)
+            for c in self._cursors:  # `base` is a heap key: later idle shifts move the whole timeline
+                c.base = now + self._offset - self.time_scale * t0
+                self._push(c, c.base + self.time_scale * c.rows[0][0])
+        for lane in range(self.lanes):
+            self._pull(lane, now + self._offset)
+        self._plan_shift(now)
+
+    def next_due(self) -> float | None:
+        """When the earliest pending item (or spawn) is due; None when nothing is pending."""
+        heap = self._heap
+        while heap and heap[0][2].hseq != heap[0][1]:
+            heapq.heappop(heap)
+        return heap[0][0] - self._offset if heap else None
+
+    def pop_due(self, now: float) -> list[Dispatch]:
+        """Release every item due at or before `now`, in due order; they count as in flight."""
+        out: list[Dispatch] = []
+        heap, offset, inflight = self._heap, self._offset, self._inflight
+        while heap and heap[0][0] - offset <= now and not self._stopped:  # as next_due computes it
+            key, seq, obj = heapq.heappop(heap)
+            if obj.hseq != seq:
+                continue
+            obj.hseq = -1
+            if type(obj) is _Cursor:
+                _, _, s, r, i, depth, skey = obj.rows[obj.i]
+                item = PlanItem(self.released, -1, obj.trace, 0, s, r, i, depth, skey, f"{obj.trace.id}#0")
+                obj.i += 1
+                if obj.i < len(obj.rows):
+                    self._push(obj, obj.base + self.time_scale * obj.rows[obj.i][0])
+            elif not obj.started:
+                self._begin(obj, key)
+                continue
+            else:
+                i, tree = obj.next, obj.tree
+                obj.next, obj.busy = i + 1, True
+                item = PlanItem(self.released, tree.lane, tree.trace, tree.replay, obj.session,
+                                obj.session.requests[i], i, obj.depth, obj.key, tree.key, obj.resumed)
+                obj.resumed = False
+                tree.inflight += 1
+            inflight[item.id] = obj
+            self.released += 1
+            out.append(Dispatch(key - offset, item))
+            if self.max_requests is not None and self.released >= self.max_requests:
+                self.stop()
+        if not inflight:
+            self._plan_shift(now)
+        return out
+
+    def complete(self, item_id: int, now: float, ok: bool = True) -> None:
+        """Item `item_id` ended at `now` (a failure, ok=False, still advances its session)."""
+        obj = self._inflight.pop(item_id, None)
+        if obj is None:
+            raise ValueError(f"replay plan: item {item_id} is not in flight")
+        self.completed += 1
+        if not ok:
+            self.failed += 1
+        if type(obj) is _Run:
+            tree, info, nxt = obj.tree, obj.info, obj.next
+            tree.inflight -= 1
+            obj.busy = False
+            if self._stopped:
+                return
+            key = now + self._offset
+            if info.anchored:
+                for c, delay in info.anchored.get(nxt - 1, ()):
+                    self._spawn(obj, c, key + delay)
+            if nxt < obj.n:
+                if info.gates:
+                    self._arm(obj, nxt, key + info.gaps[nxt])
+                else:  # the common case, inlined: arm the next request
+                    k, seq = key + info.gaps[nxt], self._seq
+                    obj.hkey, obj.hseq, self._seq = k, seq, seq + 1
+                    heapq.heappush(self._heap, (k, seq, obj))
+            elif obj.live == 0:
+                self._finish(obj, key)
+            if self.lane_idle_gap_cap is not None and tree.inflight == 0 and not tree.finished:
+                self._lane_shift(tree, key)
+        if not self._inflight and not self._stopped:
+            self._plan_shift(now)
+
+    def stop(self) -> None:
+        """Release nothing more (duration or request limit reached); in-flight items may still end."""
+        self._stopped = True
+        self._heap.clear()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._inflight)
+
+    @property
+    def done(self) -> bool:
+        """True once started with nothing in flight and nothing left to release: no more work."""
+        return self._started and not self._inflight and self.next_due() is None
+
+    # ---- internals --------------------------------------------------------------------------
+    def _refill(self) -> None:
+        order = list(range(len(self.traces)))
+        if self._shuffle:
+            self._order_rng.shuffle(order)
+        self._queue.extend(order)
+
+    def _push(self, obj: _Run | _Cursor, key: float) -> None:
+        obj.hkey, obj.hseq = key, self._seq
+        heapq.heappush(self._heap, (key, self._seq, obj))
+        self._seq += 1
+
+    def _get_info(self, s: Session) -> _Info:
+        info = self._info.get(id(s))
+        if info is None:
+            info = self._info[id(s)] = _Info(s, self.time_scale)
+        return info
+
+    def _pull(self, lane: int, key: float) -> None:
+        """Lane `lane` starts its next tree at heap key `key`, if the queue (or cycling) has one."""
+        if self._stopped:
+            return
+        if not self._queue and self.cycle:
+            self._refill()
+        if not self._queue:
+            return
+        trace = self.traces[self._queue.popleft()]
+        replay = self._replays.get(trace.id, 0)
+        self._replays[trace.id] = replay + 1
+        skip = 0
+        if self.warm_start and not self._lane_used[lane]:
+            skip = self._warm_rng.randrange(len(trace.session.requests) or 1)
+        self._lane_used[lane] = True
+        self.trees_started += 1
+        self.active_trees += 1
+        tree = _Tree(lane, trace, replay)
+        root = _Run(tree, trace.session, self._get_info(trace.session), None, -1, 0, skip)
+        self._begin(root, key)
+
+    def _begin(self, r: _Run, key: float) -> None:
+        """Session `r` starts at `key`: arm its first request and its pre-first-request sub-agents."""
+        r.started = True
+        for c, off in r.info.loose:
+            if c not in r.cdone:
+                self._spawn(r, c, key + off)
+        if r.next < r.n:
+            self._arm(r, r.next, key if r.resumed else key + r.info.gaps[r.next])
+        elif r.live == 0:
+            self._finish(r, key)
+
+    def _spawn(self, parent: _Run, c: int, key: float) -> None:
+        sub = parent.session.subagents[c]
+        self._push(_Run(parent.tree, sub, self._get_info(sub), parent, c, parent.depth + 1), key)
+
+    def _arm(self, r: _Run, i: int, key: float) -> None:
+        """Request `i` of `r` is ready at `key`, unless it must first join its gating sub-agents."""
+        need = r.info.gates.get(i)
+        if need:
+            waiting = {c for c in need if c not in r.cdone}
+            if waiting:
+                r.waiting, r.gkey = waiting, key
+                return
+        self._push(r, key)
+
+    def _finish(self, r: _Run, key: float) -> None:
+        """Session `r` has drained; tell its parent (join, drain) or free its lane."""
+        while True:
+            p = r.parent
+            if p is None:
+                tree = r.tree
+                tree.finished = True
+                self.active_trees -= 1
+                self._pull(tree.lane, key)
+                return
+            p.live -= 1
+            p.cdone.add(r.cidx)
+            if p.waiting is not None and r.cidx in p.waiting:
+                p.waiting.discard(r.cidx)
+                if not p.waiting:
+                    p.waiting = None
+                    self._push(p, max(p.gkey, key))
+            if p.live or p.busy or p.next < p.n or not p.started:
+                return
+            r = p
+
+    def _lane_shift(self, tree: _Tree, key: float) -> None:
+        """A tree with nothing in flight waits at most `lane_idle_gap_cap` for its next timer."""
+        live = [r for r in tree.runs if r.hseq >= 0]
+        if not live:
+            return
+        excess = min(r.hkey for r in live) - key - self.lane_idle_gap_cap
+        if excess > 0:
+            for r in live:
+                self._push(r, r.hkey - excess)
+            for r in tree.runs:
+                if r.waiting is not None:
+                    r.gkey -= excess
+
+    def _plan_shift(self, now: float) -> None:
+        """Nothing in flight anywhere: the next timer fires at most `idle_gap_cap` after `now`."""
+        if self.idle_gap_cap is None:
+            return
+        due = self.next_due()
+        if due is not None and due > now + self.idle_gap_cap:
+            self._offset += due - now - self.idle_gap_cap
+
+
+def simulate_schedule(plan: ReplayPlan, service_time: Callable[[PlanItem], float], *, start: float = 0.0,
+                      until: float | None = None, ok: Callable[[PlanItem], bool] | None = None) -> list[Span]:
+    """Run `plan` on a virtual clock where each item takes `service_time(item)` with no queueing.
+
+    The reference driver: returns every released item with its (start, end), in release order.
+    Ends are processed before releases at the same instant; `until` stops releasing after it.
+    """
+    if plan.cycle and plan.max_requests is None and until is None:
+        raise ValueError("simulate_schedule: a cycling plan needs max_requests or until to end")
+    plan.start(start)
+    spans: list[Span] = []
+    ends: list[tuple[float, int, Span]] = []
+    while True:
+        due = plan.next_due()
+        if ends and (due is None or ends[0][0] <= due):
+            end, _, sp = heapq.heappop(ends)
+            plan.complete(sp.item.id, end, sp.ok)
+            continue
+        if due is None:
+            return spans
+        if until is not None and due > until:
+            plan.stop()
+            continue
+        for d in plan.pop_due(due):
+            dur = service_time(d.item)
+            if not dur >= 0:
+                raise ValueError(f"simulate_schedule: service_time gave {dur!r} for item {d.item.id}")
+            sp = Span(d.item, d.due, d.due + dur, True if ok is None else bool(ok(d.item)))
+            spans.append(sp)
+            heapq.heappush(ends, (sp.end, d.item.id, sp))
