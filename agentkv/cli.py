@@ -135,6 +135,48 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return simulate_command(args)
 
 
+def _route_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("route", help="OpenAI-compatible router: KV-aware, session-aware, tenant-isolated")
+    p.add_argument("--worker", action="append", default=[], metavar="URL[=EVENTS[,REPLAY]]", required=True,
+                   help="an engine and, if it publishes KV events, its ZMQ event (and replay) endpoint, e.g. "
+                        "http://127.0.0.1:8001=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558 (repeatable)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--policy", default="kv_aware", choices=["kv_aware", "session", "least_loaded", "round_robin"])
+    p.add_argument("--block-size", type=int, default=16, help="the engines' KV block size (default 16)")
+    p.add_argument("--hash-algo", default="xxhash", choices=["xxhash", "sha256", "sha256_cbor"],
+                   help="the engines' prefix-caching hash (vLLM: sha256; agentkv serve: its --prefix-caching-hash-algo)")
+    p.add_argument("--hash-seed", default=None, help="the engines' hash seed (vLLM: PYTHONHASHSEED)")
+    p.add_argument("--tokenizer", default=None, metavar="PATH|builtin",
+                   help="tokenize text prompts as the engines do: a HF tokenizer.json (or its folder), or "
+                        "'builtin' for agentkv serve; without it text is matched approximately")
+    p.add_argument("--approximate", action="store_true",
+                   help="ignore KV events: predict each worker's cache from the router's own decisions")
+    p.add_argument("--approx-capacity", type=int, default=65_536, metavar="BLOCKS",
+                   help="approximate mode: blocks assumed cached per worker (default 65,536)")
+    p.add_argument("--approx-ttl", type=float, default=300.0, metavar="S",
+                   help="approximate mode: seconds a routed prefix is assumed cached (default 300)")
+    p.add_argument("--api-keys", default=None, metavar="FILE",
+                   help="API keys -> tenants (JSON {key: tenant} or '<key> <tenant>' lines; see docs/route.md)")
+    p.add_argument("--router-secret", default=None, metavar="S",
+                   help="HMAC secret for tenant cache salts (default $AGENTKV_ROUTER_SECRET, else random)")
+    p.add_argument("--temperature", type=float, default=0.0, help="kv_aware: softmax sampling temperature (0: argmin)")
+    p.add_argument("--affinity", type=float, default=8.0, metavar="BLOCKS",
+                   help="kv_aware: a session (x-session-id) keeps its worker while within this many blocks "
+                        "of the best cost and not overloaded (default 8; 0 turns it off)")
+    p.add_argument("--health-interval", type=float, default=1.0, metavar="S")
+    p.add_argument("--scrape-interval", type=float, default=2.0, metavar="S",
+                   help="seconds between /metrics scrapes of each worker (0: off)")
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=_cmd_route)
+
+
+def _cmd_route(args: argparse.Namespace) -> int:
+    from agentkv.route.command import route_command
+
+    return route_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentkv",
@@ -144,6 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _trace_commands(sub)
     _simulate_command(sub)
+    _route_command(sub)
     return parser
 
 

@@ -106,14 +106,19 @@ class KvAware(Policy):
     """cost_i = weight x (blocks to prefill on i) + active blocks on i; lower-tier hits earn `tier_credit`.
 
     `temperature` > 0 samples from softmax(-cost / (temperature x mean cost)) instead of argmin.
+    `affinity` > 0 keeps a session on its last worker while that costs at most `affinity` blocks
+    more than the best and the worker is not overloaded (active > overload x mean + slack).
     """
 
     name = "kv_aware"
 
-    def __init__(self, seed: int = 0, weight: float = 1.0, tier_credit: float = 0.5, temperature: float = 0.0):
+    def __init__(self, seed: int = 0, weight: float = 1.0, tier_credit: float = 0.5, temperature: float = 0.0,
+                 affinity: float = 0.0, overload: float = 2.0, slack: int = 4, max_sessions: int = 1 << 17):
         self.weight, self.tier_credit, self.temperature = weight, tier_credit, temperature
+        self.affinity, self.overload, self.slack, self.max_sessions = affinity, overload, slack, max_sessions
         self._rng = random.Random(seed)
         self._rot = 0
+        self._home: dict[str, int] = {}
 
     def costs(self, req: RouteRequest, workers: Sequence[WorkerView]) -> list[float]:
         total = -(-req.prompt_tokens // req.block_size)
@@ -126,6 +131,22 @@ class KvAware(Policy):
 
     def choose(self, req, workers):
         costs = self.costs(req, workers)
+        i = self._pick(costs)
+        if self.affinity > 0 and req.session:
+            home = self._home.pop(req.session, None)
+            if home is not None and home < len(workers) and home != i and costs[home] <= costs[i] + self.affinity:
+                loads = [w.active_requests() for w in workers]
+                if loads[home] <= self.overload * sum(loads) / len(loads) + self.slack:
+                    i = home
+            self._home[req.session] = i  # re-inserted last: the oldest session is dropped first
+            if len(self._home) > self.max_sessions:
+                del self._home[next(iter(self._home))]
+        return i
+
+    def forget(self, worker):
+        self._home = {s: w for s, w in self._home.items() if w != worker}
+
+    def _pick(self, costs: list[float]) -> int:
         n = len(costs)
         if self.temperature > 0:
             scale = self.temperature * (sum(costs) / n or 1.0)

@@ -1,0 +1,39 @@
+"""`agentkv route`: flags -> RouterConfig -> the proxy, with one clear error for bad input."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+from agentkv.errors import UserError
+from agentkv.route.proxy import RouterConfig, run_router
+from agentkv.route.workers import parse_worker
+
+
+def config_from_args(args: argparse.Namespace) -> RouterConfig:
+    """Validate the flags of `agentkv route` into a RouterConfig."""
+    if args.block_size < 1:
+        raise UserError(f"--block-size must be >= 1, got {args.block_size}")
+    if args.approx_capacity < 1 or args.approx_ttl <= 0:
+        raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
+    if args.temperature < 0 or args.affinity < 0:
+        raise UserError("--temperature and --affinity must be >= 0")
+    specs = [parse_worker(s) for s in args.worker]
+    urls = [s.url for s in specs]
+    if len(set(urls)) != len(urls):
+        raise UserError("--worker: the same URL is given twice")
+    seed = args.hash_seed
+    if seed is not None and args.hash_algo == "xxhash":
+        seed = int(seed) if seed.isdigit() else seed
+    return RouterConfig(
+        workers=specs, block_size=args.block_size, hash_algo=args.hash_algo, hash_seed=seed,
+        policy=args.policy, approximate=args.approximate, api_keys=args.api_keys, secret=args.router_secret,
+        tokenizer=args.tokenizer, temperature=args.temperature, affinity=args.affinity,
+        approx_capacity=args.approx_capacity, approx_ttl=args.approx_ttl, health_interval=args.health_interval,
+        scrape_interval=args.scrape_interval, host=args.host, port=args.port)
+
+
+def route_command(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    run_router(config_from_args(args))
+    return 0

@@ -1,0 +1,151 @@
+"""Request hashing for the router: a request body -> the block hashes the engine will store for it.
+
+Exact when the engine's tokens are known: token-id prompts hash directly; text prompts (and chat
+messages) are tokenized by the built-in tokenizer (`agentkv.trace.tokens`, what `agentkv serve`
+uses) or by a HF `tokenizer.json` (`--tokenizer`; completions only, since a chat template needs
+the model's Jinja template). Otherwise the router hashes the UTF-8 text itself in fixed-size
+chunks: "approximate text-prefix matching", which cannot match engine events and so is served
+from the router's own routing history (see `approx.py`), never from the event index.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from agentkv.errors import UserError
+from agentkv.kv.hashing import DEFAULT_HASHER, Hasher
+
+log = logging.getLogger("agentkv.route")
+
+TEXT_CHARS_PER_TOKEN = 4  # approximate mode: a "block" of text is block_size x this many characters
+
+
+@dataclass(frozen=True, slots=True)
+class Hashed:
+    """A request's block hashes, its prompt length in tokens (estimated when not exact), and whether
+    the hashes are the engine's own (`exact`) or approximate text-prefix keys."""
+
+    hashes: list[int]
+    prompt_tokens: int
+    exact: bool
+
+
+class Tokenizer:
+    """Text -> token ids the way the workers tokenize: `builtin` (agentkv serve) or a HF tokenizer.json."""
+
+    def __init__(self, spec: str | None) -> None:
+        self.spec = spec
+        self._hf = None
+        if spec in (None, "", "none"):
+            self.kind = "none"
+        elif spec == "builtin":
+            self.kind = "builtin"
+        else:
+            self.kind = "hf"
+            self._hf = _load_hf(spec)
+
+    def encode(self, text: str) -> list[int]:
+        if self.kind == "builtin":
+            from agentkv.trace.tokens import encode
+
+            return encode(text)
+        if self._hf is not None:
+            return self._hf.encode(text).ids
+        raise RuntimeError("no tokenizer")
+
+    def chat_ids(self, messages: list[Any], add_generation_prompt: bool) -> list[int] | None:
+        """Token ids of a chat prompt, or None when this tokenizer cannot render the model's template."""
+        if self.kind != "builtin":
+            return None
+        from agentkv.trace.tokens import apply_chat_template, encode
+
+        rendered = []
+        for m in messages:
+            if not isinstance(m, dict):
+                return None
+            content = m.get("content")
+            if isinstance(content, list):
+                content = "\n".join(p.get("text") or "" for p in content if isinstance(p, dict))
+            rendered.append({"role": m.get("role", ""), "content": content, "name": m.get("name"),
+                             "tool_calls": m.get("tool_calls")})
+        return encode(apply_chat_template(rendered, add_generation_prompt=add_generation_prompt))
+
+
+def _load_hf(spec: str):
+    path = Path(spec)
+    if path.is_dir():
+        path = path / "tokenizer.json"
+    if not path.is_file():
+        raise UserError(f"--tokenizer {spec}: no tokenizer.json there (give the file, a folder holding it, "
+                        "or 'builtin' for agentkv serve workers)")
+    try:
+        from tokenizers import Tokenizer as HfTokenizer
+    except ImportError:
+        raise UserError("--tokenizer needs the 'tokenizers' package (pip install tokenizers)") from None
+    try:
+        return HfTokenizer.from_file(str(path))
+    except Exception as e:  # the library raises a bare Exception on a bad file
+        raise UserError(f"--tokenizer {path}: cannot load: {e}") from None
+
+
+class RequestHasher:
+    """Hashes request bodies into engine block hashes (or approximate text keys), salt included."""
+
+    def __init__(self, hasher: Hasher, block_size: int, tokenizer: Tokenizer) -> None:
+        self.hasher, self.block_size, self.tokenizer = hasher, block_size, tokenizer
+        self._warned = False
+
+    def tokens(self, body: dict, chat: bool) -> list[int] | None:
+        """The prompt's token ids when they can be known exactly, else None."""
+        tok = self.tokenizer
+        if chat:
+            msgs = body.get("messages")
+            if not isinstance(msgs, list):
+                return None
+            return tok.chat_ids(msgs, bool(body.get("add_generation_prompt", True)))
+        prompt = body.get("prompt")
+        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+            prompt = prompt[0]
+        if isinstance(prompt, list) and prompt and all(type(t) is int for t in prompt):
+            return prompt
+        if isinstance(prompt, str) and tok.kind != "none":
+            return tok.encode(prompt)
+        return None
+
+    def hash(self, body: dict, chat: bool, salt: str | None) -> Hashed:
+        """The block hashes of `body`'s prompt under `salt` (the tenant's, or the client's)."""
+        ids = self.tokens(body, chat)
+        if ids is not None:
+            return Hashed(self.hasher.hashes(ids, self.block_size, cache_salt=salt), len(ids), True)
+        if not self._warned:
+            self._warned = True
+            log.warning("text prompt without a tokenizer for it: approximate text-prefix matching "
+                        "(pass --tokenizer builtin for agentkv serve workers, or a tokenizer.json)")
+        text = _text_of(body, chat)
+        data = text.encode("utf-8", "surrogatepass")
+        step = self.block_size * TEXT_CHARS_PER_TOKEN  # bytes per block: one int32 "token" per 4
+        arr = np.frombuffer(data[: len(data) // step * step], dtype="<i4")
+        keys = DEFAULT_HASHER.hashes(arr, self.block_size, cache_salt=f"text\x1f{salt or ''}")
+        return Hashed(keys, -(-len(data) // TEXT_CHARS_PER_TOKEN), False)
+
+
+def _text_of(body: dict, chat: bool) -> str:
+    """The prompt's text for approximate matching (chat: role and content of every message)."""
+    if not chat:
+        p = body.get("prompt")
+        if isinstance(p, list):
+            return "\x1e".join(x if isinstance(x, str) else " ".join(map(str, x)) for x in p)
+        return p if isinstance(p, str) else ""
+    parts: list[str] = []
+    for m in body.get("messages") or ():
+        if isinstance(m, dict):
+            c = m.get("content")
+            if isinstance(c, list):
+                c = "\n".join(str(x.get("text") or "") for x in c if isinstance(x, dict))
+            parts.append(f"{m.get('role', '')}\x1f{c or ''}")
+    return "\x1e".join(parts)

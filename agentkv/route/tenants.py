@@ -1,0 +1,146 @@
+"""Tenants: API keys -> tenant ids, and each tenant's `cache_salt` (HMAC of its id under a router secret).
+
+The `--api-keys` file is either JSON, an object `{"<key>": "<tenant>", ...}` or a list of
+`{"key": ..., "tenant": ...}` records, or text with one `<key> <tenant>` pair a line (`#`
+starts a comment; blank lines are skipped). Several keys may name one tenant. Keys are kept
+only as SHA-256 digests; a presented key is hashed and its digest compared in constant time
+(`hmac.compare_digest`). The salt is `HMAC-SHA256(secret, tenant id)` in hex: 64 characters,
+valid for vLLM (at most 128, none of `@ / \\` or NUL), stable while the secret is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import os
+import secrets
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentkv.errors import UserError
+
+log = logging.getLogger("agentkv.route")
+
+SECRET_ENV = "AGENTKV_ROUTER_SECRET"
+
+
+@dataclass(frozen=True, slots=True)
+class Tenant:
+    """A tenant as the router sees it: its id and the cache_salt injected into its requests."""
+
+    id: str
+    salt: str | None
+
+
+def tenant_salt(secret: bytes, tenant_id: str) -> str:
+    """`HMAC-SHA256(secret, tenant id)` as 64 hex characters: the tenant's vLLM cache_salt."""
+    return hmac.new(secret, tenant_id.encode("utf-8"), hashlib.sha256).hexdigest()
+
+
+def _digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8")).digest()
+
+
+def parse_api_keys(path: str | Path) -> dict[str, str]:
+    """Read an --api-keys file into {key: tenant}; UserError naming the file and line on bad input."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"--api-keys {p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"--api-keys {p}: not UTF-8 text") from None
+    stripped = text.lstrip()
+    pairs: list[tuple[str, object, object]] = []  # (where, key, tenant)
+    if stripped[:1] in ("{", "["):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--api-keys {p}: invalid JSON at line {e.lineno}: {e.msg}") from None
+        if isinstance(data, dict):
+            pairs = [(f"key #{i + 1}", k, v) for i, (k, v) in enumerate(data.items())]
+        else:
+            for i, rec in enumerate(data):
+                if not isinstance(rec, dict) or "key" not in rec or "tenant" not in rec:
+                    raise UserError(f"--api-keys {p}: record {i + 1}: expected an object with 'key' and 'tenant'")
+                pairs.append((f"record {i + 1}", rec["key"], rec["tenant"]))
+    else:
+        for n, line in enumerate(text.splitlines(), 1):
+            line = line.split("#", 1)[0].strip()
+            if not line:
+                continue
+            parts = line.split()
+            if len(parts) != 2:
+                raise UserError(f"--api-keys {p}: line {n}: expected '<key> <tenant>', got {len(parts)} fields")
+            pairs.append((f"line {n}", parts[0], parts[1]))
+    keys: dict[str, str] = {}
+    for where, key, tenant in pairs:
+        if not isinstance(key, str) or not key or not isinstance(tenant, str) or not tenant:
+            raise UserError(f"--api-keys {p}: {where}: key and tenant must be non-empty strings")
+        if key in keys:
+            raise UserError(f"--api-keys {p}: {where}: duplicate key (for tenant '{tenant}')")
+        keys[key] = tenant
+    if not keys:
+        raise UserError(f"--api-keys {p}: no keys in the file")
+    return keys
+
+
+def router_secret(value: str | None = None) -> bytes:
+    """The HMAC secret: `value`, else $AGENTKV_ROUTER_SECRET, else random (salts change on restart)."""
+    value = value if value is not None else os.environ.get(SECRET_ENV)
+    if value:
+        return value.encode("utf-8")
+    log.warning("no router secret given (--router-secret or $%s): using a random one, so tenant "
+                "cache salts, and the engines' cached prefixes they key, do not survive a router restart",
+                SECRET_ENV)
+    return secrets.token_bytes(32)
+
+
+class Tenants:
+    """Authenticates requests by API key and hands out each tenant's salt; open when no keys are set."""
+
+    def __init__(self, keys: Mapping[str, str] | None, secret: bytes) -> None:
+        self._by_digest: dict[bytes, tuple[bytes, Tenant]] = {}  # digest[:8] -> (digest, tenant)
+        self._tenants: dict[str, Tenant] = {}
+        for key, tid in (keys or {}).items():
+            t = self._tenants.get(tid)
+            if t is None:
+                t = self._tenants[tid] = Tenant(tid, tenant_salt(secret, tid))
+            d = _digest(key)
+            self._by_digest[d[:8]] = (d, t)
+        self.open = not self._by_digest
+
+    @classmethod
+    def from_file(cls, path: str | Path | None, secret: bytes) -> Tenants:
+        return cls(parse_api_keys(path) if path else None, secret)
+
+    def authenticate(self, headers: Mapping[str, str]) -> Tenant | None:
+        """The tenant of `Authorization: Bearer <key>` (or `x-api-key`); None if missing or wrong.
+
+        With no keys configured every request is the anonymous tenant with no salt injected.
+        """
+        if self.open:
+            return ANONYMOUS
+        auth = headers.get("Authorization") or headers.get("authorization") or ""
+        key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+        if not key:
+            return None
+        d = _digest(key)
+        # look up by the digest's first 8 bytes (timing there says nothing about the key's bytes),
+        # then compare the full stored digest in constant time; a miss compares against a dummy
+        stored, t = self._by_digest.get(d[:8], _MISS)
+        return t if hmac.compare_digest(stored, d) else None
+
+    def salts(self) -> dict[str, str]:
+        """{salt: tenant id} for every configured tenant (lets the index attribute salted events)."""
+        return {t.salt: t.id for t in self._tenants.values() if t.salt}
+
+    def __len__(self) -> int:
+        return len(self._tenants)
+
+
+ANONYMOUS = Tenant("", None)
+_MISS: tuple[bytes, Tenant | None] = (bytes(32), None)

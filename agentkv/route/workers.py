@@ -1,0 +1,240 @@
+"""The router's worker pool: specs, health, KV-event subscriptions, load accounting, /metrics scrapes.
+
+Each worker is an OpenAI-compatible engine (`--worker URL[=EVENTS[,REPLAY]]`). In `event` mode
+one asyncio task per worker consumes its ZMQ KV events into the tenant index: it first replays
+the publisher's buffer (a router restart rebuilds the index), and the subscriber replays any
+sequence gap; a publisher restart (sequence back to 0) clears the worker's entries first. In
+`approximate` mode (no endpoint, or `--approximate`) the router predicts the cache from its own
+routing. A worker failing its health check is taken out of rotation and its entries dropped;
+when it answers again it is re-added and its subscription restarted from the replay buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import aiohttp
+
+from agentkv.errors import UserError
+from agentkv.kv.zmq_subscriber import AsyncZmqEventSubscriber
+from agentkv.route.index import Match, TenantIndex
+
+log = logging.getLogger("agentkv.route")
+
+_LOAD_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSpec:
+    """A worker's HTTP base URL and, when it publishes KV events, its event and replay endpoints."""
+
+    url: str
+    events: str | None = None
+    replay: str | None = None
+
+
+def parse_worker(spec: str) -> WorkerSpec:
+    """`http://host:port[=tcp://host:port[,tcp://host:port]]` -> WorkerSpec (UserError if malformed)."""
+    url, _, ev = spec.partition("=")
+    url = url.rstrip("/")
+    if not url.startswith(("http://", "https://")) or "://" not in url or len(url.split("://", 1)[1]) == 0:
+        raise UserError(f"--worker {spec!r}: expected http://HOST:PORT[=tcp://HOST:PORT[,tcp://HOST:PORT]]")
+    events, _, replay = ev.partition(",")
+    for name, ep in (("events", events), ("replay", replay)):
+        if ep and not ep.startswith(("tcp://", "ipc://", "inproc://")):
+            raise UserError(f"--worker {spec!r}: the {name} endpoint must be a ZMQ address like tcp://HOST:PORT")
+    return WorkerSpec(url, events or None, replay or None)
+
+
+class Worker:
+    """One engine as the policy sees it (`WorkerView`), with the router's own load accounting."""
+
+    def __init__(self, slot: int, spec: WorkerSpec, block_size: int, approximate: bool) -> None:
+        self.slot, self.spec, self.block_size = slot, spec, block_size
+        self.mode = "event" if spec.events and not approximate else "approximate"
+        self.healthy = True
+        self.in_flight = 0  # requests sent and not finished
+        self.in_flight_tokens = 0  # their prompt + max output tokens
+        self.scraped_active = 0  # running + waiting from the worker's /metrics
+        self.requests = self.failures = self.retried_away = 0
+        self.match = Match(0)  # this request's cached prefix here (set by the router before choosing)
+        self.events_applied = self.resyncs = 0
+        self.subscriber: AsyncZmqEventSubscriber | None = None
+        self.task: asyncio.Task | None = None
+
+    # WorkerView ---------------------------------------------------------------------------------
+    def active_requests(self) -> int:
+        return max(self.in_flight, self.scraped_active)
+
+    def active_blocks(self) -> int:
+        return self.in_flight_tokens // self.block_size
+
+    def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
+        return self.match.gpu, self.match.lower
+
+    def start(self, tokens: int) -> None:
+        self.in_flight += 1
+        self.in_flight_tokens += tokens
+        self.requests += 1
+
+    def finish(self, tokens: int) -> None:
+        self.in_flight -= 1
+        self.in_flight_tokens -= tokens
+
+
+class WorkerPool:
+    """All workers, their event consumers, health checks and metric scrapes (one asyncio loop)."""
+
+    def __init__(self, specs: Sequence[WorkerSpec], index: TenantIndex, block_size: int, *,
+                 approximate: bool = False, health_interval: float = 1.0, scrape_interval: float = 2.0,
+                 on_membership: Callable[[], None] | None = None, forget: Callable[[int], None] | None = None):
+        if not specs:
+            raise UserError("agentkv route: give at least one --worker")
+        self.workers = [Worker(i, s, block_size, approximate) for i, s in enumerate(specs)]
+        self.index = index
+        self.health_interval, self.scrape_interval = health_interval, scrape_interval
+        self.on_membership = on_membership or (lambda: None)
+        self.forget = forget or (lambda slot: None)
+        self.session: aiohttp.ClientSession | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    def healthy(self) -> list[Worker]:
+        return [w for w in self.workers if w.healthy]
+
+    async def start(self, session: aiohttp.ClientSession) -> None:
+        self.session = session
+        for w in self.workers:
+            log.info("worker %d %s: %s mode%s", w.slot, w.spec.url, w.mode,
+                     f" (events {w.spec.events}, replay {w.spec.replay or 'none'})" if w.mode == "event" else "")
+            if w.mode == "event":
+                self._subscribe(w)
+        self._tasks.append(asyncio.create_task(self._health_loop(), name="route-health"))
+        if self.scrape_interval > 0:
+            self._tasks.append(asyncio.create_task(self._scrape_loop(), name="route-scrape"))
+
+    async def close(self) -> None:
+        for t in self._tasks:
+            t.cancel()
+        for w in self.workers:
+            await self._unsubscribe(w)
+        for t in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await t
+
+    # -- events ----------------------------------------------------------------------------------
+    def _subscribe(self, w: Worker) -> None:
+        w.subscriber = AsyncZmqEventSubscriber(w.spec.events, w.spec.replay, start_seq=0)
+        w.task = asyncio.create_task(self._consume(w, w.subscriber), name=f"route-events-{w.slot}")
+
+    async def _unsubscribe(self, w: Worker) -> None:
+        task, sub = w.task, w.subscriber
+        w.task = w.subscriber = None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if sub is not None:
+            sub.close()
+
+    async def _consume(self, w: Worker, sub: AsyncZmqEventSubscriber) -> None:
+        """Apply the worker's events: the replay buffer first (catch-up), then the live stream."""
+        caught_up = -1
+        if sub.replay_endpoint:
+            for r in await sub.replay(0):
+                self._apply(w, r.batch)
+                caught_up = max(caught_up, r.seq)
+            if caught_up >= 0:
+                log.info("worker %d: index rebuilt from %d replayed event batches", w.slot, caught_up + 1)
+        resets = gaps = 0
+        async for r in sub:
+            st = sub.stats
+            if st.resets != resets:  # the publisher restarted: its engine's cache is new
+                resets = st.resets
+                self.index.clear_worker(w.slot)
+                w.resyncs += 1
+                caught_up = -1
+            if st.gaps != gaps:
+                gaps = st.gaps
+                w.resyncs += 1
+            if r.replayed and r.seq <= caught_up:
+                continue  # already applied during catch-up
+            self._apply(w, r.batch)
+
+    def _apply(self, w: Worker, batch) -> None:
+        apply = self.index.apply
+        for ev in batch.events:
+            apply(w.slot, ev)
+        w.events_applied += len(batch.events)
+
+    # -- health and load -------------------------------------------------------------------------
+    async def _health_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_interval)
+            await asyncio.gather(*(self.check(w) for w in self.workers))
+
+    async def check(self, w: Worker) -> bool:
+        """GET /health; take the worker out or bring it back accordingly. True if healthy."""
+        assert self.session is not None
+        try:
+            async with self.session.get(w.spec.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                ok = r.status == 200
+        except (TimeoutError, aiohttp.ClientError, OSError):
+            ok = False
+        if ok and not w.healthy:
+            self.revive(w)
+        elif not ok and w.healthy:
+            await self.mark_dead(w, "health check failed")
+        return ok
+
+    async def mark_dead(self, w: Worker, why: str) -> None:
+        """Out of rotation, index entries dropped, subscription stopped until it answers again."""
+        if not w.healthy:
+            return
+        w.healthy = False
+        dropped = self.index.clear_worker(w.slot)
+        self.forget(w.slot)
+        log.warning("worker %d %s out of rotation (%s); %d indexed blocks dropped", w.slot, w.spec.url, why, dropped)
+        await self._unsubscribe(w)
+        self.on_membership()
+
+    def revive(self, w: Worker) -> None:
+        w.healthy = True
+        self.index.clear_worker(w.slot)
+        self.forget(w.slot)
+        if w.mode == "event":
+            self._subscribe(w)
+        log.info("worker %d %s back in rotation; index rebuilt from its replay buffer or from scratch",
+                 w.slot, w.spec.url)
+        self.on_membership()
+
+    async def _scrape_loop(self) -> None:
+        while True:
+            await asyncio.gather(*(self.scrape(w) for w in self.workers if w.healthy))
+            await asyncio.sleep(self.scrape_interval)
+
+    async def scrape(self, w: Worker) -> None:
+        """Running + waiting requests from the worker's Prometheus /metrics (vLLM names)."""
+        assert self.session is not None
+        try:
+            async with self.session.get(w.spec.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                if r.status != 200:
+                    return
+                text = await r.text()
+        except (TimeoutError, aiohttp.ClientError, OSError, UnicodeDecodeError):
+            return
+        w.scraped_active = int(parse_load(text))
+
+
+def parse_load(text: str) -> float:
+    """Sum of vLLM's running and waiting request gauges in a Prometheus text page (0 if absent)."""
+    total = 0.0
+    for line in text.splitlines():
+        if line.startswith(_LOAD_METRICS):
+            with contextlib.suppress(ValueError, IndexError):
+                total += float(line.rsplit(" ", 1)[1])
+    return total
+

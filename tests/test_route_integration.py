@@ -1,0 +1,240 @@
+"""The router in front of 3 real `agentkv serve` workers, each a subprocess, the router one too.
+
+Checks, end to end over loopback HTTP and ZMQ: a session's turns land on the worker holding its
+prefix; two tenants sending one prompt never share cached tokens while a tenant does; forged or
+missing keys get 401 without reaching a worker; killing a worker mid-run loses no request that had
+not started streaming, and the worker rejoins when it comes back.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+
+
+def _free_ports(n: int) -> list[int]:
+    socks = [socket.socket() for _ in range(n)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    return ports
+
+
+def _wait_http(url: str, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as r:
+                if r.status == 200:
+                    return
+        except (OSError, urllib.error.URLError):
+            time.sleep(0.1)
+    raise TimeoutError(f"{url} did not come up")
+
+
+class Cluster:
+    """Three serve workers (time-scale 1: a simulated H200) and the router, all subprocesses."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        ports = _free_ports(12)
+        self.http = ports[0:3]
+        self.events = ports[3:6]
+        self.replay = ports[6:9]
+        self.router_port = ports[9]
+        self.procs: dict[int, subprocess.Popen] = {}
+        for i in range(3):
+            self.start_worker(i)
+        keys = tmp / "keys.json"
+        keys.write_text(json.dumps(KEYS))
+        args = [sys.executable, "-m", "agentkv.cli", "route", "--port", str(self.router_port),
+                "--api-keys", str(keys), "--router-secret", "test-secret", "--tokenizer", "builtin",
+                "--health-interval", "0.2", "--scrape-interval", "0.5", "--log-level", "warning"]
+        for i in range(3):
+            args += ["--worker", f"http://127.0.0.1:{self.http[i]}=tcp://127.0.0.1:{self.events[i]},"
+                                 f"tcp://127.0.0.1:{self.replay[i]}"]
+        self.router = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(tmp / "router.log", "w"))
+        for i in range(3):
+            _wait_http(f"http://127.0.0.1:{self.http[i]}/health")
+        _wait_http(f"{self.url}/health")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.router_port}"
+
+    def start_worker(self, i: int) -> None:
+        self.procs[i] = subprocess.Popen(
+            [sys.executable, "-m", "agentkv.cli", "serve", "--port", str(self.http[i]),
+             "--kv-events-endpoint", f"tcp://*:{self.events[i]}",
+             "--kv-events-replay-endpoint", f"tcp://*:{self.replay[i]}", "--log-level", "error"],
+            stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"worker{i}.log", "a"))
+
+    def close(self) -> None:
+        for p in [self.router, *self.procs.values()]:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in [self.router, *self.procs.values()]:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+    def post(self, body: dict, key: str | None = "key-a", session: str | None = None,
+             path: str = "/v1/completions") -> tuple[int, dict, dict]:
+        """(status, response headers, JSON body or the usage of a stream)."""
+        headers = {"Content-Type": "application/json"}
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        if session:
+            headers["x-session-id"] = session
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=60) as r:
+                raw = r.read().decode()
+                return r.status, dict(r.headers), _parse(raw)
+        except urllib.error.HTTPError as e:
+            return e.code, dict(e.headers), json.loads(e.read() or b"{}")
+
+    def metric(self, name: str) -> dict[str, float]:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+            text = r.read().decode()
+        out = {}
+        for line in text.splitlines():
+            if line.startswith(name + "{") or line.startswith(name + " "):
+                k, v = line.rsplit(" ", 1)
+                out[k] = float(v)
+        return out
+
+
+def _parse(raw: str) -> dict:
+    if not raw.startswith("data:"):
+        return json.loads(raw)
+    usage = {}
+    for line in raw.splitlines():
+        if line.startswith("data: {"):
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+    return {"usage": usage, "stream": True}
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    c = Cluster(tmp_path_factory.mktemp("route"))
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + i * 104729) % 30000 + 1000 for i in range(n)]
+
+
+def _cached(resp: dict) -> int:
+    return resp["usage"].get("prompt_tokens_details", {}).get("cached_tokens", 0)
+
+
+def test_session_turns_land_on_the_worker_holding_their_prefix(cluster):
+    homes = {}
+    for s in range(6):  # six sessions spread over the three idle workers
+        status, h, r = cluster.post({"prompt": _prompt(s, 256), "max_tokens": 4}, session=f"s{s}")
+        assert status == 200
+        homes[s] = h["x-agentkv-worker"]
+    assert len(set(homes.values())) == 3  # idle workers share the first turns
+    time.sleep(0.3)  # let the KV events reach the router
+    for turn in range(2):
+        for s in range(6):
+            prompt = _prompt(s, 256) + _prompt(100 + s, 64 * (turn + 1))
+            # no session header on odd sessions: the KV index alone must find the prefix
+            status, h, r = cluster.post({"prompt": prompt, "max_tokens": 4, "stream": True,
+                                         "stream_options": {"include_usage": True}},
+                                        session=f"s{s}" if s % 2 == 0 else None)
+            assert status == 200 and h["x-agentkv-worker"] == homes[s]
+            assert _cached(r) >= 256
+        time.sleep(0.3)
+
+
+def test_tenants_never_share_cached_tokens(cluster):
+    prompt = {"prompt": _prompt(42, 320), "max_tokens": 2, "cache_salt": "client-chosen"}
+    status, _, a1 = cluster.post(prompt, key="key-a")
+    assert status == 200 and _cached(a1) == 0
+    time.sleep(0.3)
+    status, _, b1 = cluster.post(prompt, key="key-b")
+    assert status == 200 and _cached(b1) == 0  # same prompt, other tenant: nothing shared
+    time.sleep(0.3)
+    _, _, a2 = cluster.post(prompt, key="key-a")
+    _, _, b2 = cluster.post(prompt, key="key-b")
+    assert _cached(a2) >= 304 and _cached(b2) >= 304  # each tenant hits its own cache
+
+
+def test_forged_or_missing_keys_are_rejected_before_any_worker(cluster):
+    before = sum(cluster.metric("agentkv_router_worker_requests_total").values())
+    for key in (None, "key-c", "key-a2", "KEY-A", "key-"):
+        status, _, body = cluster.post({"prompt": [1, 2, 3], "max_tokens": 1}, key=key)
+        assert status == 401 and body["error"]["type"] == "AuthenticationError"
+    req = urllib.request.Request(cluster.url + "/v1/models")
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=5)
+    assert e.value.code == 401
+    assert sum(cluster.metric("agentkv_router_worker_requests_total").values()) == before
+    assert sum(cluster.metric("agentkv_router_unauthorized_total").values()) >= 5
+    modes = cluster.metric("agentkv_router_worker_mode")
+    assert len(modes) == 3 and all('mode="event"' in k for k in modes)
+
+
+def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
+    """Long prompts keep requests queued before their first byte; one worker is SIGKILLed mid-run."""
+    def one(i: int) -> tuple[int, int]:
+        body = {"prompt": _prompt(1000 + i, 6000), "max_tokens": 8, "stream": True}
+        status, _, r = cluster.post(body, session=f"k{i}")
+        return status, i
+
+    with ThreadPoolExecutor(18) as ex:
+        futures = [ex.submit(one, i) for i in range(18)]
+        time.sleep(0.3)
+        victim = cluster.procs[1]
+        os.kill(victim.pid, signal.SIGKILL)
+        victim.wait(5)
+        results = [f.result() for f in futures]
+    # streams cut after their first byte may fail; everything else must have succeeded
+    broken = cluster.metric("agentkv_router_broken_streams_total")
+    n_broken = int(sum(broken.values()))
+    assert sum(1 for s, _ in results if s != 200) <= n_broken
+    assert sum(1 for s, _ in results if s == 200) >= 18 - n_broken
+    assert sum(cluster.metric("agentkv_router_retries_total").values()) >= 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        up = cluster.metric("agentkv_router_worker_up")
+        if [v for k, v in sorted(up.items())] == [1.0, 0.0, 1.0]:
+            break
+        time.sleep(0.1)
+    assert [v for k, v in sorted(up.items())] == [1.0, 0.0, 1.0]
+    status, h, _ = cluster.post({"prompt": _prompt(7, 64), "max_tokens": 1})
+    assert status == 200 and h["x-agentkv-worker"] != "1"
+    # the worker comes back: it is re-added and serves again
+    cluster.start_worker(1)
+    _wait_http(f"http://127.0.0.1:{cluster.http[1]}/health")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and cluster.metric("agentkv_router_worker_up").get(
+            f'agentkv_router_worker_up{{worker="1",url="http://127.0.0.1:{cluster.http[1]}"}}') != 1.0:
+        time.sleep(0.1)
+    seen = {cluster.post({"prompt": _prompt(500 + i, 32), "max_tokens": 1})[1]["x-agentkv-worker"]
+            for i in range(9)}
+    assert "1" in seen
