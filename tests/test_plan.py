@@ -76,6 +76,16 @@ def test_subagent_overlaps_parent_and_parent_joins_it():
     assert {s.item.session_key for s in spans} == {"P#0", "P/A#0"}
 
 
+def test_docs_worked_timeline():
+    """The table in docs/replay.md, row by row."""
+    q = trace("Q", [req(0, api=1), req(40, api=1, think=39)])
+    slow_a = lambda it: recorded(it) * (2 if it.depth else 1)  # noqa: E731
+    spans = simulate_schedule(ReplayPlan([example(), q], lanes=1), slow_a)
+    rows = [(s.item.id, s.item.session_key, s.item.index, s.start, s.end) for s in spans]
+    assert rows == [(0, "P#0", 0, 0, 2), (1, "P#0", 1, 5, 7), (2, "P/A#0", 0, 8, 14), (3, "P#0", 2, 9, 10),
+                    (4, "P/A#0", 1, 16, 18), (5, "P#0", 3, 18, 19), (6, "Q#0", 0, 19, 20), (7, "Q#0", 1, 30, 31)]
+
+
 def test_lane_pulls_next_trace_only_after_whole_tree_drains():
     bg = sub("T1/bg", 1.5, [req(0, api=20)])  # outlives its parent: recorded end 21.5, gates nothing
     t1 = trace("T1", [req(0, api=1), req(2, think=1)], [bg])
@@ -146,6 +156,14 @@ def test_timestamp_mode_follows_arrivals_not_completions():
     fast = simulate_schedule(ReplayPlan([t], lanes=1, time_scale=0.5), slow)
     assert [s.start for s in fast] == [0.0, 0.25, 0.25, 1.0, 16.0]  # 150 s idle after 6.0 -> 10 s cap
     assert {s.item.lane for s in fast} == {-1} and [s.item.index for s in fast] == list(range(5))
+
+
+def test_timestamp_and_session_traces_mix():
+    stamped = trace("mc", [req(0.0), req(3.0)], replay="timestamp")
+    sess = trace("s", [req(0, api=2), req(3, think=1)])
+    spans = simulate_schedule(ReplayPlan([stamped, sess], lanes=4), lambda it: 2.0)
+    assert sorted((s.item.lane, s.item.trace.id, s.start) for s in spans) == [
+        (-1, "mc", 0.0), (-1, "mc", 3.0), (0, "s", 0.0), (0, "s", 3.0)]
 
 
 # ---- queue, cycling, limits, determinism ------------------------------------------------------
@@ -349,3 +367,56 @@ def test_many_idle_shifts_with_inexact_floats_never_stall():
             for d in batch:
                 heapq.heappush(ends, (due + 0.1 + d.item.id % 7 * 0.013, d.item.id))
     assert released == 2000 and plan.done
+
+
+# ---- the real-time driver ---------------------------------------------------------------------
+def test_realtime_driver_sends_every_item_once_in_session_order():
+    import asyncio
+
+    from agentkv.trace.realtime import drive
+
+    sent = []
+
+    async def send(d):
+        sent.append(d)
+        await asyncio.sleep(recorded(d.item) * 0.002)
+        return d.item.index != 1
+
+    plan = ReplayPlan([example(), trace("Q", [req(0), req(5, think=3)])], lanes=2, time_scale=0.002)
+    asyncio.run(drive(plan, send))
+    assert plan.done and len(sent) == 8 and plan.failed == 3
+    keys = [(d.item.session.id, d.item.index) for d in sent]
+    assert sorted(keys) == sorted(by_key(simulate_schedule(
+        ReplayPlan([example(), trace("Q", [req(0), req(5, think=3)])], lanes=2), recorded)))
+    for sid in {k[0] for k in keys}:
+        assert [i for s, i in keys if s == sid] == sorted(i for s, i in keys if s == sid)
+    a0 = next(d for d in sent if d.item.session.id == "P/A" and d.item.index == 0)
+    r1 = next(d for d in sent if d.item.session.id == "P" and d.item.index == 1)
+    assert a0.due > r1.due  # the spawn waits for its anchor's completion
+
+
+def test_realtime_driver_until_and_send_errors():
+    import asyncio
+
+    from agentkv.trace.realtime import drive
+
+    async def fine(d):
+        await asyncio.sleep(0.001)
+        return True
+
+    plan = ReplayPlan([trace("c", [req(0, api=0.001), req(1, think=0.001)])], lanes=2, cycle=True)
+
+    async def main():
+        clock = asyncio.get_running_loop().time
+        await drive(plan, fine, clock=clock, until=clock() + 0.05)  # cycling: only `until` ends it
+
+    asyncio.run(main())
+    assert plan.done and plan.released > 2 and plan.failed == 0
+
+    async def boom(d):
+        raise RuntimeError("send broke")
+
+    plan = ReplayPlan([example()], lanes=1)
+    with pytest.raises(RuntimeError, match="send broke"):
+        asyncio.run(drive(plan, boom))
+    assert plan.done and plan.failed == 1
