@@ -60,6 +60,7 @@ class Cluster:
         self.replay = ports[6:9]
         self.router_port = ports[9]
         self.procs: dict[int, subprocess.Popen] = {}
+        self.logs: list = []
         for i in range(3):
             self.start_worker(i)
         keys = tmp / "keys.json"
@@ -70,7 +71,7 @@ class Cluster:
         for i in range(3):
             args += ["--worker", f"http://127.0.0.1:{self.http[i]}=tcp://127.0.0.1:{self.events[i]},"
                                  f"tcp://127.0.0.1:{self.replay[i]}"]
-        self.router = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=open(tmp / "router.log", "w"))
+        self.router = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log("router.log"))
         for i in range(3):
             _wait_http(f"http://127.0.0.1:{self.http[i]}/health")
         _wait_http(f"{self.url}/health")
@@ -84,7 +85,12 @@ class Cluster:
             [sys.executable, "-m", "agentkv.cli", "serve", "--port", str(self.http[i]),
              "--kv-events-endpoint", f"tcp://*:{self.events[i]}",
              "--kv-events-replay-endpoint", f"tcp://*:{self.replay[i]}", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=open(self.tmp / f"worker{i}.log", "a"))
+            stdout=subprocess.DEVNULL, stderr=self._log(f"worker{i}.log"))
+
+    def _log(self, name: str):
+        f = (self.tmp / name).open("a")
+        self.logs.append(f)
+        return f
 
     def close(self) -> None:
         for p in [self.router, *self.procs.values()]:
@@ -95,6 +101,8 @@ class Cluster:
                 p.wait(10)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for f in self.logs:
+            f.close()
 
     def post(self, body: dict, key: str | None = "key-a", session: str | None = None,
              path: str = "/v1/completions") -> tuple[int, dict, dict]:

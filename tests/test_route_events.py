@@ -1,0 +1,119 @@
+"""The router's event consumer on real ZMQ sockets: catch-up after a restart, malformed frames,
+sequence gaps filled from the replay socket, and a publisher restart, without corrupting the index."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import aiohttp
+import zmq
+
+from agentkv.kv.events import BlockStored, EventBatch, encode_batch
+from agentkv.kv.zmq_events import END_SEQ, seq_bytes
+from agentkv.route.index import Match, TenantIndex
+from agentkv.route.workers import WorkerPool, WorkerSpec, parse_load, parse_worker
+
+
+class RawPublisher:
+    """A hand-driven vLLM-style publisher: live PUB frames we choose, and a replay ROUTER in a thread."""
+
+    def __init__(self) -> None:
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
+        self.rep = self.ctx.socket(zmq.ROUTER)
+        self.rport = self.rep.bind_to_random_port("tcp://127.0.0.1")
+        self.buffer: dict[int, bytes] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def batch(self, seq: int, *events) -> bytes:
+        payload = encode_batch(EventBatch(0.0, list(events), None))
+        self.buffer[seq] = payload
+        return payload
+
+    def send(self, seq: int, payload: bytes) -> None:
+        self.pub.send_multipart([b"kv-events", seq_bytes(seq), payload])
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            if not self.rep.poll(50):
+                continue
+            ident, _, start = self.rep.recv_multipart()
+            for seq in sorted(self.buffer):
+                if seq >= int.from_bytes(start, "big"):
+                    self.rep.send_multipart([ident, b"", b"kv-events", seq_bytes(seq), self.buffer[seq]])
+            self.rep.send_multipart([ident, b"", b"", END_SEQ, b""])
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2)
+        self.ctx.destroy(linger=0)
+
+
+async def _until(cond, timeout: float = 5.0, tick=None) -> bool:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while loop.time() < end:
+        if cond():
+            return True
+        if tick is not None:
+            tick()
+        await asyncio.sleep(0.05)
+    return cond()
+
+
+def test_catch_up_malformed_gap_and_restart():
+    async def main() -> None:
+        pub = RawPublisher()
+        index = TenantIndex()
+        spec = WorkerSpec("http://127.0.0.1:9", f"tcp://127.0.0.1:{pub.port}", f"tcp://127.0.0.1:{pub.rport}")
+        pool = WorkerPool([spec], index, 16, health_interval=3600, scrape_interval=0)
+        a, b, c, d, e = ([100 * k + i for i in range(4)] for k in range(1, 6))
+        pub.batch(0, BlockStored(block_hashes=a))  # published before the router started
+        async with aiohttp.ClientSession() as session:
+            await pool.start(session)
+            try:
+                assert await _until(lambda: index.find_matches("", a) == {0: Match(4)})  # caught up by replay
+                pub.batch(1, BlockStored(block_hashes=b, parent_block_hash=a[-1]))  # never sent live
+                pub.batch(2, BlockStored(block_hashes=c, parent_block_hash=b[-1]))  # never sent live
+                live3 = pub.batch(3, BlockStored(block_hashes=d, parent_block_hash=c[-1]))
+                w = pool.workers[0]
+
+                def tick() -> None:
+                    pub.pub.send_multipart([b"kv-events", b"\x00" * 8, b"\xc1 not msgpack"])
+                    pub.pub.send_multipart([b"kv-events", b"short"])
+                    pub.send(3, live3)
+
+                chain = a + b + c + d
+                assert await _until(lambda: index.find_matches("", chain) == {0: Match(16)}, tick=tick)
+                assert w.subscriber.stats.malformed >= 2 and w.subscriber.stats.gaps >= 1
+                assert w.subscriber.stats.recovered >= 2 and w.resyncs >= 1
+                # the publisher restarts (sequence back to 0): its old blocks are gone
+                restart = pub.batch(0, BlockStored(block_hashes=e))
+                assert await _until(lambda: index.find_matches("", e) == {0: Match(4)},
+                                    tick=lambda: pub.send(0, restart))
+                assert index.find_matches("", a) == {} and index.blocks(0) == 4
+            finally:
+                await pool.close()
+                pub.close()
+
+    asyncio.run(main())
+
+
+def test_worker_specs_and_metric_scrapes():
+    s = parse_worker("http://127.0.0.1:8001/=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558")
+    assert (s.url, s.events, s.replay) == ("http://127.0.0.1:8001", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558")
+    assert parse_worker("http://h:1").events is None
+    for bad in ("127.0.0.1:8001", "http://h:1=5557", "ftp://x"):
+        try:
+            parse_worker(bad)
+        except Exception as e:
+            assert "--worker" in str(e)
+        else:
+            raise AssertionError(bad)
+    text = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3.0\n'
+            'vllm:num_requests_waiting{engine="0"} 2.0\nvllm:kv_cache_usage_perc{engine="0"} 0.5\n')
+    assert parse_load(text) == 5.0 and parse_load("") == 0.0
