@@ -5,6 +5,7 @@ from __future__ import annotations
 import heapq
 from collections import Counter, defaultdict
 
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -367,6 +368,22 @@ def test_many_idle_shifts_with_inexact_floats_never_stall():
             for d in batch:
                 heapq.heappush(ends, (due + 0.1 + d.item.id % 7 * 0.013, d.item.id))
     assert released == 2000 and plan.done
+
+
+def test_real_fan_out_once_spawn_offsets_are_converted(real_traces):
+    """kv-cache-tester stamps a sub-agent at its end; as spawn offsets (t - duration) the three
+    Explore agents of trace_0254 fan out together right after the parent request that launched them."""
+    t = msgspec.structs.replace(next(x for x in real_traces if x.id == "trace_0254"))
+    root = msgspec.structs.replace(t.session, subagents=[
+        msgspec.structs.replace(a, t=a.t - a.duration) for a in t.session.subagents])
+    t = msgspec.structs.replace(t, session=root)
+    got = by_key(simulate_schedule(ReplayPlan([t], lanes=1, idle_gap_cap=None), recorded))
+    firsts = [got[(a.id, 0)] for a in root.subagents[:3]]
+    assert max(f[0] for f in firsts) - min(f[0] for f in firsts) < 1e-6  # launched together
+    r1, a = root.requests[1], root.subagents[0]  # r1 (t 30) is the latest parent request before them
+    assert max(i for i, r in enumerate(root.requests) if r.t <= a.t) == 1
+    assert firsts[0][0] == pytest.approx(got[(root.id, 1)][1] + a.t - r1.t - r1.api_time)
+    assert all(f[0] < g[1] for f in firsts for g in firsts)  # and run side by side
 
 
 # ---- the real-time driver ---------------------------------------------------------------------
