@@ -135,6 +135,36 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
     return simulate_command(args)
 
 
+def _serve_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="an OpenAI-compatible server (vLLM's API, metrics and KV events) on the engine")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument("--time-scale", type=float, default=1.0, metavar="X",
+                   help="engine seconds per wall second: 10 runs the simulated GPU ten times faster (default 1)")
+    p.add_argument("--served-model-name", default=None, metavar="NAME", help="model name in the API (default --model)")
+    p.add_argument("--kv-events-endpoint", default=None, metavar="ZMQ",
+                   help="publish KV events here, e.g. tcp://*:5557 (binds on '*', else connects, as vLLM)")
+    p.add_argument("--kv-events-replay-endpoint", default=None, metavar="ZMQ",
+                   help="replay ROUTER socket for missed event batches, e.g. tcp://*:5558")
+    p.add_argument("--kv-events-topic", default="kv-events", help="ZMQ topic of event messages (default kv-events)")
+    p.add_argument("--kv-events-config", default=None, metavar="JSON",
+                   help="vLLM's form: {\"endpoint\": ..., \"replay_endpoint\": ..., \"topic\": ...}")
+    p.add_argument("--workers", type=int, default=1,
+                   help="engines to start, on consecutive ports and event endpoints (default 1)")
+    p.add_argument("--max-body-size", default=None, metavar="SIZE", help="largest request body (default 32MiB)")
+    p.add_argument("--default-max-tokens", type=int, default=256, metavar="N",
+                   help="output length of chat requests without max_tokens (completions: 16, as vLLM)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add_engine_args(p)
+    p.set_defaults(func=_cmd_serve)
+
+
+def _cmd_serve(args: argparse.Namespace) -> int:
+    from agentkv.serve.launch import serve_command
+
+    return serve_command(args)
+
+
 def _route_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("route", help="OpenAI-compatible router: KV-aware, session-aware, tenant-isolated")
     p.add_argument("--worker", action="append", default=[], metavar="URL[=EVENTS[,REPLAY]]", required=True,
@@ -177,6 +207,35 @@ def _cmd_route(args: argparse.Namespace) -> int:
     return route_command(args)
 
 
+def _bench_command(sub: argparse._SubParsersAction) -> None:
+    from agentkv.bench.command import add_bench_args
+
+    p = sub.add_parser("bench", help="replay agentic sessions against an OpenAI-compatible server; "
+                       "requests.jsonl, summary.json and report.html (default: the embedded agentkv serve)")
+    add_bench_args(p)
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from agentkv.bench.command import bench_command
+
+    return bench_command(args)
+
+
+def _compare_command(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="two run summaries (bench or simulate) side by side, with differences")
+    p.add_argument("a", metavar="A", help="summary.json or a run folder")
+    p.add_argument("b", metavar="B", help="summary.json or a run folder")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=_cmd_compare)
+
+
+def _cmd_compare(args: argparse.Namespace) -> int:
+    from agentkv.bench.compare import compare_command
+
+    return compare_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentkv",
@@ -187,6 +246,9 @@ def build_parser() -> argparse.ArgumentParser:
     _trace_commands(sub)
     _simulate_command(sub)
     _route_command(sub)
+    _serve_command(sub)
+    _bench_command(sub)
+    _compare_command(sub)
     return parser
 
 

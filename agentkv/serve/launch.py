@@ -1,0 +1,223 @@
+"""`agentkv serve`: one server in this process, or N workers on consecutive ports as child processes.
+
+Workers are spawned processes (no shared state); worker i listens on `port + i` and publishes
+KV events on the endpoint's port + i (the replay endpoint likewise). The parent prints each
+worker's URL and endpoints once it is up, and on SIGINT/SIGTERM (or a worker dying) stops them
+all: SIGTERM, a grace period, then SIGKILL. Children also die with the parent (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import logging
+import multiprocessing as mp
+import queue
+import re
+import signal
+import sys
+import time
+
+from agentkv.engine.config import EngineConfig
+from agentkv.errors import UserError
+from agentkv.serve.app import ServeOptions
+
+_TCP_PORT = re.compile(r"^(tcp://.+:)(\d+)$")
+GRACE_S = 10.0
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    """ServeOptions from the CLI flags (vLLM's `--kv-events-config` JSON or agentkv's own flags)."""
+    if args.time_scale <= 0:
+        raise UserError(f"--time-scale must be > 0, got {args.time_scale}")
+    if args.max_body_size is not None:
+        from agentkv.units import parse_capacity
+
+        max_body = parse_capacity(args.max_body_size, "--max-body-size")
+    else:
+        max_body = 32 << 20
+    if max_body < 1024:
+        raise UserError(f"--max-body-size must be at least 1KiB, got {args.max_body_size}")
+    endpoint, replay, topic = args.kv_events_endpoint, args.kv_events_replay_endpoint, args.kv_events_topic
+    if args.kv_events_config:
+        try:
+            cfg = json.loads(args.kv_events_config)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--kv-events-config: not valid JSON ({e.msg})") from None
+        if not isinstance(cfg, dict):
+            raise UserError("--kv-events-config: expected a JSON object")
+        if cfg.get("enable_kv_cache_events", True) and cfg.get("publisher", "zmq") == "zmq":
+            endpoint = endpoint or cfg.get("endpoint", "tcp://*:5557")
+            replay = replay or cfg.get("replay_endpoint")
+            topic = cfg.get("topic") or topic
+    if args.default_max_tokens < 1:
+        raise UserError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {args.port}")
+    return ServeOptions(host=args.host, port=args.port, time_scale=args.time_scale,
+                        served_model_name=args.served_model_name, kv_events_endpoint=endpoint,
+                        kv_events_replay_endpoint=replay, kv_events_topic=topic, max_body_bytes=max_body,
+                        default_max_tokens=args.default_max_tokens)
+
+
+def shift_endpoint(endpoint: str | None, i: int, flag: str) -> str | None:
+    """`tcp://host:5557` -> `tcp://host:{5557 + i}`; other endpoints cannot be numbered (UserError)."""
+    if endpoint is None or i == 0:
+        return endpoint
+    m = _TCP_PORT.match(endpoint)
+    if m is None:
+        raise UserError(f"{flag} {endpoint}: with --workers > 1 it must be tcp://HOST:PORT (ports go up by one)")
+    return f"{m.group(1)}{int(m.group(2)) + i}"
+
+
+def worker_options(opts: ServeOptions, n: int) -> list[ServeOptions]:
+    """The options of workers 0..n-1: consecutive HTTP ports and event endpoints, checked for clashes."""
+    if n > 1 and opts.port == 0:
+        raise UserError("--workers > 1 needs an explicit --port (workers use consecutive ports)")
+    if opts.port + n - 1 > 65535:
+        raise UserError(f"--port {opts.port} + {n} workers runs past port 65535")
+    out = [dataclasses.replace(
+        opts, port=opts.port + i,
+        kv_events_endpoint=shift_endpoint(opts.kv_events_endpoint, i, "--kv-events-endpoint"),
+        kv_events_replay_endpoint=shift_endpoint(opts.kv_events_replay_endpoint, i, "--kv-events-replay-endpoint"))
+        for i in range(n)]
+    used: dict[str, str] = {}
+    for i, o in enumerate(out):
+        for e in (o.kv_events_endpoint, o.kv_events_replay_endpoint):
+            if e is not None:
+                port = e.rsplit(":", 1)[-1]
+                if port in used and used[port] != e:
+                    raise UserError(f"worker {i}: event port {port} is also used by {used[port]}; "
+                                    "space the --kv-events-endpoint and --kv-events-replay-endpoint ports apart")
+                used[port] = e
+    return out
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Entry point of `agentkv serve`."""
+    from agentkv.cli import engine_config_from_args
+
+    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(message)s")
+    config = engine_config_from_args(args)
+    opts = options_from_args(args)
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers == 1:
+        return run_one(config, opts)
+    return run_workers(config, worker_options(opts, args.workers))
+
+
+def _describe(server, index: int | None = None) -> str:
+    who = f"worker {index}: " if index is not None else ""
+    line = f"{who}{server.url}  model={server.model_name}"
+    if server.publisher is not None:
+        line += f"  kv-events={server.publisher.endpoint}"
+        if server.publisher.replay_endpoint:
+            line += f"  replay={server.publisher.replay_endpoint}"
+    return line
+
+
+def run_one(config: EngineConfig, opts: ServeOptions, *, index: int | None = None,
+            ready=None) -> int:
+    """Serve in this process until SIGINT/SIGTERM; `ready(line)` (default: print) once listening."""
+    from agentkv.serve.app import Server, serve_until_stopped
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        server = Server(config, opts)
+
+        def on_ready(s) -> None:
+            line = _describe(s, index)
+            if ready is None:
+                print(f"agentkv serve: {line}", flush=True)
+            else:
+                ready(line)
+
+        await serve_until_stopped(server, stop, on_ready)
+
+    asyncio.run(main())
+    return 0
+
+
+def _worker_main(config: EngineConfig, opts: ServeOptions, index: int, log_level: int, q) -> None:
+    """A child process: serve, report ready (or the error) on `q`."""
+    _die_with_parent()
+    logging.basicConfig(level=log_level, format=f"%(asctime)s worker{index} %(name)s %(message)s")
+    try:
+        run_one(config, opts, index=index, ready=lambda line: q.put((index, "ready", line)))
+    except UserError as e:
+        q.put((index, "error", str(e)))
+        sys.exit(2)
+
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel send SIGTERM to this process when its parent dies."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+def run_workers(config: EngineConfig, options: list[ServeOptions]) -> int:
+    """Start one child per options, print each once ready, stop all on a signal or a death."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    level = logging.getLogger().level
+    procs = [ctx.Process(target=_worker_main, args=(config, o, i, level, q), name=f"agentkv-worker-{i}")
+             for i, o in enumerate(options)]
+    stopping = False
+
+    def on_signal(signum, frame) -> None:
+        nonlocal stopping
+        stopping = True
+
+    old = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    rc = 0
+    try:
+        for p in procs:
+            p.start()
+        pending = set(range(len(procs)))
+        while not stopping:
+            try:
+                index, kind, msg = q.get(timeout=0.2)
+            except queue.Empty:
+                dead = [i for i, p in enumerate(procs) if not p.is_alive()]
+                if dead:
+                    print(f"agentkv serve: worker {dead[0]} exited (code {procs[dead[0]].exitcode}); "
+                          "stopping the others", file=sys.stderr, flush=True)
+                    rc = 1
+                    break
+                continue
+            if kind == "error":
+                print(f"agentkv: error: worker {index}: {msg}", file=sys.stderr, flush=True)
+                rc = 2
+                break
+            pending.discard(index)
+            print(f"agentkv serve: {msg}  pid={procs[index].pid}", flush=True)
+            if not pending:
+                print(f"agentkv serve: {len(procs)} workers up; Ctrl-C stops them all", flush=True)
+    finally:
+        _stop_all(procs)
+        for s, h in old.items():
+            signal.signal(s, h)
+        q.close()
+    return rc
+
+
+def _stop_all(procs: list) -> None:
+    for p in procs:
+        if p.is_alive():
+            with contextlib.suppress(ProcessLookupError):
+                p.terminate()
+    deadline = time.monotonic() + GRACE_S
+    for p in procs:
+        p.join(max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(2.0)

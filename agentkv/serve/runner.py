@@ -1,0 +1,200 @@
+"""The engine in real time: an asyncio task that steps the engine, sleeps out each step, delivers tokens.
+
+Engine time runs at `time_scale` engine seconds per wall second. The loop keeps an engine
+timeline `t`: a step starts at `max(t, real_now - slack)`, where `t` is the previous step's end
+while busy, so late wake-ups (timer granularity, a busy CPU) do not turn into simulated idle
+GPU time unless the loop falls more than `slack` behind. Arrivals are stamped on the same
+timeline, so a request never starts before it arrived. New requests join between steps; an
+idle loop awaits an event (no polling). KV events emitted during a step are published as one
+EventBatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+
+from agentkv.engine.clock import RealClock, VirtualClock
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.engine import Engine, StepResult
+from agentkv.engine.request import EngineRequest
+from agentkv.kv.events import EventBatch, KVEvent
+from agentkv.kv.zmq_events import ZmqEventPublisher
+from agentkv.serve.protocol import GenRequest
+
+log = logging.getLogger("agentkv.serve")
+SLACK_WALL_S = 0.02  # how far (wall seconds) the engine timeline may lag real time before it jumps
+
+
+class RequestStream:
+    """One request's deliveries: the loop adds tokens, the HTTP handler awaits and takes them."""
+
+    __slots__ = ("request_id", "gen", "engine_req", "pending", "sent", "finished", "aborted", "_waiter")
+
+    def __init__(self, request_id: str, gen: GenRequest) -> None:
+        self.request_id = request_id
+        self.gen = gen
+        self.engine_req: EngineRequest | None = None
+        self.pending = 0  # tokens produced, not yet taken
+        self.sent = 0  # tokens taken so far
+        self.finished = False
+        self.aborted = False
+        self._waiter: asyncio.Future | None = None
+
+    def push(self, n: int, finished: bool) -> None:
+        self.pending += n
+        if finished:
+            self.finished = True
+        w = self._waiter
+        if w is not None and not w.done():
+            w.set_result(None)
+
+    async def take(self) -> tuple[int, bool]:
+        """Wait for new tokens; (count, finished). Tokens of one wake-up come out as one chunk."""
+        while not self.pending and not self.finished:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        n, self.pending = self.pending, 0
+        self.sent += n
+        return n, self.finished and not self.pending
+
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens served from the prefix cache (GPU plus lower tiers), as vLLM's usage reports."""
+        r = self.engine_req
+        return 0 if r is None else r.num_cached_tokens + sum(r.lower_tier_tokens.values())
+
+
+class EngineRunner:
+    """Owns one Engine on a real-time timeline; `submit` / `abort` from handlers, `start` / `stop` the loop."""
+
+    def __init__(self, config: EngineConfig, *, time_scale: float = 1.0,
+                 publisher: ZmqEventPublisher | None = None,
+                 on_step: Callable[[StepResult, list[float]], None] | None = None,
+                 on_finish: Callable[[EngineRequest, str], None] | None = None) -> None:
+        self.real = RealClock(time_scale)
+        self.clock = VirtualClock(self.real.now())
+        self.publisher = publisher
+        self._events: list[KVEvent] = []
+        self._itl: list[float] = []
+        self.engine = Engine(config, self.clock, on_event=self._events.append if publisher else None,
+                             itl_sink=self._itl)
+        self.on_step = on_step
+        self.on_finish = on_finish
+        self.slack = SLACK_WALL_S * time_scale
+        self.jumped_s = 0.0  # engine seconds skipped because the loop fell behind real time
+        self.streams: dict[str, RequestStream] = {}
+        self._t = self.clock.now()
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    # -- handlers' side ---------------------------------------------------------------------------
+    def submit(self, request_id: str, gen: GenRequest) -> RequestStream:
+        """Queue a validated request; it joins the batch at the next step."""
+        stream = RequestStream(request_id, gen)
+        self.clock.advance_to(self._engine_now())
+        stream.engine_req = self.engine.add_request(
+            request_id, max_tokens=gen.max_tokens, token_ids=gen.prompt_ids, cache_salt=gen.cache_salt,
+            session_id=gen.session_id, user_data=stream)
+        self.streams[request_id] = stream
+        self._wake.set()
+        return stream
+
+    def abort(self, request_id: str) -> bool:
+        """Drop a request (its client went away) and free its blocks; False if it already finished."""
+        stream = self.streams.pop(request_id, None)
+        if stream is None:
+            return False
+        stream.aborted = True
+        self.clock.advance_to(self._engine_now())
+        ok = self.engine.abort(request_id)
+        if ok and self.on_finish is not None and stream.engine_req is not None:
+            self.on_finish(stream.engine_req, "abort")
+        self._wake.set()
+        return ok
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="agentkv-engine")
+
+    async def stop(self) -> None:
+        """Stop the loop, abort what is left and close the event publisher."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._fail_all()
+        self._publish()
+        if self.publisher is not None:
+            await asyncio.to_thread(self.publisher.close)
+
+    def _engine_now(self) -> float:
+        return max(self._t, self.real.now() - self.slack)
+
+    async def _run(self) -> None:
+        engine, real = self.engine, self.real
+        while True:
+            if not engine.has_work():
+                self._publish()
+                self._wake.clear()
+                await self._wake.wait()
+                self._t = max(self._t, real.now())  # idle until now: the timeline restarts at real time
+                continue
+            now = real.now()
+            if now - self.slack > self._t:
+                self.jumped_s += now - self.slack - self._t
+            start = self._engine_now()
+            self.clock.advance_to(start)
+            try:
+                result = engine.step()
+            except Exception:  # a bug must not leave clients hanging: fail them all, keep serving
+                log.exception("engine step failed; aborting %d requests", len(self.streams))
+                self._fail_all()
+                continue
+            self._publish()
+            if result is None:  # nothing can run until something changes
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 0.05)
+                continue
+            delay = real.wall_delay(result.end - real.now())
+            await asyncio.sleep(delay if delay > 0 else 0)
+            self._t = max(self._t, result.end)
+            self.clock.advance_to(result.end)
+            self._deliver(result)
+
+    def _fail_all(self) -> None:
+        """Abort every request and wake its handler (it sees `aborted` and ends the response)."""
+        for rid, stream in list(self.streams.items()):
+            self.abort(rid)
+            stream.push(0, True)
+
+    def _deliver(self, result: StepResult) -> None:
+        if self.on_step is not None:
+            self.on_step(result, self._itl)
+        self._itl.clear()
+        streams = self.streams
+        for out in result.outputs:
+            rid = out.request.request_id
+            stream = streams.get(rid)
+            if stream is None:
+                continue  # aborted while the step ran
+            if out.finished:
+                del streams[rid]
+                if self.on_finish is not None:
+                    self.on_finish(out.request, out.request.finish_reason or "length")
+            stream.push(out.new_tokens, out.finished)
+
+    def _publish(self) -> None:
+        if self._events and self.publisher is not None:
+            events = self._events[:]
+            self._events.clear()
+            self.publisher.publish(EventBatch(time.time(), events))

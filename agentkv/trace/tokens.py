@@ -1,0 +1,151 @@
+"""A built-in deterministic tokenizer: text <-> token ids without downloading a vocabulary.
+
+Every token id renders as a unique pseudo-word of consonant-vowel syllables (bijective base 64:
+ids 0-63 are one syllable, the next 4,096 two, the next 262,144 three, ...), and `encode` maps
+such words back, so `encode(decode(ids)) == ids` for every list of non-negative ids (in
+particular all of `[0, VOCAB_SIZE)`). That lets a benchmark send a trace's exact token ids as
+text, and lets a router hash text prompts the way the server does. Other text is split into
+special markers (`<|user|>`), letter runs (cut into pieces of at most 5 letters), digit groups
+of at most 3, and single punctuation characters; each piece hashes (XXH3) into
+`[0, VOCAB_SIZE)`. Whitespace only separates pieces. No BOS token is ever added.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+
+import xxhash
+
+VOCAB_SIZE = 128256  # Llama 3's vocabulary size: hashed pieces land in [0, VOCAB_SIZE)
+CONSONANTS = "bdfghjklmnprstvz"
+VOWELS = "aiou"
+SYLLABLES = tuple(c + v for c in CONSONANTS for v in VOWELS)  # 64
+_BASE = len(SYLLABLES)
+_SYL_INDEX = {s: i for i, s in enumerate(SYLLABLES)}
+_PIECE = re.compile(r"<\|[A-Za-z0-9_]+\|>|[A-Za-z]+|[0-9]{1,3}|[^\sA-Za-z0-9]")
+_PSEUDO = re.compile(f"(?:[{CONSONANTS}][{VOWELS}])+")
+_CHUNK = 5  # letters per hashed piece: about one token per short word, as BPE tokenizers give
+_FILLER_SEED = 0x6F7574  # "out": output token ids are a fixed pseudo-random sequence
+
+
+def token_text(token_id: int) -> str:
+    """The pseudo-word of one id (no spaces; `encode` maps it back to the id)."""
+    if token_id < 0:
+        raise ValueError(f"token id must be >= 0, got {token_id}")
+    words = _tables()[0]
+    return words[token_id] if token_id < len(words) else _spell(token_id)
+
+
+@lru_cache(maxsize=1)
+def _tables() -> tuple[list[str], dict[str, int]]:
+    """All pseudo-words of up to three syllables in id order, and their inverse (built once, ~50 ms)."""
+    two = [a + b for a in SYLLABLES for b in SYLLABLES]
+    words = [*SYLLABLES, *two, *(a + b for a in two for b in SYLLABLES)]
+    return words, {w: i for i, w in enumerate(words)}
+
+
+def _spell(n: int) -> str:
+    """Bijective base-64 numeral of n + 1, most significant syllable first."""
+    n += 1
+    out: list[str] = []
+    while n > 0:
+        n, r = divmod(n - 1, _BASE)
+        out.append(SYLLABLES[r])
+    return "".join(reversed(out))
+
+
+def _parse(word: str) -> int:
+    """Inverse of `_spell` for a pseudo-word."""
+    n = 0
+    for i in range(0, len(word), 2):
+        n = n * _BASE + _SYL_INDEX[word[i:i + 2]] + 1
+    return n - 1
+
+
+def _hash_piece(piece: str) -> int:
+    return xxhash.xxh3_64_intdigest(piece.encode("utf-8")) % VOCAB_SIZE
+
+
+@lru_cache(maxsize=1 << 16)
+def _encode_word(word: str) -> tuple[int, ...]:
+    """Ids of one whitespace-free word that is not a short pseudo-word."""
+    ids: list[int] = []
+    for piece in _PIECE.findall(word):
+        c = piece[0]
+        if c.isascii() and c.isalpha():
+            if _PSEUDO.fullmatch(piece):
+                ids.append(_parse(piece))
+            else:
+                ids.extend(_hash_piece(piece[i:i + _CHUNK]) for i in range(0, len(piece), _CHUNK))
+        else:
+            ids.append(_hash_piece(piece))
+    return tuple(ids)
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of `text`: pseudo-words exactly, other pieces hashed into `[0, VOCAB_SIZE)`."""
+    lookup = _tables()[1].get
+    ids: list[int] = []
+    append, extend = ids.append, ids.extend
+    for word in text.split():
+        i = lookup(word)
+        if i is not None:
+            append(i)
+        else:
+            extend(_encode_word(word))
+    return ids
+
+
+def decode(ids: Iterable[int]) -> str:
+    """The ids' pseudo-words joined by single spaces (`encode` of it gives the ids back)."""
+    words = _tables()[0]
+    ids = ids if isinstance(ids, list | tuple) else list(ids)
+    if ids and (min(ids) < 0 or max(ids) >= len(words)):
+        return " ".join(map(token_text, ids))
+    return " ".join(map(words.__getitem__, ids))
+
+
+def output_ids(n: int, start: int = 0) -> list[int]:
+    """Ids of output tokens `start .. start+n-1`: the same deterministic filler for every request."""
+    return [_output_id(i) for i in range(start, start + n)]
+
+
+@lru_cache(maxsize=4096)
+def _output_id(i: int) -> int:
+    return xxhash.xxh3_64_intdigest(i.to_bytes(8, "little"), seed=_FILLER_SEED) % VOCAB_SIZE
+
+
+def output_text(index: int) -> str:
+    """Text of output token `index` as a stream delta: its word, with a leading space after the first."""
+    word = token_text(_output_id(index))
+    return word if index == 0 else " " + word
+
+
+def apply_chat_template(messages: Sequence[Mapping[str, object]], add_generation_prompt: bool = True) -> str:
+    """Render chat messages as text, deterministically: a `<|role|>` marker line, the content, `<|end|>`.
+
+    Each message's rendering depends only on that message, so a conversation's next turn starts
+    with the previous turn's rendering (prefix caching across turns works). An assistant
+    message's `tool_calls` render as `<|tool_call|> name arguments` lines.
+    """
+    parts: list[str] = []
+    for m in messages:
+        role = str(m.get("role", ""))
+        parts.append(f"<|{role}|>\n")
+        name = m.get("name")
+        if name:
+            parts.append(f"<|name|> {name}\n")
+        content = m.get("content")
+        if content:
+            parts.append(f"{content}\n")
+        for call in m.get("tool_calls") or ():
+            if isinstance(call, Mapping):
+                fn = call.get("function") or {}
+                if isinstance(fn, Mapping):
+                    parts.append(f"<|tool_call|> {fn.get('name', '')} {fn.get('arguments', '')}\n")
+        parts.append("<|end|>\n")
+    if add_generation_prompt:
+        parts.append("<|assistant|>\n")
+    return "".join(parts)
