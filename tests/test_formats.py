@@ -58,7 +58,7 @@ def test_all_shared_claude_code_traces(shared_traces):
     t14 = next(t for t in shared_traces if t.id == "trace_0014")
     sub = t14.session.subagents[0]
     assert (sub.id, sub.agent_type, sub.t, sub.duration, sub.tool_use_count) == \
-        ("trace_0014/agent_001", "Explore", 961.349, 10.509, 5)
+        ("trace_0014/agent_001", "Explore", 961.349 - 10.509, 10.509, 5)  # spawn = end - duration
     assert len(sub.requests) == 2 and sub.requests[0].model == "claude-haiku-4-5-20251001"
 
 

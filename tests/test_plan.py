@@ -371,12 +371,11 @@ def test_many_idle_shifts_with_inexact_floats_never_stall():
 
 
 def test_real_fan_out_once_spawn_offsets_are_converted(real_traces):
-    """kv-cache-tester stamps a sub-agent at its end; as spawn offsets (t - duration) the three
-    Explore agents of trace_0254 fan out together right after the parent request that launched them."""
-    t = msgspec.structs.replace(next(x for x in real_traces if x.id == "trace_0254"))
-    root = msgspec.structs.replace(t.session, subagents=[
-        msgspec.structs.replace(a, t=a.t - a.duration) for a in t.session.subagents])
-    t = msgspec.structs.replace(t, session=root)
+    """kv-cache-tester stamps a sub-agent at its end; the reader turns that into a spawn offset
+    (t - duration), so the three Explore agents of trace_0254 fan out together right after the
+    parent request that launched them."""
+    t = next(x for x in real_traces if x.id == "trace_0254")
+    root = t.session
     got = by_key(simulate_schedule(ReplayPlan([t], lanes=1, idle_gap_cap=None), recorded))
     firsts = [got[(a.id, 0)] for a in root.subagents[:3]]
     assert max(f[0] for f in firsts) - min(f[0] for f in firsts) < 1e-6  # launched together

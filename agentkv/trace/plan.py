@@ -77,8 +77,13 @@ class _Info:
                 self.anchored.setdefault(j, []).append((c, scale * max(0.0, sub.t - a.t - (a.api_time or 0.0))))
             end = sub.t + _length(sub)
             gate = next((i for i in range(j + 1, len(rs)) if rs[i].t >= end), None)
-            if gate is not None:
+            if gate is not None and _sends(sub):  # a sub-agent that sends nothing holds nothing up
                 self.gates.setdefault(gate, []).append(c)
+
+
+def _sends(s: Session) -> bool:
+    """Whether a session or any of its sub-agents has a request to send."""
+    return bool(s.requests) or any(_sends(c) for c in s.subagents)
 
 
 def _length(s: Session) -> float:

@@ -4,7 +4,10 @@ Top level: `id, models, block_size, hash_id_scope, tool_tokens, system_tokens, r
 A request is `{t, type: "n"|"s", model, in, out, hash_ids, input_types, output_types, stop,
 api_time, ttft, think_time}`; a sub-agent is `{t, type: "subagent", agent_id, subagent_type,
 duration_ms, total_tokens, tool_use_count, status, requests[], models, tool_tokens, system_tokens}`
-whose requests count `t` from its spawn. `read` parses it; `write_agentx` saves any `Trace` as it.
+whose requests count `t` from its spawn. A sub-agent's own `t` is when it *ended* (in every shared
+trace, `t - duration_ms` falls just after the parent request that launched it), so the model's spawn
+offset is `t - duration_ms / 1000`, and the writer adds the duration back. `read` parses it;
+`write_agentx` saves any `Trace` as it.
 """
 
 from __future__ import annotations
@@ -103,9 +106,11 @@ def _session(path: str, bs: int, src: _Item | _Doc, sid: str, prefix: str, t: fl
             if it.requests is None:
                 raise TraceError(path, rec, "requests", "missing (a sub-agent needs a list of requests)")
             agent = it.agent_id or f"agent_{len(s.subagents) + 1:03d}"
-            s.subagents.append(_session(path, bs, it, f"{sid}/{agent}", rec + ".", it.t))
+            spawn = max(0.0, it.t - it.duration_ms / 1000.0) if it.duration_ms is not None else it.t
+            s.subagents.append(_session(path, bs, it, f"{sid}/{agent}", rec + ".", spawn))
         else:
             raise TraceError(path, rec, "type", f"unknown request type {it.type!r} (expected 'n', 's' or 'subagent')")
+    s.subagents.sort(key=lambda a: a.t)  # the model keeps sub-agents in spawn order
     return s
 
 
@@ -152,9 +157,9 @@ def _request_doc(r: Request) -> dict:
 def _items(s: Session) -> list[dict]:
     """Requests and sub-agents merged by time, each list keeping its own order; requests win ties."""
     out: list[dict] = []
-    subs, j = s.subagents, 0
+    subs, j = sorted(s.subagents, key=_end_t), 0  # placed by their recorded end, as the originals
     for r in s.requests:
-        while j < len(subs) and subs[j].t < r.t:
+        while j < len(subs) and _end_t(subs[j]) < r.t:
             out.append(_subagent_doc(subs[j], s.id))
             j += 1
         out.append(_request_doc(r))
@@ -162,9 +167,14 @@ def _items(s: Session) -> list[dict]:
     return out
 
 
+def _end_t(s: Session) -> float:
+    """A sub-agent's AgentX `t`: its end (spawn + duration), rounded to the file's microseconds."""
+    return round(s.t + s.duration, 6) if s.duration is not None else s.t
+
+
 def _subagent_doc(s: Session, parent_id: str) -> dict:
     agent = s.id[len(parent_id) + 1:] if s.id.startswith(parent_id + "/") else s.id
-    d: dict = {"t": s.t, "type": "subagent", "agent_id": agent, "subagent_type": s.agent_type}
+    d: dict = {"t": _end_t(s), "type": "subagent", "agent_id": agent, "subagent_type": s.agent_type}
     if s.duration is not None:
         d["duration_ms"] = _ms(s.duration)
     if s.total_tokens is not None:
