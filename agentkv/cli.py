@@ -208,7 +208,7 @@ def _cmd_route(args: argparse.Namespace) -> int:
 
 
 def _bench_command(sub: argparse._SubParsersAction) -> None:
-    from agentkv.bench.command import add_bench_args
+    from agentkv.bench.args import add_bench_args
 
     p = sub.add_parser("bench", help="replay agentic sessions against an OpenAI-compatible server; "
                        "requests.jsonl, summary.json and report.html (default: the embedded agentkv serve)")

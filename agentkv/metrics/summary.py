@@ -77,13 +77,16 @@ class SessionRollup(msgspec.Struct):
 
 
 class Sample(msgspec.Struct, array_like=True):
-    """One point of a time series: (t, in-flight requests, KV usage, running, waiting)."""
+    """One point of a time series: (t, in-flight requests, KV usage, running, waiting, prefix-cache
+    hit and query counters as the server's metrics had them, for hit rate over time)."""
 
     t: float
     in_flight: int
     kv_usage: float | None = None
     running: int | None = None
     waiting: int | None = None
+    prefix_hits: float | None = None
+    prefix_queries: float | None = None
 
 
 class Summary(msgspec.Struct, kw_only=True):

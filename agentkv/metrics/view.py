@@ -64,6 +64,20 @@ def overview_table(s: Summary) -> Table:
     return t
 
 
+def sessions_table(s: Summary, top: int = 20) -> Table:
+    """Per-session roll-ups (turns, time, tokens, hit rate), the `top` largest by input tokens."""
+    rows = sorted(s.sessions, key=lambda x: -x.input_tokens)[:top]
+    more = len(s.sessions) - len(rows)
+    t = Table(title="sessions" + (f" (largest {len(rows)} of {len(s.sessions)})" if more > 0 else ""))
+    for col in ("session tree", "turns", "sub reqs", "time (s)", "input", "output", "hit rate", "TTFT p50 (ms)",
+                "failed"):
+        t.add_column(col, justify="left" if col == "session tree" else "right")
+    for x in rows:
+        t.add_row(x.session, f"{x.turns:,}", f"{x.sub_requests:,}", num(x.duration_s, 1), f"{x.input_tokens:,}",
+                  f"{x.output_tokens:,}", pct(x.hit_rate), ms(x.ttft_p50), f"{x.failed:,}")
+    return t
+
+
 def print_summary(s: Summary, console: Console | None = None) -> None:
     console = console or Console()
     console.print(overview_table(s))

@@ -1,0 +1,1 @@
+"""agentkv bench: replay agentic sessions against OpenAI-compatible servers and report."""

@@ -1,0 +1,225 @@
+"""Async streaming client for OpenAI-compatible servers: one shared aiohttp session, every token timed.
+
+A stream's chunks are timed as they are read: every SSE event in one socket read shares that
+read's arrival time. Failures never raise; they come back as a `StreamResult` with a reason
+(`http_500`, `context_overflow`, `reset`, `timeout`, ...), so one bad request cannot stop a run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+
+import aiohttp
+import msgspec
+
+from agentkv.errors import UserError
+
+# a 400 whose body mentions one of these is a prompt longer than the server's context window
+_OVERFLOW_HINTS = ("max_model_len", "context length", "context window", "maximum context", "too long",
+                   "context_length_exceeded", "max_position_embeddings")
+
+
+class _Details(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class _Usage(msgspec.Struct):
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    prompt_tokens_details: _Details | None = None
+
+
+class _Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+
+
+class _Choice(msgspec.Struct):
+    text: str | None = None
+    delta: _Delta | None = None
+
+
+class _Chunk(msgspec.Struct):
+    choices: list[_Choice] = []
+    usage: _Usage | None = None
+    error: object = None
+
+
+_decode_chunk = msgspec.json.Decoder(_Chunk).decode
+
+
+class StreamResult(msgspec.Struct, kw_only=True):
+    """What one streamed request gave: times on the client's clock, tokens, usage, or why it failed."""
+
+    ok: bool = True
+    error: str = ""  # reason when not ok
+    detail: str = ""  # first bytes of the error body or the exception, for the log
+    status: int = 0
+    sent: float = 0.0
+    end: float = 0.0
+    token_times: list[float] = []  # arrival time of every chunk that carried output
+    output_tokens: int = 0  # usage.completion_tokens when reported, else chunks with output
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
+
+
+def _has_output(c: _Chunk) -> bool:
+    for ch in c.choices:
+        if ch.text:
+            return True
+        d = ch.delta
+        if d is not None and (d.content or d.reasoning_content or d.reasoning):
+            return True
+    return False
+
+
+def classify_http_error(status: int, body: str) -> str:
+    """A reason for an HTTP error: `context_overflow` for a too-long prompt, else `http_<status>`."""
+    low = body.lower()
+    if status in (400, 413, 422) and any(h in low for h in _OVERFLOW_HINTS):
+        return "context_overflow"
+    return f"http_{status}"
+
+
+def normalize_target(url: str) -> str:
+    """`http://host:port[/v1][/]` -> `http://host:port` (the base that /v1/... and /metrics hang off)."""
+    u = url.strip().rstrip("/")
+    if "://" not in u:
+        u = "http://" + u
+    if u.endswith("/v1"):
+        u = u[:-3]
+    return u
+
+
+class BenchClient:
+    """Streams completions from one target over a shared, keep-alive connection pool."""
+
+    def __init__(self, target: str, *, api: str = "completions", timeout: float = 300.0,
+                 connect_timeout: float = 10.0, max_connections: int = 0,
+                 clock: Callable[[], float] = time.perf_counter):
+        if api not in ("completions", "chat"):
+            raise UserError(f"--api: expected completions or chat, got {api!r}")
+        self.base = normalize_target(target)
+        self.url = f"{self.base}/v1/{'completions' if api == 'completions' else 'chat/completions'}"
+        self.api, self.timeout, self.connect_timeout, self.clock = api, timeout, connect_timeout, clock
+        self._max_connections = max_connections
+        self.session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> BenchClient:
+        conn = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, ttl_dns_cache=None,
+                                    enable_cleanup_closed=False)
+        self.session = aiohttp.ClientSession(
+            connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            skip_auto_headers=("User-Agent",), headers={"User-Agent": "agentkv-bench"},
+            auto_decompress=False)
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        if self.session is not None:
+            await self.session.close()
+            self.session = None
+
+    async def models(self) -> list[str]:
+        """The target's served model ids (GET /v1/models); one clear UserError when it is down."""
+        assert self.session is not None
+        url = f"{self.base}/v1/models"
+        try:
+            async with asyncio.timeout(self.connect_timeout), self.session.get(url) as resp:
+                if resp.status != 200:
+                    raise UserError(f"target {self.base}: GET /v1/models answered HTTP {resp.status}")
+                data = await resp.json(content_type=None)
+        except (aiohttp.ClientError, OSError, TimeoutError) as e:
+            raise UserError(f"target {self.base} is not reachable ({type(e).__name__}: {e}); "
+                            "is the server up?") from None
+        try:
+            return [m["id"] for m in data.get("data", [])]
+        except (AttributeError, KeyError, TypeError):
+            raise UserError(f"target {self.base}: GET /v1/models did not return an OpenAI model list") from None
+
+    async def get_json(self, path: str):
+        """GET `<base><path>` as JSON, or None when the target does not answer it (optional endpoints)."""
+        assert self.session is not None
+        try:
+            async with asyncio.timeout(self.connect_timeout), self.session.get(self.base + path) as resp:
+                return await resp.json(content_type=None) if resp.status == 200 else None
+        except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
+            return None
+
+    def body(self, model: str, prompt, max_tokens: int, extra: dict | None = None) -> bytes:
+        """The request JSON: streamed, usage included, `ignore_eos` so exactly `max_tokens` come back."""
+        b: dict = {"model": model, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
+                   "stream_options": {"include_usage": True}, "temperature": 0.0}
+        if self.api == "chat":
+            b["messages"] = [{"role": "user", "content": prompt}]
+        else:
+            b["prompt"] = prompt
+        if extra:
+            b.update(extra)
+        return msgspec.json.encode(b)
+
+    async def stream(self, body: bytes) -> StreamResult:
+        """Send one request and read its stream to the end; never raises for a failed request."""
+        assert self.session is not None
+        clock = self.clock
+        res = StreamResult(sent=clock())
+        times = res.token_times
+        try:
+            async with asyncio.timeout(self.timeout):
+                async with self.session.post(self.url, data=body,
+                                             headers={"Content-Type": "application/json"}) as resp:
+                    res.status = resp.status
+                    if resp.status != 200:
+                        text = (await resp.content.read(4096)).decode("utf-8", "replace")
+                        res.ok, res.error, res.detail = False, classify_http_error(resp.status, text), text[:300]
+                        res.end = clock()
+                        return res
+                    n_out, done, buf = 0, False, b""
+                    async for data in resp.content.iter_any():
+                        now = clock()
+                        buf += data
+                        if b"\n" not in data:
+                            continue
+                        lines = buf.split(b"\n")
+                        buf = lines.pop()
+                        for line in lines:
+                            if not line.startswith(b"data:"):
+                                continue
+                            payload = line[5:].strip()
+                            if payload == b"[DONE]":
+                                done = True
+                                continue
+                            try:
+                                c = _decode_chunk(payload)
+                            except msgspec.DecodeError as e:
+                                res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {payload[:200]!r}"
+                                continue
+                            if c.error is not None:
+                                res.ok, res.error, res.detail = False, "stream_error", str(c.error)[:300]
+                            if c.choices and _has_output(c):
+                                n_out += 1
+                                times.append(now)
+                            u = c.usage
+                            if u is not None:
+                                res.prompt_tokens = u.prompt_tokens
+                                if u.completion_tokens is not None:
+                                    res.output_tokens = u.completion_tokens
+                                if u.prompt_tokens_details is not None:
+                                    res.cached_tokens = u.prompt_tokens_details.cached_tokens
+                    res.end = clock()
+                    if not res.output_tokens:
+                        res.output_tokens = n_out
+                    if res.ok and not done:
+                        res.ok, res.error, res.detail = False, "incomplete", "stream ended without [DONE]"
+        except TimeoutError:
+            res.ok, res.error, res.detail, res.end = False, "timeout", f"no end within {self.timeout:g} s", clock()
+        except aiohttp.ClientConnectorError as e:  # refused or unreachable: nothing was sent
+            res.ok, res.error, res.detail, res.end = False, "connect_error", str(e)[:300], clock()
+        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
+                ConnectionError) as e:
+            res.ok, res.error, res.detail, res.end = False, "reset", f"{type(e).__name__}: {e}"[:300], clock()
+        except aiohttp.ClientError as e:
+            res.ok, res.error, res.detail, res.end = False, "client_error", f"{type(e).__name__}: {e}"[:300], clock()
+        return res

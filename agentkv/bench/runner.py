@@ -1,0 +1,288 @@
+"""Drive the shared replay plan in real time against one target, on one asyncio event loop.
+
+The loop sleeps until the plan's next due time (or until a request ends, which may arm the next
+turn sooner), sends what `pop_due` releases, and reports each end with `complete`. Latencies
+count from the plan's due time, not from when the client got round to sending (no coordinated
+omission). Each finished request is appended and flushed to requests.jsonl at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from array import array
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from agentkv.bench.client import BenchClient, StreamResult
+from agentkv.bench.gpu import GpuMonitor
+from agentkv.bench.prompts import PromptBuilder
+from agentkv.bench.scrape import MetricsSnapshot, Scraper, hit_rate
+from agentkv.errors import UserError
+from agentkv.metrics.records import RequestRecord, encode_record
+from agentkv.metrics.summary import Sample, Summary, summarize
+from agentkv.trace.model import Trace
+from agentkv.trace.plan import Dispatch, ReplayPlan
+from agentkv.trace.realtime import drive
+from agentkv.trace.stats import CeilingTracker
+
+
+@dataclass(slots=True)
+class BenchConfig:
+    """One measured run: the target, the replay plan's settings and the request options."""
+
+    target: str
+    lanes: int = 16
+    duration: float | None = 60.0  # stop releasing after this many seconds (None: run the traces out)
+    max_requests: int | None = None
+    api: str = "completions"
+    prompt_mode: str = "token-ids"
+    tokenizer: str | None = None
+    model: str | None = None  # None: the target's first served model
+    slo: dict[str, float] = field(default_factory=dict)
+    seed: int = 0
+    warm_start: bool = False
+    idle_gap_cap: float | None = 10.0
+    tenant_salts: bool = False
+    cache_bust: bool = False
+    timeout: float = 300.0  # per request, first byte to last
+    sample_every: float = 1.0
+    max_connections: int = 0  # 0: one per concurrent request (sub-agent bursts included)
+    time_scale: float = 1.0  # target seconds per wall second (agentkv serve --time-scale); see below
+    monitor_gpu: bool = True
+
+
+@dataclass(slots=True)
+class LiveStats:
+    """Counters the progress display reads while the run goes on."""
+
+    started: float = 0.0
+    released: int = 0
+    finished: int = 0
+    failed: int = 0
+    in_flight: int = 0
+    output_tokens: int = 0
+    input_tokens: int = 0
+    cached_tokens: int = 0
+    errors: dict[str, int] = field(default_factory=dict)
+    recent_ttft: deque = field(default_factory=lambda: deque(maxlen=200))
+    kv_usage: float | None = None
+    stopping: bool = False
+
+
+class BenchResult:
+    def __init__(self, records: list[RequestRecord], summary: Summary, interrupted: bool):
+        self.records, self.summary, self.interrupted = records, summary, interrupted
+
+
+class BenchRun:
+    """One run: `await run()` replays `traces` against `cfg.target` and returns records and summary."""
+
+    def __init__(self, cfg: BenchConfig, traces: Sequence[Trace], out: Path | None = None,
+                 on_tick: Callable[[BenchRun], None] | None = None, notes: Sequence[str] = (),
+                 clock: Callable[[], float] = time.perf_counter):
+        if cfg.api == "chat" and cfg.prompt_mode == "token-ids":
+            raise UserError("--api chat sends text: use --prompt-mode text (token ids need --api completions)")
+        self.cfg, self.traces, self.out, self.on_tick, self.clock = cfg, list(traces), out, on_tick, clock
+        if not cfg.time_scale > 0:
+            raise UserError(f"--time-scale must be > 0, got {cfg.time_scale}")
+        # a target running X times faster than real time gets gaps X times shorter; every time we
+        # report is then multiplied by X, so results read in the target's own seconds
+        self.scale = x = cfg.time_scale
+        cap = None if cfg.idle_gap_cap is None else cfg.idle_gap_cap / x
+        self.plan = ReplayPlan(self.traces, lanes=cfg.lanes, seed=cfg.seed, warm_start=cfg.warm_start,
+                               idle_gap_cap=cap, max_requests=cfg.max_requests, time_scale=1.0 / x)
+        self.prompts = PromptBuilder(cfg.prompt_mode, cfg.tokenizer, tenant_salts=cfg.tenant_salts,
+                                     cache_bust=cfg.cache_bust)
+        self.ceiling = CeilingTracker()
+        self.stats = LiveStats()
+        self.records: list[RequestRecord] = []
+        self.timeline: list[Sample] = []
+        self.itl = array("d")
+        self.notes = list(notes)
+        self.model = cfg.model or ""
+        self.server_info: dict | None = None
+        self._t0 = 0.0
+        self._tasks: set[asyncio.Task] = set()
+        self._file = None
+
+    # ---- the run ------------------------------------------------------------------------------
+    async def run(self) -> BenchResult:
+        cfg = self.cfg
+        interrupted, dropped = False, 0
+        async with BenchClient(cfg.target, api=cfg.api, timeout=cfg.timeout,
+                               max_connections=cfg.max_connections, clock=self.clock) as client:
+            served = await client.models()
+            if not self.model:
+                if not served:
+                    raise UserError(f"target {client.base} serves no model; pass --model")
+                self.model = served[0]
+            info = await client.get_json("/server_info")  # agentkv serve and SGLang describe themselves
+            self.server_info = info if isinstance(info, dict) else None
+            scraper = Scraper(client.session, client.base)
+            gpu = GpuMonitor(client.base) if cfg.monitor_gpu else None
+            before = await scraper.scrape()
+            last = before
+            if self.out is not None:
+                self.out.mkdir(parents=True, exist_ok=True)
+                self._file = open(self.out / "requests.jsonl", "wb")  # noqa: SIM115 - closed in finally
+            sampler = None
+            try:
+                self._t0 = self.clock()
+                self.stats.started = time.time()
+                await self._sample(before, gpu)
+                sampler = asyncio.create_task(self._sample_loop(scraper, gpu))
+                await drive(self.plan, lambda d: self._one(client, d), clock=self._now, until=cfg.duration)
+            except asyncio.CancelledError:  # Ctrl-C: keep what finished, drop what is in flight
+                interrupted = True
+                dropped = len(self._tasks)
+                self.plan.stop()
+                for t in list(self._tasks):
+                    t.cancel()
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            finally:
+                if sampler is not None:
+                    sampler.cancel()
+                    await asyncio.gather(sampler, return_exceptions=True)
+                if self._file is not None:
+                    self._file.close()
+            if not interrupted:
+                after = await scraper.scrape()
+                last = after or last
+                await self._sample(after, gpu)
+            summary = self._summary(before, last if not interrupted else None, scraper, gpu, client.base)
+            if interrupted:
+                summary.notes.append(f"interrupted: {dropped} in-flight requests dropped "
+                                     "(everything that finished is recorded)")
+            if gpu is not None:
+                gpu.close()
+        return BenchResult(self.records, summary, interrupted)
+
+    def _now(self) -> float:
+        """Wall seconds since the run started: the plan's clock."""
+        return self.clock() - self._t0
+
+    async def _one(self, client: BenchClient, d: Dispatch) -> bool:
+        """Send one released item and record it; the shared driver reports its end to the plan."""
+        task = asyncio.current_task()
+        self._tasks.add(task)
+        self.stats.released += 1
+        self.stats.in_flight = len(self._tasks)
+        if self.cfg.duration is not None and self._now() >= self.cfg.duration:
+            self.stats.stopping = True
+        try:
+            item = d.item
+            r = item.request
+            out_tokens = max(1, r.output_tokens)
+            ceil = self.ceiling.hit_tokens(self.prompts.ceiling_key(item), r.hash_ids, r.input_tokens,
+                                           item.trace.block_size)
+            try:
+                body = client.body(self.model, self.prompts.prompt(item), out_tokens, self.prompts.extra(item))
+            except Exception as e:  # a prompt that cannot be built fails this request, not the run
+                now = self.clock()
+                res = StreamResult(ok=False, error="client_error", detail=f"{type(e).__name__}: {e}",
+                                   sent=now, end=now)
+            else:
+                res = await client.stream(body)
+            rec = self._record(d, res, ceil, out_tokens)
+            self._finish(rec, res)
+            return rec.ok
+        finally:
+            self._tasks.discard(task)
+            self.stats.in_flight = len(self._tasks)
+
+    def _record(self, d: Dispatch, res: StreamResult, ceil: int, max_tokens: int) -> RequestRecord:
+        item, t0, x = d.item, self._t0, self.scale
+        r = item.request
+        times = res.token_times
+        first = (times[0] - t0) * x if times else None
+        n = res.output_tokens if res.ok else len(times)
+        tpot = itl_max = None
+        if len(times) > 1:
+            gaps = np.diff(np.asarray(times)) * x
+            itl_max = float(gaps.max())
+            if res.ok:
+                self.itl.extend(gaps.tolist())
+            if n > 1:
+                tpot = (times[-1] - times[0]) * x / (n - 1)
+        end = (res.end - t0) * x
+        due = d.due * x
+        return RequestRecord(
+            id=item.id, trace=item.trace.id, session=item.session_key, tree=item.tree_key, lane=item.lane,
+            depth=item.depth, index=item.index, worker=self.cfg.target, scheduled=due, sent=(res.sent - t0) * x,
+            first_token=first, end=end, ttft=None if first is None else first - due, e2e=end - due,
+            tpot=tpot, itl_max=itl_max,
+            input_tokens=res.prompt_tokens if res.prompt_tokens else r.input_tokens,
+            output_tokens=n, expected_output_tokens=max_tokens, cached_tokens=res.cached_tokens,
+            ceiling_tokens=ceil, ok=res.ok, error=res.error,
+            recorded_api_time=r.api_time, recorded_ttft=r.ttft)
+
+    def _finish(self, rec: RequestRecord, res: StreamResult) -> None:
+        self.records.append(rec)
+        if self._file is not None:
+            self._file.write(encode_record(rec) + b"\n")
+            self._file.flush()
+        s = self.stats
+        s.finished += 1
+        s.output_tokens += rec.output_tokens
+        if rec.ok:
+            s.input_tokens += rec.input_tokens
+            s.cached_tokens += rec.cached_tokens or 0
+            if rec.ttft is not None:
+                s.recent_ttft.append(rec.ttft)
+        else:
+            s.failed += 1
+            s.errors[rec.error] = s.errors.get(rec.error, 0) + 1
+
+    # ---- time series ----------------------------------------------------------------------
+    async def _sample_loop(self, scraper: Scraper, gpu: GpuMonitor | None) -> None:
+        every = self.cfg.sample_every
+        nxt = self.clock()
+        while True:
+            nxt += every
+            await asyncio.sleep(max(0.0, nxt - self.clock()))
+            snap = await scraper.scrape() if scraper.absent_reason is None else None
+            await self._sample(snap, gpu)
+
+    async def _sample(self, snap: MetricsSnapshot | None, gpu: GpuMonitor | None) -> None:
+        t = (self.clock() - self._t0) * self.scale
+        s = snap or MetricsSnapshot()
+        self.stats.kv_usage = s.kv_usage
+        self.timeline.append(Sample(t, self.plan.in_flight, s.kv_usage,
+                                    None if s.running is None else int(s.running),
+                                    None if s.waiting is None else int(s.waiting), s.prefix_hits,
+                                    s.prefix_queries))
+        if gpu is not None:
+            gpu.sample()
+        if self.on_tick is not None:
+            self.on_tick(self)
+
+    # ---- summary --------------------------------------------------------------------------
+    def _summary(self, before, after, scraper: Scraper, gpu: GpuMonitor | None, base: str) -> Summary:
+        cfg = self.cfg
+        notes = [f"prompts: {self.prompts.description}", *self.notes]
+        if self.scale != 1.0:
+            notes.append(f"time scale {self.scale:g}: the target ran {self.scale:g}x faster than real time, gaps "
+                         f"were replayed {self.scale:g}x shorter and every time is in target seconds (wall x "
+                         f"{self.scale:g})")
+        if before is None:
+            notes.append(f"server metrics absent: {scraper.absent_reason}")
+        gpu_summary = gpu.summary() if gpu is not None else None
+        if gpu_summary is None:
+            reason = gpu.absent_reason if gpu is not None else "disabled"
+            notes.append(f"GPU monitoring absent: {reason}")
+        config = {"lanes": cfg.lanes, "seed": cfg.seed, "warm_start": cfg.warm_start,
+                  "idle_gap_cap": cfg.idle_gap_cap, "max_requests": cfg.max_requests, "duration": cfg.duration,
+                  "api": cfg.api, "prompt_mode": cfg.prompt_mode, "prompts": self.prompts.description,
+                  "tokenizer": cfg.tokenizer, "model": self.model, "slo": cfg.slo,
+                  "tenant_salts": cfg.tenant_salts, "cache_bust": self.prompts.marker, "timeout": cfg.timeout,
+                  "time_scale": cfg.time_scale, "server": self.server_info,
+                  "traces": sorted({t.id for t in self.traces})}
+        return summarize(self.records, kind="bench", target=base, config=config,
+                         itl_values=np.frombuffer(self.itl, dtype=float) if len(self.itl) else None,
+                         slo=cfg.slo or None, metrics_hit_rate=hit_rate(before, after),
+                         timeline=self.timeline, gpu=gpu_summary, notes=notes)

@@ -1,0 +1,198 @@
+"""A small SVG chart writer for the self-contained report: dots, lines, steps and bars, two y axes.
+
+No JavaScript and no external assets: the report opens offline and anywhere. Points carry
+`<title>` tooltips; series longer than `MAX_POINTS` are thinned evenly so pages stay small.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from html import escape
+
+MAX_POINTS = 4000
+PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777",
+           "#4b5563", "#65a30d")
+
+
+def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
+    """About `n` round tick values (1, 2, 5 x 10^k steps) covering [lo, hi]."""
+    if not (math.isfinite(lo) and math.isfinite(hi)):
+        return [0.0]
+    if hi <= lo:
+        hi = lo + (abs(lo) or 1.0)
+    raw = (hi - lo) / max(1, n)
+    mag = 10 ** math.floor(math.log10(raw))
+    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
+    first, last = math.floor(lo / step + 1e-9), math.ceil(hi / step - 1e-9)
+    return [round(i * step, 12) for i in range(first, last + 1)]
+
+
+def fmt(v: float) -> str:
+    """A short tick label: 1.2M, 35k, 0.25, 12."""
+    a = abs(v)
+    if a >= 1e6:
+        return f"{v / 1e6:g}M"
+    if a >= 1e4:
+        return f"{v / 1e3:g}k"
+    if a >= 100 or v == int(v):
+        return f"{v:,.0f}"
+    return f"{v:.3g}"
+
+
+@dataclass(slots=True)
+class Series:
+    name: str
+    xs: list[float]
+    ys: list[float]
+    kind: str = "dots"  # dots | line | step | bars
+    color: str = ""
+    right: bool = False  # plot against the right-hand y axis
+    tips: list[str] | None = None
+    width: float = 0.0  # bars: width in x units
+
+
+@dataclass(slots=True)
+class Chart:
+    """One chart: add series, then `svg()`."""
+
+    title: str
+    xlabel: str
+    ylabel: str
+    y2label: str = ""
+    width: int = 640
+    height: int = 300
+    ymin: float | None = None
+    ymax: float | None = None
+    y2min: float | None = None
+    y2max: float | None = None
+    series: list[Series] = field(default_factory=list)
+
+    def add(self, s: Series) -> Chart:
+        if not s.color:
+            s.color = PALETTE[len(self.series) % len(PALETTE)]
+        self.series.append(s)
+        return self
+
+    def _range(self, right: bool) -> tuple[float, float] | None:
+        ys = [y for s in self.series if s.right == right for y in s.ys if y is not None and math.isfinite(y)]
+        if not ys:
+            return None
+        lo, hi = (self.y2min, self.y2max) if right else (self.ymin, self.ymax)
+        lo = min(min(ys), 0.0) if lo is None else lo
+        hi = max(ys) if hi is None else hi
+        return lo, hi if hi > lo else lo + 1.0
+
+    def svg(self) -> str:
+        w, h = self.width, self.height
+        left, right_pad, bottom = 64, (64 if self.y2label else 20), 44
+        pw = w - left - right_pad
+        legend, rows = self._legend(left, pw)
+        top = 32 + 14 * rows
+        ph = h - top - bottom
+        out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" '
+               f'width="{w}" height="{h}" role="img" aria-label="{escape(self.title)}">',
+               f'<text x="{w / 2}" y="18" class="title" text-anchor="middle">{escape(self.title)}</text>']
+        xs = [x for s in self.series for x in s.xs if x is not None and math.isfinite(x)]
+        yl, yr = self._range(False), self._range(True)
+        if not xs or (yl is None and yr is None):
+            out.append(f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle" class="empty">no data</text></svg>')
+            return "".join(out)
+        bar_pad = max((s.width for s in self.series if s.kind == "bars"), default=0.0) / 2
+        xlo, xhi = min(xs) - bar_pad, max(xs) + bar_pad
+        xt = nice_ticks(xlo, xhi if xhi > xlo else xlo + 1)
+        xlo, xhi = min(xt[0], xlo), max(xt[-1], xhi)
+
+        def sx(x: float) -> float:
+            return left + (x - xlo) / (xhi - xlo) * pw
+
+        def axis_y(rng: tuple[float, float]):
+            t = nice_ticks(*rng)
+            lo, hi = min(t[0], rng[0]), max(t[-1], rng[1])
+            return t, (lambda y: top + ph - (y - lo) / (hi - lo) * ph)
+
+        out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="plot"/>')
+        for x in xt:
+            out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" class="grid"/>'
+                       f'<text x="{sx(x):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt(x)}</text>')
+        scales = {}
+        for side, rng in ((False, yl), (True, yr)):
+            if rng is None:
+                continue
+            ticks, sy = axis_y(rng)
+            scales[side] = sy
+            for y in ticks:
+                if side:
+                    out.append(f'<text x="{left + pw + 6}" y="{sy(y) + 4:.1f}">{fmt(y)}</text>')
+                else:
+                    out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" class="grid"/>'
+                               f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{fmt(y)}</text>')
+        out.append(f'<text x="{left + pw / 2}" y="{h - 6}" text-anchor="middle" class="label">'
+                   f'{escape(self.xlabel)}</text>')
+        out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" text-anchor="middle" '
+                   f'class="label">{escape(self.ylabel)}</text>')
+        if self.y2label and True in scales:
+            out.append(f'<text transform="translate({w - 10} {top + ph / 2}) rotate(90)" text-anchor="middle" '
+                       f'class="label">{escape(self.y2label)}</text>')
+        for s in self.series:
+            sy = scales.get(s.right) or scales.get(not s.right)
+            out.append(_draw(s, sx, sy, top + ph))
+        out.append(legend)
+        out.append("</svg>")
+        return "".join(out)
+
+    def _legend(self, left: float, pw: float) -> tuple[str, int]:
+        """Legend swatches in rows under the title; returns the markup and the number of rows."""
+        if len(self.series) < 2:
+            return "", 0
+        parts, x, row = [], left + 4, 0
+        for s in self.series:
+            span = 20 + 6.2 * len(s.name)
+            if x + span > left + pw and x > left + 4:
+                x, row = left + 4, row + 1
+            y = 26 + 14 * row
+            parts.append(f'<g class="legend"><rect x="{x:.0f}" y="{y}" width="10" height="10" fill="{s.color}"/>'
+                         f'<text x="{x + 14:.0f}" y="{y + 9}">{escape(s.name)}</text></g>')
+            x += span + 10
+        return "".join(parts), row + 1
+
+
+def _thin(s: Series) -> list[int]:
+    n = len(s.xs)
+    if n <= MAX_POINTS:
+        return list(range(n))
+    step = n / MAX_POINTS
+    return [int(i * step) for i in range(MAX_POINTS)]
+
+
+def _draw(s: Series, sx, sy, base: float) -> str:
+    idx = [i for i in _thin(s) if s.xs[i] is not None and s.ys[i] is not None
+           and math.isfinite(s.xs[i]) and math.isfinite(s.ys[i])]
+    if not idx:
+        return ""
+    c = s.color
+    if s.kind == "dots":
+        dots = []
+        for i in idx:
+            tip = f"<title>{escape(s.tips[i])}</title>" if s.tips else ""
+            dots.append(f'<circle cx="{sx(s.xs[i]):.1f}" cy="{sy(s.ys[i]):.1f}" r="2.6">{tip}</circle>')
+        return f'<g fill="{c}" fill-opacity="0.6">{"".join(dots)}</g>'
+    if s.kind == "bars":
+        bars = []
+        for i in idx:
+            x0, x1 = sx(s.xs[i] - s.width / 2), sx(s.xs[i] + s.width / 2)
+            y = sy(s.ys[i])
+            tip = f"<title>{escape(s.tips[i])}</title>" if s.tips else ""
+            bars.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(0.5, x1 - x0 - 1):.1f}" '
+                        f'height="{max(0.0, base - y):.1f}">{tip}</rect>')
+        return f'<g fill="{c}" fill-opacity="0.8">{"".join(bars)}</g>'
+    pts = []
+    prev_y = None
+    for i in idx:
+        x, y = sx(s.xs[i]), sy(s.ys[i])
+        if s.kind == "step" and prev_y is not None:
+            pts.append(f"{x:.1f},{prev_y:.1f}")
+        pts.append(f"{x:.1f},{y:.1f}")
+        prev_y = y
+    return (f'<polyline fill="none" stroke="{c}" stroke-width="1.8" points="{" ".join(pts)}">'
+            f"<title>{escape(s.name)}</title></polyline>")

@@ -1,0 +1,58 @@
+"""Prometheus /metrics parsing: vLLM's names (and the older and SGLang ones), hit rate from counter deltas."""
+
+from __future__ import annotations
+
+from agentkv.bench.gpu import GpuMonitor, is_local
+from agentkv.bench.scrape import MetricsSnapshot, hit_rate, parse_prometheus, snapshot
+
+VLLM = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 1000.0
+vllm:prefix_cache_queries_total{engine="1",model_name="m"} 500.0
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 600.0
+vllm:prefix_cache_hits_total{engine="1",model_name="m"} 150.0
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.5
+vllm:kv_cache_usage_perc{engine="1",model_name="m"} 0.25
+vllm:num_requests_running{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="0",model_name="m"} 1.0
+vllm:cache_config_info{block_size="16",prefix_caching_hash_algo="sha256"} 1.0
+http_requests_total{handler="/v1/completions",method="POST"} NaN
+garbage line
+"""
+
+
+def test_parse_and_snapshot():
+    m = parse_prometheus(VLLM)
+    assert m["vllm:prefix_cache_queries_total"] == [1000.0, 500.0]
+    assert "http_requests_total" not in m  # NaN dropped
+    s = snapshot(VLLM)
+    assert s == MetricsSnapshot(prefix_queries=1500.0, prefix_hits=750.0, kv_usage=0.375, running=3.0, waiting=1.0)
+
+
+def test_older_and_sglang_names():
+    old = "vllm:gpu_prefix_cache_queries_total 10\nvllm:gpu_prefix_cache_hits_total 4\nvllm:gpu_cache_usage_perc 0.1\n"
+    assert snapshot(old) == MetricsSnapshot(prefix_queries=10.0, prefix_hits=4.0, kv_usage=0.1)
+    sg = 'sglang:token_usage{tp_rank="0"} 0.2\nsglang:num_running_reqs 5\nsglang:num_queue_reqs 7\n'
+    assert snapshot(sg) == MetricsSnapshot(kv_usage=0.2, running=5.0, waiting=7.0)
+
+
+def test_hit_rate_from_deltas():
+    a = MetricsSnapshot(prefix_queries=100.0, prefix_hits=10.0)
+    b = MetricsSnapshot(prefix_queries=300.0, prefix_hits=160.0)
+    assert hit_rate(a, b) == 0.75
+    assert hit_rate(a, a) is None  # no queries in between
+    assert hit_rate(None, b) is None
+    assert hit_rate(MetricsSnapshot(kv_usage=0.1), b) is None
+
+
+def test_gpu_monitor_is_absent_for_remote_targets():
+    assert is_local("http://127.0.0.1:8000") and is_local("http://localhost:1")
+    assert not is_local("http://192.0.2.10:8000")  # TEST-NET-1: never this host
+    g = GpuMonitor("http://192.0.2.10:8000")
+    assert not g.active and g.absent_reason == "the target is not on this host"
+    assert g.summary() is None
+    local = GpuMonitor("http://127.0.0.1:8000")
+    if not local.active:  # no NVML here: the reason says why
+        assert local.absent_reason
+    local.sample()
+    local.close()
