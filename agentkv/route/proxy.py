@@ -149,22 +149,24 @@ class Router:
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
         h = self.hasher.hash(body, chat, salt)
         views = [w for w in self.pool.workers if w.healthy and w.slot not in exclude]
-        if h.exact:
-            ev = self.index.find_matches(tenant, h.hashes) if any(w.mode == "event" for w in views) else {}
-            ap = self.approx.find_matches(tenant, h.hashes) if any(w.mode != "event" for w in views) else {}
-            for w in views:
-                w.match = (ev if w.mode == "event" else ap).get(w.slot, _NO_MATCH)
-        else:
-            ap = self.approx.find_matches(tenant, h.hashes)
-            for w in views:
-                w.match = ap.get(w.slot, _NO_MATCH)
+        with self.pool.lock:
+            if h.exact:
+                ev = self.index.find_matches(tenant, h.hashes) if any(w.mode == "event" for w in views) else {}
+                ap = self.approx.find_matches(tenant, h.hashes) if any(w.mode != "event" for w in views) else {}
+                for w in views:
+                    w.match = (ev if w.mode == "event" else ap).get(w.slot, _NO_MATCH)
+            else:
+                ap = self.approx.find_matches(tenant, h.hashes)
+                for w in views:
+                    w.match = ap.get(w.slot, _NO_MATCH)
         policy = self.policy
         if len(views) != len(self.pool.healthy()):  # a retry: stateful policies index the full list
             policy = KvAware() if self.cfg.policy == "kv_aware" else make_policy("least_loaded")
         req = RouteRequest(h.hashes, h.prompt_tokens, session, self.cfg.block_size)
         w = views[policy.choose(req, views)]
         if h.exact:
-            self.index.expect(tenant, h.hashes)
+            with self.pool.lock:
+                self.index.expect(tenant, h.hashes)
         if w.mode != "event" or not h.exact:
             self.approx.record(w.slot, tenant, h.hashes)
         st = self.stats
@@ -270,4 +272,13 @@ def run_router(cfg: RouterConfig) -> None:
     router = Router(cfg)
     log.info("agentkv route on http://%s:%d, policy %s, %d workers", cfg.host, cfg.port, cfg.policy,
              len(cfg.workers))
-    web.run_app(router.app, host=cfg.host, port=cfg.port, print=None, access_log=None)
+    loop_factory = None
+    try:  # uvloop when present: about a third less CPU per proxied request
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        pass
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        web.run_app(router.app, host=cfg.host, port=cfg.port, print=None, access_log=None,
+                    loop=runner.get_loop())

@@ -1,0 +1,215 @@
+"""Router-added latency at a fixed request rate: short streamed completions to 4 local workers.
+
+Starts `agentkv serve --workers 4` (simulated H200s, sped up by --time-scale so the engine adds
+little), then sends the same open-loop schedule (--rate requests/s for --seconds) twice over one
+pooled keep-alive aiohttp client, as real clients connect: once straight to the workers (the
+client rotates over them) and once through `agentkv route` in front of them. Router-added
+latency is the difference of the two runs' percentiles, for time to first byte and to the end of
+the stream. With --peer, the same is measured for sglang-router (`--policy cache_aware`) from
+.venv-peers/sglang when it is installed there.
+
+Run: .venv/bin/python benchmarks/router.py [--rate 500] [--seconds 10] [--peer]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+from agentkv.trace.tokens import token_text
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER = ROOT / ".venv-peers" / "sglang" / "bin" / "python"
+
+
+def _free_range(k: int) -> int:
+    """A base port p with p .. p + k - 1 all free on 127.0.0.1 (and on the ZMQ wildcard)."""
+    rng = random.Random()
+    while True:
+        base = rng.randrange(20000, 60000 - k)
+        try:
+            socks = []
+            for port in range(base, base + k):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("0.0.0.0", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+
+
+async def _wait(url: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    async with aiohttp.ClientSession() as s:
+        while time.monotonic() < deadline:
+            try:
+                async with s.get(url, timeout=aiohttp.ClientTimeout(total=1)) as r:
+                    if r.status == 200:
+                        return
+            except (aiohttp.ClientError, OSError, TimeoutError):
+                pass
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"{url} did not come up")
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+async def load(urls: list[str], rate: float, seconds: float, prompt_len: int, seed: int) -> dict:
+    """Open-loop load: request i is sent at i / rate; returns TTFB and end-to-end latencies (s)."""
+    rng = random.Random(seed)
+    n = int(rate * seconds)
+    bodies = [json.dumps({"model": "llama3-8b", "prompt": " ".join(token_text(rng.randrange(64, 4160))
+                                                                for _ in range(prompt_len)), "max_tokens": 4,
+                          "stream": True, "stream_options": {"include_usage": True}}).encode() for _ in range(n)]
+    headers = {"Content-Type": "application/json"}
+    ttfb: list[float] = []
+    e2e: list[float] = []
+    errors = 0
+    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        async def one(i: int, at: float) -> None:
+            nonlocal errors
+            await asyncio.sleep(max(0.0, at - time.perf_counter()))
+            t0 = time.perf_counter()
+            try:
+                async with session.post(urls[i % len(urls)] + "/v1/completions", data=bodies[i], headers=headers) as r:
+                    first = None
+                    async for _ in r.content.iter_any():
+                        if first is None:
+                            first = time.perf_counter()
+                    if r.status != 200:
+                        errors += 1
+                        return
+                t1 = time.perf_counter()
+                ttfb.append((first or t1) - t0)
+                e2e.append(t1 - t0)
+            except (aiohttp.ClientError, OSError):
+                errors += 1
+
+        # warm up (connections, worker caches of code paths) for one second, outside the measurement
+        w0 = time.perf_counter()
+        await asyncio.gather(*(one(i % n, w0 + i / rate) for i in range(int(min(n, rate)))))
+        ttfb.clear()
+        errors = 0
+        e2e.clear()
+        start = time.perf_counter() + 0.05
+        t_begin = time.perf_counter()
+        await asyncio.gather(*(one(i, start + i / rate) for i in range(n)))
+        wall = time.perf_counter() - t_begin
+    return {"ttfb": ttfb, "e2e": e2e, "errors": errors, "achieved": len(e2e) / wall}
+
+
+def _report(name: str, base: dict, via: dict) -> None:
+    print(f"{name}: {via['achieved']:.0f} req/s achieved, {via['errors']} errors "
+          f"(direct: {base['achieved']:.0f} req/s, {base['errors']} errors)")
+    for key, label in (("ttfb", "time to first byte"), ("e2e", "end of stream")):
+        b, v = base[key], via[key]
+        if not b or not v:
+            continue
+        p50 = (statistics.median(v) - statistics.median(b)) * 1e3
+        p99 = (_pct(v, 0.99) - _pct(b, 0.99)) * 1e3
+        print(f"  {label:>18}: direct p50 {statistics.median(b) * 1e3:6.2f} ms p99 {_pct(b, 0.99) * 1e3:6.2f} ms"
+              f" | via router p50 {statistics.median(v) * 1e3:6.2f} ms p99 {_pct(v, 0.99) * 1e3:6.2f} ms"
+              f" | added p50 {p50:+.2f} ms, p99 {p99:+.2f} ms")
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _spawn(args: list[str], log: Path) -> subprocess.Popen:
+    with log.open("w") as f:
+        return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    if p.poll() is None:
+        os.killpg(p.pid, signal.SIGTERM)
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+
+
+async def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rate", type=float, default=500.0)
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=64)
+    ap.add_argument("--time-scale", type=float, default=100.0, help="engine speed-up of the workers")
+    ap.add_argument("--policy", default="kv_aware")
+    ap.add_argument("--peer", action="store_true", help="also measure sglang-router from .venv-peers/sglang")
+    args = ap.parse_args()
+    logs = Path(os.environ.get("TMPDIR", "/tmp"))
+    base = _free_range(2 * args.workers + 2)
+    wport, eport = base, base + args.workers
+    rport, pport = base + 2 * args.workers, base + 2 * args.workers + 1
+    py = sys.executable
+    serve = _spawn([py, "-m", "agentkv.cli", "serve", "--workers", str(args.workers), "--port", str(wport),
+                    "--kv-events-endpoint", f"tcp://*:{eport}", "--time-scale", str(args.time_scale),
+                    "--log-level", "error"], logs / "bench-router-serve.log")
+    urls = [f"http://127.0.0.1:{wport + i}" for i in range(args.workers)]
+    procs = [serve]
+    try:
+        for u in urls:
+            await _wait(u + "/health")
+        route_args = [py, "-m", "agentkv.cli", "route", "--port", str(rport), "--policy", args.policy,
+                      "--tokenizer", "builtin", "--log-level", "warning"]
+        for i, u in enumerate(urls):
+            route_args += ["--worker", f"{u}=tcp://127.0.0.1:{eport + i}"]
+        router = _spawn(route_args, logs / "bench-router-route.log")
+        procs.append(router)
+        await _wait(f"http://127.0.0.1:{rport}/health")
+        print(f"{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.prompt_len}-token text prompts, 4 output tokens "
+              f"streamed, {args.workers} agentkv serve workers (time-scale {args.time_scale:g}), "
+              f"{os.cpu_count()} CPUs shared by client, router and workers")
+        await load(urls, args.rate, 3.0, args.prompt_len, seed=0)  # the workers' cold start, discarded
+        base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1)
+        cpu0 = _cpu_seconds(router.pid)
+        via = await load([f"http://127.0.0.1:{rport}"], args.rate, args.seconds, args.prompt_len, seed=2)
+        cpu = _cpu_seconds(router.pid) - cpu0
+        _report(f"agentkv route ({args.policy})", base, via)
+        print(f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
+              f"({cpu / args.seconds * 100:.0f}% of one core at this rate)")
+        _stop(router)
+        procs.remove(router)
+        if args.peer:
+            if not PEER.exists():
+                print(f"sglang-router: not measured ({PEER} not found; pip install sglang-router there)")
+                return
+            peer = _spawn([str(PEER), "-m", "sglang_router.launch_router", "--worker-urls", *urls,
+                           "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(pport)],
+                          logs / "bench-router-sglang.log")
+            procs.append(peer)
+            await _wait(f"http://127.0.0.1:{pport}/health", timeout=90)
+            base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=3)
+            via = await load([f"http://127.0.0.1:{pport}"], args.rate, args.seconds, args.prompt_len, seed=4)
+            _report("sglang-router (cache_aware)", base, via)
+    finally:
+        for p in procs:
+            _stop(p)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
