@@ -356,3 +356,27 @@ def test_many_concurrent_streams():
             assert server.runner.engine.kv_usage == 0
 
     run(main())
+
+
+def test_chunked_body_over_the_limit_and_http2_probes(caplog):
+    async def main():
+        async with serving(max_body_bytes=4096) as (server, url, s):
+            async def chunks():
+                for _ in range(10):
+                    yield b" " * 1000
+            async with s.post(url + "/v1/completions", data=chunks()) as r:  # no Content-Length
+                assert r.status == 413
+                assert (await r.json())["error"]["code"] == 413
+            # an HTTP/2 prior-knowledge preface, as sglang-router's connection-mode probe sends
+            host, port = url.removeprefix("http://").split(":")
+            reader, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x00\x04\x00\x00\x00\x00\x00")
+            await writer.drain()
+            assert b" 400 " in await reader.readline()
+            writer.close()
+            async with s.get(url + "/health") as r:
+                assert r.status == 200
+
+    with caplog.at_level(logging.INFO):
+        run(main())
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]

@@ -77,3 +77,16 @@ def test_chat_template_keeps_earlier_turns_as_a_token_prefix():
     assert ids2[:len(ids1)] == ids1 and len(ids2) > len(ids1)
     rendered = T.apply_chat_template(turn2)
     assert "<|tool_call|> ls" in rendered and rendered.endswith("<|assistant|>\n")
+
+
+def test_exported_hf_tokenizer_matches(tmp_path):
+    import pytest
+
+    tokenizers = pytest.importorskip("tokenizers")
+    out = T.write_hf_tokenizer(tmp_path / "tok")
+    tk = tokenizers.Tokenizer.from_file(str(out / "tokenizer.json"))
+    ids = [0, 1, 63, 64, 4160, 31337, T.VOCAB_SIZE - 1]
+    assert tk.encode(T.decode(ids)).ids == ids
+    assert tk.decode(ids) == T.decode(ids)
+    assert tk.encode("Hello world").ids == [T.VOCAB_SIZE, T.VOCAB_SIZE]  # unknown words
+    assert len(T.encode(T.UNK)) == 1  # AIPerf's prompts of unknown words keep their length here

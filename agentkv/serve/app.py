@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import msgspec
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from agentkv import __version__
 from agentkv.engine.config import EngineConfig
@@ -26,11 +27,25 @@ from agentkv.serve.metrics import CONTENT_TYPE, ServerMetrics
 from agentkv.serve.protocol import GenRequest, Limits, RequestError, parse_chat, parse_completion
 from agentkv.serve.responses import DONE, ChunkWriter, error_body, full_response
 from agentkv.serve.runner import EngineRunner, RequestStream
-from agentkv.trace.tokens import apply_chat_template, decode, encode
+from agentkv.trace.tokens import apply_chat_template, decode, encode, warm_up
 
 log = logging.getLogger("agentkv.serve")
 _enc = msgspec.json.Encoder()
 JSON = "application/json"
+
+
+class _QuietProbes(logging.Filter):
+    """Drop aiohttp's traceback for unparsable requests (sglang-router probes for HTTP/2 and gRPC)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, BadHttpMessage):
+            log.debug("answered 400 to a request that is not HTTP/1.1 (%s)", str(exc).split(":", 1)[0])
+            return False
+        return True
+
+
+_quiet_probes = _QuietProbes()
 
 
 @dataclass(slots=True)
@@ -71,6 +86,8 @@ class Server:
         eng = self.runner.engine
         self.limits = Limits((self.model_name, config.model), eng.max_model_len, eng.model_shape.vocab,
                              default_chat_tokens=opts.default_max_tokens)
+        warm_up()  # build the tokenizer's tables now, not during the first request
+        logging.getLogger("aiohttp.server").addFilter(_quiet_probes)  # idempotent: a filter is added once
         self.app = self._make_app()
         self._site_runner: web.AppRunner | None = None
         self.port: int | None = None

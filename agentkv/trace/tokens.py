@@ -12,13 +12,16 @@ of at most 3, and single punctuation characters; each piece hashes (XXH3) into
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
+from pathlib import Path
 
 import xxhash
 
 VOCAB_SIZE = 128256  # Llama 3's vocabulary size: hashed pieces land in [0, VOCAB_SIZE)
+UNK = "<|unk|>"  # one token for our encode too; only in the exported HF tokenizer (write_hf_tokenizer), as id VOCAB_SIZE
 CONSONANTS = "bdfghjklmnprstvz"
 VOWELS = "aiou"
 SYLLABLES = tuple(c + v for c in CONSONANTS for v in VOWELS)  # 64
@@ -44,6 +47,11 @@ def _tables() -> tuple[list[str], dict[str, int]]:
     two = [a + b for a in SYLLABLES for b in SYLLABLES]
     words = [*SYLLABLES, *two, *(a + b for a in two for b in SYLLABLES)]
     return words, {w: i for i, w in enumerate(words)}
+
+
+def warm_up() -> None:
+    """Build the word tables now (~0.3 s once per process) so the first request does not pay for it."""
+    _tables()
 
 
 def _spell(n: int) -> str:
@@ -149,3 +157,28 @@ def apply_chat_template(messages: Sequence[Mapping[str, object]], add_generation
     if add_generation_prompt:
         parts.append("<|assistant|>\n")
     return "".join(parts)
+
+
+def write_hf_tokenizer(directory: str | Path) -> Path:
+    """Save this vocabulary as a Hugging Face fast tokenizer (WordLevel, split on whitespace).
+
+    For peers that load a tokenizer by path (AIPerf, transformers): on pseudo-word text it gives
+    exactly our ids, other words map to `<unk>` (id VOCAB_SIZE). Plain JSON: no dependency.
+    """
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    words = _tables()[0][:VOCAB_SIZE]
+    vocab = {w: i for i, w in enumerate(words)}
+    vocab[UNK] = VOCAB_SIZE
+    spec = {
+        "version": "1.0", "truncation": None, "padding": None,
+        "added_tokens": [{"id": VOCAB_SIZE, "content": UNK, "single_word": False, "lstrip": False,
+                          "rstrip": False, "normalized": False, "special": True}],
+        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
+        "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": UNK},
+    }
+    (out / "tokenizer.json").write_text(json.dumps(spec, separators=(",", ":")), encoding="utf-8")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": UNK, "model_max_length": 1 << 20,
+              "clean_up_tokenization_spaces": False}
+    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
+    return out
