@@ -380,3 +380,39 @@ def test_chunked_body_over_the_limit_and_http2_probes(caplog):
     with caplog.at_level(logging.INFO):
         run(main())
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
+def test_session_header_feeds_the_session_eviction_policy():
+    prompt = list(range(4000, 4100))
+
+    async def main():
+        async with serving(EngineConfig(max_model_len=4096, eviction_policy="session")) as (server, url, s):
+            seen = []
+            policy = server.runner.engine.pool.policy
+            orig_paused, orig_resumed = policy.session_paused, policy.session_resumed
+            policy.session_paused = lambda sid, now, reason: (seen.append(("paused", sid)),
+                                                              orig_paused(sid, now, reason))
+            policy.session_resumed = lambda sid, now: (seen.append(("resumed", sid)), orig_resumed(sid, now))
+            usages = []
+            for turn in range(2):
+                async with s.post(url + "/v1/completions", json={"prompt": prompt + [turn], "max_tokens": 3},
+                                  headers={"x-session-id": "agent-7"}) as r:
+                    usages.append((await r.json())["usage"])
+            assert seen == [("resumed", "agent-7"), ("paused", "agent-7")] * 2
+            assert usages[1]["prompt_tokens_details"]["cached_tokens"] == 96
+
+    run(main())
+
+
+def test_long_text_prompt_is_tokenized_exactly():
+    ids = [(i * 7919) % 128000 for i in range(60_000)]  # ~400 KB of text: parsed off the event loop
+
+    async def main():
+        async with serving(EngineConfig(max_model_len=65536)) as (server, url, s):
+            for prompt in (decode(ids), ids):
+                async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}) as r:
+                    usage = (await r.json())["usage"]
+                assert usage["prompt_tokens"] == 60_000
+            assert usage["prompt_tokens_details"]["cached_tokens"] == 59_984  # same ids: every full block
+
+    run(main())

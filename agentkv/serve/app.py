@@ -32,6 +32,7 @@ from agentkv.trace.tokens import apply_chat_template, decode, encode, warm_up
 log = logging.getLogger("agentkv.serve")
 _enc = msgspec.json.Encoder()
 JSON = "application/json"
+OFFLOAD_BYTES = 256 << 10  # bodies this large are parsed in a worker thread
 
 
 class _QuietProbes(logging.Filter):
@@ -151,9 +152,15 @@ class Server:
     async def _generate(self, request: web.Request, parse: Callable[[bytes, Limits], GenRequest],
                         prefix: str) -> web.StreamResponse:
         try:
-            gen = parse(await self._body(request), self.limits)
+            body = await self._body(request)
+            if len(body) < OFFLOAD_BYTES:
+                gen = parse(body, self.limits)
+            else:  # tokenizing a long text prompt takes ~1 us/token: keep the streams flowing meanwhile
+                gen = await asyncio.to_thread(parse, body, self.limits)
         except RequestError as e:
             return self._error(request, e)
+        if gen.session_id is None:
+            gen.session_id = request.headers.get("x-session-id")  # what agentkv route forwards
         rid = f"{prefix}-{uuid.uuid4().hex}"
         try:
             stream = self.runner.submit(rid, gen)

@@ -99,6 +99,8 @@ class EngineRunner:
         """Queue a validated request; it joins the batch at the next step."""
         stream = RequestStream(request_id, gen)
         self.clock.advance_to(self._engine_now())
+        if gen.session_id is not None:  # a hint for session-aware eviction policies
+            self.engine.pool.session_resumed(gen.session_id, self.clock.now())
         stream.engine_req = self.engine.add_request(
             request_id, max_tokens=gen.max_tokens, token_ids=gen.prompt_ids, cache_salt=gen.cache_salt,
             session_id=gen.session_id, user_data=stream)
@@ -189,6 +191,8 @@ class EngineRunner:
                 continue  # aborted while the step ran
             if out.finished:
                 del streams[rid]
+                if stream.gen.session_id is not None:
+                    self.engine.pool.session_paused(stream.gen.session_id, result.end, "tool_use")
                 if self.on_finish is not None:
                     self.on_finish(out.request, out.request.finish_reason or "length")
             stream.push(out.new_tokens, out.finished)
