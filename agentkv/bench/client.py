@@ -1,19 +1,23 @@
-"""Async streaming client for OpenAI-compatible servers: one shared aiohttp session, every token timed.
+"""Async streaming client for OpenAI-compatible servers: keep-alive connections, every token timed.
 
-A stream's chunks are timed as they are read: every SSE event in one socket read shares that
-read's arrival time. Failures never raise; they come back as a `StreamResult` with a reason
+Streams go through `http1.Http1Pool` (fast enough for 100,000+ tokens/s on one core); the
+occasional GET (/v1/models, /metrics) through aiohttp. A stream's chunks are timed as they are
+read: every SSE event in one socket read shares that read's arrival time. Failures never raise; they come back as a `StreamResult` with a reason
 (`http_500`, `context_overflow`, `reset`, `timeout`, ...), so one bad request cannot stop a run.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import aiohttp
 import msgspec
 
+from agentkv.bench.http1 import Http1Pool, HttpError
 from agentkv.errors import UserError
 
 # a 400 whose body mentions one of these is a prompt longer than the server's context window
@@ -49,6 +53,7 @@ class _Chunk(msgspec.Struct):
 
 
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
+_decode_chunks = msgspec.json.Decoder(list[_Chunk]).decode
 
 
 class StreamResult(msgspec.Struct, kw_only=True):
@@ -103,24 +108,32 @@ class BenchClient:
         if api not in ("completions", "chat"):
             raise UserError(f"--api: expected completions or chat, got {api!r}")
         self.base = normalize_target(target)
-        self.url = f"{self.base}/v1/{'completions' if api == 'completions' else 'chat/completions'}"
+        self.path = f"{urlsplit(self.base).path}/v1/{'completions' if api == 'completions' else 'chat/completions'}"
         self.api, self.timeout, self.connect_timeout, self.clock = api, timeout, connect_timeout, clock
         self._max_connections = max_connections
         self.session: aiohttp.ClientSession | None = None
+        self.pool: Http1Pool | None = None
+        key = os.environ.get("AGENTKV_API_KEY") or os.environ.get("OPENAI_API_KEY")
+        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     async def __aenter__(self) -> BenchClient:
         conn = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, ttl_dns_cache=None,
                                     enable_cleanup_closed=False)
         self.session = aiohttp.ClientSession(
             connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
-            skip_auto_headers=("User-Agent",), headers={"User-Agent": "agentkv-bench"},
+            skip_auto_headers=("User-Agent",), headers={"User-Agent": "agentkv-bench", **self.headers},
             auto_decompress=False)
+        self.pool = Http1Pool(self.base, limit=self._max_connections, connect_timeout=self.connect_timeout,
+                              headers=self.headers)
         return self
 
     async def __aexit__(self, *exc) -> None:
         if self.session is not None:
             await self.session.close()
             self.session = None
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
     async def models(self) -> list[str]:
         """The target's served model ids (GET /v1/models); one clear UserError when it is down."""
@@ -162,64 +175,64 @@ class BenchClient:
 
     async def stream(self, body: bytes) -> StreamResult:
         """Send one request and read its stream to the end; never raises for a failed request."""
-        assert self.session is not None
+        assert self.pool is not None
         clock = self.clock
         res = StreamResult(sent=clock())
         times = res.token_times
+        st = [0, False]  # chunks with output, [DONE] seen
+
+        def on_lines(payloads: list[bytes], now: float) -> None:
+            if payloads[-1] == b"[DONE]":
+                st[1] = True
+                payloads = [p for p in payloads if p != b"[DONE]"]
+                if not payloads:
+                    return
+            try:  # one decode for the whole read: far cheaper than one per chunk
+                chunks = _decode_chunks(b"[" + b",".join(payloads) + b"]")
+            except msgspec.DecodeError:
+                chunks = []
+                for p in payloads:
+                    try:
+                        chunks.append(_decode_chunk(p))
+                    except msgspec.DecodeError as e:
+                        res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {p[:200]!r}"
+            k = 0
+            for c in chunks:
+                if c.choices and _has_output(c):
+                    k += 1
+                if c.usage is not None or c.error is not None:
+                    _usage(c)
+            if k:
+                st[0] += k
+                times.extend([now] * k)
+
+        def _usage(c: _Chunk) -> None:
+            if c.error is not None:
+                res.ok, res.error, res.detail = False, "stream_error", str(c.error)[:300]
+            u = c.usage
+            if u is not None:
+                res.prompt_tokens = u.prompt_tokens
+                if u.completion_tokens is not None:
+                    res.output_tokens = u.completion_tokens
+                if u.prompt_tokens_details is not None:
+                    res.cached_tokens = u.prompt_tokens_details.cached_tokens
+
         try:
             async with asyncio.timeout(self.timeout):
-                async with self.session.post(self.url, data=body,
-                                             headers={"Content-Type": "application/json"}) as resp:
-                    res.status = resp.status
-                    if resp.status != 200:
-                        text = (await resp.content.read(4096)).decode("utf-8", "replace")
-                        res.ok, res.error, res.detail = False, classify_http_error(resp.status, text), text[:300]
-                        res.end = clock()
-                        return res
-                    n_out, done, buf = 0, False, b""
-                    async for data in resp.content.iter_any():
-                        now = clock()
-                        buf += data
-                        if b"\n" not in data:
-                            continue
-                        lines = buf.split(b"\n")
-                        buf = lines.pop()
-                        for line in lines:
-                            if not line.startswith(b"data:"):
-                                continue
-                            payload = line[5:].strip()
-                            if payload == b"[DONE]":
-                                done = True
-                                continue
-                            try:
-                                c = _decode_chunk(payload)
-                            except msgspec.DecodeError as e:
-                                res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {payload[:200]!r}"
-                                continue
-                            if c.error is not None:
-                                res.ok, res.error, res.detail = False, "stream_error", str(c.error)[:300]
-                            if c.choices and _has_output(c):
-                                n_out += 1
-                                times.append(now)
-                            u = c.usage
-                            if u is not None:
-                                res.prompt_tokens = u.prompt_tokens
-                                if u.completion_tokens is not None:
-                                    res.output_tokens = u.completion_tokens
-                                if u.prompt_tokens_details is not None:
-                                    res.cached_tokens = u.prompt_tokens_details.cached_tokens
-                    res.end = clock()
-                    if not res.output_tokens:
-                        res.output_tokens = n_out
-                    if res.ok and not done:
-                        res.ok, res.error, res.detail = False, "incomplete", "stream ended without [DONE]"
+                status, err = await self.pool.post_stream(self.path, body, on_lines, clock)
         except TimeoutError:
-            res.ok, res.error, res.detail, res.end = False, "timeout", f"no end within {self.timeout:g} s", clock()
-        except aiohttp.ClientConnectorError as e:  # refused or unreachable: nothing was sent
-            res.ok, res.error, res.detail, res.end = False, "connect_error", str(e)[:300], clock()
-        except (aiohttp.ClientPayloadError, aiohttp.ServerDisconnectedError, aiohttp.ClientOSError,
-                ConnectionError) as e:
-            res.ok, res.error, res.detail, res.end = False, "reset", f"{type(e).__name__}: {e}"[:300], clock()
-        except aiohttp.ClientError as e:
-            res.ok, res.error, res.detail, res.end = False, "client_error", f"{type(e).__name__}: {e}"[:300], clock()
+            res.ok, res.error, res.detail = False, "timeout", f"no end within {self.timeout:g} s"
+        except HttpError as e:
+            res.ok, res.error, res.detail = False, e.kind, str(e)[:300]
+        else:
+            res.status = status
+            if status != 200:
+                text = err[:4096].decode("utf-8", "replace")
+                res.ok, res.error, res.detail = False, classify_http_error(status, text), text[:300]
+            else:
+                if not res.output_tokens:
+                    res.output_tokens = st[0]
+                if res.ok and not st[1]:
+                    res.ok, res.error, res.detail = False, "incomplete", "stream ended without [DONE]"
+        res.end = clock()
         return res

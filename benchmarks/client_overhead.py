@@ -1,0 +1,239 @@
+"""How fast can `agentkv bench` drive a server? 1,000 concurrent streams against an instant server.
+
+The server (a raw asyncio protocol, one token per SSE chunk, answering at once) runs in a child
+process pinned to CPU 0; the bench runs here on CPU 1, through the real path users run (replay
+plan, prompts, client, per-token timestamps, records, summary). Prints output tokens/s, the
+client's CPU use and TTFT counted from each request's scheduled start. Then, where it installs
+(`pip install aiperf` into .venv-peers/aiperf), AIPerf against the same server, beside ours.
+
+    .venv/bin/python benchmarks/client_overhead.py [--streams 1000] [--tokens 200] [--turns 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import os
+import re
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+TOKEN = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":" t","finish_reason":null}]}\n\n'
+DONE_TAIL = (b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"","finish_reason":"length"}]}'
+             b"\n\n")
+MODELS = b'{"object":"list","data":[{"id":"instant","object":"model"}]}'
+
+
+def _chunk(data: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(data), data)
+
+
+TOKEN_CHUNK = _chunk(TOKEN)
+
+
+class _Http(asyncio.Protocol):
+    """Minimal HTTP/1.1 keep-alive server: GET /v1/models, POST /v1/completions (streamed), else 404."""
+
+    def __init__(self, streams: list):
+        self.streams, self.buf, self.t = streams, b"", None
+
+    def connection_made(self, transport):
+        self.t = transport
+
+    def data_received(self, data: bytes):
+        self.buf += data
+        while True:
+            head_end = self.buf.find(b"\r\n\r\n")
+            if head_end < 0:
+                return
+            head = self.buf[:head_end].decode("latin-1")
+            m = re.search(r"(?im)^content-length:\s*(\d+)", head)
+            n = int(m.group(1)) if m else 0
+            if len(self.buf) < head_end + 4 + n:
+                return
+            body = self.buf[head_end + 4:head_end + 4 + n]
+            self.buf = self.buf[head_end + 4 + n:]
+            self._handle(head.split(" ", 2), body)
+
+    def _handle(self, line, body: bytes):
+        method, path = line[0], line[1]
+        if method == "GET" and path == "/v1/models":
+            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                         % (len(MODELS), MODELS))
+        elif method == "POST" and path == "/v1/completions":
+            m = re.search(rb'"max_tokens":\s*(\d+)', body)
+            p = re.search(rb'"prompt":\s*\[([^\]]*)\]', body)
+            prompt = p.group(1).count(b",") + 1 if p else 0
+            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            n = int(m.group(1)) if m else 16
+            self.streams.append([self.t, n, prompt, n])
+        else:
+            self.t.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
+
+
+def _serve(port_q, cpu: int) -> None:
+    """The instant server: every loop tick writes one token to every open stream (round robin)."""
+    os.sched_setaffinity(0, {cpu})
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:
+        pass
+    streams: list = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        srv = await loop.create_server(lambda: _Http(streams), "127.0.0.1", 0, backlog=4096)
+        port_q.put(srv.sockets[0].getsockname()[1])
+        while True:
+            if not streams:
+                await asyncio.sleep(0.0005)
+                continue
+            keep = []
+            for s in streams:
+                t, left, prompt, total = s
+                if t.is_closing():
+                    continue
+                if left > 0:
+                    t.write(TOKEN_CHUNK)
+                    s[1] = left - 1
+                    keep.append(s)
+                else:
+                    usage = (b'data: {"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,'
+                             b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' % (prompt, total))
+                    t.write(_chunk(DONE_TAIL) + _chunk(usage) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+            streams[:] = keep
+            await asyncio.sleep(0)
+
+    asyncio.run(main())
+
+
+def start_server(cpu: int) -> tuple[mp.Process, int]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_serve, args=(q, cpu), daemon=True)
+    p.start()
+    return p, q.get(timeout=30)
+
+
+def _traces(streams: int, turns: int, tokens: int):
+    from agentkv.trace.model import Request, Session, Trace
+
+    return [Trace(id=f"s{i}", block_size=16, session=Session(id=f"s{i}", requests=[
+        Request(t=0.0, input_tokens=32, output_tokens=tokens, hash_ids=[2 * i, 2 * i + 1]) for _ in range(turns)]))
+        for i in range(streams)]
+
+
+def proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def reference_loop() -> float:
+    """Seconds this process takes for a 10M-iteration Python loop: how fast (and how busy) this core is."""
+    t, x = time.process_time(), 0
+    for i in range(10_000_000):
+        x += i
+    return time.process_time() - t
+
+
+def run_ours(url: str, streams: int, turns: int, tokens: int, loop: str) -> dict:
+    """One bench run (every stream a session of `turns` back-to-back requests) on this process's CPU."""
+    from agentkv.bench.command import _run_loop
+    from agentkv.bench.runner import BenchConfig, BenchRun
+
+    cfg = BenchConfig(target=url, lanes=streams, duration=None, idle_gap_cap=None, monitor_gpu=False,
+                      sample_every=1.0)
+    with tempfile.TemporaryDirectory() as tmp:
+        run = BenchRun(cfg, _traces(streams, turns, tokens), out=Path(tmp))
+        cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        res = _run_loop(run.run(), loop)
+        wall = time.perf_counter() - t0
+        cpu1 = resource.getrusage(resource.RUSAGE_SELF)
+    s = res.summary
+    cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
+    stamps = sum(r.output_tokens for r in res.records if r.ok)
+    peak = max((p.in_flight for p in s.timeline), default=0)
+    return {"loop": loop, "requests": s.requests, "failed": s.failed, "tokens": s.output_tokens, "wall": wall,
+            "tok_s": s.output_tokens / wall, "cpu": cpu / wall, "peak_in_flight": peak, "timed": stamps,
+            "ttft_p50": s.ttft.p50, "ttft_p99": s.ttft.p99, "itl_p50": s.itl.p50}
+
+
+def run_aiperf(url: str, streams: int, requests: int, tokens: int, cpu: int) -> str:
+    """AIPerf against the same server (its own venv under .venv-peers/aiperf), or why it could not run."""
+    venv = ROOT / ".venv-peers" / "aiperf"
+    exe = venv / "bin" / "aiperf"
+    if not exe.exists():
+        py = shutil.which("python3") or sys.executable
+        r = subprocess.run(f"{py} -m venv {venv} && {venv}/bin/pip install -q aiperf", shell=True,
+                           capture_output=True, text=True, timeout=1200)
+        if r.returncode or not exe.exists():
+            return f"skipped: pip install aiperf failed ({(r.stderr or r.stdout).strip().splitlines()[-1:]})"
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [str(exe), "profile", "--model", "instant", "--url", url, "--endpoint-type", "completions",
+               "--streaming", "--concurrency", str(streams), "--request-count", str(requests),
+               "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", str(tokens),
+               "--extra-inputs", "ignore_eos:true", "--artifact-dir", tmp, "--ui-type", "none"]
+        t0 = time.perf_counter()
+        try:
+            r = subprocess.run(["taskset", "-c", str(cpu), *cmd], capture_output=True, text=True, timeout=900,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        except (subprocess.TimeoutExpired, OSError) as e:
+            return f"skipped: aiperf did not finish ({e})"
+        wall = time.perf_counter() - t0
+        out = r.stdout + r.stderr
+        m = re.search(r"Output Token Throughput[^\d]*([\d,\.]+)", out)
+        if r.returncode or not m:
+            tail = " | ".join(out.strip().splitlines()[-3:])
+            return f"skipped: aiperf exited {r.returncode} ({tail[:400]})"
+        return f"{float(m.group(1).replace(',', '')):,.0f} output tokens/s (its own figure; {wall:.0f} s wall)"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--streams", type=int, default=1000, help="concurrent streams (lanes)")
+    ap.add_argument("--tokens", type=int, default=200, help="output tokens per request")
+    ap.add_argument("--turns", type=int, default=3, help="requests per stream")
+    ap.add_argument("--loops", default="uvloop,asyncio", help="event loops to measure")
+    ap.add_argument("--no-aiperf", action="store_true")
+    a = ap.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpu, client_cpu = cpus[0], cpus[-1]
+    srv, port = start_server(server_cpu)
+    os.sched_setaffinity(0, {client_cpu})
+    url = f"http://127.0.0.1:{port}"
+    print(f"instant server on CPU {server_cpu}, client on CPU {client_cpu}; {a.streams} streams x {a.turns} "
+          f"requests x {a.tokens} tokens")
+    try:
+        print(f"reference: a 10M-iteration Python loop takes {reference_loop():.2f} s of CPU on the client core "
+              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        for loop in a.loops.split(","):
+            s0 = proc_cpu(srv.pid)
+            r = run_ours(url, a.streams, a.turns, a.tokens, loop)
+            server_cores = (proc_cpu(srv.pid) - s0) / r["wall"]
+            print(f"agentkv bench ({r['loop']}): {r['tok_s']:,.0f} output tokens/s, {r['tokens']:,} tokens each "
+                  f"timestamped, {r['requests']:,} requests ({r['failed']} failed), peak {r['peak_in_flight']:,} "
+                  f"in flight, {r['wall']:.1f} s; client {r['cpu']:.2f} cores = "
+                  f"{r['tok_s'] / max(r['cpu'], 1e-9):,.0f} tokens per client CPU-second, server {server_cores:.2f} "
+                  f"cores; TTFT from scheduled start p50 {r['ttft_p50'] * 1000:,.0f} ms p99 "
+                  f"{r['ttft_p99'] * 1000:,.0f} ms")
+        if not a.no_aiperf:
+            print(f"AIPerf: {run_aiperf(url, a.streams, a.streams * a.turns, a.tokens, client_cpu)}")
+    finally:
+        srv.terminate()
+        srv.join(5)
+
+
+if __name__ == "__main__":
+    main()
