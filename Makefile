@@ -22,7 +22,7 @@ install: $(VENV)/.installed
 install-test: $(VENV)/.installed-test
 
 demo: install
-	$(BIN)/agentkv trace stats
+	$(BIN)/agentkv bench --out out/demo
 
 lint: install-test
 	$(BIN)/ruff check .

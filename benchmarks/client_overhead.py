@@ -170,8 +170,33 @@ def run_ours(url: str, streams: int, turns: int, tokens: int, loop: str) -> dict
             "ttft_p50": s.ttft.p50, "ttft_p99": s.ttft.p99, "itl_p50": s.itl.p50}
 
 
+def _tokenizer_dir(path: Path) -> Path:
+    """A small local word-level tokenizer for AIPerf's synthetic prompts (it must not download one)."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"[UNK]": 0}
+    for i in range(1, 5000):
+        w, n = "", i
+        while n:
+            n, r = divmod(n - 1, 26)
+            w = chr(97 + r) + w
+        vocab["\u0120" + w] = i
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+    tok.decoder = decoders.ByteLevel()
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "model_max_length": 1 << 20}))
+    return path
+
+
 def run_aiperf(url: str, streams: int, requests: int, tokens: int, cpu: int) -> str:
-    """AIPerf against the same server (its own venv under .venv-peers/aiperf), or why it could not run."""
+    """AIPerf against the same server, pinned to the client's core (its own venv under .venv-peers/aiperf)."""
+    import json
+
     venv = ROOT / ".venv-peers" / "aiperf"
     exe = venv / "bin" / "aiperf"
     if not exe.exists():
@@ -180,24 +205,31 @@ def run_aiperf(url: str, streams: int, requests: int, tokens: int, cpu: int) -> 
                            capture_output=True, text=True, timeout=1200)
         if r.returncode or not exe.exists():
             return f"skipped: pip install aiperf failed ({(r.stderr or r.stdout).strip().splitlines()[-1:]})"
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tokdir:
         cmd = [str(exe), "profile", "--model", "instant", "--url", url, "--endpoint-type", "completions",
                "--streaming", "--concurrency", str(streams), "--request-count", str(requests),
                "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", str(tokens),
-               "--extra-inputs", "ignore_eos:true", "--artifact-dir", tmp, "--ui-type", "none"]
-        t0 = time.perf_counter()
+               "--extra-inputs", "ignore_eos:true", "--artifact-dir", tmp, "--ui-type", "none",
+               "--tokenizer", str(_tokenizer_dir(Path(tokdir))), "--use-server-token-count"]
+        c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         try:
-            r = subprocess.run(["taskset", "-c", str(cpu), *cmd], capture_output=True, text=True, timeout=900,
-                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+            r = subprocess.run(["taskset", "-c", str(cpu), *cmd], capture_output=True, text=True, timeout=900)
         except (subprocess.TimeoutExpired, OSError) as e:
             return f"skipped: aiperf did not finish ({e})"
         wall = time.perf_counter() - t0
-        out = r.stdout + r.stderr
-        m = re.search(r"Output Token Throughput[^\d]*([\d,\.]+)", out)
-        if r.returncode or not m:
-            tail = " | ".join(out.strip().splitlines()[-3:])
-            return f"skipped: aiperf exited {r.returncode} ({tail[:400]})"
-        return f"{float(m.group(1).replace(',', '')):,.0f} output tokens/s (its own figure; {wall:.0f} s wall)"
+        c1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu_s = (c1.ru_utime - c0.ru_utime) + (c1.ru_stime - c0.ru_stime)
+        try:
+            data = json.loads((Path(tmp) / "profile_export_aiperf.json").read_text())
+            tput = data["output_token_throughput"]["avg"]
+            ttft = data["time_to_first_token"]
+        except (OSError, KeyError, ValueError):
+            tail = " | ".join(ln.strip("│ ") for ln in (r.stdout + r.stderr).splitlines()
+                              if "Reason" in ln or "Error:" in ln)
+            return f"skipped: aiperf exited {r.returncode} without results ({tail[:400]})"
+        return (f"{tput:,.0f} output tokens/s (its own figure), {requests:,} requests x {tokens} tokens at "
+                f"concurrency {streams}; {cpu_s / wall:.2f} cores over its {wall:.0f} s run (startup included); "
+                f"its TTFT p50 {ttft.get('p50', float('nan')):,.0f} ms p99 {ttft.get('p99', float('nan')):,.0f} ms")
 
 
 def main() -> None:

@@ -64,17 +64,22 @@ def overview_table(s: Summary) -> Table:
     return t
 
 
+def short(v: float) -> str:
+    """A compact count: 9,999, 12.3k, 1.31M."""
+    return f"{v / 1e6:.3g}M" if v >= 1e6 else f"{v / 1e3:.3g}k" if v >= 1e4 else f"{v:,.0f}"
+
+
 def sessions_table(s: Summary, top: int = 20) -> Table:
     """Per-session roll-ups (turns, time, tokens, hit rate), the `top` largest by input tokens."""
     rows = sorted(s.sessions, key=lambda x: -x.input_tokens)[:top]
     more = len(s.sessions) - len(rows)
     t = Table(title="sessions" + (f" (largest {len(rows)} of {len(s.sessions)})" if more > 0 else ""))
-    for col in ("session tree", "turns", "sub reqs", "time (s)", "input", "output", "hit rate", "TTFT p50 (ms)",
-                "failed"):
-        t.add_column(col, justify="left" if col == "session tree" else "right")
+    t.add_column("session tree", no_wrap=True)
+    for col in ("turns", "sub", "time s", "input", "output", "hit", "TTFT p50 ms", "fail"):
+        t.add_column(col, justify="right")
     for x in rows:
-        t.add_row(x.session, f"{x.turns:,}", f"{x.sub_requests:,}", num(x.duration_s, 1), f"{x.input_tokens:,}",
-                  f"{x.output_tokens:,}", pct(x.hit_rate), ms(x.ttft_p50), f"{x.failed:,}")
+        t.add_row(x.session, f"{x.turns:,}", f"{x.sub_requests:,}", num(x.duration_s, 1), short(x.input_tokens),
+                  short(x.output_tokens), pct(x.hit_rate), ms(x.ttft_p50), f"{x.failed:,}")
     return t
 
 
