@@ -19,6 +19,8 @@ from functools import cache
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
+
 from agentkv.engine.hardware import (
     ACT_BYTES,
     ALLREDUCE_LATENCY_S,
@@ -194,6 +196,19 @@ class CostModel:
         lm = _pnorm(self._lm_w, rows * self._lm_row, self._k)
         gather = rows * self._gather_row + self._gather_lat
         return self._layers * layer + lm + gather
+
+    def decode_steps(self, n_decode: int, ctx_sum: int, ctx_max: int, steps: int) -> np.ndarray:
+        """Seconds of `steps` consecutive pure-decode steps of the same `n_decode` sequences, each
+        step one token longer: exactly `step_time([], decodes)` per step, vectorised for bursts."""
+        k = np.arange(steps, dtype=np.float64)
+        lin = _pnorm(self._w, n_decode * self._flop_tok, self._k)
+        kv = np.maximum((ctx_sum + k * n_decode) * self._kv_tok, (ctx_max + k) * self._stream_tok)
+        comm = n_decode * self._ar_tok + self._ar_lat
+        a = lin + kv + comm
+        fk = self._fk
+        layer = (a**fk + self._floor**fk) ** (1.0 / fk) if self._floor > 0.0 else a
+        lm = _pnorm(self._lm_w, n_decode * self._lm_row, self._k)
+        return self._layers * layer + lm + (n_decode * self._gather_row + self._gather_lat)
 
     def step_time(self, prefills: Sequence[tuple[int, int]], decodes: Sequence[int]) -> float:
         """Seconds for one step: `prefills` are (new tokens, cached past tokens) chunks, `decodes` the

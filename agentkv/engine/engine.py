@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostModel
 from agentkv.engine.hardware import get_model
@@ -41,6 +43,15 @@ class StepResult:
     num_prefill_tokens: int
     num_decode: int
     preempted: int
+
+
+@dataclass(slots=True)
+class DecodeBurst:
+    """Consecutive pure-decode steps planned from `start`: step i ends at `ends[i]`."""
+
+    start: float
+    ends: list[float]
+    requests: list[EngineRequest]
 
 
 @dataclass(slots=True)
@@ -212,6 +223,90 @@ class Engine:
             self.requests.pop(req.request_id, None)
             st.requests_finished += 1
         return StepResult(now, end, outputs, n_prefill_tokens, len(decodes), len(preempted))
+
+    # -- decode bursts (simulator fast path) -----------------------------------------------------
+    def plan_burst(self, max_steps: int = 1 << 20) -> DecodeBurst | None:
+        """The coming run of pure-decode steps, when nothing else can change the batch before its
+        first request finishes: no waiting request, every running one decoding, and blocks for all
+        of it free. Steps are exactly those `step()` would run; None when that is not the case."""
+        sched = self.scheduler
+        if sched.waiting or not sched.running:
+            return None
+        reqs = sched.running
+        k = max_steps
+        limit = self.max_model_len
+        ctx_sum = ctx_max = 0
+        for r in reqs:
+            if r.num_tokens - r.num_computed != 1 or r.num_computed < r.prompt_len or r.promote_s:
+                return None
+            left = min(r.max_tokens - r.num_output, limit - r.num_tokens)
+            if left < k:
+                k = left
+            ctx_sum += r.num_computed
+            if r.num_computed > ctx_max:
+                ctx_max = r.num_computed
+        free = self.pool.num_free_blocks
+        bs = self.config.block_size
+
+        def need(steps: int) -> int:
+            return sum(-(-(r.num_computed + steps) // bs) - -(-r.num_computed // bs) for r in reqs)
+
+        if need(k) > free:  # largest k whose new blocks fit
+            lo, hi = 0, k
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if need(mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            k = lo
+        if k < 2:
+            return None
+        now = self.clock.now()
+        durations = self.cost.decode_steps(len(reqs), ctx_sum, ctx_max, k)
+        ends = now + np.cumsum(durations)
+        return DecodeBurst(now, ends.tolist(), list(reqs))
+
+    def commit_burst(self, burst: DecodeBurst, steps: int) -> StepResult:
+        """Apply the first `steps` steps of `burst` (as `steps` calls of `step()` would)."""
+        ends = burst.ends[:steps]
+        end = ends[-1]
+        bs_gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
+        inner_max = max(bs_gaps, default=0.0)
+        itl = self.itl_sink
+        pool = self.pool
+        outputs: list[RequestOutput] = []
+        finished: list[EngineRequest] = []
+        for req in burst.requests:
+            nc = req.num_computed
+            if not pool.allocate_slots(req.request_id, steps, req.block_hashes, nc):
+                raise RuntimeError("decode burst: blocks planned as free were not")  # plan_burst checked
+            first_gap = ends[0] - req.last_token
+            g = first_gap if first_gap > inner_max else inner_max
+            if g > req.itl_max:
+                req.itl_max = g
+            if itl is not None:
+                itl.append(first_gap)
+                itl.extend(bs_gaps)
+            if req.token_times is not None:
+                req.token_times.extend(ends)
+            req.num_computed = nc + steps
+            req.num_output += steps
+            req.last_token = end
+            if req.num_output >= req.max_tokens or req.num_tokens >= self.max_model_len:
+                req.finish_reason = "length"
+                req.finished_at = end
+                finished.append(req)
+                outputs.append(RequestOutput(req, steps, True))
+        st = self.stats
+        st.steps += steps
+        st.busy_s += end - burst.start
+        st.generation_tokens += steps * len(burst.requests)
+        for req in finished:
+            self.scheduler.finish(req)
+            self.requests.pop(req.request_id, None)
+            st.requests_finished += 1
+        return StepResult(burst.start, end, outputs, 0, len(burst.requests), 0)
 
     # -- metrics -------------------------------------------------------------------------------
     @property

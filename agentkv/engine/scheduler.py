@@ -87,7 +87,11 @@ class Scheduler:
         pool = self.pool
         bs = pool.block_size
         first_try = not req._looked_up
+        if (not first_try and req._evictions == pool.stats.evicted
+                and (pool.lower is None or pool.lower.write_mode == "write_back")):
+            return  # a retry, and nothing was evicted since (tiers change only then): same prefix
         req._looked_up = True
+        req._evictions = pool.stats.evicted
         if not self.config.enable_prefix_caching:
             return
         n_gpu = pool.get_computed_blocks(req.block_hashes, req.num_tokens, count=first_try)

@@ -8,13 +8,14 @@ come after them. The result is the same per-request records and summary `agentkv
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
 from agentkv.engine.config import EngineConfig
-from agentkv.engine.engine import Engine, StepResult
+from agentkv.engine.engine import DecodeBurst, Engine, StepResult
 from agentkv.engine.hardware import get_gpu
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Sample, Summary, summarize
@@ -22,6 +23,8 @@ from agentkv.route.policy import RouteRequest, make_policy
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
 from agentkv.trace.stats import CeilingTracker
+
+STEP_END, BURST_END, START = 0, 1, 2
 
 
 @dataclass(slots=True)
@@ -38,18 +41,25 @@ class SimConfig:
     max_requests: int | None = None
     duration: float | None = None  # simulated seconds after which no new request is released
     sample_every: float = 1.0  # simulated seconds between timeline samples
+    bursts: bool = True  # run pure-decode stretches as one event (same results, far fewer events)
 
 
 class SimWorker:
-    """One engine as the router sees it (the `WorkerView` protocol), plus its pending step."""
+    """One engine as the router sees it (the `WorkerView` protocol), plus what it is running now."""
 
-    __slots__ = ("index", "engine", "pending", "_cached")
+    __slots__ = ("index", "engine", "pending", "burst", "version", "starting", "_cached")
 
     def __init__(self, index: int, engine: Engine):
         self.index = index
         self.engine = engine
-        self.pending: StepResult | None = None
+        self.pending: StepResult | None = None  # the single step in flight
+        self.burst: DecodeBurst | None = None  # or the decode burst in flight
+        self.version = 0  # bumped when a burst is cut short, so its end event is ignored
+        self.starting = False  # busy until a scheduled start event (after a cut burst)
         self._cached = engine.pool.cached
+
+    def idle(self) -> bool:
+        return self.pending is None and self.burst is None and not self.starting
 
     def active_requests(self) -> int:
         return self.engine.num_running + self.engine.num_waiting
@@ -59,21 +69,28 @@ class SimWorker:
         return pool.num_blocks - pool.num_free_blocks
 
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
-        """Leading blocks cached on the GPU, then in lower tiers: what an event-fed index knows."""
-        cached = self._cached
-        n = 0
-        for h in block_hashes:
-            if h not in cached:
-                break
-            n += 1
+        """Leading blocks cached on the GPU, then in lower tiers, found by bisection: exact when the
+        cache holds prefixes whole, as LRU with tail-first freeing keeps it (what an index knows)."""
+        gpu = _prefix_len(self._cached.__contains__, block_hashes, 0)
         lower = self.engine.pool.lower
-        m = 0
-        if lower is not None:
-            for h in block_hashes[n:]:
-                if lower.where(h) is None:
-                    break
-                m += 1
-        return n, m
+        return gpu, (_prefix_len(lower.__contains__, block_hashes, gpu) - gpu if lower is not None else 0)
+
+
+def _prefix_len(has, hashes: Sequence[int], start: int) -> int:
+    """Index of the first hash at/after `start` that `has` lacks, by bisection (prefix-closed sets)."""
+    n = len(hashes)
+    if start >= n or not has(hashes[start]):
+        return start
+    if has(hashes[n - 1]):
+        return n
+    lo, hi = start, n - 1  # has(lo), not has(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if has(hashes[mid]):
+            lo = mid
+        else:
+            hi = mid
+    return hi
 
 
 class SimResult:
@@ -109,21 +126,33 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
     records: list[RequestRecord] = []
     dispatched: dict[str, tuple[Dispatch, int, int]] = {}  # engine request id -> (dispatch, worker, ceiling)
     total = cfg.max_requests or sum(t.num_requests for t in traces)
-    ends: list[tuple[float, int]] = []
+    ends: list[tuple[float, int, int, int, int]] = []  # (time, seq, worker, version, kind)
     timeline: list[Sample] = []
     next_sample = 0.0
     max_len = workers[0].engine.max_model_len
 
+    seq = 0
+
+    def push(t: float, w: SimWorker, kind: int) -> None:
+        nonlocal seq
+        heapq.heappush(ends, (t, seq, w.index, w.version, kind))
+        seq += 1
+
     def start_step(w: SimWorker, now: float) -> None:
         eng = w.engine
         eng.clock.advance_to(now)
+        w.starting = False
+        burst = eng.plan_burst() if cfg.bursts else None
+        if burst is not None:
+            w.burst = burst
+            push(burst.ends[-1], w, BURST_END)
+            return
         res = eng.step()
         w.pending = res
         if res is not None:
-            heapq.heappush(ends, (res.end, w.index))
+            push(res.end, w, STEP_END)
 
-    def finish_step(w: SimWorker, now: float) -> None:
-        res, w.pending = w.pending, None
+    def deliver(res: StepResult, now: float) -> None:
         for out in res.outputs:
             if not out.finished:
                 continue
@@ -131,7 +160,30 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
             d, wi, ceil_tok = dispatched.pop(req.request_id)
             records.append(_record(d, req, wi, ceil_tok))
             plan.complete(d.item.id, now, True)
+
+    def on_event(w: SimWorker, now: float, kind: int) -> None:
+        if kind == STEP_END:
+            res, w.pending = w.pending, None
+        elif kind == BURST_END:
+            burst, w.burst = w.burst, None
+            res = w.engine.commit_burst(burst, len(burst.ends))
+        else:
+            res = None
+        if res is not None:
+            deliver(res, now)
         start_step(w, now)
+
+    def cut_burst(w: SimWorker, now: float) -> None:
+        """A request joins a worker mid-burst: finish the step in progress, then schedule normally."""
+        burst = w.burst
+        j = bisect.bisect_left(burst.ends, now)
+        if j >= len(burst.ends) - 1:
+            return  # it joins when the burst ends anyway
+        w.engine.commit_burst(burst, j + 1)  # no request finishes before the burst's last step
+        w.burst = None
+        w.version += 1
+        w.starting = True
+        push(burst.ends[j], w, START)
 
     def dispatch(d: Dispatch, now: float) -> None:
         item = d.item
@@ -154,7 +206,9 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
         w.engine.add_request(rid, max_tokens=out_tokens, prompt_len=r.input_tokens, block_hashes=keys,
                              session_id=item.tree_key, arrival=now)
         dispatched[rid] = (d, i, ceil_tok)
-        if w.pending is None:
+        if w.burst is not None:
+            cut_burst(w, now)
+        elif w.idle():
             start_step(w, now)
 
     plan.start(0.0)
@@ -162,8 +216,10 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
     while True:
         due = plan.next_due()
         if ends and (due is None or ends[0][0] <= due):
-            now, wi = heapq.heappop(ends)
-            finish_step(workers[wi], now)
+            now, _, wi, version, kind = heapq.heappop(ends)
+            w = workers[wi]
+            if version == w.version:
+                on_event(w, now, kind)
         elif due is None:
             break
         elif cfg.duration is not None and due > cfg.duration:

@@ -1,0 +1,98 @@
+"""The cluster simulator: exact decode bursts, routing quality, offload, determinism, the CLI."""
+
+import json
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from agentkv.engine.config import EngineConfig
+from agentkv.sim.cluster import SimConfig, simulate
+from agentkv.trace.formats import bundled_sample, load_paths
+from agentkv.trace.synth import synthesize
+
+
+@pytest.fixture(scope="module")
+def sample():
+    return load_paths(bundled_sample())
+
+
+def _key(res):
+    return [(r.id, r.worker, round(r.first_token, 9), round(r.end, 9), r.cached_tokens, r.output_tokens)
+            for r in sorted(res.records, key=lambda r: r.id)]
+
+
+def test_bursts_are_exact(sample):
+    """Decode bursts are an optimisation only: every record equals the step-by-step run's."""
+    eng = EngineConfig(num_gpu_blocks_override=12_000, max_model_len=200_000)
+    base = dict(engine=eng, workers=2, lanes=4, router="least_loaded", max_requests=60)
+    fast = simulate(sample, SimConfig(**base, bursts=True))
+    slow = simulate(sample, SimConfig(**base, bursts=False))
+    assert _key(fast) == _key(slow)
+    assert fast.summary.preemptions == slow.summary.preemptions
+
+
+def test_deterministic(sample):
+    cfg = SimConfig(engine=EngineConfig(max_model_len=200_000), workers=2, lanes=3, max_requests=40)
+    assert _key(simulate(sample, cfg)) == _key(simulate(sample, cfg))
+
+
+def test_kv_aware_beats_round_robin_on_hits():
+    traces = synthesize(12, seed=3)
+    eng = EngineConfig(num_gpu_blocks_override=6000, max_model_len=200_000)
+    hits = {}
+    for router in ("round_robin", "kv_aware"):
+        res = simulate(traces, SimConfig(engine=eng, workers=4, lanes=8, router=router))
+        hits[router] = res.summary.cache.reported
+    assert hits["kv_aware"] > hits["round_robin"] + 0.05, hits
+
+
+def test_pressure_evicts_and_offload_restores_hits(sample):
+    eng = dict(num_gpu_blocks_override=9000, max_model_len=200_000)
+    run = dict(lanes=3, max_requests=60)
+    tight = simulate(sample, SimConfig(engine=EngineConfig(**eng), **run)).summary
+    roomy = simulate(sample, SimConfig(engine=EngineConfig(num_gpu_blocks_override=60_000,
+                                                           max_model_len=200_000), **run)).summary
+    offload = simulate(sample, SimConfig(engine=EngineConfig(**eng, kv_offloading_size=64), **run)).summary
+    assert tight.cache.reported < roomy.cache.reported - 0.05
+    assert offload.cache.by_tier.get("CPU", 0) > 0.05
+    assert offload.cache.reported > tight.cache.reported + 0.05
+    assert tight.preemptions >= 0 and tight.failed == 0
+
+
+def test_context_overflow_is_a_counted_failure(sample):
+    res = simulate(sample, SimConfig(engine=EngineConfig(max_model_len=32_768), lanes=3))
+    s = res.summary
+    assert s.errors.get("context_overflow", 0) == s.failed > 0
+    assert not s.valid and "context overflow" in s.invalid_reason
+
+
+def test_cli_json_and_out(tmp_path):
+    out = tmp_path / "run"
+    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--lanes", "2", "--max-requests", "20",
+                        "--json", "--out", str(out), "-q"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    summary = json.loads(p.stdout)
+    assert summary["schema"].startswith("agentkv.summary/") and summary["requests"] == 20
+    assert (out / "summary.json").exists()
+    lines = (out / "requests.jsonl").read_text().splitlines()
+    assert len(lines) == 20 and msgspec.json.decode(lines[0])["trace"]
+
+
+def test_cli_bad_input_is_one_line():
+    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--gpu", "h999", "-q"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and "h999" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--sweep", "bogus=1,2", "-q"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "bogus" in p.stderr
+
+
+def test_sweep_prints_one_row_per_point():
+    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--lanes", "2", "--max-requests", "15",
+                        "--sweep", "router=round_robin,kv_aware", "--workers", "2", "--json", "-q"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)
+    assert [r["overrides"]["router"] for r in rows] == ["round_robin", "kv_aware"]
