@@ -142,7 +142,7 @@ def _session(draw, sid, bs, depth):
                 sub, t=draw(_secs), agent_type=draw(st.text(max_size=6)), status=draw(st.text(max_size=6)),
                 duration=draw(st.none() | _secs.map(lambda ms: ms / 1000)),  # recorded in ms total_tokens=draw(st.none() | st.integers(0, 10**9)),
                 tool_use_count=draw(st.none() | st.integers(0, 100))))
-    subs.sort(key=lambda x: x.t)  # the model keeps sub-agents in spawn order
+    subs.sort(key=lambda x: (x.t, x.t + (x.duration or 0.0)))  # the model's order: spawn, then end
     return Session(id=sid, requests=draw(_requests(bs)), subagents=subs,
                    tool_tokens=draw(st.integers(0, 10**5)), system_tokens=draw(st.integers(0, 10**5)))
 

@@ -110,7 +110,7 @@ def _session(path: str, bs: int, src: _Item | _Doc, sid: str, prefix: str, t: fl
             s.subagents.append(_session(path, bs, it, f"{sid}/{agent}", rec + ".", spawn))
         else:
             raise TraceError(path, rec, "type", f"unknown request type {it.type!r} (expected 'n', 's' or 'subagent')")
-    s.subagents.sort(key=lambda a: a.t)  # the model keeps sub-agents in spawn order
+    s.subagents.sort(key=lambda a: (a.t, _end_t(a)))  # the model keeps sub-agents in spawn order
     return s
 
 
