@@ -126,7 +126,7 @@ def test_session_policy_evicts_the_session_expected_back_last() -> None:
     use(pool, "d1", [7, 8], session="D")
     # LRU would take A's blocks (freed first); B waits on its user (120 s), A on a tool (10 s)
     assert evicted(pool) == [4, 3]
-    assert pol.time_to_return("A") == pytest.approx(10 - 5)
+    assert pol.time_to_return("A") == pytest.approx(5 + 10)  # waited 5 s, tool waits take 10 s
     pool.session_ended("C", 6.5)
     assert pol.time_to_return("C") == math.inf
     use(pool, "d2", [9, 10], session="D")
@@ -135,9 +135,58 @@ def test_session_policy_evicts_the_session_expected_back_last() -> None:
     assert pol.expected_gap("A", "tool_use") == pytest.approx(3.0)
     pool.session_paused("A", 5.0, "tool_use")
     pool.session_paused("D", 7.0, "tool_use")
-    pool.session_resumed("E", 1000.0)  # now A and D are long overdue: idle as long again
-    assert pol.time_to_return("A") == pytest.approx(995.0)
+    pool.session_resumed("E", 1000.0)  # both long idle: A longer
+    assert pol.time_to_return("A") == pytest.approx(995.0 + 3.0)
     assert pol.time_to_return("A") > pol.time_to_return("D")
+    pool.check_invariants()
+
+
+def test_session_policy_learns_each_sessions_tool_gaps() -> None:
+    pool = BlockPool(4, BS, "session", record_events=True)
+    for s, gap in (("fast", 2.0), ("slow", 50.0)):
+        pool.session_paused(s, 0.0, "tool_use")
+        pool.session_resumed(s, gap)
+    pool.session_resumed("slow", 100.0)
+    use(pool, "s", [1, 2], session="slow")
+    pool.session_paused("slow", 101.0, "tool_use")
+    pool.session_resumed("fast", 102.0)
+    use(pool, "f", [3, 4], session="fast")
+    pool.session_paused("fast", 103.0, "tool_use")
+    pool.take_events()
+    use(pool, "x", [5, 6], session="other")  # LRU would take slow's (older); slow's tools are slow
+    assert evicted(pool) == [2, 1]
+    pool = BlockPool(4, BS, "session", record_events=True)
+    for s, gap in (("fast", 2.0), ("slow", 50.0)):
+        pool.session_paused(s, 0.0, "tool_use")
+        pool.session_resumed(s, gap)
+    pool.session_resumed("fast", 100.0)
+    use(pool, "f", [3, 4], session="fast")
+    pool.session_paused("fast", 101.0, "tool_use")
+    pool.session_resumed("slow", 102.0)
+    use(pool, "s", [1, 2], session="slow")
+    pool.session_paused("slow", 103.0, "tool_use")
+    pool.take_events()
+    use(pool, "x", [5, 6], session="other")
+    assert evicted(pool) == [2, 1]  # still slow's, though freed last
+
+
+def test_session_policy_stale_context_first_shared_blocks_stay_with_the_sooner_user() -> None:
+    pool = BlockPool(6, BS, "session", record_events=True)
+    pool.session_resumed("A", 0.0)
+    use(pool, "a1", [1, 2, 3], session="A")  # 2, 3 are dropped by A's next call
+    pool.session_paused("A", 1.0, "tool_use")
+    pool.session_resumed("A", 2.0)
+    use(pool, "a2", [1, 9], session="A")
+    pool.session_paused("A", 3.0, "tool_use")
+    pool.session_resumed("B", 4.0)
+    use(pool, "b", [1, 8], session="B")  # B shares block 1 with A, then waits on its user
+    pool.session_paused("B", 5.0, "end_turn")
+    pool.take_events()
+    pool.session_resumed("C", 6.0)
+    use(pool, "c", [20, 21, 22, 23, 24], session="C")
+    # stale 3, 2 first; B (a user wait) loses its block 8 but not 1, which A, back sooner, keeps
+    assert evicted(pool) == [3, 2, 8, 9]
+    assert 1 in pool.cached
     pool.check_invariants()
 
 
@@ -154,11 +203,12 @@ def test_session_policy_without_hints_is_lru() -> None:
 
 
 def test_next_use_keys() -> None:
-    keys, offsets = next_use_keys([[5, 6], [5], [7, 6, 7], [6]])
+    keys, nxt_pos, offsets = next_use_keys([[5, 6], [5], [7, 6, 7], [6]])
     nxt = (keys >> 20).tolist()
     assert offsets.tolist() == [0, 2, 3, 6, 7]
     assert nxt == [1, 2, 4, 4, 3, 4, 4]  # a repeat inside one request is not a next use
     assert (keys & 0xFFFFF).tolist() == [0, 1, 0, 0, 1, 2, 0]
+    assert nxt_pos.tolist() == [2, 4, -1, -1, 6, -1, -1]
 
 
 def test_belady_evicts_the_farthest_next_use() -> None:

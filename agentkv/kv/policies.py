@@ -70,11 +70,12 @@ class Evictor:
         return self.pop_victims(1)[0]
 
     # hints: no-ops unless a policy uses them
-    def on_cached(self, blocks: list[int], start: int, parent: int | None) -> None:
-        """`blocks` (a chain, positions start.. in their request) got hashes; `parent` precedes them."""
+    def on_cached(self, blocks: list[int], start: int, parent: int | None,
+                  block_hashes: Sequence[int] = ()) -> None:
+        """`blocks` got hashes: positions start.. of the request's `block_hashes`; `parent` precedes them."""
 
-    def on_lookup(self, block_hashes: Sequence[int]) -> None:
-        """A request looked up its prefix (once per `get_computed_blocks`)."""
+    def on_lookup(self, block_hashes: Sequence[int], hits: list[int]) -> None:
+        """A request looked up its prefix and found `hits` cached (once per `get_computed_blocks`)."""
 
     def session_paused(self, session: object, now: float, reason: str) -> None:
         """A session's request ended at `now`, waiting on a tool ("tool_use") or on its user."""
@@ -86,13 +87,62 @@ class Evictor:
         """A session will send no more requests."""
 
 
+class ChunkQueue:
+    """A FIFO of `(blocks, stamps)` numpy chunks with lazy deletion, popped a window at a time.
+
+    An entry is live iff `live(blocks, stamps)` says so (its stamp is still the block's latest
+    and the block still free), so taking a block out of the middle costs nothing.
+    """
+
+    __slots__ = ("q", "queued")
+
+    def __init__(self) -> None:
+        self.q: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.queued = 0
+
+    def push(self, blocks: np.ndarray, stamps: np.ndarray) -> None:
+        self.q.append((blocks, stamps))
+        self.queued += len(blocks)
+
+    def pop(self, need: int, live) -> list[np.ndarray]:
+        """Up to `need` live blocks, oldest first (fewer only when the queue runs dry)."""
+        q = self.q
+        out: list[np.ndarray] = []
+        while need and q:  # a window of the oldest chunk, so a pop costs O(taken + stale)
+            bl, st = q[0]
+            w = min(len(bl), 2 * need + 64)
+            ok = live(bl[:w], st[:w])
+            idx = np.flatnonzero(ok)
+            cut = int(idx[need - 1]) + 1 if len(idx) >= need else w
+            take = bl[:cut][ok[:cut]]
+            if cut < len(bl):
+                q[0] = (bl[cut:], st[cut:])
+            else:
+                q.popleft()
+            self.queued -= cut
+            out.append(take)
+            need -= len(take)
+        return out
+
+    def compact(self, live) -> None:
+        """Drop the stale entries (one pass, in bulk)."""
+        if not self.q:
+            return
+        bl = np.concatenate([c[0] for c in self.q])
+        st = np.concatenate([c[1] for c in self.q])
+        ok = live(bl, st)
+        self.q = deque([(bl[ok], st[ok])])
+        self.queued = int(ok.sum())
+
+    def live_blocks(self, live) -> list[int]:
+        return [int(b) for bl, st in self.q for b in bl[live(bl, st)]]
+
+
 class LRU(Evictor):
     """Least recently freed first, a request's tail before its head: vLLM v1's free-queue order.
 
-    A lazy queue of numpy chunks, one per free: `(blocks, stamps)`. A block's latest stamp is in
-    `_stamp`; a queued entry is live iff its stamp is the block's latest and the block is still
-    free, so a hit costs nothing and `pop_victims` filters whole chunks at once. Stale entries
-    are dropped in bulk once the queue outgrows the pool.
+    A lazy `ChunkQueue`, one chunk per free; a block's latest stamp is in `_stamp`, so a hit costs
+    nothing and victims are filtered a window at a time.
     """
 
     name = "lru"
@@ -100,8 +150,7 @@ class LRU(Evictor):
 
     def clear(self) -> None:
         self._stamp = np.zeros(self.pool.num_blocks, dtype=np.int64)
-        self._q: deque[tuple[np.ndarray, np.ndarray]] = deque()
-        self._queued = 0
+        self._q = ChunkQueue()
         self._clock = 1
         self._n = 0
 
@@ -112,44 +161,26 @@ class LRU(Evictor):
         return (self._stamp[blocks] == stamps) & (self.pool.ref[blocks] == 0)
 
     def blocks(self) -> list[int]:
-        return [int(b) for bl, st in self._q for b in bl[self._live(bl, st)]]
+        return self._q.live_blocks(self._live)
 
-    def add_many(self, blocks: np.ndarray, session: object = None) -> None:
+    def _stamps(self, blocks: np.ndarray) -> np.ndarray:
         k = len(blocks)
         stamps = np.arange(self._clock, self._clock + k, dtype=np.int64)
         self._clock += k
         self._stamp[blocks] = stamps
-        self._q.append((blocks, stamps))
-        self._n += k
-        self._queued += k
-        if self._queued > 4 * len(self._stamp) + 4096:
-            bl = np.concatenate([c[0] for c in self._q])
-            st = np.concatenate([c[1] for c in self._q])
-            live = self._live(bl, st)
-            self._q = deque([(bl[live], st[live])])
-            self._queued = int(live.sum())
+        return stamps
+
+    def add_many(self, blocks: np.ndarray, session: object = None) -> None:
+        self._q.push(blocks, self._stamps(blocks))
+        self._n += len(blocks)
+        if self._q.queued > 4 * len(self._stamp) + 4096:
+            self._q.compact(self._live)
 
     def remove_many(self, blocks: np.ndarray) -> None:
         self._n -= len(blocks)  # the pool raises their ref counts, which retires their entries
 
     def pop_victims(self, n: int) -> np.ndarray:
-        q = self._q
-        out: list[np.ndarray] = []
-        need = n
-        while need:  # look at a window of the oldest chunk, so a pop costs O(taken + stale)
-            bl, st = q[0]
-            w = min(len(bl), 2 * need + 64)
-            live = self._live(bl[:w], st[:w])
-            idx = np.flatnonzero(live)
-            cut = int(idx[need - 1]) + 1 if len(idx) >= need else w
-            take = bl[:cut][live[:cut]]
-            if cut < len(bl):
-                q[0] = (bl[cut:], st[cut:])
-            else:
-                q.popleft()
-            self._queued -= cut
-            out.append(take)
-            need -= len(take)
+        out = self._q.pop(n, self._live)
         victims = np.concatenate(out) if len(out) != 1 else out[0]
         self._stamp[victims] = 0
         self._n -= n
@@ -181,7 +212,8 @@ class LFU(Evictor):
     def blocks(self) -> list[int]:
         return [b for bk in self._buckets.values() for b in bk]
 
-    def on_cached(self, blocks: list[int], start: int, parent: int | None) -> None:
+    def on_cached(self, blocks: list[int], start: int, parent: int | None,
+                  block_hashes: Sequence[int] = ()) -> None:
         freq = self._freq
         for b in blocks:
             freq[b] = 1
@@ -257,7 +289,8 @@ class RadixLRU(Evictor):
     def blocks(self) -> list[int]:
         return [b for b, k in enumerate(self._key) if k is not None]
 
-    def on_cached(self, blocks: list[int], start: int, parent: int | None) -> None:
+    def on_cached(self, blocks: list[int], start: int, parent: int | None,
+                  block_hashes: Sequence[int] = ()) -> None:
         par, pgen, gen, nchild = self._parent, self._pgen, self._gen, self._nchild
         prev = -1 if parent is None else parent
         for b in blocks:
@@ -346,7 +379,8 @@ class ARC(Evictor):
     def blocks(self) -> list[int]:
         return [*self.t1, *self.t2]
 
-    def on_cached(self, blocks: list[int], start: int, parent: int | None) -> None:
+    def on_cached(self, blocks: list[int], start: int, parent: int | None,
+                  block_hashes: Sequence[int] = ()) -> None:
         bh, cls, b1, b2 = self.pool.block_hash, self._cls, self.b1, self.b2
         for b in blocks:
             h = bh[b]

@@ -117,11 +117,13 @@ class BlockPool:
         self._probe: tuple[Sequence[int], list[int | None]] | None = None
 
     # -- the scheduler's verbs -------------------------------------------------------------------
-    def get_computed_blocks(self, block_hashes: Sequence[int], num_tokens: int | None = None) -> int:
+    def get_computed_blocks(self, block_hashes: Sequence[int], num_tokens: int | None = None, *,
+                            count: bool = True) -> int:
         """Number of leading blocks of `block_hashes` cached on the GPU (a query: nothing is pinned).
 
         With `num_tokens` (the prompt length), at most `(num_tokens - 1) // block_size` blocks
-        count, as vLLM recomputes the last prompt token. Counts queries and hits in tokens.
+        count, as vLLM recomputes the last prompt token. Counts queries and hits in tokens, and
+        tells the policy of the access, unless `count=False` (a retry of the same request).
         """
         limit = len(block_hashes)
         if num_tokens is not None:
@@ -129,7 +131,9 @@ class BlockPool:
         found = self._lookup(block_hashes, limit)
         n = len(found)
         self._probe = (block_hashes, found)
-        self.policy.on_lookup(block_hashes)
+        if not count:
+            return n
+        self.policy.on_lookup(block_hashes, found)
         st = self.stats
         st.lookups += 1
         st.queries += num_tokens if num_tokens is not None else len(block_hashes) * self.block_size
@@ -368,7 +372,7 @@ class BlockPool:
             for b, h in zip(run, hs, strict=True):
                 bh[b] = h
             parent = cached.get(block_hashes[start - 1]) if start else None
-            self.policy.on_cached(run, start, parent)
+            self.policy.on_cached(run, start, parent, block_hashes)
             self.stats.stored += len(run)
             if self._emit is not None:
                 toks = list(token_ids[start * self.block_size:(start + len(run)) * self.block_size]) \

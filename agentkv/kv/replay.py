@@ -25,12 +25,12 @@ class BlockRequest:
 
     time: float
     end: float
-    session: str
+    session: str  # "trace:session", plus "/side" for side calls (kind "s"): a lane of its own
     hashes: list[int]
     input_tokens: int
     output_tokens: int
     stop: str
-    last: bool  # the session's last request
+    last: bool  # the lane's last request
 
 
 def block_requests(traces: Sequence[Trace]) -> list[BlockRequest]:
@@ -38,9 +38,8 @@ def block_requests(traces: Sequence[Trace]) -> list[BlockRequest]:
     items: list[tuple[float, int, int, BlockRequest]] = []
     for ti, trace in enumerate(traces):
         timeline = trace.timeline()
-        last_of: dict[int, int] = {}
-        for k, tr in enumerate(timeline):
-            last_of[id(tr.session)] = k
+        lanes = [f"{ti}:{tr.session.id}{'/side' if tr.request.kind == 's' else ''}" for tr in timeline]
+        last_of = {lane: k for k, lane in enumerate(lanes)}
         # one int object per distinct id, shared by every request that repeats it (memory, speed)
         uniq = sorted({h for tr in timeline for h in tr.request.hash_ids})
         with np.errstate(over="ignore"):
@@ -51,8 +50,8 @@ def block_requests(traces: Sequence[Trace]) -> list[BlockRequest]:
             hashes = list(map(to_hash.__getitem__, r.hash_ids))
             end = tr.time + (r.api_time or 0.0)
             items.append((tr.time, ti, k, BlockRequest(
-                tr.time, end, f"{ti}:{tr.session.id}", hashes, r.input_tokens, r.output_tokens,
-                r.stop, last_of[id(tr.session)] == k)))
+                tr.time, end, lanes[k], hashes, r.input_tokens, r.output_tokens, r.stop,
+                last_of[lanes[k]] == k)))
     items.sort(key=lambda x: x[:3])
     return [x[3] for x in items]
 
@@ -68,7 +67,7 @@ class ReplayResult:
     query_tokens: int = 0
     hit_tokens: int = 0
     request_blocks: int = 0  # sum of hash-list lengths: one lookup+allocate+free cycle each
-    block_ops: int = 0  # blocks looked up + blocks allocated or shared + blocks freed
+    block_ops: int = 0  # hashes probed (hits + first miss) + blocks shared or allocated + blocks freed
     seconds: float = 0.0
 
     @property
@@ -94,14 +93,13 @@ def replay(pool: BlockPool, requests: Sequence[BlockRequest], *, hints: bool = T
             pool.session_resumed(r.session, r.time)
         hs = r.hashes
         n = get(hs, r.input_tokens)
+        ops += n + (n < len(hs))  # hashes probed: the hits and the first miss
         total = r.input_tokens + r.output_tokens
         if alloc(rid, total - n * bs, hs, n * bs, session_id=r.session):
-            k = -(-total // bs)
-            ops += len(hs) + 2 * k
+            ops += 2 * -(-total // bs)  # blocks shared or allocated, then freed
             free(rid)
         else:
             failed += 1
-            ops += len(hs)
         nblocks += len(hs)
         if hints:
             pool.session_paused(r.session, r.end, r.stop)
