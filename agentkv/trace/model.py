@@ -49,8 +49,9 @@ class Request(msgspec.Struct, kw_only=True):
 class Session(msgspec.Struct, kw_only=True):
     """A session (or sub-agent) with its ordered requests and child sub-agents.
 
-    A sub-agent is a `Session` in `subagents` (kept in spawn order, then end order) whose `t` is its spawn offset
-    inside the parent; its requests' `t` count from that spawn. The root session has `t == 0`.
+    A sub-agent is a `Session` in `subagents` (kept in spawn order, then end order) whose `t` is
+    its spawn offset inside the parent; its requests' `t` count from that spawn. The root session
+    has `t == 0`.
     """
 
     id: str
