@@ -71,14 +71,8 @@ class StreamResult(msgspec.Struct, kw_only=True):
     cached_tokens: int | None = None
 
 
-def _has_output(c: _Chunk) -> bool:
-    for ch in c.choices:
-        if ch.text:
-            return True
-        d = ch.delta
-        if d is not None and (d.content or d.reasoning_content or d.reasoning):
-            return True
-    return False
+def _has_delta(d: _Delta) -> bool:
+    return bool(d.content or d.reasoning_content or d.reasoning)
 
 
 def classify_http_error(status: int, body: str) -> str:
@@ -182,9 +176,9 @@ class BenchClient:
         st = [0, False]  # chunks with output, [DONE] seen
 
         def on_lines(payloads: list[bytes], now: float) -> None:
-            if payloads[-1] == b"[DONE]":
+            if payloads[-1].strip() == b"[DONE]":
                 st[1] = True
-                payloads = [p for p in payloads if p != b"[DONE]"]
+                payloads = [p for p in payloads if p.strip() != b"[DONE]"]
                 if not payloads:
                     return
             try:  # one decode for the whole read: far cheaper than one per chunk
@@ -192,14 +186,19 @@ class BenchClient:
             except msgspec.DecodeError:
                 chunks = []
                 for p in payloads:
+                    if not p.strip():
+                        continue  # an empty data line
                     try:
                         chunks.append(_decode_chunk(p))
                     except msgspec.DecodeError as e:
                         res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {p[:200]!r}"
             k = 0
             for c in chunks:
-                if c.choices and _has_output(c):
-                    k += 1
+                ch = c.choices
+                if ch:
+                    x = ch[0]
+                    if x.text or (x.delta is not None and _has_delta(x.delta)):
+                        k += 1
                 if c.usage is not None or c.error is not None:
                     _usage(c)
             if k:
