@@ -67,12 +67,14 @@ def _progress(run: BenchRun) -> Group:
     left = f" / {cfg.duration:.0f}s" if cfg.duration else ""
     t.add_row("elapsed", f"{wall:,.0f}s{left}", "released", f"{s.released:,}")
     t.add_row("finished", f"{s.finished:,} ({s.failed:,} failed)", "in flight", f"{s.in_flight:,}")
-    t.add_row("output tok/s", f"{s.output_tokens / max(wall, 1e-9):,.0f}", "TTFT p50 (recent)",
+    t.add_row("output tok/s", f"{s.output_tokens / max(wall * run.scale, 1e-9):,.0f}", "TTFT p50 (recent)",
               "-" if ttft is None else f"{ttft:,.0f} ms")
     t.add_row("cache hit (reported)", "-" if hit is None else f"{hit:.1%}", "KV usage",
               "-" if s.kv_usage is None else f"{s.kv_usage:.1%}")
-    head = Text(f"agentkv bench -> {cfg.target}" + ("  (stopping: waiting for in-flight requests)"
-                                                     if s.stopping else ""), style="bold")
+    stopping = cfg.duration is not None and wall >= cfg.duration
+    scale = f"  (time scale {run.scale:g}: rates and latencies in target seconds)" if run.scale != 1 else ""
+    head = Text(f"agentkv bench -> {cfg.target}{scale}" + ("  (stopping: waiting for in-flight requests)"
+                                                            if stopping else ""), style="bold")
     rows = [head, t]
     if s.errors:
         rows.append(Text("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())), style="red"))

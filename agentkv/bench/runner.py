@@ -71,7 +71,6 @@ class LiveStats:
     errors: dict[str, int] = field(default_factory=dict)
     recent_ttft: deque = field(default_factory=lambda: deque(maxlen=200))
     kv_usage: float | None = None
-    stopping: bool = False
 
 
 class BenchResult:
@@ -172,8 +171,6 @@ class BenchRun:
         self._tasks.add(task)
         self.stats.released += 1
         self.stats.in_flight = len(self._tasks)
-        if self.cfg.duration is not None and self._now() >= self.cfg.duration:
-            self.stats.stopping = True
         try:
             item = d.item
             r = item.request
