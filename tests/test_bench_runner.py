@@ -173,3 +173,18 @@ def test_summary_json_roundtrip(tmp_path):
     s = read_summary(tmp_path / "summary.json")
     assert s.goodput is not None and s.goodput.fraction == 1.0
     assert json.loads((tmp_path / "summary.json").read_text())["schema"].startswith("agentkv.summary/")
+
+
+def test_a_bug_mid_run_still_leaves_records_and_a_summary(tmp_path, monkeypatch):
+    real = BenchRun._record
+
+    def flaky(self, d, res, ceil, max_tokens):
+        if d.item.index == 2:
+            raise RuntimeError("boom")
+        return real(self, d, res, ceil, max_tokens)
+
+    monkeypatch.setattr(BenchRun, "_record", flaky)
+    res, _ = run(cfg(lanes=1), [trace("a", 5)], out=tmp_path)
+    assert [r.index for r in read_records(tmp_path / "requests.jsonl")] == [0, 1]
+    assert res.summary.requests == 2
+    assert any("internal error (RuntimeError: boom)" in n for n in res.summary.notes)

@@ -147,4 +147,7 @@ def bench_command(args: argparse.Namespace) -> int:
             con.print(sessions_table(result.summary))
         files = "requests.jsonl, summary.json" + ("" if args.no_report else ", report.html")
         con.print(f"[dim]wrote {files} to {out}[/dim]")
+    if run.crash:
+        console.print(f"agentkv: error: the run stopped early: {run.crash} (outputs written)", markup=False)
+        return 1
     return 130 if result.interrupted else 0

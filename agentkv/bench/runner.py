@@ -105,6 +105,7 @@ class BenchRun:
         self.notes = list(notes)
         self.model = cfg.model or ""
         self.server_info: dict | None = None
+        self.crash = ""  # why the run stopped early, when a bug (not Ctrl-C) stopped it
         self._t0 = 0.0
         self._tasks: set[asyncio.Task] = set()
         self._file = None
@@ -136,9 +137,11 @@ class BenchRun:
                 await self._sample(before, gpu)
                 sampler = asyncio.create_task(self._sample_loop(scraper, gpu))
                 await drive(self.plan, lambda d: self._one(client, d), clock=self._now, until=cfg.duration)
-            except asyncio.CancelledError:  # Ctrl-C: keep what finished, drop what is in flight
+            except (asyncio.CancelledError, Exception) as e:  # Ctrl-C or a bug: keep what finished
                 interrupted = True
                 dropped = len(self._tasks)
+                if not isinstance(e, asyncio.CancelledError):
+                    self.crash = f"{type(e).__name__}: {e}"
                 self.plan.stop()
                 for t in list(self._tasks):
                     t.cancel()
@@ -155,7 +158,8 @@ class BenchRun:
                 await self._sample(after, gpu)
             summary = self._summary(before, last if not interrupted else None, scraper, gpu, client.base)
             if interrupted:
-                summary.notes.append(f"interrupted: {dropped} in-flight requests dropped "
+                why = f"stopped by an internal error ({self.crash})" if self.crash else "interrupted"
+                summary.notes.append(f"{why}: {dropped} in-flight requests dropped "
                                      "(everything that finished is recorded)")
             if gpu is not None:
                 gpu.close()
