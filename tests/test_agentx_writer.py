@@ -116,6 +116,7 @@ def test_writer_refuses_a_request_kind_agentx_cannot_hold(tmp_path):
 
 
 _secs = st.floats(min_value=0, max_value=1e7, allow_nan=False, allow_infinity=False)
+_ms_secs = st.integers(0, 10**10).map(lambda ms: ms / 1000)  # AgentX stamps sub-agents in ms
 
 
 @st.composite
@@ -139,8 +140,9 @@ def _session(draw, sid, bs, depth):
             agent = draw(st.text(min_size=1, max_size=6)) + f"#{i}"
             sub = draw(_session(f"{sid}/{agent}", bs, depth + 1))
             subs.append(msgspec.structs.replace(
-                sub, t=draw(_secs), agent_type=draw(st.text(max_size=6)), status=draw(st.text(max_size=6)),
-                duration=draw(st.none() | _secs.map(lambda ms: ms / 1000)),  # recorded in ms total_tokens=draw(st.none() | st.integers(0, 10**9)),
+                sub, t=draw(_ms_secs), agent_type=draw(st.text(max_size=6)), status=draw(st.text(max_size=6)),
+                duration=draw(st.none() | _ms_secs),  # recorded in ms
+                total_tokens=draw(st.none() | st.integers(0, 10**9)),
                 tool_use_count=draw(st.none() | st.integers(0, 100))))
     subs.sort(key=lambda x: (x.t, x.t + (x.duration or 0.0)))  # the model's order: spawn, then end
     return Session(id=sid, requests=draw(_requests(bs)), subagents=subs,

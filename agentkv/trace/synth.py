@@ -182,6 +182,7 @@ class _Gen:
             sub = self.subagent(f"{parent.id}/agent_{len(parent.subagents) + 1:03d}", round(at, 3))
             parent.subagents.append(sub)
             end = max(end, sub.t + (sub.duration or 0.0))
+        parent.subagents.sort(key=lambda a: (a.t, a.t + (a.duration or 0.0)))  # the model's order
         return end
 
     def subagent(self, sid: str, at: float) -> Session:

@@ -63,6 +63,7 @@ class _Doc(msgspec.Struct, gc=False):
 
 
 _decode = msgspec.json.Decoder(_Doc).decode
+MAX_DEPTH = 100  # sub-agent nesting levels read
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -101,12 +102,15 @@ def _session(path: str, bs: int, src: _Item | _Doc, sid: str, prefix: str, t: fl
         if it.type in ("n", "s"):
             s.requests.append(_request(path, bs, it, rec))
         elif it.type == "subagent":
+            if prefix.count(".") >= MAX_DEPTH:  # real traces nest 1-3 deep; this keeps recursion bounded
+                raise TraceError(path, rec, "requests", f"sub-agents nested more than {MAX_DEPTH} deep")
             if it.t is None:
                 raise TraceError(path, rec, "t", "missing")
             if it.requests is None:
                 raise TraceError(path, rec, "requests", "missing (a sub-agent needs a list of requests)")
             agent = it.agent_id or f"agent_{len(s.subagents) + 1:03d}"
-            spawn = max(0.0, it.t - it.duration_ms / 1000.0) if it.duration_ms is not None else it.t
+            # spawn = end - duration, rounded as the file's times are (microseconds at most)
+            spawn = max(0.0, round(it.t - it.duration_ms / 1000.0, 6)) if it.duration_ms is not None else it.t
             s.subagents.append(_session(path, bs, it, f"{sid}/{agent}", rec + ".", spawn))
         else:
             raise TraceError(path, rec, "type", f"unknown request type {it.type!r} (expected 'n', 's' or 'subagent')")
@@ -119,6 +123,8 @@ def read(path: Path, data: bytes) -> list[Trace]:
         doc = _decode(data)
     except msgspec.DecodeError as e:
         raise from_msgspec(str(path), e, top="top level") from None
+    except RecursionError:
+        raise TraceError(str(path), None, None, "invalid JSON: nested too deeply") from None
     tid = str(doc.id) if doc.id not in (None, "") else path.name.split(".")[0]
     root = _session(str(path), doc.block_size, doc, tid, "", 0.0)
     return [Trace(id=tid, block_size=doc.block_size, session=root, hash_id_scope=doc.hash_id_scope,
