@@ -236,6 +236,33 @@ def _cmd_compare(args: argparse.Namespace) -> int:
     return compare_command(args)
 
 
+def _security_command(sub: argparse._SubParsersAction) -> None:
+    sec = sub.add_parser("security", help="attacks that test agentkv's isolation promises")
+    ssub = sec.add_subparsers(dest="security_cmd", required=True, metavar="COMMAND")
+    p = ssub.add_parser("side-channel", help="prefix-cache timing attack: can one client see another's prefixes?")
+    p.add_argument("--target", required=True, metavar="URL", help="agentkv serve, agentkv route, or any OpenAI server")
+    p.add_argument("--via-router", action="store_true",
+                   help="the target is agentkv route: victim and attacker use different tenants' keys")
+    p.add_argument("--api-key", default=None, metavar="K", help="the victim's API key")
+    p.add_argument("--attacker-key", default=None, metavar="K2", help="the attacker's API key (another tenant)")
+    p.add_argument("--trials", type=int, default=100, metavar="N", help="victim/probe rounds (default 100)")
+    p.add_argument("--prefix-tokens", type=int, default=4096, metavar="N", help="secret prefix length (default 4096)")
+    p.add_argument("--calibration", type=int, default=6, metavar="N",
+                   help="the attacker's own cold/warm prompt pairs that set its threshold (default 6)")
+    p.add_argument("--confidence", type=float, default=0.95, help="confidence level of the intervals (default 0.95)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="model name in requests (default: the target's first)")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per-request time limit (default 60)")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=_cmd_side_channel)
+
+
+def _cmd_side_channel(args: argparse.Namespace) -> int:
+    from agentkv.security.command import side_channel_command
+
+    return side_channel_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentkv",
@@ -249,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_command(sub)
     _bench_command(sub)
     _compare_command(sub)
+    _security_command(sub)
     return parser
 
 

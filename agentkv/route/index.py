@@ -199,8 +199,9 @@ class TenantIndex:
         else:
             ek = event.extra_keys
             if ek and self.salts:
-                for key in ek[0] or ():
-                    salt = key[-1] if isinstance(key, list | tuple) else key
+                first = ek[0]  # the first block's keys; anything malformed simply matches no salt
+                for key in first if isinstance(first, list | tuple) else (first,):
+                    salt = key[-1] if isinstance(key, list | tuple) and key else key
                     if isinstance(salt, str) and salt in self.salts:
                         return self.salts[salt]
         if event.block_hashes:

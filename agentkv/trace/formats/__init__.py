@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import importlib
+import zlib
 from pathlib import Path
 
 from agentkv.trace.model import Trace, TraceError
@@ -33,7 +34,7 @@ def read_bytes(path: Path) -> bytes:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError) as e:
+        except (OSError, EOFError, zlib.error) as e:
             raise TraceError(str(path), None, None, f"corrupt gzip data: {e}") from None
     return raw
 

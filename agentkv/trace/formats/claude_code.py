@@ -213,6 +213,8 @@ def _parse(path: Path, data: bytes, inline: bool) -> _Parsed:
             d = _decode.decode(raw)
         except msgspec.DecodeError as e:
             raise TraceError(str(path), f"line {n}", None, f"invalid JSON: {e}") from None
+        except RecursionError:
+            raise TraceError(str(path), f"line {n}", None, "invalid JSON: nested too deeply") from None
         if not isinstance(d, dict):
             raise TraceError(str(path), f"line {n}", None, f"expected a JSON object, got {type(d).__name__}")
         kind = d.get("type")

@@ -1,0 +1,1 @@
+"""Attacks and checks that prove agentkv's isolation promises (timing side channels, prompt privacy)."""
