@@ -228,7 +228,8 @@ def run_aiperf(url: str, streams: int, requests: int, tokens: int, cpu: int) -> 
                               if "Reason" in ln or "Error:" in ln)
             return f"skipped: aiperf exited {r.returncode} without results ({tail[:400]})"
         return (f"{tput:,.0f} output tokens/s (its own figure), {requests:,} requests x {tokens} tokens at "
-                f"concurrency {streams}; {cpu_s / wall:.2f} cores over its {wall:.0f} s run (startup included); "
+                f"concurrency {streams}; {cpu_s / wall:.2f} cores over its {wall:.0f} s run (startup included) = "
+                f"{requests * tokens / max(cpu_s, 1e-9):,.0f} tokens per CPU-second; "
                 f"its TTFT p50 {ttft.get('p50', float('nan')):,.0f} ms p99 {ttft.get('p99', float('nan')):,.0f} ms")
 
 
