@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -117,3 +118,29 @@ def test_compare_simulate_and_bench_of_the_same_traces(tmp_path):
     assert sim.input_tokens == bench.input_tokens and sim.cache.ceiling == pytest.approx(bench.cache.ceiling)
     assert bench.cache.reported == pytest.approx(sim.cache.reported, abs=0.05)
     assert Path(tmp_path / "bench" / "report.html").stat().st_size > 5000
+
+
+def test_embedded_server_dies_with_a_killed_bench(tmp_path):
+    p = subprocess.Popen([sys.executable, "-m", "agentkv.cli", "bench", "--duration", "60s", "-q",
+                          "--out", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        server = None
+        for _ in range(1200):  # until bench has started its server (exec'd: its command line says serve)
+            for c in Path(f"/proc/{p.pid}/task/{p.pid}/children").read_text().split():
+                if b"serve" in Path(f"/proc/{c}/cmdline").read_bytes():
+                    server = int(c)
+            if server:
+                break
+            time.sleep(0.05)
+        assert server, "bench started no server"
+        time.sleep(1.0)
+    finally:
+        p.kill()  # bench, by its pid: no chance to stop its server
+        p.wait(10)
+    for _ in range(100):
+        if not Path(f"/proc/{server}").exists() or "Z" in Path(f"/proc/{server}/stat").read_text().split()[2]:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(server, signal.SIGKILL)
+        pytest.fail("the embedded server outlived its bench")

@@ -30,6 +30,13 @@ def needed_model_len(traces: Sequence[Trace]) -> int:
                 for r in s.requests), default=1)
 
 
+def _die_with_parent() -> None:
+    """In the child, before exec: the kernel sends it SIGTERM if bench dies (even by SIGKILL)."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 class EmbeddedServer:
     """`with EmbeddedServer(...) as srv:` runs `agentkv serve` until the block ends; `srv.url` is its base."""
 
@@ -54,7 +61,8 @@ class EmbeddedServer:
         # output goes to a file, never an unread pipe that could fill up and stall the server
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
         self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
+                                     stdin=subprocess.DEVNULL, start_new_session=True,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while time.monotonic() < deadline:
