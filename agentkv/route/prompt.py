@@ -118,7 +118,17 @@ class RequestHasher:
         return None
 
     def hash(self, body: dict, chat: bool, salt: str | None) -> Hashed:
-        """The block hashes of `body`'s prompt under `salt` (the tenant's, or the client's)."""
+        """The block hashes of `body`'s prompt under `salt` (the tenant's, or the client's).
+
+        A body whose prompt has an unexpected shape hashes to nothing (no prefix to match): the
+        worker, not the router, is the judge of what it accepts and answers it with a 4xx.
+        """
+        try:
+            return self._hash(body, chat, salt)
+        except (TypeError, ValueError, OverflowError, AttributeError, KeyError, IndexError):
+            return Hashed([], 0, False)
+
+    def _hash(self, body: dict, chat: bool, salt: str | None) -> Hashed:
         ids = self.tokens(body, chat)
         if ids is not None:
             return Hashed(self.hasher.hashes(ids, self.block_size, cache_salt=salt), len(ids), True)

@@ -204,7 +204,7 @@ class Router:
                 st.failed += 1
                 return _error(503, "no healthy worker could take the request", "ServiceUnavailableError")
             w, prompt_tokens = self.choose(tenant.id, body, chat, session, tried)
-            tokens = prompt_tokens + (max_out if isinstance(max_out, int) else 0)
+            tokens = prompt_tokens + (max_out if type(max_out) is int and 0 < max_out < 1 << 32 else 0)
             tried.add(w.slot)
             w.start(tokens)
             try:

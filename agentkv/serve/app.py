@@ -276,6 +276,9 @@ class Server:
             return self._error(request, RequestError(f"malformed JSON body: {e}"))
         except RequestError as e:
             return self._error(request, e)
+        except (TypeError, ValueError):  # a message of an unexpected shape (e.g. tool_calls not a list)
+            return self._error(request, RequestError("messages: each must be an object with a string role, "
+                                                     "string content and a list of tool_calls", "messages"))
         body = {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}
         return web.Response(body=_enc.encode(body), content_type=JSON)
 
