@@ -28,12 +28,12 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 10px}.sub{color
 .card .v{font-size:20px;font-weight:600}.card .k{font-size:12px;color:#6b7280}
 .bad{background:#fee2e2;border:1px solid #fca5a5;padding:10px 14px;border-radius:8px;margin-top:12px}
 .grid{display:flex;flex-wrap:wrap;gap:14px}.panel{background:#fff;border:1px solid #e5e7eb;border-radius:8px;padding:6px}
-svg.chart text{font-size:11px;fill:#374151}svg.chart .title{font-size:13px;font-weight:600}
+svg.chart{max-width:100%;height:auto}svg.chart text{font-size:11px;fill:#374151}svg.chart .title{font-size:13px;font-weight:600}
 svg.chart .label{font-size:12px}svg.chart .plot{fill:#fff;stroke:#d1d5db}svg.chart .grid{stroke:#eef0f3}
 svg.chart .empty{fill:#9ca3af;font-size:14px}
 table{border-collapse:collapse;background:#fff;font-size:13px}th,td{border:1px solid #e5e7eb;padding:4px 8px;
 text-align:right}th{background:#f3f4f6;cursor:pointer;user-select:none}td:first-child,th:first-child{text-align:left}
-.notes li{font-size:13px;color:#374151}code{font-size:12px}
+.notes li{font-size:13px;color:#374151}code{font-size:12px;white-space:pre-wrap;word-break:break-all}
 """
 
 # sort a table by the clicked header: numbers numerically, the rest as text; click again to reverse
@@ -118,7 +118,8 @@ def cache_chart(records: list[RequestRecord], s: Summary) -> Chart:
     if done:
         cum_ceil = np.cumsum([r.ceiling_tokens for r in done])
         cum_in = np.cumsum([max(1, r.input_tokens) for r in done])
-        c.add(Series("cumulative ceiling", [r.end for r in done], (100 * cum_ceil / cum_in).tolist(), "line"))
+        c.add(Series("cumulative ceiling", [r.end for r in done], (100 * cum_ceil / cum_in).tolist(), "line",
+                     dash=True))
     xs, ys = [], []
     for a, b in zip(s.timeline, s.timeline[1:], strict=False):
         if None in (a.prefix_hits, a.prefix_queries, b.prefix_hits, b.prefix_queries):
@@ -138,10 +139,10 @@ def load_chart(s: Summary) -> Chart:
               y2min=0, y2max=100)
     if tl:
         ts = [p.t for p in tl]
-        c.add(Series("in flight (client)", ts, [p.in_flight for p in tl], "step"))
         if any(p.running is not None for p in tl):
             c.add(Series("running (server)", ts, [p.running for p in tl], "step"))
             c.add(Series("waiting (server)", ts, [p.waiting for p in tl], "step"))
+        c.add(Series("in flight (client)", ts, [p.in_flight for p in tl], "step", dash=True))
         if any(p.kv_usage is not None for p in tl):
             c.add(Series("KV usage", ts, [None if p.kv_usage is None else 100 * p.kv_usage for p in tl],
                          "line", right=True))

@@ -50,6 +50,7 @@ class Series:
     right: bool = False  # plot against the right-hand y axis
     tips: list[str] | None = None
     width: float = 0.0  # bars: width in x units
+    dash: bool = False  # lines: dashed, so a line drawn over an equal one still shows
 
 
 @dataclass(slots=True)
@@ -194,5 +195,6 @@ def _draw(s: Series, sx, sy, base: float) -> str:
             pts.append(f"{x:.1f},{prev_y:.1f}")
         pts.append(f"{x:.1f},{y:.1f}")
         prev_y = y
-    return (f'<polyline fill="none" stroke="{c}" stroke-width="1.8" points="{" ".join(pts)}">'
+    dash = ' stroke-dasharray="5 4"' if s.dash else ""
+    return (f'<polyline fill="none" stroke="{c}" stroke-width="1.8"{dash} points="{" ".join(pts)}">'
             f"<title>{escape(s.name)}</title></polyline>")
