@@ -269,7 +269,7 @@ class BenchRun:
         if self.scale != 1.0:
             notes.append(f"time scale {self.scale:g}: the target ran {self.scale:g}x faster than real time, gaps "
                          f"were replayed {self.scale:g}x shorter and every time is in target seconds (wall x "
-                         f"{self.scale:g})")
+                         f"{self.scale:g}, so HTTP and client overheads count {self.scale:g}x too)")
         if before is None:
             notes.append(f"server metrics absent: {scraper.absent_reason}")
         gpu_summary = gpu.summary() if gpu is not None else None
