@@ -197,6 +197,11 @@ def _route_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--health-interval", type=float, default=1.0, metavar="S")
     p.add_argument("--scrape-interval", type=float, default=2.0, metavar="S",
                    help="seconds between /metrics scrapes of each worker (0: off)")
+    p.add_argument("--max-body-size", default="256MiB", metavar="SIZE", help="largest request body (default 256MiB)")
+    p.add_argument("--max-streams-per-tenant", type=int, default=1024, metavar="N",
+                   help="concurrent requests per tenant; more get 429 (default 1024; 0: no limit)")
+    p.add_argument("--max-index-blocks", type=int, default=1 << 22, metavar="N",
+                   help="blocks indexed per worker; stores past it are dropped and counted (default 4,194,304)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.set_defaults(func=_cmd_route)
 

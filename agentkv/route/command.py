@@ -18,6 +18,13 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
     if args.temperature < 0 or args.affinity < 0:
         raise UserError("--temperature and --affinity must be >= 0")
+    if args.max_streams_per_tenant < 0 or args.max_index_blocks < 1:
+        raise UserError("--max-streams-per-tenant must be >= 0 and --max-index-blocks >= 1")
+    from agentkv.units import parse_capacity
+
+    max_body = parse_capacity(args.max_body_size, "--max-body-size")
+    if max_body < 1024:
+        raise UserError(f"--max-body-size must be at least 1KiB, got {args.max_body_size}")
     specs = [parse_worker(s) for s in args.worker]
     urls = [s.url for s in specs]
     if len(set(urls)) != len(urls):
@@ -30,7 +37,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         policy=args.policy, approximate=args.approximate, api_keys=args.api_keys, secret=args.router_secret,
         tokenizer=args.tokenizer, temperature=args.temperature, affinity=args.affinity,
         approx_capacity=args.approx_capacity, approx_ttl=args.approx_ttl, health_interval=args.health_interval,
-        scrape_interval=args.scrape_interval, host=args.host, port=args.port)
+        scrape_interval=args.scrape_interval, max_body_bytes=int(max_body),
+        max_streams_per_tenant=args.max_streams_per_tenant, max_index_blocks=args.max_index_blocks,
+        host=args.host, port=args.port)
 
 
 def route_command(args: argparse.Namespace) -> int:

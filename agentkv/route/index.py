@@ -165,8 +165,11 @@ class TenantIndex:
     A removal is applied to every tenant's sets for that worker (a C-level set difference each).
     """
 
-    def __init__(self, salts: dict[str, str] | None = None, max_roots: int = 1 << 20) -> None:
+    def __init__(self, salts: dict[str, str] | None = None, max_roots: int = 1 << 20,
+                 max_blocks: int | None = None) -> None:
         self.indexes: dict[str, BlockIndex] = {DEFAULT_TENANT: BlockIndex()}
+        self.max_blocks = max_blocks  # per worker, all tenants and tiers: stores past it are dropped
+        self.overflow = 0  # blocks dropped for that bound
         self.salts = dict(salts or {})  # cache_salt -> tenant
         self._roots: OrderedDict[int, str] = OrderedDict()  # first hash of a request -> tenant
         self.max_roots = max_roots
@@ -211,6 +214,9 @@ class TenantIndex:
     def apply(self, worker: int, event: KVEvent) -> None:
         """Apply one KV event from `worker` to the index of the tenant it belongs to."""
         if isinstance(event, BlockStored):
+            if self.max_blocks is not None and self.blocks(worker) + len(event.block_hashes) > self.max_blocks:
+                self.overflow += len(event.block_hashes)
+                return
             self.index(self.tenant_of(worker, event)).store(worker, event.block_hashes, tier_name(event.medium))
         elif isinstance(event, BlockRemoved):
             tier = tier_name(event.medium)
@@ -230,3 +236,7 @@ class TenantIndex:
 
     def blocks(self, worker: int) -> int:
         return sum(idx.blocks(worker) for idx in self.indexes.values())
+
+    def held(self, worker: int) -> set[int]:
+        """Every GPU block hash indexed for `worker`, over all tenants."""
+        return set().union(*(idx._gpu.get(worker, ()) for idx in self.indexes.values()))

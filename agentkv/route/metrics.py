@@ -18,6 +18,7 @@ class RouterStats:
     failed: int = 0
     retries: int = 0
     unauthorized: int = 0
+    throttled: int = 0  # 429: a tenant over its concurrent-request limit
     broken_streams: int = 0
     exact: int = 0  # requests hashed exactly (token ids or a matching tokenizer)
     prompt_blocks: int = 0
@@ -43,6 +44,12 @@ def render_metrics(router: Router) -> str:
         f"agentkv_router_retries_total {st.retries}",
         "# TYPE agentkv_router_unauthorized_total counter",
         f"agentkv_router_unauthorized_total {st.unauthorized}",
+        "# HELP agentkv_router_throttled_total Requests refused with 429: their tenant was at its concurrency limit.",
+        "# TYPE agentkv_router_throttled_total counter",
+        f"agentkv_router_throttled_total {st.throttled}",
+        "# HELP agentkv_router_index_overflow_blocks_total Stored blocks not indexed: the worker was at --max-index-blocks.",
+        "# TYPE agentkv_router_index_overflow_blocks_total counter",
+        f"agentkv_router_index_overflow_blocks_total {router.index.overflow}",
         "# TYPE agentkv_router_broken_streams_total counter",
         f"agentkv_router_broken_streams_total {st.broken_streams}",
         "# HELP agentkv_router_exact_hash_requests_total Requests hashed exactly as the engine does.",

@@ -20,6 +20,7 @@ import aiohttp
 import msgspec
 from aiohttp import web
 
+from agentkv.kv.digest import block_digest
 from agentkv.kv.hashing import make_hasher
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.index import Match, TenantIndex
@@ -57,6 +58,9 @@ class RouterConfig:
     approx_ttl: float = 300.0
     health_interval: float = 1.0
     scrape_interval: float = 2.0
+    max_body_bytes: int = 256 << 20  # largest request body (413 past it)
+    max_streams_per_tenant: int = 1024  # concurrent requests per tenant (429 past it; 0: no limit)
+    max_index_blocks: int = 1 << 22  # indexed blocks per worker (stores past it are dropped, counted)
     host: str = "127.0.0.1"
     port: int = 8000
     extra: dict = field(default_factory=dict)
@@ -72,7 +76,7 @@ class Router:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
         self.tenants = Tenants.from_file(cfg.api_keys, router_secret(cfg.secret) if cfg.api_keys else b"")
-        self.index = TenantIndex(salts=self.tenants.salts())
+        self.index = TenantIndex(salts=self.tenants.salts(), max_blocks=cfg.max_index_blocks)
         self.approx = ApproxIndex(cfg.approx_capacity, cfg.approx_ttl)
         self.hasher = RequestHasher(make_hasher(cfg.hash_algo, cfg.hash_seed), cfg.block_size,
                                     Tokenizer(cfg.tokenizer))
@@ -82,12 +86,14 @@ class Router:
         self.stats = RouterStats()
         self.policy = self._make_policy()
         self.session: aiohttp.ClientSession | None = None
-        self.app = web.Application(client_max_size=256 * 1024 * 1024)
+        self._streams: dict[str, int] = {}  # tenant -> requests in flight
+        self.app = web.Application(client_max_size=cfg.max_body_bytes)
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
         self.app.router.add_get("/health", self.health)
         self.app.router.add_get("/metrics", self.metrics)
+        self.app.router.add_get("/debug/index", self.debug_index)
         self.app.on_startup.append(self._startup)
         self.app.on_cleanup.append(self._cleanup)
 
@@ -117,10 +123,39 @@ class Router:
 
     # -- endpoints -------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=False)
+        return await self._limited(request, chat=False)
 
     async def chat(self, request: web.Request) -> web.StreamResponse:
-        return await self._generate(request, chat=True)
+        return await self._limited(request, chat=True)
+
+    async def _limited(self, request: web.Request, chat: bool) -> web.StreamResponse:
+        """At most `max_streams_per_tenant` requests of one tenant in flight; 429 past it."""
+        limit = self.cfg.max_streams_per_tenant
+        tenant = self.tenants.authenticate(request.headers) if limit else None
+        if tenant is None:  # no limit, or unauthenticated (_generate answers 401)
+            return await self._generate(request, chat)
+        n = self._streams.get(tenant.id, 0)
+        if n >= limit:
+            self.stats.throttled += 1
+            return _error(429, f"too many concurrent requests for this API key's tenant (limit {limit})",
+                          "RateLimitError")
+        self._streams[tenant.id] = n + 1
+        try:
+            return await self._generate(request, chat)
+        finally:
+            n = self._streams[tenant.id] - 1
+            if n:
+                self._streams[tenant.id] = n
+            else:
+                del self._streams[tenant.id]
+
+    async def debug_index(self, request: web.Request) -> web.Response:
+        """Per event-mode worker: the count and an order-free digest of its indexed GPU blocks (all
+        tenants), to compare with the worker's own `/debug/kv_blocks`; no hash is revealed."""
+        with self.pool.lock:
+            held = {str(w.slot): self.index.held(w.slot) for w in self.pool.workers if w.mode == "event"}
+        return web.json_response({"workers": {k: block_digest(v) for k, v in held.items()},
+                                  "index_overflow_blocks": self.index.overflow})
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         if self.tenants.authenticate(request.headers) is None:
@@ -279,6 +314,6 @@ def run_router(cfg: RouterConfig) -> None:
         loop_factory = uvloop.new_event_loop
     except ImportError:
         pass
-    with asyncio.Runner(loop_factory=loop_factory) as runner:
-        web.run_app(router.app, host=cfg.host, port=cfg.port, print=None, access_log=None,
-                    loop=runner.get_loop())
+    # run_app closes the loop it is given (an asyncio.Runner around it would close it twice)
+    web.run_app(router.app, host=cfg.host, port=cfg.port, print=None, access_log=None,
+                loop=(loop_factory or asyncio.new_event_loop)())

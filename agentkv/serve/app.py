@@ -22,6 +22,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 
 from agentkv import __version__
 from agentkv.engine.config import EngineConfig
+from agentkv.kv.digest import block_digest
 from agentkv.kv.zmq_events import DEFAULT_TOPIC, ZmqEventPublisher
 from agentkv.serve.metrics import CONTENT_TYPE, ServerMetrics
 from agentkv.serve.protocol import GenRequest, Limits, RequestError, parse_chat, parse_completion
@@ -141,6 +142,7 @@ class Server:
             app.router.add_get(path, self._model_info)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/detokenize", self._detokenize)
+        app.router.add_get("/debug/kv_blocks", self._debug_kv_blocks)
         return app
 
     async def _completions(self, request: web.Request) -> web.StreamResponse:
@@ -237,6 +239,11 @@ class Server:
                 "root": self.config.model, "parent": None, "max_model_len": self.limits.max_model_len,
                 "permission": []}
         return web.Response(body=_enc.encode({"object": "list", "data": [card]}), content_type=JSON)
+
+    async def _debug_kv_blocks(self, request: web.Request) -> web.Response:
+        """The count and an order-free digest of the GPU prefix cache's block hashes (what the KV
+        events announced), to check a router's index against; no hash is revealed."""
+        return web.json_response({"GPU": block_digest(self.runner.engine.pool.cached)})
 
     async def _server_info(self, request: web.Request) -> web.Response:
         """sglang-router probes this: the server's settings, in sglang's key names where it has them."""
