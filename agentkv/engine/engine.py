@@ -114,12 +114,14 @@ class Engine:
         self.hasher = make_hasher(cfg.hash_algo, cfg.seed if cfg.hash_algo == "xxhash" else None)
         self.requests: dict[str, EngineRequest] = {}
         self.stats = EngineStats()
+        self._session_blocks: dict[object, np.ndarray] = {}  # session -> its last turn's blocks
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, *, max_tokens: int, prompt_len: int | None = None,
                     token_ids: Sequence[int] | None = None, block_hashes: list[int] | None = None,
                     cache_salt: str | None = None, session_id: object = None,
-                    user_data: object = None, arrival: float | None = None) -> EngineRequest:
+                    user_data: object = None, arrival: float | None = None,
+                    hash_array: np.ndarray | None = None) -> EngineRequest:
         """Queue a request: token ids (hashed here, salted per tenant) or a length with hashes."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
@@ -138,6 +140,9 @@ class Engine:
         req = EngineRequest(request_id, prompt_len, max_tokens, block_hashes or [], now,
                             session_id=session_id, token_ids=token_ids, record_tokens=self.record_tokens,
                             user_data=user_data)
+        if hash_array is not None and session_id is not None:
+            req.hash_array = hash_array
+            req.hint = self._session_blocks.get(session_id)
         self.requests[request_id] = req
         self.scheduler.add(req)
         return req
@@ -219,10 +224,20 @@ class Engine:
         st.prompt_tokens += n_prefill_tokens
         st.generation_tokens += len(outputs)
         for req in finished:
-            self.scheduler.finish(req)
-            self.requests.pop(req.request_id, None)
-            st.requests_finished += 1
+            self._finish(req)
         return StepResult(now, end, outputs, n_prefill_tokens, len(decodes), len(preempted))
+
+    def _finish(self, req: EngineRequest) -> None:
+        """Free a finished request; its blocks become the lookup hint for its session's next turn."""
+        if req.session_id is not None and req.hash_array is not None:
+            hints = self._session_blocks
+            hints.pop(req.session_id, None)
+            hints[req.session_id] = np.asarray(self.pool.request_blocks(req.request_id), dtype=np.int64)
+            if len(hints) > 4096:  # bounded: drop the least recently finished session
+                del hints[next(iter(hints))]
+        self.scheduler.finish(req)
+        self.requests.pop(req.request_id, None)
+        self.stats.requests_finished += 1
 
     # -- decode bursts (simulator fast path) -----------------------------------------------------
     def plan_burst(self, max_steps: int = 1 << 20) -> DecodeBurst | None:
@@ -303,9 +318,7 @@ class Engine:
         st.busy_s += end - burst.start
         st.generation_tokens += steps * len(burst.requests)
         for req in finished:
-            self.scheduler.finish(req)
-            self.requests.pop(req.request_id, None)
-            st.requests_finished += 1
+            self._finish(req)
         return StepResult(burst.start, end, outputs, 0, len(burst.requests), 0)
 
     # -- metrics -------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ class EngineRequest:
         "request_id", "prompt_len", "max_tokens", "block_hashes", "token_ids", "session_id",
         "arrival", "status", "num_computed", "num_output", "num_cached_tokens", "num_lower_tokens",
         "lower_tier_tokens", "num_preemptions", "first_scheduled", "first_token", "finished_at",
-        "last_token", "itl_max", "token_times", "finish_reason", "promote_s", "user_data", "_looked_up", "_evictions",
+        "last_token", "itl_max", "token_times", "finish_reason", "promote_s", "user_data", "_looked_up", "_evictions", "hash_array", "hint",
     )
 
     def __init__(self, request_id: str, prompt_len: int, max_tokens: int, block_hashes: list[int],
@@ -53,6 +53,8 @@ class EngineRequest:
         self.promote_s = 0.0
         self.user_data = user_data
         self._looked_up = False
+        self.hash_array = None  # block_hashes as uint64, when the caller has them (fast lookups)
+        self.hint = None  # block ids of the session's previous turn on this engine (lookup hint)
         self._evictions = -1  # the pool's eviction count at the last lookup
 
     @property

@@ -94,7 +94,8 @@ class Scheduler:
         req._evictions = pool.stats.evicted
         if not self.config.enable_prefix_caching:
             return
-        n_gpu = pool.get_computed_blocks(req.block_hashes, req.num_tokens, count=first_try)
+        n_gpu = pool.get_computed_blocks(req.block_hashes, req.num_tokens, count=first_try, hint=req.hint,
+                                         hash_array=req.hash_array)
         req.num_computed = n_gpu * bs
         limit = (req.num_tokens - 1) // bs
         lower: list[str] = []

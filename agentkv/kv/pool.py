@@ -9,7 +9,7 @@ used through C-level `map`. The verbs are the scheduler's: `get_computed_blocks`
 Invariants (`check_invariants` asserts them):
 
 - `ref[b]` equals the number of running requests whose block table holds `b`.
-- A block is free iff `ref[b] == 0`; a free block is either *empty* (no hash: in `empty`) or
+- A block is free iff `ref[b] == 0`; a free block is either *empty* (no hash: on the empty stack) or
   *cached* (has a hash: held by the eviction policy), never both; in-use blocks are in neither.
 - `cached[h] == b` iff `block_hash[b] == h`: a cached hash maps to exactly one block. Only full
   blocks get hashes; a block computed again under an already cached hash stays uncached.
@@ -101,6 +101,10 @@ class BlockPool:
         self.ref = np.zeros(num_blocks, dtype=np.int32)
         self.block_hash: list[int | None] = [None] * num_blocks
         self.cached: dict[int, int] = {}
+        # numpy mirror of block_hash (uint64 value, and whether set) for hinted lookups
+        self._bh = np.zeros(num_blocks, dtype=np.uint64)
+        self._has = np.zeros(num_blocks, dtype=bool)
+        self._mirror = True  # off once a hash does not fit in uint64
         self._empty = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)  # a stack, top at the end
         self._n_empty = num_blocks
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
@@ -118,17 +122,27 @@ class BlockPool:
 
     # -- the scheduler's verbs -------------------------------------------------------------------
     def get_computed_blocks(self, block_hashes: Sequence[int], num_tokens: int | None = None, *,
-                            count: bool = True) -> int:
+                            count: bool = True, hint: np.ndarray | None = None,
+                            hash_array: np.ndarray | None = None) -> int:
         """Number of leading blocks of `block_hashes` cached on the GPU (a query: nothing is pinned).
 
         With `num_tokens` (the prompt length), at most `(num_tokens - 1) // block_size` blocks
         count, as vLLM recomputes the last prompt token. Counts queries and hits in tokens, and
         tells the policy of the access, unless `count=False` (a retry of the same request).
+        `hint` (block ids likely holding the leading hashes, e.g. the session's previous turn) with
+        `hash_array` (the hashes as uint64) checks that run in bulk first; the result is the same.
         """
         limit = len(block_hashes)
         if num_tokens is not None:
             limit = max(0, min(limit, (num_tokens - 1) // self.block_size))
-        found = self._lookup(block_hashes, limit)
+        if hint is not None and hash_array is not None and self._mirror and len(hint):
+            m = min(len(hint), limit, len(hash_array))
+            hb = hint[:m]
+            ok = self._has[hb] & (self._bh[hb] == hash_array[:m])
+            k = m if ok.all() else int(ok.argmin())
+            found = hb[:k].tolist() + self._lookup(block_hashes, limit, k)  # a miss there may hit elsewhere
+        else:
+            found = self._lookup(block_hashes, limit)
         n = len(found)
         self._probe = (block_hashes, found)
         if not count:
@@ -252,6 +266,7 @@ class BlockPool:
             return False
         self.cached.clear()
         self.block_hash = [None] * self.num_blocks
+        self._has[:] = False
         self._empty = np.arange(self.num_blocks - 1, -1, -1, dtype=np.int64)
         self._n_empty = self.num_blocks
         self.policy.clear()
@@ -280,15 +295,16 @@ class BlockPool:
         self.policy.session_ended(session_id, now)
 
     # -- internals -------------------------------------------------------------------------------
-    def _lookup(self, block_hashes: Sequence[int], limit: int) -> list[int]:
-        """The cached blocks of the longest cached prefix of block_hashes[:limit].
+    def _lookup(self, block_hashes: Sequence[int], limit: int, start: int = 0) -> list[int]:
+        """The cached blocks of the longest cached prefix of block_hashes[start:limit] (all of
+        block_hashes[:start] known cached).
 
         Galloping: chunks of doubling size are looked up in bulk (C speed), so a miss early in a
         long prompt does not cost a lookup of every later hash.
         """
         get = self.cached.get
         found: list[int] = []
-        lo, step = 0, 32
+        lo, step = start, 32
         while lo < limit:
             hi = min(limit, lo + step)
             chunk = list(map(get, block_hashes[lo:hi]))
@@ -340,6 +356,7 @@ class BlockPool:
         deque(map(cached.__delitem__, hashes), 0)
         for b in vl:
             bh[b] = None
+        self._has[victims] = False
         self.stats.evicted += len(victims)
         if self._emit is not None and hashes:
             self._emit(BlockRemoved(block_hashes=hashes, medium="GPU"))
@@ -371,6 +388,12 @@ class BlockPool:
         for start, run, hs in runs:
             for b, h in zip(run, hs, strict=True):
                 bh[b] = h
+            if self._mirror:
+                try:
+                    self._bh[run] = hs
+                    self._has[run] = True
+                except (OverflowError, TypeError, ValueError):
+                    self._mirror = False  # hashes outside uint64: plain lookups only
             parent = cached.get(block_hashes[start - 1]) if start else None
             self.policy.on_cached(run, start, parent, block_hashes)
             self.stats.stored += len(run)
@@ -406,4 +429,7 @@ class BlockPool:
         assert len(self.cached) == sum(h is not None for h in self.block_hash)
         for h, b in self.cached.items():
             assert self.block_hash[b] == h, f"cached hash {h} -> block {b}, which holds {self.block_hash[b]}"
+        if self._mirror:
+            assert self._has.tolist() == [h is not None for h in self.block_hash], "hash mirror out of step"
+            assert all(int(self._bh[b]) == h for h, b in self.cached.items()), "hash mirror value differs"
         self.policy.check()

@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import DecodeBurst, Engine, StepResult
 from agentkv.engine.hardware import get_gpu
+from agentkv.kv.hashing import chain_keys
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Sample, Summary, summarize
 from agentkv.route.policy import RouteRequest, make_policy
@@ -199,12 +200,13 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
                 ok=False, error="context_overflow" if r.input_tokens >= 1 else "empty_prompt"))
             plan.complete(item.id, now, False)
             return
-        keys = _keys(tkey, r.hash_ids, item.trace.block_size, bs, r.input_tokens)
+        key_array = chain_keys(tkey, r.hash_ids, item.trace.block_size, bs, r.input_tokens)
+        keys = key_array.tolist()
         i = policy.choose(RouteRequest(keys, r.input_tokens, item.tree_key, bs), workers)
         w = workers[i]
         rid = str(item.id)
         w.engine.add_request(rid, max_tokens=out_tokens, prompt_len=r.input_tokens, block_hashes=keys,
-                             session_id=item.tree_key, arrival=now)
+                             session_id=item.tree_key, arrival=now, hash_array=key_array)
         dispatched[rid] = (d, i, ceil_tok)
         if w.burst is not None:
             cut_burst(w, now)
@@ -238,12 +240,6 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
     sim_s = max((r.end for r in records), default=0.0)
     summary = _summarize(records, cfg, ecfg, workers, timeline, itl, notes)
     return SimResult(records, summary, time.perf_counter() - wall0, sim_s)
-
-
-def _keys(tkey: str, hash_ids, trace_bs: int, bs: int, input_tokens: int) -> list[int]:
-    from agentkv.kv.hashing import chain_keys
-
-    return chain_keys(tkey, hash_ids, trace_bs, bs, input_tokens).tolist()
 
 
 def _record(d: Dispatch, req, worker: int, ceil_tok: int) -> RequestRecord:
