@@ -258,3 +258,19 @@ def test_belady_is_the_ceiling_on_real_traces(shared_dir) -> None:
     assert all(rates["belady"] >= r for r in rates.values()), rates
     assert rates["belady"] > rates["lru"]
     assert 0.5 < rates["lru"] < rates["belady"] <= 1.0
+
+
+@pytest.mark.shared
+def test_block_requests_interleave_traces_with_distinct_hashes(shared_dir) -> None:
+    traces = load_paths([shared_dir / "traces" / "claude-code" / f"{n}.json.gz" for n in TRACES[:2]])
+    reqs = block_requests(traces)
+    assert len(reqs) == sum(t.num_requests for t in traces)
+    assert [r.time for r in reqs] == sorted(r.time for r in reqs)
+    first = {r.session.split(":")[0]: r.hashes[0] for r in reqs}
+    assert traces[0].timeline()[0].request.hash_ids[0] == traces[1].timeline()[0].request.hash_ids[0]
+    assert first["0"] != first["1"]  # the same local id in two traces: two hashes
+    assert all(0 <= h < 1 << 64 for r in reqs for h in r.hashes)
+    lanes = {r.session for r in reqs}
+    assert sum(r.last for r in reqs) == len(lanes)
+    sides = sum(tr.request.kind == "s" for t in traces for tr in t.timeline())
+    assert sum(r.session.endswith("/side") for r in reqs) == sides

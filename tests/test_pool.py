@@ -222,7 +222,7 @@ def op_sequences(draw):
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(ops=op_sequences())
 def test_invariants_hold_under_random_operations(policy: str, ops) -> None:
     pool = BlockPool(12, 4, policy, record_events=True)
