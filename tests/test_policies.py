@@ -7,9 +7,10 @@ import math
 import numpy as np
 import pytest
 
+from agentkv.kv.arc import ARC
 from agentkv.kv.belady import Belady, next_use_keys
 from agentkv.kv.events import BlockRemoved
-from agentkv.kv.policies import ARC, POLICIES, RadixLRU, make_policy
+from agentkv.kv.policies import POLICIES, RadixLRU, make_policy
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.replay import block_requests, replay
 from agentkv.kv.session_policy import SessionAware

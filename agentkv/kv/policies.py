@@ -1,10 +1,10 @@
-"""Eviction policies over a pool's free cached blocks: LRU (vLLM's order), LFU, leaf-first radix LRU, ARC.
+"""Eviction policies over a pool's free cached blocks: LRU (vLLM's order), LFU, leaf-first radix LRU.
 
 An `Evictor` holds exactly the free blocks that still carry cached content. The pool adds a
 request's cached blocks when it frees them (tail first), removes them when a lookup hits them
 again, and asks for victims when no empty block is left. Hints (`on_cached`, `on_lookup`,
-`session_*`) are no-ops here; `SessionAware` (agentkv.kv.session_policy) and `Belady`
-(agentkv.kv.belady) use them. Blocks are plain ints; per-block state is kept in lists.
+`session_*`) are no-ops here; `ARC` (agentkv.kv.arc), `SessionAware`
+(agentkv.kv.session_policy) and `Belady` (agentkv.kv.belady) use them. Blocks are plain ints; per-block state is kept in lists.
 """
 
 from __future__ import annotations
@@ -352,96 +352,6 @@ class RadixLRU(Evictor):
                 assert k in live, f"free leaf {b} missing from the heap"
 
 
-class ARC(Evictor):
-    """Adaptive Replacement Cache (Megiddo & Modha) over the pool's cached blocks.
-
-    T1 holds blocks seen once, T2 blocks reused; ghosts B1/B2 remember evicted hashes. Caching
-    a hash found in B1 grows the target size `p` of T1 (recency pays), in B2 shrinks it
-    (frequency pays). Victims come from T1's free blocks while T1 exceeds `p`, else from T2's.
-    """
-
-    name = "arc"
-
-    def clear(self) -> None:
-        n = self.pool.num_blocks
-        self.c = n
-        self.p = 0.0
-        self._cls = [0] * n  # 1: T1, 2: T2, 0: not cached
-        self.n1 = self.n2 = 0  # cached blocks in T1 / T2, free or in use
-        self.t1: OrderedDict[int, None] = OrderedDict()  # free blocks of T1, LRU first
-        self.t2: OrderedDict[int, None] = OrderedDict()
-        self.b1: OrderedDict[int, None] = OrderedDict()  # ghost hashes
-        self.b2: OrderedDict[int, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self.t1) + len(self.t2)
-
-    def blocks(self) -> list[int]:
-        return [*self.t1, *self.t2]
-
-    def on_cached(self, blocks: list[int], start: int, parent: int | None,
-                  block_hashes: Sequence[int] = ()) -> None:
-        bh, cls, b1, b2 = self.pool.block_hash, self._cls, self.b1, self.b2
-        for b in blocks:
-            h = bh[b]
-            if h in b1:
-                self.p = min(self.c, self.p + max(len(b2) / len(b1), 1.0))
-                del b1[h]
-                cls[b] = 2
-                self.n2 += 1
-            elif h in b2:
-                self.p = max(0.0, self.p - max(len(b1) / len(b2), 1.0))
-                del b2[h]
-                cls[b] = 2
-                self.n2 += 1
-            else:
-                cls[b] = 1
-                self.n1 += 1
-
-    def add_many(self, blocks: list[int], session: object = None) -> None:
-        cls, t1, t2 = self._cls, self.t1, self.t2
-        for b in blocks:
-            if cls[b] == 1:
-                t1[b] = None
-            else:
-                t2[b] = None
-
-    def remove_many(self, blocks: list[int]) -> None:
-        cls, t1, t2 = self._cls, self.t1, self.t2
-        for b in blocks:
-            if cls[b] == 1:
-                del t1[b]
-                cls[b] = 2
-                self.n1 -= 1
-                self.n2 += 1
-            else:
-                del t2[b]
-
-    def pop_victims(self, n: int) -> list[int]:
-        bh, cls = self.pool.block_hash, self._cls
-        out: list[int] = []
-        for _ in range(n):
-            if self.t1 and (self.n1 > self.p or not self.t2):
-                b = self.t1.popitem(last=False)[0]
-                self.n1 -= 1
-                self.b1[bh[b]] = None
-            else:
-                b = self.t2.popitem(last=False)[0]
-                self.n2 -= 1
-                self.b2[bh[b]] = None
-            cls[b] = 0
-            out.append(b)
-        while self.b1 and self.n1 + len(self.b1) > self.c:
-            self.b1.popitem(last=False)
-        while self.b2 and self.n1 + self.n2 + len(self.b1) + len(self.b2) > 2 * self.c:
-            self.b2.popitem(last=False)
-        return out
-
-    def check(self) -> None:
-        assert all(self._cls[b] == 1 for b in self.t1) and all(self._cls[b] == 2 for b in self.t2)
-        assert self.n1 == self._cls.count(1) and self.n2 == self._cls.count(2)
-
-
 def make_policy(name: str, *, accesses: Iterable[Sequence[int]] | None = None, **kwargs) -> Evictor:
     """A policy by name (one of POLICIES); "belady" needs the whole future `accesses` sequence."""
     if name == "belady":
@@ -454,7 +364,11 @@ def make_policy(name: str, *, accesses: Iterable[Sequence[int]] | None = None, *
         from agentkv.kv.session_policy import SessionAware
 
         return SessionAware(**kwargs)
-    classes = {"lru": LRU, "lfu": LFU, "radix": RadixLRU, "arc": ARC}
+    if name == "arc":
+        from agentkv.kv.arc import ARC
+
+        return ARC(**kwargs)
+    classes = {"lru": LRU, "lfu": LFU, "radix": RadixLRU}
     if name not in classes:
         raise ValueError(f"unknown eviction policy {name!r} (expected one of: {', '.join(POLICIES)})")
     return classes[name](**kwargs)
