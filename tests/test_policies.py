@@ -275,3 +275,17 @@ def test_block_requests_interleave_traces_with_distinct_hashes(shared_dir) -> No
     assert sum(r.last for r in reqs) == len(lanes)
     sides = sum(tr.request.kind == "s" for t in traces for tr in t.timeline())
     assert sum(r.session.endswith("/side") for r in reqs) == sides
+
+
+@pytest.mark.shared
+def test_lookup_hints_change_nothing_but_speed(shared_dir) -> None:
+    traces = load_paths([shared_dir / "traces" / "claude-code" / f"{n}.json.gz" for n in TRACES])
+    reqs = block_requests(traces)
+    capacity = 2 * max(len(r.hashes) for r in reqs)
+    for name in ("lru", "session"):
+        out = []
+        for hinted in (False, True):
+            pool = BlockPool(capacity, traces[0].block_size, name)
+            res = replay(pool, reqs, lookup_hints=hinted)
+            out.append((res.hit_tokens, res.block_ops, pool.stats.evicted, sorted(pool.cached.items())))
+        assert out[0] == out[1], name

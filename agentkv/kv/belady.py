@@ -88,7 +88,7 @@ class Belady(Evictor):
     def blocks(self) -> list[int]:
         return np.flatnonzero(self._key >= 0).tolist()
 
-    def on_lookup(self, block_hashes: Sequence[int], hits: list[int]) -> None:
+    def on_lookup(self, block_hashes: Sequence[int], hits: Sequence[int]) -> None:
         i = self._step
         if i + 1 >= len(self._offsets):
             raise ValueError(f"belady: lookup #{i} is past the end of the given access sequence")
@@ -100,7 +100,7 @@ class Belady(Evictor):
         self._lo[id(block_hashes)] = lo
         if len(self._lo) > 4096:  # forget the oldest lookups
             del self._lo[next(iter(self._lo))]
-        if hits:
+        if len(hits):
             self._bpos[hits] = np.arange(lo, lo + len(hits))
         self._step = i + 1
 

@@ -74,7 +74,7 @@ class Evictor:
                   block_hashes: Sequence[int] = ()) -> None:
         """`blocks` got hashes: positions start.. of the request's `block_hashes`; `parent` precedes them."""
 
-    def on_lookup(self, block_hashes: Sequence[int], hits: list[int]) -> None:
+    def on_lookup(self, block_hashes: Sequence[int], hits: Sequence[int]) -> None:
         """A request looked up its prefix and found `hits` cached (once per `get_computed_blocks`)."""
 
     def session_paused(self, session: object, now: float, reason: str) -> None:

@@ -95,7 +95,7 @@ class BlockPool:
         self._req_hashed: dict[str, int] = {}  # leading blocks whose caching was decided
         self._req_session: dict[str, object] = {}
         self._holes: set[str] = set()  # requests holding an uncached block inside their hashed prefix
-        self._probe: tuple[Sequence[int], list[int | None]] | None = None
+        self._probe: tuple[Sequence[int], list[int] | np.ndarray] | None = None
 
     # -- the scheduler's verbs -------------------------------------------------------------------
     def get_computed_blocks(self, block_hashes: Sequence[int], num_tokens: int | None = None, *,
@@ -117,7 +117,8 @@ class BlockPool:
             hb = hint[:m]
             ok = self._has[hb] & (self._bh[hb] == hash_array[:m])
             k = m if ok.all() else int(ok.argmin())
-            found = hb[:k].tolist() + self._lookup(block_hashes, limit, k)  # a miss there may hit elsewhere
+            rest = self._lookup(block_hashes, limit, k)  # a miss there may hit elsewhere
+            found = hb[:k] if not rest else np.concatenate((hb[:k], np.asarray(rest, dtype=np.int64)))
         else:
             found = self._lookup(block_hashes, limit)
         n = len(found)
@@ -158,7 +159,7 @@ class BlockPool:
             if nl and (self.lower is None or nc + nl > len(block_hashes)):
                 raise ValueError(f"request {request_id}: {nl} lower-tier blocks but "
                                  f"{'no lower tiers' if self.lower is None else 'too few block hashes'}")
-            hit = np.fromiter(self._prefix_blocks(block_hashes, nc, request_id), np.int64, nc)
+            hit = self._prefix_blocks(block_hashes, nc, request_id)
             total = num_computed_tokens + nl * bs + num_new_tokens
             free_hits = hit[ref[hit] == 0]
             need = _cdiv(total, bs) - nc
@@ -232,6 +233,13 @@ class BlockPool:
     def num_cached_blocks(self) -> int:
         return len(self.cached)
 
+    def block_table(self, request_id: str) -> np.ndarray | None:
+        """A running request's blocks as an int64 array (not a copy: do not modify), or None.
+
+        Kept from one turn to the next, it is the `hint` that makes the next lookup a bulk check.
+        """
+        return self._req_blocks.get(request_id)
+
     def request_blocks(self, request_id: str) -> list[int]:
         """The block ids a running request holds, in token order (a copy)."""
         blocks = self._req_blocks.get(request_id)
@@ -292,18 +300,19 @@ class BlockPool:
             lo, step = hi, step * 4
         return found
 
-    def _prefix_blocks(self, block_hashes: Sequence[int], n: int, request_id: str) -> list[int]:
+    def _prefix_blocks(self, block_hashes: Sequence[int], n: int, request_id: str) -> np.ndarray:
         """The cached blocks of the first `n` hashes (reusing the last lookup when it was these hashes)."""
-        if n == 0:
-            return []
         probe = self._probe
         if probe is not None and probe[0] is block_hashes and len(probe[1]) >= n:
-            return probe[1][:n]
-        found = self._lookup(block_hashes, n)
-        if len(found) < n:
-            raise ValueError(f"request {request_id}: block {len(found)} of its computed prefix is not "
-                             "cached (call get_computed_blocks right before allocate_slots)")
-        return found
+            found = probe[1][:n]
+        else:
+            found = self._lookup(block_hashes, n)
+            if len(found) < n:
+                raise ValueError(f"request {request_id}: block {len(found)} of its computed prefix is not "
+                                 "cached (call get_computed_blocks right before allocate_slots)")
+        if isinstance(found, np.ndarray):
+            return found.astype(np.int64)  # a copy: block tables never alias
+        return np.fromiter(found, np.int64, n)
 
     def _ids(self, blocks: np.ndarray) -> np.ndarray | list[int]:
         """Block ids in the form the policy takes: the array itself, or a list of ints."""
