@@ -23,7 +23,7 @@ def config_from_args(args: argparse.Namespace) -> AttackConfig:
 def report_table(r: SideChannelReport) -> Table:
     """One row per signal: AUC and accuracy with their intervals, the medians each class showed."""
     level = f"{r.confidence:.0%} CI"
-    how = "via agentkv route (victim and attacker are different tenants)" if r.via_router else "shared cache"
+    how = "via agentkv route, victim and attacker in different tenants" if r.via_router else "shared cache"
     t = Table(title=f"prefix-cache timing attack on {r.target} ({how}): {r.trials} trials, "
                     f"{r.prefix_tokens}-token prefixes")
     for col in ("signal", "ROC AUC", level, "accuracy", level, "victim prefix", "fresh prefix", "threshold"):

@@ -57,4 +57,6 @@ def wilson(successes: int, total: int, level: float = 0.95) -> Interval:
     denom = 1 + z * z / total
     centre = (p + z * z / (2 * total)) / denom
     half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / denom
-    return Interval(p, max(0.0, centre - half), min(1.0, centre + half), level)
+    low = 0.0 if successes == 0 else max(0.0, centre - half)  # exact at the ends, not 1e-17 off
+    high = 1.0 if successes == total else min(1.0, centre + half)
+    return Interval(p, low, high, level)
