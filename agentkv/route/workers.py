@@ -62,6 +62,7 @@ class Worker:
         self.in_flight_tokens = 0  # their prompt + max output tokens
         self.scraped_active = 0  # running + waiting from the worker's /metrics
         self.requests = self.failures = self.retried_away = 0
+        self.slow_checks = 0  # health checks in a row that timed out
         self.match = Match(0)  # this request's cached prefix here (set by the router before choosing)
         self.events_applied = self.resyncs = 0
         self.subscriber: ZmqEventSubscriber | None = None
@@ -86,6 +87,9 @@ class Worker:
     def finish(self, tokens: int) -> None:
         self.in_flight -= 1
         self.in_flight_tokens -= tokens
+
+
+SLOW_LIMIT = 3  # health-check timeouts in a row before a worker is taken out
 
 
 class WorkerPool:
@@ -189,15 +193,21 @@ class WorkerPool:
     async def check(self, w: Worker) -> bool:
         """GET /health; take the worker out or bring it back accordingly. True if healthy."""
         assert self.session is not None
+        slow = False
         try:
-            async with self.session.get(w.spec.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+            async with self.session.get(w.spec.url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
                 ok = r.status == 200
-        except (TimeoutError, aiohttp.ClientError, OSError):
+        except TimeoutError:
+            ok, slow = False, True
+        except (aiohttp.ClientError, OSError):
             ok = False
+        # a refused connection means the worker is gone; a slow answer only counts once it repeats
+        # (a busy worker is not a dead one: SLOW_LIMIT timeouts in a row, as sglang-router does)
+        w.slow_checks = w.slow_checks + 1 if slow else 0
         if ok and not w.healthy:
             self.revive(w)
-        elif not ok and w.healthy:
-            await self.mark_dead(w, "health check failed")
+        elif not ok and w.healthy and (not slow or w.slow_checks >= SLOW_LIMIT):
+            await self.mark_dead(w, "health check timed out" if slow else "health check failed")
         return ok
 
     async def mark_dead(self, w: Worker, why: str) -> None:
