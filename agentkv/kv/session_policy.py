@@ -85,6 +85,7 @@ class SessionAware(Evictor):
     def blocks(self) -> list[int]:
         groups = [b for q in self._queues.values() for b in q.live_blocks(self._live)]
         return groups + self._stale.live_blocks(self._live)
+
     # -- hints -----------------------------------------------------------------------------------
     def _state(self, session: object) -> SessionState:
         s = self.sessions.get(session)
@@ -115,8 +116,7 @@ class SessionAware(Evictor):
         if self.use_end_hints:
             s = self._state(session)
             s.state, s.since = "ended", self.now if now is None else now
-            if self._gid.get(session) not in self._queues:  # nothing left to rank: forget it
-                del self.sessions[session]
+            s.log_gaps = {}  # kept small: an ended session stays known, so it never outranks a live one
 
     def expected_gap(self, session: object, reason: str) -> float:
         """Seconds a session paused for `reason` is expected to stay away (learnt, else default)."""
@@ -128,7 +128,10 @@ class SessionAware(Evictor):
         return self.default_gaps.get(reason, self.default_gap)
 
     def time_to_return(self, session: object) -> float:
-        """Predicted seconds until `session` next reuses its blocks (inf once ended)."""
+        """A session's predicted idle time: waited so far + its typical gap (inf once ended).
+
+        The session with the highest value is evicted from first.
+        """
         s = self.sessions.get(session)
         if s is None:
             return self.default_gap
@@ -210,9 +213,6 @@ class SessionAware(Evictor):
 
     def _drop_group(self, g: int) -> None:
         del self._queues[g], self._count[g]
-        s = self.sessions.get(self._gsession[g])
-        if s is not None and s.state == "ended":
-            del self.sessions[self._gsession[g]]
 
     def pop_victims(self, n: int) -> np.ndarray:
         out: list[np.ndarray] = []
