@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: install install-test demo test lint bench clean
+.PHONY: install install-test demo test test-vllm provision-vllm lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,13 @@ lint: install-test
 test: install-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# the live-vLLM suite alone (tests/vllm; `make test` runs it too), and its environment ahead of time
+test-vllm: install-test
+	$(BIN)/python -m pytest -q -m vllm tests/vllm
+
+provision-vllm: install-test
+	$(BIN)/python tests/vllm/vllm_env.py
 
 bench: install
 	@for b in benchmarks/*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

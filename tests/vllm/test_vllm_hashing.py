@@ -1,0 +1,114 @@
+"""agentkv's vLLM-exact block hashing against the `block_hashes` of a live vLLM's BlockStored events.
+
+Two servers: `main` (sha256, PYTHONHASHSEED unset; vLLM binds its PUB socket on `tcp://*:PORT`, we
+connect) and `evict` (sha256_cbor, PYTHONHASHSEED=4242; vLLM connects, so we bind). Each is asked for
+prompts with and without `cache_salt`, a continuation that extends a cached prefix, and a decode
+that fills blocks with generated tokens; every stored hash and parent must be agentkv's, bit for bit.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from agentkv.kv.events import BlockStored
+from agentkv.kv.hashing import VllmHasher, make_hasher
+from agentkv.kv.zmq_subscriber import ZmqEventSubscriber
+
+BS = 32
+# ../shared/vllm/README.md: prompt 1..64 on sha256 without PYTHONHASHSEED, unsalted and salted "s1"
+KNOWN = {None: [11290800355336220572, 11189021207153552290], "s1": [9814989143922616389, 6078964196695249834]}
+CASES = [("main", "sha256", None), ("evict", "sha256_cbor", "4242")]  # (server, its algorithm and seed)
+
+
+def _stored(sub: ZmqEventSubscriber, n_blocks: int, timeout: float = 30.0) -> list[BlockStored]:
+    """BlockStored events, in order, until they hold `n_blocks` blocks."""
+    out: list[BlockStored] = []
+    deadline = time.monotonic() + timeout
+    while sum(len(e.block_hashes) for e in out) < n_blocks:
+        assert time.monotonic() < deadline, f"only {out} arrived"
+        r = sub.recv(0.5)
+        if r is not None:
+            out += [e for e in r.batch.events if isinstance(e, BlockStored)]
+    return out
+
+
+def _subscribe(server, rng: random.Random) -> ZmqEventSubscriber:
+    """A subscriber that has seen a live batch (so nothing sent after this is missed)."""
+    sub = ZmqEventSubscriber(server.events, server.replay, topic="kv-events", bind=not server.spec.bind_events)
+    deadline = time.monotonic() + 60
+    while True:  # ZMQ joins asynchronously: probe with fresh prompts until a batch arrives
+        assert time.monotonic() < deadline, "no KV event batch arrived from vLLM"
+        server.complete([rng.randrange(1000, 31000) for _ in range(BS)], max_tokens=1)
+        if sub.recv(1.0) is not None:
+            break
+    while sub.recv(0.3) is not None:  # drain what the probes left
+        pass
+    return sub
+
+
+@pytest.mark.parametrize(("server", "algo", "seed"), CASES, ids=[c[0] + "-" + c[1] for c in CASES],
+                         indirect=["server"])
+def test_block_hashes_match_live_events(server, algo, seed, figures):
+    name = server.name
+    assert server.spec.hash_algo == algo and server.spec.python_hash_seed == seed
+    hasher = make_hasher(algo, seed) if seed is not None else VllmHasher(algo, None)
+    other_seed = VllmHasher(algo, "1" if seed is None else None)
+    other_algo = VllmHasher("sha256_cbor" if algo == "sha256" else "sha256", seed)
+    rng = random.Random(f"{name}-{algo}")
+    server.reset_prefix_cache()  # nothing cached: every prompt below stores its blocks anew
+    checked = 0
+    with _subscribe(server, rng) as sub:
+        # prompt 1..64, with and without a salt (the salt shows as extra_keys of the first block)
+        for salt in (None, "s1"):
+            prompt = list(range(1, 65))
+            server.complete(prompt, **({"cache_salt": salt} if salt else {}))
+            (ev,) = _stored(sub, 2)
+            assert ev.block_hashes == hasher.event_hashes(prompt, BS, salt)
+            assert ev.parent_block_hash is None and ev.token_ids == prompt
+            assert ev.extra_keys == ([[salt], None] if salt else [None, None])
+            if algo == "sha256" and seed is None:
+                assert ev.block_hashes == KNOWN[salt]
+            assert ev.block_hashes != other_seed.event_hashes(prompt, BS, salt)
+            assert ev.block_hashes != other_algo.event_hashes(prompt, BS, salt)
+            checked += 2
+
+        # a salted prompt, then a continuation: only the new blocks are stored, chained to the cached ones
+        salt = f"tenant-{name}"
+        first = [rng.randrange(1000, 31000) for _ in range(150)]  # 4 full blocks and a partial one
+        more = first + [rng.randrange(1000, 31000) for _ in range(100)]  # 7 full blocks
+        server.complete(first, cache_salt=salt)
+        stored = _stored(sub, 4)
+        chain = hasher.chain(first, BS, cache_salt=salt)
+        assert [h for e in stored for h in e.block_hashes] == chain.keys
+        usage = server.complete(more, cache_salt=salt)["usage"]
+        assert usage["prompt_tokens_details"]["cached_tokens"] == 4 * BS
+        (ev,) = _stored(sub, 3)
+        assert ev.parent_block_hash == chain.keys[-1]
+        assert ev.block_hashes == hasher.event_hashes(more, BS, salt)[4:]
+        assert ev.block_hashes == hasher.event_hashes(more[4 * BS:7 * BS], BS, parent=chain.tail)
+        checked += 7
+
+        # decode fills blocks with generated tokens: the events carry them, and they hash as agentkv's
+        prompt = [rng.randrange(1000, 31000) for _ in range(40)]
+        server.complete(prompt, max_tokens=60)  # 99 tokens computed: 3 full blocks
+        stored = _stored(sub, 3)
+        tokens = [t for e in stored for t in e.token_ids]
+        assert tokens[:40] == prompt and len(tokens) == 3 * BS
+        seq = hasher.sequence(BS)
+        seq.extend(tokens)
+        assert [h for e in stored for h in e.block_hashes] == seq.keys
+        checked += 3
+    figures[f"hashing {name}"] = (f"{algo}, PYTHONHASHSEED={'unset' if seed is None else seed}: {checked} block "
+                                  "hashes from live BlockStored events reproduced bit for bit")
+
+
+def test_make_hasher_reads_pythonhashseed_as_vllm(monkeypatch):
+    """Without an explicit seed, make_hasher takes PYTHONHASHSEED from the environment, as vLLM does."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    assert make_hasher("sha256").event_hashes(list(range(1, 65)), BS) == KNOWN[None]
+    monkeypatch.setenv("PYTHONHASHSEED", "4242")
+    assert make_hasher("sha256_cbor").none_hash == VllmHasher("sha256_cbor", "4242").none_hash
+    assert make_hasher("sha256").event_hashes(list(range(1, 65)), BS) != KNOWN[None]

