@@ -17,7 +17,7 @@ inside a session keeps prefixes whole):
   away; without any hints every block is in one group and the policy is exactly LRU.
 
 On the 119 shared traces (all sessions from t=0, 64-token blocks) it beats LRU: hit rate 0.445
-vs 0.409 at 16k blocks and 0.867 vs 0.856 at 64k (ARC: 0.454, 0.856; Belady: 0.634, 0.921);
+vs 0.409 at 16k blocks and 0.866 vs 0.856 at 64k (ARC: 0.454, 0.856; Belady: 0.634, 0.921);
 benchmarks/kv_pool.py prints the table.
 Hints (through the pool): `session_paused(s, now, reason)`, `session_resumed(s, now)`,
 `session_ended(s, now)`.
