@@ -232,7 +232,7 @@ class Engine:
         if req.session_id is not None and req.hash_array is not None:
             hints = self._session_blocks
             hints.pop(req.session_id, None)
-            hints[req.session_id] = np.asarray(self.pool.request_blocks(req.request_id), dtype=np.int64)
+            hints[req.session_id] = self.pool.block_table(req.request_id)  # int64, never changed in place
             if len(hints) > 4096:  # bounded: drop the least recently finished session
                 del hints[next(iter(hints))]
         self.scheduler.finish(req)
