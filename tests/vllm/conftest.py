@@ -1,11 +1,12 @@
 """The live-vLLM suite's fixtures: provisioning (or a skip with its reason), servers, the trimmed trace.
 
-Every test here is marked `vllm` (deselect with `-m "not vllm"`). Three servers are used, at
-most two alive at once: `main` and `peer` (sha256, PYTHONHASHSEED unset, vLLM binds its event
+Every test module here is marked `vllm` (deselect with `-m "not vllm"`). Three servers are used,
+at most two alive at once: `main` and `peer` (sha256, PYTHONHASHSEED unset, vLLM binds its event
 socket, a cache too big to evict) and `evict` (sha256_cbor, PYTHONHASHSEED set, 320 blocks, the
-subscriber binds). Tests run in the order that needs the fewest waits for a start-up: those on
-`peer` first, those on `evict` last, so `evict` starts while the middle ones run on `main`. The run ends with a summary line saying whether the suite ran, on which vLLM,
-how long provisioning and start-ups took, and the figures the tests measured.
+subscriber binds). Tests run in the order that waits least for start-ups: those on `peer` first,
+those on `evict` last, so `evict` starts while the middle ones run on `main`. The run ends with a
+summary saying whether the suite ran, on which vLLM, how long provisioning and start-ups took,
+and the figures the tests measured.
 """
 
 from __future__ import annotations
@@ -48,11 +49,9 @@ def _ours(item) -> bool:
     return Path(str(item.fspath)).resolve().is_relative_to(HERE)
 
 
-@pytest.hookimpl(trylast=True)
+@pytest.hookimpl(trylast=True)  # after -k / -m deselection
 def pytest_collection_modifyitems(config, items):
     mine = [i for i in items if _ours(i)]
-    for item in mine:
-        item.add_marker(pytest.mark.vllm)
     if mine:  # peer-only tests first, evict tests last (a stable sort keeps file order otherwise)
         order = sorted(mine, key=lambda i: 0 if "peer" in _servers(i) else 2 if "evict" in _servers(i) else 1)
         at = items.index(mine[0])
@@ -65,7 +64,7 @@ def pytest_collection_finish(session):
 
 
 @pytest.fixture(scope="session")
-def vllm_env() -> VllmEnv:
+def vllm_env(request) -> VllmEnv:
     """The provisioned environment, or a skip naming why it cannot be had here."""
     if STATE.skipped:
         pytest.skip(STATE.skipped)
@@ -75,7 +74,8 @@ def vllm_env() -> VllmEnv:
             pytest.skip(STATE.skipped)
         STATE.t0 = time.monotonic()
         try:
-            STATE.env = provision(log=lambda msg: print(f"\n[vllm] {msg}", flush=True))
+            tr = request.config.pluginmanager.get_plugin("terminalreporter")
+            STATE.env = provision(log=lambda msg: tr.write_line(f"[vllm] {msg}") if tr else None)
         except Unavailable as e:
             STATE.skipped = f"vLLM environment unavailable: {e}"
             pytest.skip(STATE.skipped)

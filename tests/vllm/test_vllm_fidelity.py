@@ -13,11 +13,16 @@ the simulator is left as it is and the test checks both.
 
 from __future__ import annotations
 
+import pytest
 from vllm_runs import bench, simulate
 from vllm_server import EVICT_BLOCKS
 
+pytestmark = pytest.mark.vllm
+
 
 def test_simulator_hit_rate_matches_live_vllm(evict_server, vllm_env, trimmed_trace, tmp_path, figures):
+    cfg = evict_server.cache_config()
+    assert (cfg["num_gpu_blocks"], cfg["block_size"]) == (str(EVICT_BLOCKS), "32")
     evict_server.reset_prefix_cache()  # start from an empty cache, as the simulator does
     live = bench(evict_server, trimmed_trace, tmp_path / "bench")
     n = len(live.records)

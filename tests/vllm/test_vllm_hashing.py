@@ -17,6 +17,8 @@ from agentkv.kv.events import BlockStored
 from agentkv.kv.hashing import VllmHasher, make_hasher
 from agentkv.kv.zmq_subscriber import ZmqEventSubscriber
 
+pytestmark = pytest.mark.vllm
+
 BS = 32
 # ../shared/vllm/README.md: prompt 1..64 on sha256 without PYTHONHASHSEED, unsalted and salted "s1"
 KNOWN = {None: [11290800355336220572, 11189021207153552290], "s1": [9814989143922616389, 6078964196695249834]}

@@ -19,7 +19,10 @@ import time
 import urllib.request
 from pathlib import Path
 
+import pytest
 from vllm_server import BLOCK_SIZE, MODEL_NAME, VllmServer, free_ports
+
+pytestmark = pytest.mark.vllm
 
 
 class Router:

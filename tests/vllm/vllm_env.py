@@ -129,7 +129,7 @@ def provision(log=print) -> VllmEnv:
         version = _installed_version(python) if marker.exists() and marker.read_text().strip() == VLLM_SPEC else None
         installed_now = version is None
         if installed_now:
-            log(f"provisioning {venv}: pip install {VLLM_SPEC} (about 90 s and 3.4 GB the first time)")
+            log(f"provisioning {venv}: pip install {VLLM_SPEC} (several minutes and 3.4 GB, the first time only)")
             _install(venv)
             version = _installed_version(python, full=True)
             if version is None:

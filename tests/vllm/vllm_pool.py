@@ -7,6 +7,7 @@ there is room, so a start-up overlaps the tests still running on the other serve
 
 from __future__ import annotations
 
+import atexit
 import threading
 from collections import Counter, OrderedDict
 from pathlib import Path
@@ -25,6 +26,7 @@ class ServerPool:
         self.started: list[tuple[str, float]] = []  # (name, start-up seconds), in start order
         self.order: list[str] = []  # first use order
         self.remaining: Counter[str] = Counter()
+        atexit.register(self.close)  # no server outlives the test run, even an interrupted one
 
     def plan(self, uses: list[list[str]]) -> None:
         """The servers of each test, in run order."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -191,12 +192,22 @@ class VllmServer:
             if r.status != 200:
                 raise RuntimeError(f"reset_prefix_cache: HTTP {r.status}")
 
+    def _metrics_text(self) -> str:
+        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
+            return r.read().decode()
+
+    def cache_config(self) -> dict[str, str]:
+        """The labels of `vllm:cache_config_info` (block_size, num_gpu_blocks, prefix_caching_hash_algo, ...)."""
+        for line in self._metrics_text().splitlines():
+            if line.startswith("vllm:cache_config_info{"):
+                labels = line[line.index("{") + 1: line.rindex("}")]
+                return dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        raise AssertionError("vllm:cache_config_info is missing from /metrics")
+
     def metrics(self) -> dict[str, float]:
         """`/metrics` summed over label sets, by metric name."""
-        with urllib.request.urlopen(self.url + "/metrics", timeout=10) as r:
-            text = r.read().decode()
         out: dict[str, float] = {}
-        for line in text.splitlines():
+        for line in self._metrics_text().splitlines():
             if not line or line[0] == "#":
                 continue
             name = line.split("{", 1)[0].split(" ", 1)[0]
