@@ -115,3 +115,13 @@ def test_deterministic():
         return [(s.start, s.end, s.num_prefill_tokens) for s in run(e)]
 
     assert once() == once()
+
+
+def test_block_stored_events_carry_token_ids():
+    events = []
+    e = Engine(EngineConfig(block_size=16), on_event=events.append)
+    ids = list(range(100, 150))
+    e.add_request("t", max_tokens=1, token_ids=ids)
+    run(e)
+    stored = [ev for ev in events if type(ev).__name__ == "BlockStored"]
+    assert stored and [t for ev in stored for t in ev.token_ids] == ids[:48]

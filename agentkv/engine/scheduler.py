@@ -44,7 +44,8 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.num_tokens - req.num_computed, budget)
-            while not pool.allocate_slots(req.request_id, n, req.block_hashes, req.num_computed):
+            while not pool.allocate_slots(req.request_id, n, req.block_hashes, req.num_computed,
+                                          token_ids=req.token_ids):
                 victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
@@ -66,7 +67,8 @@ class Scheduler:
                 n = min(req.num_tokens - req.num_computed - req.num_lower_tokens, budget)
                 nl = req.num_lower_tokens // pool.block_size
                 if not pool.allocate_slots(req.request_id, n, req.block_hashes, req.num_computed,
-                                           num_lower_blocks=nl, session_id=req.session_id):
+                                           num_lower_blocks=nl, session_id=req.session_id,
+                                           token_ids=req.token_ids):  # BlockStored carries the tokens
                     break
                 self.waiting.popleft()
                 if nl:

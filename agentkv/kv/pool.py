@@ -384,8 +384,9 @@ class BlockPool:
             self.policy.on_cached(run, start, parent, block_hashes)
             self.stats.stored += len(run)
             if self._emit is not None:
-                toks = list(token_ids[start * self.block_size:(start + len(run)) * self.block_size]) \
+                seg = token_ids[start * self.block_size:(start + len(run)) * self.block_size] \
                     if token_ids is not None else []
+                toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)  # plain ints for msgpack
                 self._emit(BlockStored(block_hashes=list(hs), parent_block_hash=block_hashes[start - 1] if start else None,
                                        token_ids=toks, block_size=self.block_size, medium="GPU"))
             if self.lower is not None:
