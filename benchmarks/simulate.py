@@ -1,0 +1,226 @@
+"""Simulator speed: the shared Claude Code traces on 8 simulated H200s, and Mooncake beside Dynamo.
+
+(a) The 119 shared Claude Code traces (about 8,000 requests, 1.0 B input tokens) on 8 simulated
+H200s serving Llama-3.1-8B, 64 lanes, kv_aware router: wall and CPU seconds, simulated seconds,
+speed-up over real time and simulated requests per wall and per CPU second. The machine may be
+shared, so CPU time (`time.process_time`) and the load average are printed beside wall time.
+(b) The Mooncake conversation trace (12,031 requests, replayed by timestamp) on 8 workers, beside
+Dynamo's offline replay of the same file (`dynamo.replay.run_trace_replay`, Rust) run through
+scripts/dynamo_replay.py in a Python 3.10 venv with ai-dynamo==1.6.1 (created here when missing,
+skipped with the reason when that fails). Dynamo gets the same block size, KV blocks per worker,
+scheduler limits, router weight and, as a timing table, agentkv's own H200 cost model (prefill by new tokens,
+decode by active KV tokens and context), so both replay the same cluster. Prints figures only.
+
+Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake] [--no-dynamo]
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.engine import Engine
+from agentkv.route.policy import make_policy
+from agentkv.sim.cluster import SimConfig, SimResult, simulate
+from agentkv.trace.formats import load_paths
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = Path(os.environ.get("AGENTKV_SHARED", ROOT.parent / "shared"))
+DYNAMO_VENV = ROOT / ".venv-peers" / "dynamo"
+DYNAMO_PIN = "ai-dynamo==1.6.1"
+WORKERS = 8
+
+
+@dataclass(slots=True)
+class Row:
+    """One line of the final table."""
+
+    name: str
+    requests: int
+    wall_s: float
+    cpu_s: float
+    sim_s: float | None = None
+    hit: float | None = None
+    note: str = ""
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def timed_sim(paths: list[Path], cfg: SimConfig) -> tuple[SimResult, float, float, float, float]:
+    """Load and simulate; returns the result, load wall/CPU seconds and simulate wall/CPU seconds."""
+    w0, c0 = time.perf_counter(), time.process_time()
+    traces = load_paths(paths)
+    w1, c1 = time.perf_counter(), time.process_time()
+    res = simulate(traces, cfg)
+    return res, w1 - w0, c1 - c0, time.perf_counter() - w1, time.process_time() - c1
+
+
+def ms(x: float | None) -> str:
+    return "-" if x is None else f"{x * 1e3:,.0f}"
+
+
+def claude_code() -> list[Row]:
+    src = SHARED / "traces" / "claude-code"
+    if not src.is_dir():
+        print(f"(a) skipped: {src} not found (set AGENTKV_SHARED)")
+        return []
+    cfg = SimConfig(engine=EngineConfig(gpu="h200", model="llama3-8b"), workers=WORKERS, lanes=64,
+                    router="kv_aware")
+    print(f"(a) {src}: 8x H200, Llama-3.1-8B, 64 lanes, kv_aware   load average before: {loadavg()}")
+    res, lw, lc, sw, sc = timed_sim([src], cfg)
+    s, n = res.summary, len(res.records)
+    tin = sum(r.input_tokens for r in res.records)
+    print(f"    {n:,} requests, {tin / 1e9:.2f} B input tokens; load {lw:.1f} s wall / {lc:.1f} s CPU")
+    print(f"    simulate: {sw:.1f} s wall, {sc:.1f} s CPU, {res.sim_s:,.0f} s simulated")
+    print(f"    speed-up vs real time: {res.sim_s / sw:,.0f}x (wall), {res.sim_s / sc:,.0f}x (CPU);  "
+          f"requests per second: {n / sw:,.0f} (wall), {n / sc:,.0f} (CPU)")
+    print(f"    hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}), TTFT p50/p99 "
+          f"{ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, preemptions {s.preemptions:,}   load average after: {loadavg()}")
+    return [Row("agentkv, claude-code (a)", n, lw + sw, lc + sc, res.sim_s, s.cache.reported,
+                f"{res.sim_s / (lw + sw):,.0f}x real time (wall), {res.sim_s / (lc + sc):,.0f}x (CPU)")]
+
+
+def perf_table(engine: Engine, path: Path) -> None:
+    """agentkv's cost model as a Dynamo mocker timing table (npz): prefill ms by new tokens in a
+    step, decode ms by (active KV tokens, context length), batch = tokens / context."""
+    cost, cap = engine.cost, engine.num_gpu_blocks * engine.config.block_size
+    isl = np.unique(np.geomspace(1, engine.config.max_num_batched_tokens, 96).round())
+    ttft = [cost.step_time([(int(n), 0)], []) * 1e3 for n in isl]
+    kv = np.linspace(0, cap, 64)
+    ctx = np.unique(np.geomspace(1, engine.max_model_len, 64).round())
+    seqs = engine.config.max_num_seqs
+    batch = [[int(min(seqs, max(1, round(k / c)))) for c in ctx] for k in kv]
+    itl = np.array([[cost.decode_steps(b, b * int(c), int(c), 1)[0] * 1e3 for b, c in zip(row, ctx, strict=True)]
+                    for row in batch])
+    np.savez(path, prefill_isl=isl, prefill_ttft_ms=np.array(ttft), decode_active_kv_tokens=kv,
+             decode_context_length=ctx, decode_itl=itl)
+
+
+def dynamo_python() -> tuple[str | None, str]:
+    """The 3.10 interpreter with ai-dynamo, creating the venv when missing; (None, reason) if not."""
+    env = os.environ.get("DYNAMO_PYTHON")
+    if env:
+        return env, f"DYNAMO_PYTHON={env}"
+    py = DYNAMO_VENV / "bin" / "python"
+    if not py.exists():
+        bases = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10.*/bin/python"))) or \
+            [p for p in [shutil.which("python3.10")] if p]
+        if not bases:
+            return None, "no Python 3.10 found (pyenv ~/.pyenv/versions/3.10.* or python3.10 on PATH)"
+        print(f"    creating {DYNAMO_VENV} with {bases[-1]} and installing {DYNAMO_PIN} ...")
+        try:
+            subprocess.run([bases[-1], "-m", "venv", str(DYNAMO_VENV)], check=True, capture_output=True)
+            subprocess.run([str(py), "-m", "pip", "install", "-q", DYNAMO_PIN], check=True,
+                           capture_output=True, timeout=1800)
+        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
+            err = (getattr(e, "stderr", b"") or b"").decode(errors="replace").strip().splitlines()[-1:]
+            return None, f"installing {DYNAMO_PIN} failed: {' '.join(err) or e}"
+    probe = subprocess.run([str(py), "-c", "from dynamo.replay import run_trace_replay"], capture_output=True)
+    if probe.returncode:
+        return None, f"{py} cannot import dynamo.replay: {probe.stderr.decode(errors='replace').strip()[-300:]}"
+    return str(py), str(py)
+
+
+def run_dynamo(py: str, cfg: dict) -> dict:
+    env = {**os.environ, "DYN_LOG": "error"}
+    proc = subprocess.run([py, str(ROOT / "scripts" / "dynamo_replay.py"), json.dumps(cfg)],
+                          capture_output=True, env=env, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"dynamo replay failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def mooncake(with_dynamo: bool) -> list[Row]:
+    src = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl.gz"
+    if not src.is_file():
+        print(f"(b) skipped: {src} not found")
+        return []
+    ecfg = EngineConfig(gpu="h200", model="llama3-8b")
+    cfg = SimConfig(engine=ecfg, workers=WORKERS, router="kv_aware", idle_gap_cap=None)
+    print(f"(b) {src.name}: 8x H200, Llama-3.1-8B, by timestamp, kv_aware, block 16   "
+          f"load average before: {loadavg()}")
+    res, lw, lc, sw, sc = timed_sim([src], cfg)
+    s, n = res.summary, len(res.records)
+    print(f"    agentkv: {n:,} requests; load {lw:.1f} s + simulate {sw:.1f} s wall, {lc + sc:.1f} s CPU; "
+          f"{res.sim_s:,.0f} s simulated; hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}); "
+          f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms")
+    rows = [Row("agentkv, mooncake (b)", n, lw + sw, lc + sc, res.sim_s, s.cache.reported,
+                f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms")]
+    if not with_dynamo:
+        print("    Dynamo: skipped (--no-dynamo)")
+        return rows
+    py, why = dynamo_python()
+    if py is None:
+        print(f"    Dynamo: skipped: {why}")
+        return rows
+    engine = Engine(ecfg)
+    with tempfile.TemporaryDirectory() as tmp:
+        trace = Path(tmp) / "conversation_trace.jsonl"
+        trace.write_bytes(gzip.decompress(src.read_bytes()))  # Dynamo reads plain JSONL
+        npz = Path(tmp) / "agentkv_h200_llama3_8b.npz"
+        perf_table(engine, npz)
+        dcfg = {"trace": str(trace), "workers": WORKERS, "block_size": ecfg.block_size, "trace_block_size": 512,
+                "num_gpu_blocks": engine.num_gpu_blocks, "max_num_seqs": ecfg.max_num_seqs,
+                "max_num_batched_tokens": ecfg.max_num_batched_tokens, "router": "kv_router",
+                "prefill_load_scale": make_policy("kv_aware").weight, "perf_npz": str(npz)}
+        print(f"    Dynamo ({why}): {engine.num_gpu_blocks:,} blocks of {ecfg.block_size} per worker, "
+              f"kv_router (prefill_load_scale {dcfg['prefill_load_scale']:g}, as kv_aware's weight), "
+              f"agentkv's cost model as its timing table   load average: {loadavg()}")
+        try:
+            d = run_dynamo(py, dcfg)
+        except RuntimeError as e:
+            print(f"    Dynamo: failed: {e}")
+            return rows
+    sim_s = (d["duration_ms"] or 0) / 1e3
+    print(f"    Dynamo: {d['completed_requests']:,} requests; {d['wall_s']:.1f} s wall ({d['wall_time_ms'] / 1e3:.1f} s "
+          f"inside Rust), {d['cpu_s']:.1f} s CPU; {sim_s:,.0f} s simulated; reuse "
+          f"{d['prefix_cache_reused_ratio']:.1%}; TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
+          f"TPOT p50 {d['median_tpot_ms']:,.1f} ms")
+    rows.append(Row("Dynamo 1.6.1, mooncake (b)", d["completed_requests"], d["wall_s"], d["cpu_s"], sim_s,
+                    d["prefix_cache_reused_ratio"],
+                    f"TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
+                    f"TPOT p50 {d['median_tpot_ms']:,.0f} ms"))
+    a, b = rows
+    print(f"    agentkv / Dynamo: {a.wall_s / b.wall_s:.2f}x wall, {a.cpu_s / b.cpu_s:.2f}x CPU "
+          f"(target: within 3x)")
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", choices=["claude", "mooncake"], default=None)
+    ap.add_argument("--no-dynamo", action="store_true", help="skip Dynamo's replay")
+    args = ap.parse_args()
+    print(f"{os.cpu_count()} CPUs, load average {loadavg()}; Python {sys.version.split()[0]}")
+    rows: list[Row] = []
+    if args.only in (None, "claude"):
+        rows += claude_code()
+    if args.only in (None, "mooncake"):
+        rows += mooncake(not args.no_dynamo)
+    print(f"\n{'run':28} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
+          f"{'req/CPU s':>9} {'hit':>6}  notes")
+    for r in rows:
+        sim = f"{r.sim_s:,.0f}" if r.sim_s is not None else "-"
+        hit = f"{r.hit:.1%}" if r.hit is not None else "-"
+        print(f"{r.name:28} {r.requests:>9,} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {sim:>8} {r.requests / r.wall_s:>10,.0f} "
+              f"{r.requests / r.cpu_s:>9,.0f} {hit:>6}  {r.note}")
+    print(f"load average at the end: {loadavg()}")
+
+
+if __name__ == "__main__":
+    main()
