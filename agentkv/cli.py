@@ -268,6 +268,40 @@ def _cmd_side_channel(args: argparse.Namespace) -> int:
     return side_channel_command(args)
 
 
+def _cache_commands(sub: argparse._SubParsersAction) -> None:
+    """`agentkv cache ...`: offline analysis of the KV cache on traces."""
+    cache = sub.add_parser("cache", help="offline KV-cache analysis of traces (eviction policies, capacities)")
+    csub = cache.add_subparsers(dest="cache_cmd", required=True, metavar="COMMAND")
+    p = csub.add_parser("analyze", help="token hit rate per (capacity, block size, eviction policy), with "
+                        "Belady's optimum and the unbounded-cache ceiling")
+    p.add_argument("paths", nargs="*", metavar="TRACE", help="trace files or directories (default: bundled sample)")
+    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"])
+    p.add_argument("--capacity", default="100GB", metavar="SIZES",
+                   help="GPU KV capacities, comma-separated, e.g. 50GB,100GB,200GB (default 100GB)")
+    p.add_argument("--model", default="llama3-8b",
+                   help="model shape for KV bytes per token: llama3-8b, llama3-70b, qwen3-32b, or a HF config.json")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8 (default auto)")
+    p.add_argument("--block-size", default="16", metavar="SIZES",
+                   help="block sizes in tokens, comma-separated, e.g. 16,64 (default 16)")
+    p.add_argument("--policy", default=None, metavar="NAMES",
+                   help="eviction policies, comma-separated: lru, lfu, radix, arc, session, belady (default all)")
+    p.add_argument("--cpu", default=None, metavar="SIZE", help="a CPU tier below the GPU, e.g. 512GB")
+    p.add_argument("--concurrency", type=int, default=None, metavar="N",
+                   help="N sessions at a time, the next starting when one ends (default: all from t=0)")
+    p.add_argument("--jobs", "-j", type=int, default=None, metavar="N",
+                   help="worker processes for the grid (default: usable cores, at most 4)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument("--plot", default=None, metavar="OUT", help="write a hit rate vs capacity chart (.html or .svg)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=_cmd_cache_analyze)
+
+
+def _cmd_cache_analyze(args: argparse.Namespace) -> int:
+    from agentkv.kv.analyze_view import analyze_command
+
+    return analyze_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="agentkv",
@@ -276,6 +310,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentkv {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _trace_commands(sub)
+    _cache_commands(sub)
     _simulate_command(sub)
     _route_command(sub)
     _serve_command(sub)

@@ -1,0 +1,299 @@
+"""`agentkv cache analyze`: token hit rate of each eviction policy over a grid of capacities and block sizes.
+
+The traces' block accesses (agentkv.kv.analyze_access) are replayed through a `BlockPool` per
+(block size, capacity, policy) cell: lookup, allocate prompt + output, free, one request at a
+time, so capacity is pure cache room. Belady's offline optimum and the unbounded cache are the
+reference rows: no policy beats the unbounded cache, and Belady is the practical ceiling at a
+capacity. With a CPU tier, GPU misses are looked up below and promoted, and hits split by tier.
+Cells run in forked worker processes that share the (read-only) accesses.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+
+import msgspec
+
+from agentkv.errors import UserError
+from agentkv.kv.analyze_access import arrivals, block_accesses, ceiling_tokens, check_block_size
+from agentkv.kv.policies import POLICIES, make_policy
+from agentkv.kv.pool import BlockPool
+from agentkv.kv.replay import BlockRequest, replay
+from agentkv.kv.tiers import TierSpec, TierStack
+from agentkv.trace.model import Trace
+from agentkv.units import parse_capacity
+
+KV_DTYPES = {"auto": "bf16", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "fp8": "fp8",
+             "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+
+
+class CellResult(msgspec.Struct, kw_only=True):
+    """One replay: a policy at a capacity and block size; `tier_hit_tokens` splits the hits by tier."""
+
+    block_size: int
+    capacity: str  # as the user wrote it, e.g. "100GB"
+    capacity_bytes: int
+    num_blocks: int
+    policy: str
+    hit_rate: float
+    hit_tokens: int
+    query_tokens: int
+    tier_hit_tokens: dict[str, int]  # "GPU", and "CPU" with a CPU tier
+    too_big: int  # requests larger than the whole pool: not replayed, all their tokens missed
+    evicted: int
+    seconds: float
+
+
+class Ceiling(msgspec.Struct, kw_only=True):
+    """The unbounded-cache hit rate at one block size (same accesses, same counting)."""
+
+    block_size: int
+    hit_rate: float
+    hit_tokens: int
+    query_tokens: int
+
+
+class Analysis(msgspec.Struct, kw_only=True):
+    """What `agentkv cache analyze --json` prints."""
+
+    model: str
+    kv_cache_dtype: str
+    kv_bytes_per_token: int
+    traces: int
+    requests: int
+    input_tokens: int
+    order: str  # "timestamps" (every session from t=0) or "concurrency"
+    concurrency: int | None
+    cpu: str | None
+    cpu_bytes: int | None
+    capacities: list[str]
+    block_sizes: list[int]
+    policies: list[str]
+    ceilings: list[Ceiling]
+    results: list[CellResult]
+    seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class Grid:
+    """The validated settings of one analysis."""
+
+    capacities: tuple[tuple[str, int], ...]  # (label, bytes)
+    block_sizes: tuple[int, ...]
+    policies: tuple[str, ...]
+    model: str
+    kv_dtype: str  # bf16 | fp16 | fp8
+    kv_bytes_per_token: int
+    num_layers: int
+    cpu: tuple[str, int] | None = None
+    concurrency: int | None = None
+
+
+def _items(text: str, flag: str) -> list[str]:
+    items = [x.strip() for x in str(text).split(",")]
+    if not all(items):
+        raise UserError(f"{flag}: empty item in {text!r}; give a comma-separated list")
+    return list(dict.fromkeys(items))
+
+
+def make_grid(capacity: str = "100GB", block_size: str = "16", policy: str | None = None,
+              model: str = "llama3-8b", kv_cache_dtype: str = "auto", cpu: str | None = None,
+              concurrency: int | None = None) -> Grid:
+    """Parse the command's flags (comma lists) into a `Grid`; UserError naming the flag on bad input."""
+    from agentkv.engine.hardware import get_model
+
+    caps = []
+    for c in _items(capacity, "--capacity"):
+        b = parse_capacity(c, "--capacity")
+        if b <= 0:
+            raise UserError(f"--capacity: {c!r} must be more than 0 bytes")
+        caps.append((c, b))
+    sizes = []
+    for s in _items(block_size, "--block-size"):
+        try:
+            n = int(s)
+        except ValueError:
+            raise UserError(f"--block-size: {s!r} is not a whole number of tokens") from None
+        if n <= 0:
+            raise UserError(f"--block-size: must be a positive number of tokens, got {n}")
+        sizes.append(n)
+    pols = _items(policy, "--policy") if policy is not None else list(POLICIES)
+    for p in pols:
+        if p not in POLICIES:
+            raise UserError(f"--policy: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
+    if kv_cache_dtype not in KV_DTYPES:
+        raise UserError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not one of {', '.join(KV_DTYPES)}")
+    shape = get_model(model)
+    dtype = KV_DTYPES[kv_cache_dtype]
+    per_token = int(shape.kv_bytes_per_token(dtype))
+    cpu_spec = (cpu, parse_capacity(cpu, "--cpu")) if cpu else None
+    for label, nbytes in caps:
+        for bs in sizes:
+            if nbytes < bs * per_token:
+                raise UserError(f"--capacity: {label} holds no block of {bs} tokens of {shape.name} "
+                                f"{dtype} KV ({bs * per_token:,} bytes a block)")
+    if cpu_spec is not None and cpu_spec[1] < max(sizes) * per_token:
+        raise UserError(f"--cpu: {cpu} holds no block of {max(sizes)} tokens ({max(sizes) * per_token:,} bytes)")
+    if concurrency is not None and concurrency < 1:
+        raise UserError(f"--concurrency: must be at least 1, got {concurrency}")
+    return Grid(tuple(caps), tuple(sizes), tuple(pols), shape.name, dtype, per_token, shape.layers,
+                cpu_spec, concurrency)
+
+
+def replay_tiered(pool: BlockPool, requests: Sequence[BlockRequest]) -> tuple[int, int, int, int]:
+    """`replay` with the pool's lower tiers: a GPU miss's run found below is promoted, not recomputed.
+
+    Returns (query tokens, GPU hit tokens, lower-tier hit tokens, failed requests). Session
+    hints as `replay(hints=True)` gives them.
+    """
+    bs = pool.block_size
+    # the pool evicts GPU blocks (demoting them below) before it promotes, so the C - n blocks a
+    # request takes could push its own matched (and touched) run out of a small tier: look up at
+    # most room - (C - n) blocks below, which survive that, and recompute the rest
+    room = min(cap for _, cap in pool.lower.occupancy().values())
+    q0, h0 = pool.stats.queries, pool.stats.hits
+    lower_hits = failed = 0
+    for i, r in enumerate(requests):
+        rid = str(i)
+        pool.session_resumed(r.session, r.time)
+        hs = r.hashes
+        n = pool.get_computed_blocks(hs, r.input_tokens)
+        limit = max(0, min(len(hs), (r.input_tokens - 1) // bs))
+        total = r.input_tokens + r.output_tokens
+        k = min(limit - n, room - (-(-total // bs) - n))
+        m = len(pool.match_lower(hs[:n + k], n)) if k > 0 else 0
+        if pool.allocate_slots(rid, total - (n + m) * bs, hs, n * bs, num_lower_blocks=m, session_id=r.session):
+            lower_hits += m * bs
+            pool.free(rid)
+        else:
+            failed += 1
+        pool.session_paused(r.session, r.end, r.stop)
+        if r.last:
+            pool.session_ended(r.session, r.end)
+    return pool.stats.queries - q0, pool.stats.hits - h0, lower_hits, failed
+
+
+def fitting(requests: Sequence[BlockRequest], num_blocks: int, block_size: int) -> list[BlockRequest]:
+    """The requests whose prompt + output fit in `num_blocks`, lanes' last flags set anew.
+
+    Requests run one at a time, so one fails iff it is larger than the whole pool: it is left out
+    of the replay (and of Belady's future) and counts as a query with no hit.
+    """
+    fit = [r for r in requests if -(-(r.input_tokens + r.output_tokens) // block_size) <= num_blocks]
+    if len(fit) == len(requests):
+        return fit
+    last = {r.session: i for i, r in enumerate(fit)}
+    for i, r in enumerate(fit):
+        if (last[r.session] == i) != r.last:
+            fit[i] = BlockRequest(r.time, r.end, r.session, r.hashes, r.input_tokens, r.output_tokens, r.stop,
+                                  last[r.session] == i)
+    return fit
+
+
+def run_cell(grid: Grid, requests: Sequence[BlockRequest], block_size: int, capacity: tuple[str, int],
+             policy: str) -> CellResult:
+    """Replay `requests` through a fresh pool of `capacity` with `policy` (and the grid's CPU tier)."""
+    t0 = time.perf_counter()
+    label, nbytes = capacity
+    block_bytes = block_size * grid.kv_bytes_per_token
+    num_blocks = nbytes // block_bytes
+    queries = sum(r.input_tokens for r in requests)
+    fit = fitting(requests, num_blocks, block_size)
+    evictor = make_policy(policy, accesses=[r.hashes for r in fit] if policy == "belady" else None)
+    lower = None
+    if grid.cpu is not None:
+        lower = TierStack([TierSpec("CPU", capacity_bytes=grid.cpu[1])], block_bytes, block_size=block_size,
+                          num_layers=grid.num_layers)
+    pool = BlockPool(num_blocks, block_size, evictor, lower=lower)
+    if lower is None:
+        res = replay(pool, fit, hints=True)
+        gpu, below, failed = res.hit_tokens, 0, res.failed
+        tiers = {"GPU": gpu}
+    else:
+        _, gpu, below, failed = replay_tiered(pool, fit)
+        tiers = {"GPU": gpu, "CPU": below}
+    if failed:  # cannot happen one request at a time; a failed lookup would count hits it never got
+        raise RuntimeError(f"{failed} requests failed to allocate in an otherwise empty pool")
+    hits = gpu + below
+    return CellResult(block_size=block_size, capacity=label, capacity_bytes=nbytes, num_blocks=num_blocks,
+                      policy=policy, hit_rate=hits / queries if queries else 0.0, hit_tokens=hits,
+                      query_tokens=queries, tier_hit_tokens=tiers, too_big=len(requests) - len(fit),
+                      evicted=pool.stats.evicted, seconds=time.perf_counter() - t0)
+
+
+# the accesses per block size, set before forking so that worker processes inherit them
+_SHARED: dict[str, object] = {}
+
+
+def _run_shared(block_size: int, capacity: tuple[str, int], policy: str) -> CellResult:
+    args = (_SHARED["grid"], _SHARED["requests"][block_size], block_size, capacity, policy)
+    if policy != "belady":
+        return run_cell(*args)
+    with _SHARED["belady_lock"]:  # one at a time: its future-use index takes ~60 bytes per access
+        return run_cell(*args)
+
+
+def default_jobs() -> int:
+    """Worker processes: the cores this process may use, at most 4 (each holds a pool)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, min(4, n))
+
+
+def analyze(traces: Sequence[Trace], grid: Grid, *, jobs: int = 1,
+            progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+    """Run every cell of `grid` on `traces`; `progress(done, total, what)` after each cell."""
+    t0 = time.perf_counter()
+    if not any(t.num_requests for t in traces):
+        raise UserError("cache analyze: the traces hold no requests")
+    for bs in grid.block_sizes:
+        check_block_size(traces, bs)
+    arrived = arrivals(traces, grid.concurrency)
+    cells = [(bs, cap, pol) for bs in grid.block_sizes for cap in grid.capacities for pol in grid.policies]
+    total = len(cells) + len(grid.block_sizes)
+    done = 0
+    requests: dict[int, list[BlockRequest]] = {}
+    ceilings = []
+    for bs in grid.block_sizes:
+        reqs = requests[bs] = block_accesses(arrived, bs)
+        q = sum(r.input_tokens for r in reqs)
+        h = ceiling_tokens(reqs, bs)
+        ceilings.append(Ceiling(block_size=bs, hit_rate=h / q if q else 0.0, hit_tokens=h, query_tokens=q))
+        done += 1
+        if progress:
+            progress(done, total, f"block size {bs}: accesses and ceiling")
+    results: list[CellResult] = []
+    jobs = max(1, min(jobs, len(cells)))
+    if jobs == 1 or "fork" not in mp.get_all_start_methods():
+        for cell in cells:
+            results.append(run_cell(grid, requests[cell[0]], *cell))
+            done += 1
+            if progress:
+                progress(done, total, f"{cell[2]} at {cell[1][0]}, block size {cell[0]}")
+    else:
+        ctx = mp.get_context("fork")
+        _SHARED.update(grid=grid, requests=requests, belady_lock=ctx.Lock())
+        try:
+            with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+                futures = [ex.submit(_run_shared, *cell) for cell in cells]
+                for fut in as_completed(futures):
+                    r = fut.result()
+                    results.append(r)
+                    done += 1
+                    if progress:
+                        progress(done, total, f"{r.policy} at {r.capacity}, block size {r.block_size}")
+        finally:
+            _SHARED.clear()
+        order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
+        results.sort(key=lambda r: order[(r.block_size, r.capacity, r.policy)])
+    return Analysis(
+        model=grid.model, kv_cache_dtype=grid.kv_dtype, kv_bytes_per_token=grid.kv_bytes_per_token,
+        traces=len(traces), requests=len(arrived), input_tokens=sum(a.request.input_tokens for a in arrived),
+        order="concurrency" if grid.concurrency else "timestamps", concurrency=grid.concurrency,
+        cpu=grid.cpu[0] if grid.cpu else None, cpu_bytes=grid.cpu[1] if grid.cpu else None,
+        capacities=[c[0] for c in grid.capacities], block_sizes=list(grid.block_sizes),
+        policies=list(grid.policies), ceilings=ceilings, results=results, seconds=time.perf_counter() - t0)

@@ -1,0 +1,134 @@
+"""The block accesses `agentkv cache analyze` replays: trace requests in arrival order, re-blocked.
+
+Two orders. By timestamps (the default): every trace starts at t=0 and each request arrives at
+its recorded time, so sessions interleave as they ran. By concurrency N: the replay plan
+(agentkv.trace.plan) runs N sessions at a time on a virtual clock where each request takes its
+recorded `api_time`, and the next session starts when one ends. Block keys are `chain_keys` of
+the engine block size, as the simulator's: a 16-token block splits a 64-token trace block in 4.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import numpy as np
+
+from agentkv.errors import UserError
+from agentkv.kv.replay import BlockRequest
+from agentkv.kv.trace_tokens import chain_keys
+from agentkv.trace.model import Request, Trace
+from agentkv.trace.plan import ReplayPlan, simulate_schedule
+
+
+class Arrival(NamedTuple):
+    """One request placed on the replay clock, with its hash-id space and session lane."""
+
+    start: float
+    end: float
+    space: str  # key space of its hash ids: one run of a trace, or a whole file for global ids
+    lane: str  # its session for session hints; side calls (kind "s") are a lane of their own
+    trace: Trace
+    request: Request
+
+
+def check_block_size(traces: Sequence[Trace], block_size: int) -> None:
+    """UserError unless `block_size` is positive and divides, or is a multiple of, every trace's block size."""
+    if block_size <= 0:
+        raise UserError(f"--block-size: must be a positive number of tokens, got {block_size}")
+    for t in traces:
+        if t.block_size % block_size and block_size % t.block_size:
+            raise UserError(f"--block-size: {block_size} neither divides nor is a multiple of the block size "
+                            f"{t.block_size} of trace {t.id} ({t.source or 'in memory'})")
+
+
+def _space(trace: Trace, run: str) -> str:
+    return run if trace.hash_id_scope == "local" else f"global:{trace.source or trace.id}"
+
+
+def _lane(run: str, session_id: str, r: Request) -> str:
+    return f"{run}:{session_id}{'/side' if r.kind == 's' else ''}"
+
+
+def arrivals(traces: Sequence[Trace], concurrency: int | None = None) -> list[Arrival]:
+    """Every request with its (start, end), in arrival order; `end` is start + recorded `api_time`.
+
+    `concurrency=None`: every trace from t=0 at its recorded times. Otherwise `concurrency` lanes
+    of the replay plan take the traces in the given order, real gaps kept (no idle-gap cap);
+    timestamp-mode traces (Mooncake) keep their own arrival times either way.
+    """
+    if concurrency is not None and concurrency < 1:
+        raise UserError(f"--concurrency: must be at least 1, got {concurrency}")
+    out: list[tuple[float, int, int, Arrival]] = []
+    if concurrency is None:
+        for ti, t in enumerate(traces):
+            run = f"{t.id}#{ti}"
+            space = _space(t, run)
+            for k, x in enumerate(t.timeline()):
+                r = x.request
+                a = Arrival(x.time, x.time + (r.api_time or 0.0), space, _lane(run, x.session.id, r), t, r)
+                out.append((x.time, ti, k, a))
+    else:
+        plan = ReplayPlan(traces, lanes=concurrency, idle_gap_cap=None)
+        for sp in simulate_schedule(plan, lambda item: item.request.api_time or 0.0):
+            it = sp.item
+            a = Arrival(sp.start, sp.end, _space(it.trace, it.tree_key), _lane(it.tree_key, it.session.id, it.request),
+                        it.trace, it.request)
+            out.append((sp.start, it.id, 0, a))
+    out.sort(key=lambda x: x[:3])
+    return [x[3] for x in out]
+
+
+def _common(a: np.ndarray, b: np.ndarray) -> int:
+    """Length of the common prefix of two key arrays."""
+    m = min(len(a), len(b))
+    if m == 0:
+        return 0
+    eq = a[:m] == b[:m]
+    return m if eq.all() else int(eq.argmin())
+
+
+def block_accesses(arrivals: Sequence[Arrival], block_size: int) -> list[BlockRequest]:
+    """One `BlockRequest` per arrival, its hashes the chained keys of `block_size`-token blocks.
+
+    A request shares the key objects of its common prefix with the previous request of its
+    lane or of its hash space, so the lists of a long session cost one pointer per block.
+    """
+    by_lane: dict[str, tuple[np.ndarray, list[int]]] = {}
+    by_space: dict[str, tuple[np.ndarray, list[int]]] = {}
+    out: list[BlockRequest] = []
+    for a in arrivals:
+        r = a.request
+        keys = chain_keys(a.space, r.hash_ids, a.trace.block_size, block_size, r.input_tokens)
+        best, shared = 0, None
+        for prev in (by_lane.get(a.lane), by_space.get(a.space)):
+            if prev is not None and (c := _common(prev[0], keys)) > best:
+                best, shared = c, prev[1]
+        hashes = shared[:best] + keys[best:].tolist() if shared is not None else keys.tolist()
+        by_lane[a.lane] = by_space[a.space] = (keys, hashes)
+        out.append(BlockRequest(a.start, a.end, a.lane, hashes, r.input_tokens, r.output_tokens, r.stop, False))
+    last = {r.session: i for i, r in enumerate(out)}
+    for i in last.values():
+        r = out[i]
+        out[i] = BlockRequest(r.time, r.end, r.session, r.hashes, r.input_tokens, r.output_tokens, r.stop, True)
+    return out
+
+
+def ceiling_tokens(requests: Sequence[BlockRequest], block_size: int) -> int:
+    """Hit tokens of an unbounded cache on the same accesses, counted as the pool counts them.
+
+    Each request hits its longest run of keys seen before, at most `(input_tokens - 1) // block_size`
+    blocks (the last prompt token is recomputed); then all its keys are cached. No finite pool
+    under any policy can beat it. Keys are chained, so key j seen implies keys 0..j seen: the run
+    ends at the first unseen key, found by bisection.
+    """
+    seen: set[int] = set()
+    hits = 0
+    for r in requests:
+        hs = r.hashes
+        limit = max(0, min(len(hs), (r.input_tokens - 1) // block_size))
+        n = bisect_left(range(limit), True, key=lambda j, hs=hs: hs[j] not in seen)
+        hits += n * block_size
+        seen.update(hs[n:])
+    return hits
