@@ -103,9 +103,9 @@ class Engine:
         lower = None
         specs = []
         if cfg.kv_offloading_size > 0:
-            specs.append(TierSpec("CPU", int(cfg.kv_offloading_size * GIB)))
+            specs.append(TierSpec("CPU", capacity_bytes=int(cfg.kv_offloading_size * GIB)))
         if cfg.kv_disk_size > 0:
-            specs.append(TierSpec("DISK", int(cfg.kv_disk_size * GIB)))
+            specs.append(TierSpec("DISK", capacity_bytes=int(cfg.kv_disk_size * GIB)))
         if specs:
             lower = TierStack(specs, block_bytes, block_size=cfg.block_size, num_layers=shape.layers,
                               on_event=on_event)

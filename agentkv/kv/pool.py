@@ -166,6 +166,11 @@ class BlockPool:
             if need + len(free_hits) > self._n_empty + len(self.policy):
                 self.stats.alloc_failures += 1
                 return False
+            self.last_promote_s = 0.0
+            if nl:  # before taking blocks: the evictions that make room may push these out of the tier
+                self.last_promote_s = self.lower.promote(block_hashes[nc:nc + nl])
+                self.stats.lower_blocks += nl
+                self.stats.promote_s += self.last_promote_s
             if len(free_hits):
                 self.policy.remove_many(self._ids(free_hits))
             ref[hit] += 1
@@ -173,11 +178,6 @@ class BlockPool:
             self._req_blocks[request_id] = blocks
             self._req_hashed[request_id] = nc
             self._req_session[request_id] = session_id
-            self.last_promote_s = 0.0
-            if nl:
-                self.last_promote_s = self.lower.promote(block_hashes[nc:nc + nl])
-                self.stats.lower_blocks += nl
-                self.stats.promote_s += self.last_promote_s
         else:
             total = num_computed_tokens + num_new_tokens
             need = _cdiv(total, bs) - len(blocks)
