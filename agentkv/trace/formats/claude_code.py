@@ -15,7 +15,6 @@ as its own cache_read reaches. Unknown record types are counted and logged as on
 from __future__ import annotations
 
 import logging
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -35,7 +34,7 @@ _SKIPPED = frozenset({"summary", "file-history-snapshot", "queue-operation", "pr
 _USED = frozenset({"user", "assistant", "system"})
 _SUFFIXES = (".jsonl", ".jsonl.gz")
 
-_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
+_NonNeg = Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]  # token counts: no log holds more than 2**40
 
 
 class _Usage(msgspec.Struct):
@@ -156,8 +155,8 @@ class _Ids:
         self.next = 1
 
     def chain(self, prev: list[int], n_in: int, cache_read: int) -> list[int]:
-        n = math.ceil(n_in / BLOCK_SIZE)
-        reuse = min(math.ceil(cache_read / BLOCK_SIZE), len(prev), n)
+        n = -(-n_in // BLOCK_SIZE)  # integer ceil: exact for any size
+        reuse = min(-(-cache_read // BLOCK_SIZE), len(prev), n)
         fresh = list(range(self.next, self.next + n - reuse))
         self.next += n - reuse
         return prev[:reuse] + fresh
