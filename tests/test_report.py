@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from agentkv.bench.report import render_report, write_report
-from agentkv.bench.svg import nice_ticks
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Sample, summarize
+from agentkv.metrics.svg import nice_ticks
 
 CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                 "--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr",

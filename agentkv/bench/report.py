@@ -13,9 +13,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from agentkv.bench.svg import PALETTE, Chart, Series
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Dist, Summary
+from agentkv.metrics.svg import PALETTE, Chart, Series
 
 MAX_SESSIONS_PLOTTED = 24
 

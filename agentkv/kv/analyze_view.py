@@ -1,6 +1,6 @@
 """How `agentkv cache analyze` shows an `Analysis`: rich tables, JSON, and a hit-rate-vs-capacity chart.
 
-The chart is a self-contained HTML page or SVG file (agentkv.bench.svg, no JavaScript, no new
+The chart is a self-contained HTML page or SVG file (agentkv.metrics.svg, no JavaScript, no new
 dependency): it opens offline, and a plotting library would add tens of MB to every install
 for one picture.
 """
@@ -87,7 +87,7 @@ def render(a: Analysis, console: Console) -> None:
 
 def charts(a: Analysis) -> list[str]:
     """One SVG chart per block size: hit rate (%) vs capacity (GB), a line per policy and the ceiling."""
-    from agentkv.bench.svg import Chart, Series
+    from agentkv.metrics.svg import Chart, Series
 
     out = []
     ceilings = {c.block_size: c for c in a.ceilings}

@@ -1,1 +1,1 @@
-"""Per-request records (one schema for bench and simulate) and the summaries built from them."""
+"""Per-request records (one schema for bench and simulate), the summaries built from them, and SVG charts."""
