@@ -28,6 +28,17 @@ def test_fit_error_on_every_calibration_point():
     assert mape <= 10.0 and worst <= 25.0
 
 
+def test_long_context_points_held_out_of_the_fit():
+    """Points to 524K tokens, measured on a later H200 lease and never fitted, stay close."""
+    errs = calibrate.errors(name=calibrate.LONG_CONTEXT)
+    assert len(errs) == 19 and max(p.b for p, _, _ in errs) == 524288
+    for p, pred, e in errs:
+        assert abs(e) <= 0.15, f"{p.model} {p.kind} ({p.a}, {p.b}): measured {p.measured_s:.4f}s, predicted {pred:.4f}s"
+    assert calibrate.summary(errs)[0] <= 8.0
+    docs = (ROOT / "docs/cost-model.md").read_text()
+    assert calibrate.table_markdown(name=calibrate.LONG_CONTEXT) in docs, "docs/cost-model.md: long-context table stale"
+
+
 def test_bundled_fit_figures_and_docs_table_are_current():
     doc = json.loads((ROOT / "agentkv/data/calibration/cost-h200.json").read_text())
     mape, worst = calibrate.summary(calibrate.errors())

@@ -17,6 +17,8 @@ from agentkv.engine.cost import CostCoefficients, CostModel
 from agentkv.engine.hardware import ModelShape, get_gpu
 
 CALIBRATION = "data/calibration/h200-llama3-shapes.json"
+# held out of the fit: longer contexts (to 524K), measured later by scripts/gpu_long_context.py
+LONG_CONTEXT = "data/calibration/h200-llama3-long-context.json"
 PROBE_MODELS = ("llama3-8b", "llama3-70b")
 
 
@@ -32,9 +34,9 @@ class CalPoint:
 
 
 @cache
-def calibration() -> dict:
-    """The bundled probe output, parsed."""
-    return json.loads(resources.files("agentkv").joinpath(CALIBRATION).read_text())
+def calibration(name: str = CALIBRATION) -> dict:
+    """A bundled probe output, parsed (default: the points the cost model is fitted to)."""
+    return json.loads(resources.files("agentkv").joinpath(name).read_text())
 
 
 def probe_shape(name: str) -> ModelShape:
@@ -43,14 +45,14 @@ def probe_shape(name: str) -> ModelShape:
     return ModelShape(name, s["layers"], s["h"], s["nh"], s["nkv"], s["hd"], s["inter"], s["vocab"])
 
 
-def points() -> list[CalPoint]:
-    """Every successful prefill and decode point, both shapes."""
+def points(name: str = CALIBRATION) -> list[CalPoint]:
+    """Every successful prefill and decode point of a probe file, both shapes."""
     out = []
-    for name in PROBE_MODELS:
-        part = calibration()["parts"][name]
-        out += [CalPoint(name, "prefill", r["new"], r["past"], r["model_ms"] / 1e3)
+    for model in PROBE_MODELS:
+        part = calibration(name)["parts"][model]
+        out += [CalPoint(model, "prefill", r["new"], r["past"], r["model_ms"] / 1e3)
                 for r in part["prefill"] if "model_ms" in r]
-        out += [CalPoint(name, "decode", r["batch"], r["ctx"], r["model_ms"] / 1e3)
+        out += [CalPoint(model, "decode", r["batch"], r["ctx"], r["model_ms"] / 1e3)
                 for r in part["decode"] if "model_ms" in r]
     return out
 
@@ -65,12 +67,12 @@ def predict(cm: CostModel, p: CalPoint) -> float:
     return cm.model.layers * layer
 
 
-def errors(coeffs: CostCoefficients | None = None) -> list[tuple[CalPoint, float, float]]:
-    """(point, predicted seconds, relative error) for every calibration point on an H200, bf16, tp=1."""
+def errors(coeffs: CostCoefficients | None = None, name: str = CALIBRATION) -> list[tuple[CalPoint, float, float]]:
+    """(point, predicted seconds, relative error) for every point of a probe file on an H200, bf16, tp=1."""
     h200 = get_gpu("h200")
     models = {n: CostModel(h200, probe_shape(n), coeffs=coeffs) for n in PROBE_MODELS}
     out = []
-    for p in points():
+    for p in points(name):
         pred = predict(models[p.model], p)
         out.append((p, pred, pred / p.measured_s - 1.0))
     return out
@@ -82,9 +84,9 @@ def summary(errs: list[tuple[CalPoint, float, float]]) -> tuple[float, float]:
     return sum(abs_pct) / len(abs_pct), max(abs_pct)
 
 
-def table_markdown(coeffs: CostCoefficients | None = None) -> str:
+def table_markdown(coeffs: CostCoefficients | None = None, name: str = CALIBRATION) -> str:
     """The per-point fit table (Markdown) with the MAPE and worst-error line under it."""
-    errs = errors(coeffs)
+    errs = errors(coeffs, name)
     lines = ["| model | kind | grid point | measured ms | predicted ms | error % |", "|---|---|---|---:|---:|---:|"]
     for p, pred, e in errs:
         grid = f"new={p.a}, past={p.b}" if p.kind == "prefill" else f"batch={p.a}, ctx={p.b}"
