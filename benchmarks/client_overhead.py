@@ -3,7 +3,9 @@
 The server (a raw asyncio protocol, one token per SSE chunk, answering at once) runs in a child
 process pinned to CPU 0; the bench runs here on CPU 1, through the real path users run (replay
 plan, prompts, client, per-token timestamps, records, summary). Prints output tokens/s, the
-client's CPU use and TTFT counted from each request's scheduled start. Then, where it installs
+client's CPU use and TTFT counted from each request's scheduled start, beside the ceiling: the
+same server read by a client that only counts tokens (what the server and host allow at all).
+Then, where it installs
 (`pip install aiperf` into .venv-peers/aiperf), AIPerf against the same server, beside ours.
 
     .venv/bin/python benchmarks/client_overhead.py [--streams 1000] [--tokens 200] [--turns 3]
@@ -148,6 +150,45 @@ def reference_loop() -> float:
     return time.process_time() - t
 
 
+class _Drain(asyncio.Protocol):
+    """A do-nothing client connection: counts SSE events and re-sends its request when a stream ends."""
+
+    def __init__(self, counts: list[int], request: bytes):
+        self.counts, self.request, self.t = counts, request, None
+
+    def connection_made(self, transport):
+        self.t = transport
+        transport.write(self.request)
+
+    def data_received(self, data: bytes):
+        self.counts[0] += data.count(b"data: {")
+        if data.endswith(b"0\r\n\r\n"):
+            self.t.write(self.request)
+
+
+def run_ceiling(port: int, streams: int, tokens: int, seconds: float = 5.0) -> dict:
+    """The server's (and this host's) ceiling: the same streams read by a client that parses and times
+    nothing. No client that looks at its tokens can beat it; ours is printed as a share of it."""
+    import uvloop
+
+    body = b'{"max_tokens":%d,"prompt":[1,2],"stream":true}' % tokens
+    request = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+
+    async def go() -> dict:
+        loop, counts = asyncio.get_running_loop(), [0]
+        conns = [(await loop.create_connection(lambda: _Drain(counts, request), "127.0.0.1", port))[0]
+                 for _ in range(streams)]
+        await asyncio.sleep(1.0)  # every stream running
+        n0, t0, c0 = counts[0], time.perf_counter(), time.process_time()
+        await asyncio.sleep(seconds)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        for t in conns:
+            t.close()
+        return {"tok_s": (counts[0] - n0) / wall, "cpu": cpu / wall}
+
+    return uvloop.run(go())
+
+
 def run_ours(url: str, streams: int, turns: int, tokens: int, loop: str) -> dict:
     """One bench run (every stream a session of `turns` back-to-back requests) on this process's CPU."""
     from agentkv.bench.command import _run_loop
@@ -251,6 +292,9 @@ def main() -> None:
     try:
         print(f"reference: a 10M-iteration Python loop takes {reference_loop():.2f} s of CPU on the client core "
               f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        ceiling = run_ceiling(port, a.streams, a.tokens)
+        print(f"ceiling (a client that only counts tokens): {ceiling['tok_s']:,.0f} output tokens/s, "
+              f"client {ceiling['cpu']:.2f} cores")
         for loop in a.loops.split(","):
             s0 = proc_cpu(srv.pid)
             r = run_ours(url, a.streams, a.turns, a.tokens, loop)
@@ -260,7 +304,7 @@ def main() -> None:
                   f"in flight, {r['wall']:.1f} s; client {r['cpu']:.2f} cores = "
                   f"{r['tok_s'] / max(r['cpu'], 1e-9):,.0f} tokens per client CPU-second, server {server_cores:.2f} "
                   f"cores; TTFT from scheduled start p50 {r['ttft_p50'] * 1000:,.0f} ms p99 "
-                  f"{r['ttft_p99'] * 1000:,.0f} ms")
+                  f"{r['ttft_p99'] * 1000:,.0f} ms; {r['tok_s'] / ceiling['tok_s']:.0%} of the ceiling")
         if not a.no_aiperf:
             print(f"AIPerf: {run_aiperf(url, a.streams, a.streams * a.turns, a.tokens, client_cpu)}")
     finally:
