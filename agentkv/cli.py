@@ -108,6 +108,15 @@ def engine_config_from_args(args: argparse.Namespace):
         eviction_policy=args.eviction_policy, hash_algo=args.hash_algo)
 
 
+def add_kv_weight_arg(p: argparse.ArgumentParser) -> None:
+    """kv_aware's price of one block still to prefill, in blocks of load (shared by simulate and route)."""
+    from agentkv.route.policy import KV_WEIGHT
+
+    p.add_argument("--kv-weight", type=float, default=KV_WEIGHT, metavar="W",
+                   help=f"kv_aware: cost = W x blocks to prefill + blocks of load (default {KV_WEIGHT:g}; "
+                        "Dynamo's overlap weight is 1)")
+
+
 def _simulate_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="replay traces on N simulated engines behind a router (virtual clock)")
     p.add_argument("paths", nargs="*", metavar="TRACE", help="trace files or directories (default: bundled sample)")
@@ -115,6 +124,7 @@ def _simulate_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=1, help="simulated engines (default 1)")
     p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
     p.add_argument("--router", default="kv_aware", choices=["round_robin", "least_loaded", "session", "kv_aware"])
+    add_kv_weight_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warm-start", action="store_true", help="start each lane's first trace at a random point")
     p.add_argument("--idle-gap-cap", default="10s", help="longest gap while nothing is in flight (default 10s)")
@@ -190,6 +200,7 @@ def _route_command(sub: argparse._SubParsersAction) -> None:
                    help="API keys -> tenants (JSON {key: tenant} or '<key> <tenant>' lines; see docs/route.md)")
     p.add_argument("--router-secret", default=None, metavar="S",
                    help="HMAC secret for tenant cache salts (default $AGENTKV_ROUTER_SECRET, else random)")
+    add_kv_weight_arg(p)
     p.add_argument("--temperature", type=float, default=0.0, help="kv_aware: softmax sampling temperature (0: argmin)")
     p.add_argument("--affinity", type=float, default=8.0, metavar="BLOCKS",
                    help="kv_aware: a session (x-session-id) keeps its worker while within this many blocks "

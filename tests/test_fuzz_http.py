@@ -105,8 +105,10 @@ def router(tmp_path_factory):
                             api_keys=str(write_keys(tmp, KEYS)), secret="s", tokenizer="builtin"))
     forwarded: list[bytes] = []
 
-    async def forward(request, w, path, payload, headers):
+    async def forward(request, w, path, payload, headers, ticket):
         forwarded.append(payload)
+        w.running(ticket[0])  # as the real one does at the first byte
+        ticket[1] = True
         # while this request is in flight, another tenant's routing must still work
         r.choose("tenant-b", {"prompt": [1, 2, 3] * 16, "max_tokens": 4}, False, "", set())
         return web.Response(status=200)

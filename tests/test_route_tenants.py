@@ -142,3 +142,18 @@ def test_kv_aware_session_affinity_yields_to_load():
     assert p.choose(req, [_W(0, 0), _W(0, 30), _W(0, 0)]) != 1
     plain = KvAware()
     assert plain.choose(RouteRequest(list(range(20)), 320, session="s1"), [_W(0, 0), _W(0, 1), _W(0, 0)]) != 1
+
+
+def test_router_load_counts_streaming_requests_not_queued_ones():
+    """A request counts as KV load from its first byte to its end; queued, it counts only as a request."""
+    from agentkv.route.workers import Worker, WorkerSpec
+
+    w = Worker(0, WorkerSpec("http://127.0.0.1:1"), block_size=16, approximate=True)
+    w.start()
+    w.start()
+    assert (w.active_requests(), w.active_blocks()) == (2, 0)
+    w.running(320)
+    assert (w.active_requests(), w.active_blocks()) == (2, 20)
+    w.finish(320, was_running=True)
+    w.finish(640, was_running=False)  # failed before its first byte
+    assert (w.active_requests(), w.active_blocks(), w.requests) == (0, 0, 2)

@@ -48,6 +48,15 @@ def test_kv_aware_beats_round_robin_on_hits():
     assert hits["kv_aware"] > hits["round_robin"] + 0.05, hits
 
 
+def test_kv_weight_prices_prefill_against_load():
+    """--kv-weight 0 routes on load alone (hits fall toward least_loaded's); the weight is recorded."""
+    traces = synthesize(12, seed=3)
+    eng = EngineConfig(num_gpu_blocks_override=6000, max_model_len=200_000)
+    runs = {w: simulate(traces, SimConfig(engine=eng, workers=4, lanes=8, kv_weight=w)).summary for w in (0.0, 16.0)}
+    assert runs[16.0].cache.reported > runs[0.0].cache.reported + 0.05, {w: s.cache.reported for w, s in runs.items()}
+    assert runs[0.0].config["kv_weight"] == 0.0 and runs[16.0].config["kv_weight"] == 16.0
+
+
 def test_pressure_evicts_and_offload_restores_hits(sample):
     eng = dict(num_gpu_blocks_override=9000, max_model_len=200_000)
     run = dict(lanes=3, max_requests=60)
@@ -87,6 +96,9 @@ def test_cli_bad_input_is_one_line():
     p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--sweep", "bogus=1,2", "-q"],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and "bogus" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--kv-weight", "-1", "-q"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and "--kv-weight" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_sweep_prints_one_row_per_point():

@@ -16,8 +16,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UserError(f"--block-size must be >= 1, got {args.block_size}")
     if args.approx_capacity < 1 or args.approx_ttl <= 0:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
-    if args.temperature < 0 or args.affinity < 0:
-        raise UserError("--temperature and --affinity must be >= 0")
+    if args.temperature < 0 or args.affinity < 0 or not args.kv_weight >= 0:
+        raise UserError("--temperature, --affinity and --kv-weight must be >= 0")
     if args.max_streams_per_tenant < 0 or args.max_index_blocks < 1:
         raise UserError("--max-streams-per-tenant must be >= 0 and --max-index-blocks >= 1")
     from agentkv.units import parse_capacity
@@ -35,7 +35,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     return RouterConfig(
         workers=specs, block_size=args.block_size, hash_algo=args.hash_algo, hash_seed=seed,
         policy=args.policy, approximate=args.approximate, api_keys=args.api_keys, secret=args.router_secret,
-        tokenizer=args.tokenizer, temperature=args.temperature, affinity=args.affinity,
+        tokenizer=args.tokenizer, kv_weight=args.kv_weight, temperature=args.temperature, affinity=args.affinity,
         approx_capacity=args.approx_capacity, approx_ttl=args.approx_ttl, health_interval=args.health_interval,
         scrape_interval=args.scrape_interval, max_body_bytes=int(max_body),
         max_streams_per_tenant=args.max_streams_per_tenant, max_index_blocks=args.max_index_blocks,

@@ -69,7 +69,7 @@ def render_metrics(router: Router) -> str:
         ("worker_failures_total", "counter", "Requests that failed there before their first byte.",
          lambda w: w.failures),
         ("worker_in_flight", "gauge", "Requests in flight (router accounting).", lambda w: w.in_flight),
-        ("worker_in_flight_tokens", "gauge", "Prompt + max output tokens in flight.", lambda w: w.in_flight_tokens),
+        ("worker_in_flight_tokens", "gauge", "Prompt + max output tokens of requests streaming (the kv_aware load term).", lambda w: w.in_flight_tokens),
         ("worker_scraped_active", "gauge", "Running + waiting from the worker's /metrics.",
          lambda w: w.scraped_active),
         ("worker_indexed_blocks", "gauge", "Blocks the router believes the worker caches.",

@@ -16,6 +16,7 @@ from typing import Protocol
 from agentkv.errors import UserError
 
 POLICIES = ("round_robin", "least_loaded", "session", "kv_aware")
+KV_WEIGHT = 16.0  # kv_aware's default price of a block to prefill, in blocks of load (docs/route.md)
 
 
 @dataclass(slots=True)
@@ -117,7 +118,7 @@ class KvAware(Policy):
 
     name = "kv_aware"
 
-    def __init__(self, seed: int = 0, weight: float = 16.0, tier_credit: float = 0.5, temperature: float = 0.0,
+    def __init__(self, seed: int = 0, weight: float = KV_WEIGHT, tier_credit: float = 0.5, temperature: float = 0.0,
                  affinity: float = 0.0, overload: float = 2.0, slack: int = 4, max_sessions: int = 1 << 17):
         self.weight, self.tier_credit, self.temperature = weight, tier_credit, temperature
         self.affinity, self.overload, self.slack, self.max_sessions = affinity, overload, slack, max_sessions

@@ -25,7 +25,7 @@ from agentkv.kv.hashing import make_hasher
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.metrics import RouterStats, render_metrics
-from agentkv.route.policy import KvAware, RouteRequest, make_policy
+from agentkv.route.policy import KV_WEIGHT, KvAware, RouteRequest, make_policy
 from agentkv.route.prompt import RequestHasher, Tokenizer
 from agentkv.route.tenants import Tenants, router_secret
 from agentkv.route.workers import Worker, WorkerPool, WorkerSpec
@@ -52,6 +52,7 @@ class RouterConfig:
     api_keys: str | None = None
     secret: str | None = None
     tokenizer: str | None = None
+    kv_weight: float = KV_WEIGHT
     temperature: float = 0.0
     affinity: float = 8.0  # blocks a session's worker may cost above the best and still keep it
     approx_capacity: int = 65_536
@@ -98,7 +99,7 @@ class Router:
         self.app.on_cleanup.append(self._cleanup)
 
     def _make_policy(self):
-        kw = {"temperature": self.cfg.temperature, "affinity": self.cfg.affinity} \
+        kw = {"weight": self.cfg.kv_weight, "temperature": self.cfg.temperature, "affinity": self.cfg.affinity} \
             if self.cfg.policy == "kv_aware" else {}
         return make_policy(self.cfg.policy, **kw)
 
@@ -196,7 +197,7 @@ class Router:
                     w.match = ap.get(w.slot, _NO_MATCH)
         policy = self.policy
         if len(views) != len(self.pool.healthy()):  # a retry: stateful policies index the full list
-            policy = KvAware() if self.cfg.policy == "kv_aware" else make_policy("least_loaded")
+            policy = KvAware(weight=self.cfg.kv_weight) if self.cfg.policy == "kv_aware" else make_policy("least_loaded")
         req = RouteRequest(h.hashes, h.prompt_tokens, session, self.cfg.block_size)
         w = views[policy.choose(req, views)]
         if h.exact:
@@ -241,9 +242,10 @@ class Router:
             w, prompt_tokens = self.choose(tenant.id, body, chat, session, tried)
             tokens = prompt_tokens + (max_out if type(max_out) is int and 0 < max_out < 1 << 32 else 0)
             tried.add(w.slot)
-            w.start(tokens)
+            w.start()
+            ticket = [tokens, False]  # load tokens, running (first byte seen)
             try:
-                resp = await self._forward(request, w, path, payload, headers)
+                resp = await self._forward(request, w, path, payload, headers, ticket)
             except _Retry as e:
                 w.failures += 1
                 w.retried_away += 1
@@ -255,12 +257,13 @@ class Router:
                     asyncio.get_running_loop().create_task(self.pool.check(w))
                 continue
             finally:
-                w.finish(tokens)
+                w.finish(tokens, ticket[1])
             return resp
 
     async def _forward(self, request: web.Request, w: Worker, path: str, payload: bytes,
-                       headers: dict) -> web.StreamResponse:
-        """POST to `w` and stream its answer back; raise _Retry if it failed before its first byte."""
+                       headers: dict, ticket: list) -> web.StreamResponse:
+        """POST to `w` and stream its answer back; raise _Retry if it failed before its first byte.
+        `ticket` is [load tokens, running]: set running (and count the load) at the first byte."""
         try:
             upstream = await self.session.post(w.spec.url + path, data=payload, headers=headers)
         except _CONNECT_ERRORS as e:
@@ -272,6 +275,8 @@ class Router:
                 first = await upstream.content.readany()
             except _CONNECT_ERRORS as e:
                 raise _Retry(type(e).__name__) from None
+            w.running(ticket[0])
+            ticket[1] = True
             resp = web.StreamResponse(status=upstream.status, headers={"x-agentkv-worker": str(w.slot)})
             resp.content_type = upstream.content_type
             if upstream.content_type == "text/event-stream":

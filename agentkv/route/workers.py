@@ -59,7 +59,7 @@ class Worker:
         self.mode = "event" if spec.events and not approximate else "approximate"
         self.healthy = True
         self.in_flight = 0  # requests sent and not finished
-        self.in_flight_tokens = 0  # their prompt + max output tokens
+        self.in_flight_tokens = 0  # prompt + max output tokens of those already streaming (running)
         self.scraped_active = 0  # running + waiting from the worker's /metrics
         self.requests = self.failures = self.retried_away = 0
         self.slow_checks = 0  # health checks in a row that timed out
@@ -79,14 +79,22 @@ class Worker:
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
         return self.match.gpu, self.match.lower
 
-    def start(self, tokens: int) -> None:
+    def start(self) -> None:
+        """A request was sent here."""
         self.in_flight += 1
-        self.in_flight_tokens += tokens
         self.requests += 1
 
-    def finish(self, tokens: int) -> None:
+    def running(self, tokens: int) -> None:
+        """Its first byte came back: it now holds KV for its prompt and output (the load term).
+
+        A request still queued counts as a request but not as KV load: a queue of cache hits costs
+        the worker little, and counting it moved sessions off the worker that caches them."""
+        self.in_flight_tokens += tokens
+
+    def finish(self, tokens: int, was_running: bool) -> None:
         self.in_flight -= 1
-        self.in_flight_tokens -= tokens
+        if was_running:
+            self.in_flight_tokens -= tokens
 
 
 SLOW_LIMIT = 3  # health-check timeouts in a row before a worker is taken out

@@ -20,7 +20,7 @@ from agentkv.engine.hardware import get_gpu
 from agentkv.kv.hashing import chain_keys
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Sample, Summary, summarize
-from agentkv.route.policy import RouteRequest, make_policy
+from agentkv.route.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
 from agentkv.trace.stats import CeilingTracker
@@ -36,6 +36,7 @@ class SimConfig:
     workers: int = 1
     lanes: int = 16
     router: str = "kv_aware"
+    kv_weight: float = KV_WEIGHT  # kv_aware only
     seed: int = 0
     warm_start: bool = False
     idle_gap_cap: float | None = 10.0
@@ -119,7 +120,7 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
             ecfg = EngineConfig(**{**asdict(ecfg), "max_model_len": need})
     itl: list[float] = []
     workers = [SimWorker(i, Engine(ecfg, itl_sink=itl)) for i in range(cfg.workers)]
-    policy = make_policy(cfg.router, seed=cfg.seed)
+    policy = make_policy(cfg.router, seed=cfg.seed, **({"weight": cfg.kv_weight} if cfg.router == "kv_aware" else {}))
     plan = ReplayPlan(traces, lanes=cfg.lanes, seed=cfg.seed, warm_start=cfg.warm_start,
                       idle_gap_cap=cfg.idle_gap_cap, max_requests=cfg.max_requests)
     bs = ecfg.block_size
@@ -276,6 +277,7 @@ def _summarize(records, cfg: SimConfig, ecfg: EngineConfig, workers, timeline, i
     by_tier = {k: v / ok_in for k, v in by_tier.items()}
     gpu = get_gpu(ecfg.gpu)
     config = {"engine": asdict(ecfg), "workers": cfg.workers, "lanes": cfg.lanes, "router": cfg.router,
+              "kv_weight": cfg.kv_weight if cfg.router == "kv_aware" else None,
               "seed": cfg.seed, "warm_start": cfg.warm_start, "idle_gap_cap": cfg.idle_gap_cap,
               "max_requests": cfg.max_requests, "duration": cfg.duration,
               "num_gpu_blocks": workers[0].engine.num_gpu_blocks}

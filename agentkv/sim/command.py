@@ -34,10 +34,12 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
 
     if args.workers < 1 or args.lanes < 1:
         raise UserError("--workers and --lanes must be >= 1")
+    if not args.kv_weight >= 0:
+        raise UserError(f"--kv-weight must be >= 0, got {args.kv_weight}")
     cap = None if str(args.idle_gap_cap).lower() in ("none", "off") else parse_duration(args.idle_gap_cap, "--idle-gap-cap")
     return SimConfig(
         engine=engine_config_from_args(args), workers=args.workers, lanes=args.lanes, router=args.router,
-        seed=args.seed, warm_start=args.warm_start, idle_gap_cap=cap, max_requests=args.max_requests,
+        kv_weight=args.kv_weight, seed=args.seed, warm_start=args.warm_start, idle_gap_cap=cap, max_requests=args.max_requests,
         duration=parse_duration(args.duration, "--duration") if args.duration else None)
 
 
