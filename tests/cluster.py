@@ -1,10 +1,17 @@
-"""Helpers for the security, privacy and fault tests: real `agentkv serve` / `agentkv route`
-subprocesses on free loopback ports, their output captured to files, stopped by pid."""
+"""Real `agentkv serve` workers and `agentkv route` routers as subprocesses on free loopback ports:
+started, waited for on /health, their output captured to one log file each, stopped by pid.
+
+The one home of this scaffolding for the integration, security and fault tests, and for
+benchmarks/router.py and benchmarks/routing_quality.py (which put tests/ on sys.path), so it
+needs nothing beyond the standard library.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -12,23 +19,48 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 CLI = [sys.executable, "-m", "agentkv.cli"]
+HOST = "127.0.0.1"
 
 
 def free_ports(n: int) -> list[int]:
+    """`n` distinct free TCP ports on 127.0.0.1."""
     socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
+    try:
+        for s in socks:
+            s.bind((HOST, 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def free_port_range(n: int) -> int:
+    """A base port p with p .. p + n - 1 all free on every interface (serve binds its ZMQ events on `*`),
+    as `serve --workers` needs; drawn below the usual ephemeral range, where no client socket lands."""
+    rng = random.Random()
+    for _ in range(100):
+        base = rng.randrange(20000, 32768 - n)
+        socks: list[socket.socket] = []
+        try:
+            for port in range(base, base + n):
+                socks.append(socket.socket())
+                socks[-1].bind(("", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no run of {n} free ports")
 
 
 def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = None) -> None:
-    """Poll `url` until it answers 200 (the machine may be busy: start-up takes seconds)."""
+    """Poll `url` until it answers 200 (the machine may be busy: start-up takes seconds); fail early
+    when `proc` exits first."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
@@ -42,48 +74,79 @@ def wait_http(url: str, timeout: float = 60.0, proc: subprocess.Popen | None = N
     raise TimeoutError(f"{url} did not come up")
 
 
+def _signal(p: subprocess.Popen, sig: int, group: bool) -> None:
+    if p.poll() is None:  # never signal a pid already reaped (it may belong to another process now)
+        with contextlib.suppress(ProcessLookupError):
+            (os.killpg if group else os.kill)(p.pid, sig)
+
+
+def stop_processes(procs: Iterable[subprocess.Popen], grace: float = 15.0, *, group: bool = False) -> None:
+    """SIGTERM each by pid (after a SIGCONT, so a stalled one can act on it), wait up to `grace` seconds
+    for all, then SIGKILL what is left. `group`: signal each one's process group (it leads its session)."""
+    live = [p for p in procs if p.poll() is None]
+    for p in live:
+        _signal(p, signal.SIGCONT, group)
+        _signal(p, signal.SIGTERM, group)
+    deadline = time.monotonic() + grace
+    for p in live:
+        try:
+            p.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal(p, signal.SIGKILL, group)
+            p.wait(5)
+
+
+def stop_process(p: subprocess.Popen, grace: float = 15.0, *, group: bool = False) -> int:
+    """`stop_processes` for one; its exit status (negative: the signal that ended it)."""
+    stop_processes([p], grace, group=group)
+    return p.wait()
+
+
 class Procs:
-    """Subprocesses started by one test module; `stop_all` ends each by its pid (TERM, then KILL)."""
+    """Subprocesses of one test or benchmark run, each logging stdout and stderr to `logs/<prefix><name>.log`
+    (a restart under the same name appends); `stop_all` ends them all by pid.
 
-    def __init__(self, tmp: Path) -> None:
-        self.tmp = tmp
+    `new_session`: each leads its own session, out of reach of the terminal's Ctrl-C, and is stopped
+    with its whole process group.
+    """
+
+    def __init__(self, logs: Path, *, prefix: str = "", new_session: bool = False) -> None:
+        self.logs, self.prefix, self.new_session = Path(logs), prefix, new_session
+        self.logs.mkdir(parents=True, exist_ok=True)
         self.procs: dict[str, subprocess.Popen] = {}
-        self._files: list = []
+        self._started: set[str] = set()
 
-    def start(self, name: str, args: list[str], env: dict | None = None) -> subprocess.Popen:
-        out = (self.tmp / f"{name}.out").open("ab")
-        err = (self.tmp / f"{name}.err").open("ab")
-        self._files += [out, err]
-        p = subprocess.Popen([*CLI, *args], stdout=out, stderr=err, env={**os.environ, **(env or {})})
+    def log_path(self, name: str) -> Path:
+        return self.logs / f"{self.prefix}{name}.log"
+
+    def start(self, name: str, args: Sequence[str], *, env: dict | None = None,
+              exe: Sequence[str] = CLI) -> subprocess.Popen:
+        """Run `exe + args` (by default an agentkv sub-command) under `name`."""
+        with self.log_path(name).open("a" if name in self._started else "w") as log:
+            p = subprocess.Popen([*exe, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                 env={**os.environ, **(env or {})}, start_new_session=self.new_session)
+        self._started.add(name)
         self.procs[name] = p
         return p
 
     def output(self, name: str) -> str:
         """Everything the named process wrote so far (stdout and stderr)."""
-        return "".join((self.tmp / f"{name}.{k}").read_text("utf-8", "replace") for k in ("out", "err")
-                       if (self.tmp / f"{name}.{k}").exists())
+        path = self.log_path(name)
+        return path.read_text("utf-8", "replace") if path.exists() else ""
 
-    def stop(self, name: str, sig: int = signal.SIGTERM) -> None:
-        p = self.procs[name]
-        if p.poll() is None:
-            os.kill(p.pid, signal.SIGCONT)  # a stalled process must be able to act on TERM
-            os.kill(p.pid, sig)
-            try:
-                p.wait(15)
-            except subprocess.TimeoutExpired:
-                os.kill(p.pid, signal.SIGKILL)
-                p.wait(5)
+    def stop(self, name: str, grace: float = 15.0) -> int:
+        return stop_process(self.procs[name], grace, group=self.new_session)
 
-    def stop_all(self) -> None:
-        for name in list(self.procs):
-            self.stop(name)
-        for f in self._files:
-            f.close()
+    def stop_all(self, grace: float = 15.0) -> None:
+        stop_processes(self.procs.values(), grace, group=self.new_session)
 
 
 def serve_args(port: int, *, time_scale: float = 1.0, events: int | None = None, replay: int | None = None,
-               log_level: str = "warning", extra: tuple[str, ...] = ()) -> list[str]:
+               workers: int | None = None, log_level: str = "warning", extra: Sequence[str] = ()) -> list[str]:
+    """`agentkv serve` arguments; events and replay bind on `*` (ports go up by one per worker)."""
     args = ["serve", "--port", str(port), "--time-scale", str(time_scale), "--log-level", log_level]
+    if workers is not None:
+        args += ["--workers", str(workers)]
     if events is not None:
         args += ["--kv-events-endpoint", f"tcp://*:{events}"]
     if replay is not None:
@@ -91,7 +154,105 @@ def serve_args(port: int, *, time_scale: float = 1.0, events: int | None = None,
     return [*args, *extra]
 
 
+class Cluster:
+    """N `agentkv serve` workers on loopback and routers in front of them; every port drawn up front.
+
+    Worker i serves HTTP on `http[i]`, publishes KV events on `events[i]` and replays them on
+    `replay[i]`. `one_process`: the workers are one `serve --workers N` (consecutive ports), named
+    "serve"; otherwise one process each, "worker<i>", so a test can kill and restart one.
+    `spare` ports are left for the caller (a relay, say). `with Cluster(...) as c:` stops them all.
+    """
+
+    def __init__(self, logs: Path, workers: int, *, routers: int = 1, events: bool = True, replay: bool = True,
+                 spare: int = 0, one_process: bool = False, prefix: str = "", new_session: bool = False) -> None:
+        n, k = workers, workers * (1 + events + replay)
+        total = k + routers + spare
+        ports = list(range(b := free_port_range(total), b + total)) if one_process else free_ports(total)
+        self.n, self.one_process = n, one_process
+        self.http = ports[:n]
+        self.events = ports[n:2 * n] if events else []
+        self.replay = ports[k - n:k] if replay else []
+        self.router_ports, self.spare = ports[k:k + routers], ports[k + routers:]
+        self.procs = Procs(logs, prefix=prefix, new_session=new_session)
+        self._routers: list[tuple[str, int]] = []
+
+    def worker_url(self, i: int) -> str:
+        return f"http://{HOST}:{self.http[i]}"
+
+    @property
+    def urls(self) -> list[str]:
+        return [self.worker_url(i) for i in range(self.n)]
+
+    def router_url(self, j: int = 0) -> str:
+        return f"http://{HOST}:{self.router_ports[j]}"
+
+    def worker(self, i: int) -> subprocess.Popen:
+        return self.procs.procs["serve" if self.one_process else f"worker{i}"]
+
+    def start_worker(self, i: int, **serve) -> subprocess.Popen:
+        """(Re)start worker i (not with `one_process`); `serve`: `serve_args` keywords."""
+        return self.procs.start(f"worker{i}", serve_args(
+            self.http[i], events=self.events[i] if self.events else None,
+            replay=self.replay[i] if self.replay else None, **serve))
+
+    def start_workers(self, **serve) -> None:
+        if self.one_process:
+            self.procs.start("serve", serve_args(
+                self.http[0], workers=self.n, events=self.events[0] if self.events else None,
+                replay=self.replay[0] if self.replay else None, **serve))
+        else:
+            for i in range(self.n):
+                self.start_worker(i, **serve)
+
+    def worker_flags(self, events: Sequence[str] | None = None) -> list[str]:
+        """The router's `--worker URL[=EVENTS[,REPLAY]]` flags; `events` overrides the event endpoints."""
+        if events is None and self.events:
+            events = [f"tcp://{HOST}:{p}" for p in self.events]
+        flags = []
+        for i in range(self.n):
+            spec = self.worker_url(i)
+            if events:
+                spec += f"={events[i]}" + (f",tcp://{HOST}:{self.replay[i]}" if self.replay else "")
+            flags += ["--worker", spec]
+        return flags
+
+    def start_router(self, extra: Sequence[str] = (), *, j: int = 0, name: str = "router",
+                     events: Sequence[str] | None = None, exe: Sequence[str] = CLI) -> subprocess.Popen:
+        """`agentkv route` on router port j in front of every worker, with the flags in `extra`."""
+        self._routers.append((name, j))
+        return self.procs.start(name, ["route", "--port", str(self.router_ports[j]), *self.worker_flags(events),
+                                       *extra], exe=exe)
+
+    def wait_workers(self, timeout: float = 60.0) -> None:
+        for i in range(self.n):
+            wait_http(self.worker_url(i) + "/health", timeout, self.worker(i))
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Every worker's /health, then every started router's."""
+        self.wait_workers(timeout)
+        for name, j in self._routers:
+            wait_http(self.router_url(j) + "/health", timeout, self.procs.procs[name])
+
+    def wait_taken_in(self, j: int = 0, timeout: float = 20.0) -> None:
+        """Until router j counts every worker up (`agentkv_router_worker_up`), that is in rotation."""
+        deadline = time.monotonic() + timeout
+        while (up := metric_sum(get_text(self.router_url(j) + "/metrics"), "agentkv_router_worker_up")) < self.n:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the router took {up:g} of {self.n} workers in")
+            time.sleep(0.1)
+
+    def close(self) -> None:
+        self.procs.stop_all()
+
+    def __enter__(self) -> Cluster:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def write_keys(tmp: Path, keys: dict[str, str]) -> Path:
+    """An `--api-keys` file: {key: tenant}."""
     path = tmp / "keys.json"
     path.write_text(json.dumps(keys))
     return path
@@ -118,3 +279,9 @@ def get_text(url: str, timeout: float = 10.0) -> str:
 
 def get_json(url: str, timeout: float = 10.0):
     return json.loads(get_text(url, timeout))
+
+
+def metric_sum(text: str, name: str) -> float:
+    """Sum of a Prometheus series (`name` may end in a label prefix, e.g. `x{worker="0"`)."""
+    heads = (name,) if "{" in name else (name + " ", name + "{")
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(heads))

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 import aiohttp
 import pytest
 import zmq
+from cluster import Cluster, get_json, get_text, metric_sum, post, write_keys
 from fuzzutil import rss_bytes
-from secutil import Procs, free_ports, get_json, get_text, post, serve_args, wait_http, write_keys
 
 pytestmark = pytest.mark.slow
 
@@ -141,36 +141,20 @@ class Load:
                 await asyncio.gather(*self.tasks)
 
 
-def _metric(text: str, name: str) -> float:
-    """Sum of a Prometheus series (`name` may end in a label prefix, e.g. `x{worker="0"`)."""
-    heads = (name,) if "{" in name else (name + " ", name + "{")
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(heads))
-
-
 def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
-    ports = free_ports(11)
-    http, events, replay, relay_port, router_port = ports[0:3], ports[3:6], ports[6:9], ports[9], ports[10]
-    procs = Procs(tmp_path)
+    cluster = Cluster(tmp_path, 3, spare=1)
+    procs, http, events, (relay_port,) = cluster.procs, cluster.http, cluster.events, cluster.spare
     relay = None
     try:
-        for i in range(3):
-            procs.start(f"worker{i}", serve_args(http[i], time_scale=TIME_SCALE, events=events[i], replay=replay[i]))
+        cluster.start_workers(time_scale=TIME_SCALE)
         relay = DroppingRelay(f"tcp://127.0.0.1:{events[1]}", relay_port)
         ev = [f"tcp://127.0.0.1:{events[0]}", f"tcp://127.0.0.1:{relay_port}", f"tcp://127.0.0.1:{events[2]}"]
-        args = ["route", "--port", str(router_port), "--api-keys", str(write_keys(tmp_path, KEYS)),
-                "--router-secret", "s", "--health-interval", "0.5", "--scrape-interval", "1",
-                "--log-level", "warning"]
-        for i in range(3):
-            args += ["--worker", f"http://127.0.0.1:{http[i]}={ev[i]},tcp://127.0.0.1:{replay[i]}"]
-        router = procs.start("router", args)
-        url = f"http://127.0.0.1:{router_port}"
-        for i in range(3):
-            wait_http(f"http://127.0.0.1:{http[i]}/health", proc=procs.procs[f"worker{i}"])
-        wait_http(url + "/health", proc=router)
-        deadline = time.monotonic() + 30
-        while _metric(get_text(url + "/metrics"), "agentkv_router_worker_up") < 3:
-            assert time.monotonic() < deadline, "the router did not take all three workers in"
-            time.sleep(0.2)
+        cluster.start_router(["--api-keys", str(write_keys(tmp_path, KEYS)), "--router-secret", "s",
+                              "--health-interval", "0.5", "--scrape-interval", "1", "--log-level", "warning"],
+                             events=ev)
+        url = cluster.router_url()
+        cluster.wait_ready()
+        cluster.wait_taken_in(timeout=30)
 
         out = Outcomes()
         rss: dict[str, list[int]] = {}
@@ -189,7 +173,7 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
             end = time.monotonic() + 3
             while time.monotonic() < end:
                 text = await asyncio.to_thread(get_text, url + "/metrics")
-                if _metric(text, 'agentkv_router_worker_in_flight{worker="0"') >= 1:
+                if metric_sum(text, 'agentkv_router_worker_in_flight{worker="0"') >= 1:
                     break
                 await asyncio.sleep(0.02)
             os.kill(procs.procs["worker0"].pid, signal.SIGKILL)
@@ -211,8 +195,7 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
                 elif what == "kill":
                     await kill_with_requests_in_flight(load)
                 elif what == "restart":
-                    procs.start("worker0", serve_args(http[0], time_scale=TIME_SCALE, events=events[0],
-                                                      replay=replay[0]))
+                    cluster.start_worker(0, time_scale=TIME_SCALE)
                 elif what == "stall":
                     os.kill(w2.pid, signal.SIGSTOP)
                 elif what == "resume":
@@ -229,8 +212,9 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
 
         asyncio.run(run())
         m = get_text(url + "/metrics")
-        retried, broken = _metric(m, "agentkv_router_retries_total"), _metric(m, "agentkv_router_broken_streams_total")
-        router_failed = _metric(m, "agentkv_router_failed_total")
+        retried = metric_sum(m, "agentkv_router_retries_total")
+        broken = metric_sum(m, "agentkv_router_broken_streams_total")
+        router_failed = metric_sum(m, "agentkv_router_failed_total")
 
         # the index must equal each live worker's cache: one request per worker reveals any trailing
         # dropped frame (a gap shows only when the next message arrives), then compare digests
@@ -244,8 +228,8 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
                 break
             time.sleep(0.5)
         m = get_text(url + "/metrics")
-        lost_events = _metric(m, "agentkv_router_worker_event_lost_total")
-        resyncs = _metric(m, "agentkv_router_worker_event_resyncs_total")
+        lost_events = metric_sum(m, "agentkv_router_worker_event_lost_total")
+        resyncs = metric_sum(m, "agentkv_router_worker_event_resyncs_total")
         sample()
 
         failed = sum(out.failed.values())

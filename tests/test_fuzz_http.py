@@ -15,10 +15,10 @@ import math
 import msgspec
 import pytest
 from aiohttp import web
+from cluster import Cluster, post, write_keys
 from fuzzutil import byte_mutation, count, fuzz_settings, json_mutation, json_values, note, report, rss_bytes
 from hypothesis import given
 from hypothesis import strategies as st
-from secutil import Procs, free_ports, post, serve_args, wait_http, write_keys
 
 from agentkv.route.proxy import Router, RouterConfig
 from agentkv.route.workers import WorkerSpec
@@ -158,18 +158,12 @@ def test_router_survives_absurd_max_tokens(router):
 @pytest.fixture(scope="module")
 def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("http-fuzz")
-    wp, ev, rp = free_ports(3)
-    procs = Procs(tmp)
-    try:
-        w = procs.start("worker", serve_args(wp, time_scale=50, events=ev, extra=("--max-model-len", "4096")))
-        r = procs.start("router", ["route", "--port", str(rp), "--worker", f"http://127.0.0.1:{wp}=tcp://127.0.0.1:{ev}",
-                                   "--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "s",
-                                   "--tokenizer", "builtin", "--log-level", "warning"])
-        wait_http(f"http://127.0.0.1:{wp}/health", proc=w)
-        wait_http(f"http://127.0.0.1:{rp}/health", proc=r)
-        yield procs, f"http://127.0.0.1:{wp}", f"http://127.0.0.1:{rp}"
-    finally:
-        procs.stop_all()
+    with Cluster(tmp, 1, replay=False) as c:
+        c.start_workers(time_scale=50, extra=("--max-model-len", "4096"))
+        c.start_router(["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "s", "--tokenizer", "builtin",
+                        "--log-level", "warning"])
+        c.wait_ready()
+        yield c.procs, c.worker_url(0), c.router_url()
 
 
 PATHS = ["/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize"]
@@ -189,7 +183,7 @@ def test_real_http_answers_every_body_without_a_5xx(live, body, path, via_router
     assert status < 500, (path, body[:200], out[:300])
     if status >= 400:
         assert MARK.encode() not in out
-    for name in ("worker", "router"):
+    for name in ("worker0", "router"):
         assert procs.procs[name].poll() is None, f"{name} died"
         RSS.setdefault(name, []).append(rss_bytes(procs.procs[name].pid))
     count(f"http real-{'router' if via_router else 'serve'}", str(status))

@@ -12,102 +12,21 @@ import http.client
 import json
 import os
 import signal
-import socket
-import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
+from cluster import Cluster, wait_http, write_keys
 
 pytestmark = pytest.mark.slow
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _wait_http(url: str, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up")
-
-
-class Cluster:
+class Routed(Cluster):
     """Three serve workers (time-scale 1: a simulated H200) and the router, all subprocesses."""
-
-    def __init__(self, tmp: Path):
-        self.tmp = tmp
-        ports = _free_ports(12)
-        self.http = ports[0:3]
-        self.events = ports[3:6]
-        self.replay = ports[6:9]
-        self.router_port = ports[9]
-        self.procs: dict[int, subprocess.Popen] = {}
-        self.logs: list = []
-        for i in range(3):
-            self.start_worker(i)
-        keys = tmp / "keys.json"
-        keys.write_text(json.dumps(KEYS))
-        args = [sys.executable, "-m", "agentkv.cli", "route", "--port", str(self.router_port),
-                "--api-keys", str(keys), "--router-secret", "test-secret", "--tokenizer", "builtin",
-                "--health-interval", "0.2", "--scrape-interval", "0.5", "--log-level", "warning"]
-        for i in range(3):
-            args += ["--worker", f"http://127.0.0.1:{self.http[i]}=tcp://127.0.0.1:{self.events[i]},"
-                                 f"tcp://127.0.0.1:{self.replay[i]}"]
-        self.router = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=self._log("router.log"))
-        for i in range(3):
-            _wait_http(f"http://127.0.0.1:{self.http[i]}/health")
-        _wait_http(f"{self.url}/health")
-        deadline = time.monotonic() + 20
-        while sum(self.metric("agentkv_router_worker_up").values()) < 3:  # every worker in rotation
-            assert time.monotonic() < deadline, "the router did not take all three workers in"
-            time.sleep(0.1)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.router_port}"
-
-    def start_worker(self, i: int) -> None:
-        self.procs[i] = subprocess.Popen(
-            [sys.executable, "-m", "agentkv.cli", "serve", "--port", str(self.http[i]),
-             "--kv-events-endpoint", f"tcp://*:{self.events[i]}",
-             "--kv-events-replay-endpoint", f"tcp://*:{self.replay[i]}", "--log-level", "error"],
-            stdout=subprocess.DEVNULL, stderr=self._log(f"worker{i}.log"))
-
-    def _log(self, name: str):
-        f = (self.tmp / name).open("a")
-        self.logs.append(f)
-        return f
-
-    def close(self) -> None:
-        for p in [self.router, *self.procs.values()]:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in [self.router, *self.procs.values()]:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in self.logs:
-            f.close()
 
     def post(self, body: dict, key: str | None = "key-a", session: str | None = None,
              path: str = "/v1/completions") -> tuple[int, dict, dict]:
@@ -117,7 +36,7 @@ class Cluster:
             headers["Authorization"] = f"Bearer {key}"
         if session:
             headers["x-session-id"] = session
-        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), headers=headers)
+        req = urllib.request.Request(self.router_url() + path, data=json.dumps(body).encode(), headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 raw = r.read().decode()
@@ -126,7 +45,7 @@ class Cluster:
             return e.code, dict(e.headers), json.loads(e.read() or b"{}")
 
     def metric(self, name: str) -> dict[str, float]:
-        with urllib.request.urlopen(self.url + "/metrics", timeout=5) as r:
+        with urllib.request.urlopen(self.router_url() + "/metrics", timeout=5) as r:
             text = r.read().decode()
         out = {}
         for line in text.splitlines():
@@ -149,11 +68,15 @@ def _parse(raw: str) -> dict:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    c = Cluster(tmp_path_factory.mktemp("route"))
-    try:
+    tmp = tmp_path_factory.mktemp("route")
+    with Routed(tmp, 3) as c:
+        c.start_workers(log_level="error")
+        c.start_router(["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "test-secret",
+                        "--tokenizer", "builtin", "--health-interval", "0.2", "--scrape-interval", "0.5",
+                        "--log-level", "warning"])
+        c.wait_ready(timeout=30)
+        c.wait_taken_in(timeout=20)  # every worker in rotation
         yield c
-    finally:
-        c.close()
 
 
 def _prompt(seed: int, n: int) -> list[int]:
@@ -202,7 +125,7 @@ def test_forged_or_missing_keys_are_rejected_before_any_worker(cluster):
     for key in (None, "key-c", "key-a2", "KEY-A", "key-"):
         status, _, body = cluster.post({"prompt": [1, 2, 3], "max_tokens": 1}, key=key)
         assert status == 401 and body["error"]["type"] == "AuthenticationError"
-    req = urllib.request.Request(cluster.url + "/v1/models")
+    req = urllib.request.Request(cluster.router_url() + "/v1/models")
     with pytest.raises(urllib.error.HTTPError) as e:
         urllib.request.urlopen(req, timeout=5)
     assert e.value.code == 401
@@ -225,7 +148,7 @@ def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
     with ThreadPoolExecutor(18) as ex:
         futures = [ex.submit(one, i) for i in range(18)]
         time.sleep(0.3)
-        victim = cluster.procs[1]
+        victim = cluster.worker(1)
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(5)
         results = [f.result() for f in futures]
@@ -245,8 +168,7 @@ def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
     status, h, _ = cluster.post({"prompt": _prompt(7, 64), "max_tokens": 1})
     assert status == 200 and h["x-agentkv-worker"] != "1"
     # the worker comes back: it is re-added and serves again
-    cluster.start_worker(1)
-    _wait_http(f"http://127.0.0.1:{cluster.http[1]}/health")
+    wait_http(cluster.worker_url(1) + "/health", 30, cluster.start_worker(1, log_level="error"))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and cluster.metric("agentkv_router_worker_up").get(
             f'agentkv_router_worker_up{{worker="1",url="http://127.0.0.1:{cluster.http[1]}"}}') != 1.0:

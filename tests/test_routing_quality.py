@@ -9,16 +9,10 @@ first. The full comparison on the Claude Code traces is benchmarks/routing_quali
 from __future__ import annotations
 
 import asyncio
-import signal
-import socket
-import subprocess
-import sys
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
+from cluster import Cluster
 
 from agentkv.bench.runner import BenchConfig, BenchRun
 from agentkv.trace.model import Request, Session, Trace
@@ -31,28 +25,6 @@ BLOCKS = [64 + 8 * i for i in range(TURNS)]  # a session's prompt lengths in blo
 CEILING = sum(BLOCKS[:-1]) / sum(BLOCKS)  # each turn can reuse the whole previous turn
 
 
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    for s in socks:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in socks]
-    for s in socks:
-        s.close()
-    return ports
-
-
-def _wait_http(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as r:
-                if r.status == 200:
-                    return
-        except (OSError, urllib.error.URLError):
-            time.sleep(0.1)
-    raise TimeoutError(f"{url} did not come up")
-
-
 def _session(k: int) -> Trace:
     """A session whose turn i extends turn i-1 by 8 blocks of 16 tokens (hash ids its own)."""
     reqs = [Request(t=0.001 * i, input_tokens=n * 16, output_tokens=4, hash_ids=list(range(k * 10_000, k * 10_000 + n)),
@@ -63,48 +35,15 @@ def _session(k: int) -> Trace:
 @pytest.fixture(scope="module")
 def routers(tmp_path_factory):
     """{policy: router URL} over three shared workers; every process stopped at the end."""
-    tmp: Path = tmp_path_factory.mktemp("routing-quality")
-    ports = _free_ports(3 * WORKERS + 2)
-    http, events, replay = ports[:WORKERS], ports[WORKERS:2 * WORKERS], ports[2 * WORKERS:3 * WORKERS]
-    procs: list[subprocess.Popen] = []
-    logs = []
-
-    def spawn(args: list[str], name: str) -> None:
-        f = (tmp / name).open("w")
-        logs.append(f)
-        procs.append(subprocess.Popen([sys.executable, "-m", "agentkv.cli", *args], stdout=f,
-                                      stderr=subprocess.STDOUT))
-
-    try:
-        for i in range(WORKERS):
-            spawn(["serve", "--port", str(http[i]), "--time-scale", str(SCALE), "--log-level", "error",
-                   "--kv-events-endpoint", f"tcp://*:{events[i]}",
-                   "--kv-events-replay-endpoint", f"tcp://*:{replay[i]}"], f"worker{i}.log")
+    with Cluster(tmp_path_factory.mktemp("routing-quality"), WORKERS, routers=2) as c:
+        c.start_workers(time_scale=SCALE, log_level="error")
         urls = {}
-        for policy, port in zip(("kv_aware", "round_robin"), ports[3 * WORKERS:], strict=True):
-            args = ["route", "--port", str(port), "--policy", policy, "--health-interval", "30",
-                    "--log-level", "warning"]
-            for i in range(WORKERS):
-                args += ["--worker", f"http://127.0.0.1:{http[i]}=tcp://127.0.0.1:{events[i]},"
-                                     f"tcp://127.0.0.1:{replay[i]}"]
-            spawn(args, f"route-{policy}.log")
-            urls[policy] = f"http://127.0.0.1:{port}"
-        for i in range(WORKERS):
-            _wait_http(f"http://127.0.0.1:{http[i]}/health")
-        for u in urls.values():
-            _wait_http(u + "/health")
+        for j, policy in enumerate(("kv_aware", "round_robin")):
+            c.start_router(["--policy", policy, "--health-interval", "30", "--log-level", "warning"], j=j,
+                           name=f"route-{policy}")
+            urls[policy] = c.router_url(j)
+        c.wait_ready()
         yield urls
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        for p in procs:
-            try:
-                p.wait(10)
-            except subprocess.TimeoutExpired:
-                p.kill()
-        for f in logs:
-            f.close()
 
 
 def _hit_rate(url: str, cache_bust: bool) -> float:

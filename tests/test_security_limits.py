@@ -13,7 +13,7 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from secutil import write_keys
+from cluster import write_keys
 
 from agentkv.bench.testserver import Behaviour, StreamTestServer
 from agentkv.cli import build_parser

@@ -17,7 +17,7 @@ import threading
 
 import pytest
 from aiohttp import web
-from secutil import CLI, Procs, free_ports, get_text, post, serve_args, wait_http, write_keys
+from cluster import CLI, Cluster, get_text, post, write_keys
 
 pytestmark = pytest.mark.slow
 MARK = "Zqxv" + secrets.token_hex(4)  # a marker no log line could hold by chance
@@ -73,19 +73,12 @@ def _bodies() -> list[tuple[str, bytes, set[int]]]:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("privacy")
-    wp, ev, rp = free_ports(3)
-    procs = Procs(tmp)
-    try:
-        w = procs.start("worker", serve_args(wp, time_scale=20, events=ev, log_level="debug",
-                                             extra=("--max-model-len", "2048", "--max-body-size", "64KiB")))
-        r = procs.start("router", ["route", "--port", str(rp), "--worker", f"http://127.0.0.1:{wp}=tcp://127.0.0.1:{ev}",
-                                   "--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "x",
-                                   "--tokenizer", "builtin", "--log-level", "debug"])
-        wait_http(f"http://127.0.0.1:{wp}/health", proc=w)
-        wait_http(f"http://127.0.0.1:{rp}/health", proc=r)
-        yield procs, f"http://127.0.0.1:{wp}", f"http://127.0.0.1:{rp}"
-    finally:
-        procs.stop_all()
+    with Cluster(tmp, 1, replay=False) as c:
+        c.start_workers(time_scale=20, log_level="debug", extra=("--max-model-len", "2048", "--max-body-size", "64KiB"))
+        c.start_router(["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "x", "--tokenizer", "builtin",
+                        "--log-level", "debug"])
+        c.wait_ready()
+        yield c.procs, c.worker_url(0), c.router_url()
 
 
 def test_serve_and_route_never_log_prompts_or_completions(cluster):
@@ -112,7 +105,7 @@ def test_serve_and_route_never_log_prompts_or_completions(cluster):
         assert got == status and MARK not in out.decode()
         checked += 1
     metrics = get_text(worker + "/metrics") + get_text(router + "/metrics")
-    logs = procs.output("worker") + procs.output("router")
+    logs = procs.output("worker0") + procs.output("router")
     print(f"\n{checked} requests with the marker; {len(logs.splitlines())} log lines at DEBUG checked")
     assert "-> 400" in logs and "-> 413" in logs and "Using selector" in logs  # refusals and DEBUG lines logged
     assert MARK not in logs and MARK.lower() not in logs.lower()

@@ -12,7 +12,7 @@ import json
 import subprocess
 
 import pytest
-from secutil import CLI, Procs, free_ports, serve_args, wait_http, write_keys
+from cluster import CLI, Cluster, write_keys
 
 from agentkv.security.sidechannel import AttackConfig, side_channel
 from agentkv.security.stats import auc_delong, wilson
@@ -24,18 +24,12 @@ KEYS = {"key-victim": "victim", "key-attacker": "attacker"}
 @pytest.fixture(scope="module")
 def targets(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sidechannel")
-    worker_port, router_port = free_ports(2)
-    procs = Procs(tmp)
-    try:
-        w = procs.start("worker", serve_args(worker_port, time_scale=1.0))
-        r = procs.start("router", ["route", "--port", str(router_port), "--worker", f"http://127.0.0.1:{worker_port}",
-                                   "--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "s3cret",
-                                   "--log-level", "warning"])
-        wait_http(f"http://127.0.0.1:{worker_port}/health", proc=w)
-        wait_http(f"http://127.0.0.1:{router_port}/health", proc=r)
-        yield f"http://127.0.0.1:{worker_port}", f"http://127.0.0.1:{router_port}"
-    finally:
-        procs.stop_all()
+    with Cluster(tmp, 1, events=False, replay=False) as c:
+        c.start_workers(time_scale=1.0)
+        c.start_router(["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "s3cret",
+                        "--log-level", "warning"])
+        c.wait_ready()
+        yield c.worker_url(0), c.router_url()
 
 
 def test_auc_and_wilson_against_known_values():

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from cluster import free_port_range, stop_process
 
 from agentkv.cli import main
 
@@ -50,37 +50,6 @@ def post(url: str, body: dict) -> dict:
         return json.loads(r.read())
 
 
-def consecutive_free_ports(n: int) -> int:
-    for _ in range(50):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = s.getsockname()[1]
-        if base + n > 65535:
-            continue
-        socks = []
-        try:
-            for p in range(base, base + n):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("127.0.0.1", p))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-    pytest.skip("no run of free ports")
-
-
-def stop(proc: subprocess.Popen, timeout: float = 20.0) -> int:
-    os.kill(proc.pid, signal.SIGTERM)
-    try:
-        return proc.wait(timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-
-
 def test_serve_subprocess_answers_and_stops_on_sigterm():
     proc = start("--port", "0", "--time-scale", "1000", "--max-model-len", "2048", "--served-model-name", "m1")
     try:
@@ -91,14 +60,14 @@ def test_serve_subprocess_answers_and_stops_on_sigterm():
         with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
             assert b"vllm:generation_tokens_total" in r.read()
     finally:
-        rc = stop(proc)
+        rc = stop_process(proc, 20)
     assert rc == 0
     assert "Traceback" not in proc.stderr.read()
 
 
 def test_multi_worker_launch_and_clean_shutdown():
-    base = consecutive_free_ports(2)
-    events = consecutive_free_ports(2)
+    base = free_port_range(4)
+    events = base + 2
     proc = start("--workers", "2", "--port", str(base), "--time-scale", "1000", "--max-model-len", "2048",
                  "--kv-events-endpoint", f"tcp://127.0.0.1:{events}")
     pids = []
@@ -113,7 +82,7 @@ def test_multi_worker_launch_and_clean_shutdown():
             body = post(f"http://127.0.0.1:{base + i}/v1/completions", {"prompt": "hello", "max_tokens": 2})
             assert body["usage"]["completion_tokens"] == 2
     finally:
-        rc = stop(proc, timeout=30)
+        rc = stop_process(proc, 30)
     assert rc == 0, proc.stderr.read()
     for pid in pids:  # the children were stopped and reaped by the parent
         with pytest.raises(ProcessLookupError):
