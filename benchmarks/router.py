@@ -18,53 +18,19 @@ import asyncio
 import json
 import os
 import random
-import signal
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cluster.py: the process scaffolding
 import aiohttp
+from cluster import Cluster, wait_http
 
 from agentkv.trace.tokens import token_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / ".venv-peers" / "sglang" / "bin" / "python"
-
-
-def _free_range(k: int) -> int:
-    """A base port p with p .. p + k - 1 all free on 127.0.0.1 (and on the ZMQ wildcard)."""
-    rng = random.Random()
-    while True:
-        base = rng.randrange(20000, 60000 - k)
-        try:
-            socks = []
-            for port in range(base, base + k):
-                s = socket.socket()
-                socks.append(s)
-                s.bind(("0.0.0.0", port))
-            return base
-        except OSError:
-            continue
-        finally:
-            for s in socks:
-                s.close()
-
-
-async def _wait(url: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    async with aiohttp.ClientSession() as s:
-        while time.monotonic() < deadline:
-            try:
-                async with s.get(url, timeout=aiohttp.ClientTimeout(total=1)) as r:
-                    if r.status == 200:
-                        return
-            except (aiohttp.ClientError, OSError, TimeoutError):
-                pass
-            await asyncio.sleep(0.2)
-    raise TimeoutError(f"{url} did not come up")
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -137,20 +103,6 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _spawn(args: list[str], log: Path) -> subprocess.Popen:
-    with log.open("w") as f:
-        return subprocess.Popen(args, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        os.killpg(p.pid, signal.SIGTERM)
-        try:
-            p.wait(15)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-
-
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=500.0)
@@ -161,54 +113,41 @@ async def main() -> None:
     ap.add_argument("--policy", default="kv_aware")
     ap.add_argument("--peer", action="store_true", help="also measure sglang-router from .venv-peers/sglang")
     args = ap.parse_args()
-    logs = Path(os.environ.get("TMPDIR", "/tmp"))
-    base = _free_range(2 * args.workers + 2)
-    wport, eport = base, base + args.workers
-    rport, pport = base + 2 * args.workers, base + 2 * args.workers + 1
-    py = sys.executable
-    serve = _spawn([py, "-m", "agentkv.cli", "serve", "--workers", str(args.workers), "--port", str(wport),
-                    "--kv-events-endpoint", f"tcp://*:{eport}", "--time-scale", str(args.time_scale),
-                    "--log-level", "error"], logs / "bench-router-serve.log")
-    urls = [f"http://127.0.0.1:{wport + i}" for i in range(args.workers)]
-    procs = [serve]
+    # logs: $TMPDIR/bench-router-{serve,route,sglang}.log; the second router port is sglang-router's
+    c = Cluster(Path(os.environ.get("TMPDIR", "/tmp")), args.workers, routers=2, replay=False, one_process=True,
+                prefix="bench-router-", new_session=True)
+    urls = c.urls
     try:
-        for u in urls:
-            await _wait(u + "/health")
-        route_args = [py, "-m", "agentkv.cli", "route", "--port", str(rport), "--policy", args.policy,
-                      "--tokenizer", "builtin", "--log-level", "warning"]
-        for i, u in enumerate(urls):
-            route_args += ["--worker", f"{u}=tcp://127.0.0.1:{eport + i}"]
-        router = _spawn(route_args, logs / "bench-router-route.log")
-        procs.append(router)
-        await _wait(f"http://127.0.0.1:{rport}/health")
+        c.start_workers(time_scale=args.time_scale, log_level="error")
+        await asyncio.to_thread(c.wait_workers)
+        router = c.start_router(["--policy", args.policy, "--tokenizer", "builtin", "--log-level", "warning"],
+                                name="route")
+        await asyncio.to_thread(c.wait_ready)
         print(f"{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.prompt_len}-token text prompts, 4 output tokens "
               f"streamed, {args.workers} agentkv serve workers (time-scale {args.time_scale:g}), "
               f"{os.cpu_count()} CPUs shared by client, router and workers")
         await load(urls, args.rate, 3.0, args.prompt_len, seed=0)  # the workers' cold start, discarded
         base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1)
         cpu0 = _cpu_seconds(router.pid)
-        via = await load([f"http://127.0.0.1:{rport}"], args.rate, args.seconds, args.prompt_len, seed=2)
+        via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2)
         cpu = _cpu_seconds(router.pid) - cpu0
         _report(f"agentkv route ({args.policy})", base, via)
         print(f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
               f"({cpu / args.seconds * 100:.0f}% of one core at this rate)")
-        _stop(router)
-        procs.remove(router)
+        c.procs.stop("route")
         if args.peer:
             if not PEER.exists():
                 print(f"sglang-router: not measured ({PEER} not found; pip install sglang-router there)")
                 return
-            peer = _spawn([str(PEER), "-m", "sglang_router.launch_router", "--worker-urls", *urls,
-                           "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(pport)],
-                          logs / "bench-router-sglang.log")
-            procs.append(peer)
-            await _wait(f"http://127.0.0.1:{pport}/health", timeout=90)
+            peer = c.procs.start("sglang", ["-m", "sglang_router.launch_router", "--worker-urls", *urls,
+                                            "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(c.router_ports[1])],
+                                 exe=[str(PEER)])
+            await asyncio.to_thread(wait_http, c.router_url(1) + "/health", 90, peer)
             base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=3)
-            via = await load([f"http://127.0.0.1:{pport}"], args.rate, args.seconds, args.prompt_len, seed=4)
+            via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4)
             _report("sglang-router (cache_aware)", base, via)
     finally:
-        for p in procs:
-            _stop(p)
+        c.close()
 
 
 if __name__ == "__main__":

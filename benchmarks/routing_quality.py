@@ -39,7 +39,9 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cluster.py: the process scaffolding
 import aiohttp
+from cluster import CLI, Cluster, wait_http
 
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces" / "claude-code"
@@ -63,7 +65,7 @@ sys.exit(main())
 
 
 def _router_bench():
-    """benchmarks/router.py as a module: its process, port and load helpers are reused here."""
+    """benchmarks/router.py as a module: its load, percentile and CPU-time helpers are reused here."""
     spec = importlib.util.spec_from_file_location("bench_router", Path(__file__).with_name("router.py"))
     mod = sys.modules["bench_router"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -158,43 +160,31 @@ async def _probe(urls: list[str], via: str, rate: float, seconds: float) -> tupl
 async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Path) -> Row:
     """Fresh workers, one router in front, the replay through it, then the latency probe."""
     py, w = sys.executable, args.workers
-    base = rb._free_range(3 * w + 1)
-    wport, eport, replay, rport = base, base + w, base + 2 * w, base + 3 * w
-    logs = out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    serve = rb._spawn([py, "-m", "agentkv.cli", "serve", "--workers", str(w), "--port", str(wport),
-                       "--kv-events-endpoint", f"tcp://*:{eport}", "--kv-events-replay-endpoint", f"tcp://*:{replay}",
-                       "--time-scale", str(args.time_scale), "--max-model-len", str(model_len),
-                       "--log-level", "error", *args.serve_args.split()], logs / f"{router}-serve.log")
-    procs = [serve]
-    urls = [f"http://127.0.0.1:{wport + i}" for i in range(w)]
-    target = f"http://127.0.0.1:{rport}"
+    # logs: OUT/logs/{router}-{serve,router,bench}.log
+    c = Cluster(out / "logs", w, one_process=True, prefix=f"{router}-", new_session=True)
+    logs, urls, target = c.procs.logs, c.urls, c.router_url()
     try:
-        for u in urls:
-            await rb._wait(u + "/health", timeout=120)
+        c.start_workers(time_scale=args.time_scale, log_level="error",
+                        extra=("--max-model-len", str(model_len), *args.serve_args.split()))
+        await asyncio.to_thread(c.wait_workers, 120)
         if router == PEER:
-            proc = rb._spawn([str(rb.PEER), "-m", "sglang_router.launch_router", "--worker-urls", *urls,
-                              "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(rport),
-                              "--log-level", "warn"], logs / f"{router}-router.log")
+            proc = c.procs.start("router", ["-m", "sglang_router.launch_router", "--worker-urls", *urls,
+                                            "--policy", "cache_aware", "--host", "127.0.0.1",
+                                            "--port", str(c.router_ports[0]), "--log-level", "warn"], exe=[str(rb.PEER)])
         else:
             policy, _, weight = router.partition("@")
-            launch = ["-c", _WEIGHTED_ROUTE, weight] if weight else ["-m", "agentkv.cli"]
-            cmd = [py, *launch, "route", "--port", str(rport), "--policy", policy,
-                   "--tokenizer", "builtin", "--health-interval", str(args.health_interval), "--log-level", "warning"]
-            for i, u in enumerate(urls):
-                cmd += ["--worker", f"{u}=tcp://127.0.0.1:{eport + i},tcp://127.0.0.1:{replay + i}"]
-            proc = rb._spawn(cmd, logs / f"{router}-router.log")
-        procs.append(proc)
-        await rb._wait(target + "/health", timeout=120)
+            proc = c.start_router(["--policy", policy, "--tokenizer", "builtin", "--health-interval",
+                                   str(args.health_interval), "--log-level", "warning"],
+                                  exe=[py, "-c", _WEIGHTED_ROUTE, weight] if weight else CLI)
+        await asyncio.to_thread(wait_http, target + "/health", 120, proc)
         mode = "text" if router == PEER else "token-ids"
         run_dir = out / router
-        bench = [py, "-m", "agentkv.cli", "bench", *args.traces, "--target", target, "--lanes", str(args.lanes),
+        bench = ["bench", *args.traces, "--target", target, "--lanes", str(args.lanes),
                  "--max-requests", str(args.max_requests), "--duration", "none", "--time-scale", str(args.time_scale),
                  "--prompt-mode", mode, "--seed", str(args.seed), "--out", str(run_dir), "--quiet", "--no-report"]
         skipped0 = await _catchup(urls)
         cpu0, t0 = rb._cpu_seconds(proc.pid), time.monotonic()
-        bp = rb._spawn(bench, logs / f"{router}-bench.log")
-        procs.append(bp)
+        bp = c.procs.start("bench", bench)
         while bp.poll() is None:
             await asyncio.sleep(0.5)
         wall = time.monotonic() - t0
@@ -223,8 +213,7 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
               f"(host behind)" + (f"; index predicted {predicted:.1%} hits" if predicted is not None else ""), flush=True)
         return row
     finally:
-        for p in reversed(procs):
-            rb._stop(p)
+        c.close()
 
 
 def simulate_rows(routers: list[str], args: argparse.Namespace) -> list[str]:
