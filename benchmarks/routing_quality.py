@@ -23,7 +23,7 @@ cross-check at exact H200 timing.
 
 Run: .venv/bin/python benchmarks/routing_quality.py [--max-requests 300] [--time-scale 25]
      [--routers kv_aware,round_robin,least_loaded,sglang] [--out DIR] [--json]
-(about 3-4 minutes per router on a busy 2-core machine; `kv_aware@W` runs KvAware with weight W)
+(about 3-4 minutes per router on a busy 2-core machine; `kv_aware@W` runs `agentkv route --kv-weight W`)
 """
 
 from __future__ import annotations
@@ -48,20 +48,6 @@ TRACES = ROOT.parent / "shared" / "traces" / "claude-code"
 OURS = ("kv_aware", "round_robin", "least_loaded", "session")
 PEER = "sglang"
 DEFAULT = "kv_aware,round_robin,least_loaded,sglang"
-
-
-# `agentkv route` with KvAware's load weight set (the route CLI has no flag for it): "kv_aware@1"
-_WEIGHTED_ROUTE = """import sys
-from agentkv.route import policy, proxy
-w = float(sys.argv.pop(1))
-class KvAwareW(policy.KvAware):
-    def __init__(self, *a, **k):
-        k.setdefault("weight", w)
-        super().__init__(*a, **k)
-policy.KvAware = proxy.KvAware = KvAwareW
-from agentkv.cli import main
-sys.exit(main())
-"""
 
 
 def _router_bench():
@@ -159,13 +145,14 @@ async def _probe(urls: list[str], via: str, rate: float, seconds: float) -> tupl
 
 async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Path) -> Row:
     """Fresh workers, one router in front, the replay through it, then the latency probe."""
-    py, w = sys.executable, args.workers
+    w = args.workers
     # logs: OUT/logs/{router}-{serve,router,bench}.log
     c = Cluster(out / "logs", w, one_process=True, prefix=f"{router}-", new_session=True)
     logs, urls, target = c.procs.logs, c.urls, c.router_url()
     try:
         c.start_workers(time_scale=args.time_scale, log_level="error",
-                        extra=("--max-model-len", str(model_len), *args.serve_args.split()))
+                        extra=("--max-model-len", str(model_len), "--kv-cache-dtype", args.kv_cache_dtype,
+                               *args.serve_args.split()))
         await asyncio.to_thread(c.wait_workers, 120)
         if router == PEER:
             proc = c.procs.start("router", ["-m", "sglang_router.launch_router", "--worker-urls", *urls,
@@ -173,9 +160,9 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
                                             "--port", str(c.router_ports[0]), "--log-level", "warn"], exe=[str(rb.PEER)])
         else:
             policy, _, weight = router.partition("@")
-            proc = c.start_router(["--policy", policy, "--tokenizer", "builtin", "--health-interval",
-                                   str(args.health_interval), "--log-level", "warning"],
-                                  exe=[py, "-c", _WEIGHTED_ROUTE, weight] if weight else CLI)
+            proc = c.start_router(["--policy", policy, *(["--kv-weight", weight] if weight else []),
+                                   "--tokenizer", "builtin", "--health-interval", str(args.health_interval),
+                                   "--log-level", "warning"], exe=CLI)
         await asyncio.to_thread(wait_http, target + "/health", 120, proc)
         mode = "text" if router == PEER else "token-ids"
         run_dir = out / router
@@ -218,21 +205,18 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
 
 def simulate_rows(routers: list[str], args: argparse.Namespace) -> list[str]:
     """The same comparison in `agentkv simulate` (virtual clock: exact H200 timing), as table lines."""
-    import agentkv.sim.cluster as cluster
-    from agentkv.route.policy import make_policy
+    from agentkv.engine.config import EngineConfig
+    from agentkv.route.policy import KV_WEIGHT
+    from agentkv.sim.cluster import SimConfig, simulate
     from agentkv.trace.formats import load_paths
 
     traces = load_paths(args.traces, "auto")
     lines = ["| router | hit rate | oracle | % of oracle | TTFT p50 s | TTFT p99 s |", "|---|---|---|---|---|---|"]
     for router in routers:
         policy, _, weight = router.partition("@")
-        kw = {"weight": float(weight)} if weight else {}
-        cluster.make_policy = lambda name, seed=0, kw=kw: make_policy(name, seed=seed, **kw)
-        try:
-            s = cluster.simulate(traces, cluster.SimConfig(workers=args.workers, lanes=args.lanes, router=policy,
-                                                           seed=args.seed, max_requests=args.sim_requests)).summary
-        finally:
-            cluster.make_policy = make_policy
+        s = simulate(traces, SimConfig(engine=EngineConfig(kv_cache_dtype=args.kv_cache_dtype), workers=args.workers,
+                                       lanes=args.lanes, router=policy, kv_weight=float(weight) if weight else KV_WEIGHT,
+                                       seed=args.seed, max_requests=args.sim_requests)).summary
         c = s.cache
         lines.append(f"| {router} | {c.reported:.1%} | {c.ceiling:.1%} | {c.reported / c.ceiling:.1%} | "
                      f"{s.ttft.p50:.2f} | {s.ttft.p99:.1f} |")
@@ -273,7 +257,9 @@ async def main() -> int:
                     help="requests (by due time) left out of the after-warm-up columns (default 100)")
     ap.add_argument("--routers", default=DEFAULT,
                     help=f"comma list of {', '.join(OURS)}, {PEER} (default {DEFAULT}); kv_aware@W sets KvAware's "
-                         "weight to W")
+                         "weight to W (--kv-weight W)")
+    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
+                    help="the workers' KV dtype, in the HTTP runs and the simulator (fp8 doubles their KV)")
     ap.add_argument("--serve-args", default="", help="extra flags for agentkv serve, e.g. '--cpu-offload 256GB'")
     ap.add_argument("--health-interval", type=float, default=60.0,
                     help="our router's health-check period (default 60 s, sglang-router's default; see docs/route.md)")
@@ -299,7 +285,7 @@ async def main() -> int:
     model_len = _needed_model_len(args.traces)
     print(f"{len(routers)} routers x {args.max_requests} requests, {args.lanes} lanes, {args.workers} agentkv serve "
           f"workers (H200, Llama-3.1-8B, time-scale {args.time_scale:g}{', ' + args.serve_args if args.serve_args else ''}),"
-          f" {os.cpu_count()} CPUs shared by client, router and workers", flush=True)
+          f", KV {args.kv_cache_dtype}; {os.cpu_count()} CPUs shared by client, router and workers", flush=True)
     t0 = time.monotonic()
     rows = [await run_one(r, args, model_len, out) for r in routers] if args.max_requests > 0 else []
     if rows:
