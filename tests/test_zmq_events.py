@@ -162,11 +162,38 @@ def test_duplicates_are_skipped_and_a_restart_is_accepted():
     payload = encode_batch(EventBatch(1.0, events(2)))
     with raw(zmq.XPUB) as xpub, ZmqEventSubscriber(last_endpoint(xpub)) as sub:
         wait_subscription(xpub)
-        for seq in (5, 6, 6, 4, 0, 1):
+        for seq in (5, 6, 6, 0, 1):
             xpub.send_multipart([b"t", seq_bytes(seq), payload])
         got = recv_n(sub, 4)
     assert [r.seq for r in got] == [5, 6, 0, 1]
-    assert (sub.stats.duplicates, sub.stats.resets, sub.stats.gaps) == (2, 1, 0)
+    assert [r.restart for r in got] == [False, False, True, False]
+    assert (sub.stats.duplicates, sub.stats.resets, sub.stats.gaps) == (1, 1, 0)
+
+
+def test_restart_whose_first_batches_were_missed_is_replayed():
+    """A publisher restarts on the same endpoints and its first batches go out before the subscriber
+    reconnects (slow joiner). Its next batch numbers below the last one seen: a restart, and the
+    missed batches come from the new publisher's replay buffer, the first marked `restart`."""
+    port, rep = free_port(), f"tcp://127.0.0.1:{free_port()}"
+    ep, bind = f"tcp://127.0.0.1:{port}", f"tcp://*:{port}"  # `*`: the publisher binds (vLLM's rule)
+    with ZmqEventSubscriber(ep, rep, start_seq=0) as sub:
+        with ZmqEventPublisher(bind, rep) as old:
+            assert old.wait_for_subscribers(timeout=T)
+            for i in range(5):
+                old.publish(events(i), ts=float(i))
+            assert [r.seq for r in recv_n(sub, 5)] == list(range(5))
+        sub._sub.disconnect(ep)  # the subscriber is away while the new publisher starts
+        with ZmqEventPublisher(bind, rep) as new:
+            new.publish(events(10), ts=10.0)
+            new.publish(events(11), ts=11.0)
+            wait_sent(new, 2)
+            sub._sub.connect(ep)
+            assert new.wait_for_subscribers(timeout=T)
+            new.publish(events(12), ts=12.0)
+            got = recv_n(sub, 3)
+    assert [(r.seq, r.replayed, r.restart) for r in got] == [(0, True, True), (1, True, False), (2, False, False)]
+    assert [r.batch.events for r in got] == [events(10), events(11), events(12)]
+    assert (sub.stats.resets, sub.stats.duplicates, sub.stats.recovered, sub.stats.lost) == (1, 0, 2, 0)
 
 
 def test_gap_triggers_replay_and_recovers_missing_batches():

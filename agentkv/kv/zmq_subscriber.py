@@ -4,7 +4,10 @@ Tolerant by design: a malformed message (wrong frame count, bad sequence frame, 
 ill-typed payload) is counted in `stats.malformed` and skipped. When a sequence number jumps, the
 missing batches are fetched from the publisher's replay socket (if given) and delivered, in order
 and marked `replayed`, before the batch that revealed the gap; what replay cannot supply is
-counted in `stats.lost`. A jump back to 0 is a publisher restart (`stats.resets`).
+counted in `stats.lost`. A jump back below the last batch is a publisher restart (`stats.resets`):
+numbering starts again from 0, the batches of the new publisher missed before it (a slow joiner
+loses the first ones) are replayed, and the first batch delivered after it is marked `restart`,
+so a consumer knows to drop what it built from the old publisher before applying it.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import zmq
 import zmq.asyncio
@@ -30,6 +33,7 @@ class Received:
     batch: EventBatch
     topic: bytes
     replayed: bool = False
+    restart: bool = False  # the first batch of a restarted publisher: state from before it is stale
 
 
 @dataclass(slots=True)
@@ -56,6 +60,7 @@ class _Tracker:
     def __init__(self, start_seq: int | None) -> None:
         self.expected = start_seq
         self.stats = SubscriberStats()
+        self._restart = False  # a restart was seen and its first batch is not delivered yet
 
     def decode(self, frames: Sequence[bytes]) -> Received | None:
         """The live message as Received, or None (counted) if malformed or a duplicate."""
@@ -65,11 +70,14 @@ class _Tracker:
             self.stats.malformed += 1
             return None
         if self.expected is not None and seq < self.expected:
-            if seq != 0:
+            if seq == self.expected - 1 and seq != 0:  # the batch just delivered, once more
                 self.stats.duplicates += 1
                 return None
+            # Numbering went back: one publisher's sequence only grows, so it restarted. Its first
+            # batches may have been lost (slow joiner): expect 0, so replay fetches them.
             self.stats.resets += 1
             self.expected = 0
+            self._restart = True
         return Received(seq, batch, topic)
 
     def gap_start(self, r: Received) -> int | None:
@@ -107,6 +115,9 @@ class _Tracker:
             self.stats.recovered += len(out)
             self.stats.lost += (r.seq - gap) - len(out)
         out.append(r)
+        if self._restart:
+            self._restart = False
+            out[0] = replace(out[0], restart=True)
         self.stats.received += len(out)
         self.expected = r.seq + 1
         return out

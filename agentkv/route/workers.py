@@ -168,12 +168,11 @@ class WorkerPool:
                 caught_up = max(caught_up, r.seq)
             if caught_up >= 0:
                 log.info("worker %d: index rebuilt from %d replayed event batches", w.slot, caught_up + 1)
-        resets = gaps = 0
+        gaps = 0
         while not stop.is_set():
             for r in sub.recv_batches(0.1, max_batches=256):
                 st = sub.stats
-                if st.resets != resets:  # the publisher restarted: its engine's cache is new
-                    resets = st.resets
+                if r.restart:  # the publisher restarted: its engine's cache is new
                     with self.lock:
                         self.index.clear_worker(w.slot)
                     w.resyncs += 1
