@@ -105,10 +105,9 @@ def router(tmp_path_factory):
                             api_keys=str(write_keys(tmp, KEYS)), secret="s", tokenizer="builtin"))
     forwarded: list[bytes] = []
 
-    async def forward(request, w, path, payload, headers, ticket):
+    async def forward(request, w, path, payload, headers, load):
         forwarded.append(payload)
-        w.running(ticket[0])  # as the real one does at the first byte
-        ticket[1] = True
+        load.first_byte()  # as the real one does
         # while this request is in flight, another tenant's routing must still work
         r.choose("tenant-b", {"prompt": [1, 2, 3] * 16, "max_tokens": 4}, False, "", set())
         return web.Response(status=200)

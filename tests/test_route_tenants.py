@@ -149,11 +149,10 @@ def test_router_load_counts_streaming_requests_not_queued_ones():
     from agentkv.route.workers import Worker, WorkerSpec
 
     w = Worker(0, WorkerSpec("http://127.0.0.1:1"), block_size=16, approximate=True)
-    w.start()
-    w.start()
+    streamed, failed = w.start(320), w.start(640)
     assert (w.active_requests(), w.active_blocks()) == (2, 0)
-    w.running(320)
+    streamed.first_byte()
     assert (w.active_requests(), w.active_blocks()) == (2, 20)
-    w.finish(320, was_running=True)
-    w.finish(640, was_running=False)  # failed before its first byte
+    streamed.finish()
+    failed.finish()  # failed before its first byte
     assert (w.active_requests(), w.active_blocks(), w.requests) == (0, 0, 2)

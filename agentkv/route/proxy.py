@@ -28,7 +28,7 @@ from agentkv.route.metrics import RouterStats, render_metrics
 from agentkv.route.policy import KV_WEIGHT, KvAware, RouteRequest, make_policy
 from agentkv.route.prompt import RequestHasher, Tokenizer
 from agentkv.route.tenants import Tenants, router_secret
-from agentkv.route.workers import Worker, WorkerPool, WorkerSpec
+from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec
 
 log = logging.getLogger("agentkv.route")
 
@@ -242,10 +242,9 @@ class Router:
             w, prompt_tokens = self.choose(tenant.id, body, chat, session, tried)
             tokens = prompt_tokens + (max_out if type(max_out) is int and 0 < max_out < 1 << 32 else 0)
             tried.add(w.slot)
-            w.start()
-            ticket = [tokens, False]  # load tokens, running (first byte seen)
+            load = w.start(tokens)
             try:
-                resp = await self._forward(request, w, path, payload, headers, ticket)
+                resp = await self._forward(request, w, path, payload, headers, load)
             except _Retry as e:
                 w.failures += 1
                 w.retried_away += 1
@@ -257,13 +256,13 @@ class Router:
                     asyncio.get_running_loop().create_task(self.pool.check(w))
                 continue
             finally:
-                w.finish(tokens, ticket[1])
+                load.finish()
             return resp
 
     async def _forward(self, request: web.Request, w: Worker, path: str, payload: bytes,
-                       headers: dict, ticket: list) -> web.StreamResponse:
-        """POST to `w` and stream its answer back; raise _Retry if it failed before its first byte.
-        `ticket` is [load tokens, running]: set running (and count the load) at the first byte."""
+                       headers: dict, load: Load) -> web.StreamResponse:
+        """POST to `w` and stream its answer back; raise _Retry if it failed before its first byte
+        (from which on the request counts as `w`'s KV load)."""
         try:
             upstream = await self.session.post(w.spec.url + path, data=payload, headers=headers)
         except _CONNECT_ERRORS as e:
@@ -275,8 +274,7 @@ class Router:
                 first = await upstream.content.readany()
             except _CONNECT_ERRORS as e:
                 raise _Retry(type(e).__name__) from None
-            w.running(ticket[0])
-            ticket[1] = True
+            load.first_byte()
             resp = web.StreamResponse(status=upstream.status, headers={"x-agentkv-worker": str(w.slot)})
             resp.content_type = upstream.content_type
             if upstream.content_type == "text/event-stream":

@@ -79,22 +79,34 @@ class Worker:
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
         return self.match.gpu, self.match.lower
 
-    def start(self) -> None:
-        """A request was sent here."""
+    def start(self, tokens: int) -> Load:
+        """A request of `tokens` (prompt + max output) was sent here: its load handle."""
         self.in_flight += 1
         self.requests += 1
+        return Load(self, tokens)
 
-    def running(self, tokens: int) -> None:
-        """Its first byte came back: it now holds KV for its prompt and output (the load term).
 
-        A request still queued counts as a request but not as KV load: a queue of cache hits costs
-        the worker little, and counting it moved sessions off the worker that caches them."""
-        self.in_flight_tokens += tokens
+class Load:
+    """One request's share of its worker's load: a request from `Worker.start`, KV load from its
+    first byte (`streaming`) to `finish`.
 
-    def finish(self, tokens: int, was_running: bool) -> None:
-        self.in_flight -= 1
-        if was_running:
-            self.in_flight_tokens -= tokens
+    A request still queued counts as a request but not as KV load: a queue of cache hits costs
+    the worker little, and counting it moved sessions off the worker that caches them."""
+
+    __slots__ = ("worker", "tokens", "streaming")
+
+    def __init__(self, worker: Worker, tokens: int) -> None:
+        self.worker, self.tokens, self.streaming = worker, tokens, False
+
+    def first_byte(self) -> None:
+        if not self.streaming:
+            self.streaming = True
+            self.worker.in_flight_tokens += self.tokens
+
+    def finish(self) -> None:
+        self.worker.in_flight -= 1
+        if self.streaming:
+            self.worker.in_flight_tokens -= self.tokens
 
 
 SLOW_LIMIT = 3  # health-check timeouts in a row before a worker is taken out
