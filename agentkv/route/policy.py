@@ -66,15 +66,8 @@ class LeastLoaded(Policy):
         self._rot = 0
 
     def choose(self, req, workers):
-        n = len(workers)
-        self._rot = (self._rot + 1) % n
-        loads = [w.active_requests() for w in workers]
-        best = min(loads)
-        for k in range(n):
-            i = (self._rot + k) % n
-            if loads[i] == best:
-                return i
-        return 0
+        self._rot = (self._rot + 1) % len(workers)
+        return _first_min(self._rot, [w.active_requests() for w in workers])
 
 
 class SessionAffinity(Policy):
@@ -160,12 +153,18 @@ class KvAware(Policy):
             weights = [math.exp(-(c - lo) / scale) for c in costs]
             return self._rng.choices(range(n), weights)[0]
         self._rot = (self._rot + 1) % n
-        best = min(costs)
-        for k in range(n):
-            i = (self._rot + k) % n
-            if costs[i] == best:
-                return i
-        return 0
+        return _first_min(self._rot, costs)
+
+
+def _first_min(start: int, values: Sequence[float]) -> int:
+    """The first index holding the minimum, scanning from `start` round the list (ties rotate)."""
+    n = len(values)
+    best = min(values)
+    for k in range(n):
+        i = (start + k) % n
+        if values[i] == best:
+            return i
+    return 0
 
 
 def make_policy(name: str, seed: int = 0, **kwargs) -> Policy:
