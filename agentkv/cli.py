@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import sys
 from collections.abc import Callable
 
@@ -10,6 +12,17 @@ from agentkv import __version__
 from agentkv.errors import UserError
 
 Handler = Callable[[argparse.Namespace], int | None]
+
+
+def _run(target: str, args: argparse.Namespace) -> int | None:
+    module, _, name = target.partition(":")
+    return getattr(importlib.import_module(module), name)(args)
+
+
+def _lazy(target: str) -> Handler:
+    """The handler `module:function`, imported when the command runs (so `agentkv --help` stays
+    quick); a partial, so the parsed args still pickle (simulate --sweep sends them to workers)."""
+    return functools.partial(_run, target)
 
 
 def _trace_commands(sub: argparse._SubParsersAction) -> None:
@@ -25,7 +38,7 @@ def _trace_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--top", type=int, default=10, metavar="N",
                    help="show one row per trace up to N traces, else the N largest and a total (default 10)")
-    p.set_defaults(func=_cmd_trace_stats)
+    p.set_defaults(func=_lazy("agentkv.trace.stats:stats_command"))
 
     p = tsub.add_parser("synth", help="write seeded synthetic agentic sessions as AgentX JSON")
     p.add_argument("--sessions", type=int, default=10, metavar="N", help="sessions (traces) to write (default 10)")
@@ -33,7 +46,7 @@ def _trace_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", default="synth-traces", metavar="OUT",
                    help="directory to write <trace id>.json files into (default ./synth-traces)")
     p.add_argument("--gzip", action="store_true", help="write .json.gz files")
-    p.set_defaults(func=_cmd_trace_synth)
+    p.set_defaults(func=_lazy("agentkv.trace.synth:synth_command"))
 
     p = tsub.add_parser("convert", help="save traces (any format) as AgentX JSON, as kv-cache-tester and AIPerf read")
     p.add_argument("paths", nargs="+", metavar="INPUT", help="trace files or directories")
@@ -45,16 +58,6 @@ def _trace_commands(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=_cmd_trace_convert)
 
 
-def _cmd_trace_stats(args: argparse.Namespace) -> int:
-    from agentkv.trace.stats import stats_command
-
-    return stats_command(args)
-
-
-def _cmd_trace_synth(args: argparse.Namespace) -> int:
-    from agentkv.trace.synth import synth_command
-
-    return synth_command(args)
 
 
 def _cmd_trace_convert(args: argparse.Namespace) -> int:
@@ -136,13 +139,8 @@ def _simulate_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_engine_args(p)
-    p.set_defaults(func=_cmd_simulate)
+    p.set_defaults(func=_lazy("agentkv.sim.command:simulate_command"))
 
-
-def _cmd_simulate(args: argparse.Namespace) -> int:
-    from agentkv.sim.command import simulate_command
-
-    return simulate_command(args)
 
 
 def _serve_command(sub: argparse._SubParsersAction) -> None:
@@ -166,13 +164,8 @@ def _serve_command(sub: argparse._SubParsersAction) -> None:
                    help="output length of chat requests without max_tokens (completions: 16, as vLLM)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
-    p.set_defaults(func=_cmd_serve)
+    p.set_defaults(func=_lazy("agentkv.serve.launch:serve_command"))
 
-
-def _cmd_serve(args: argparse.Namespace) -> int:
-    from agentkv.serve.launch import serve_command
-
-    return serve_command(args)
 
 
 def _route_command(sub: argparse._SubParsersAction) -> None:
@@ -214,13 +207,8 @@ def _route_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-index-blocks", type=int, default=1 << 22, metavar="N",
                    help="blocks indexed per worker; stores past it are dropped and counted (default 4,194,304)")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(func=_cmd_route)
+    p.set_defaults(func=_lazy("agentkv.route.command:route_command"))
 
-
-def _cmd_route(args: argparse.Namespace) -> int:
-    from agentkv.route.command import route_command
-
-    return route_command(args)
 
 
 def _bench_command(sub: argparse._SubParsersAction) -> None:
@@ -229,13 +217,8 @@ def _bench_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="replay agentic sessions against an OpenAI-compatible server; "
                        "requests.jsonl, summary.json and report.html (default: the embedded agentkv serve)")
     add_bench_args(p)
-    p.set_defaults(func=_cmd_bench)
+    p.set_defaults(func=_lazy("agentkv.bench.command:bench_command"))
 
-
-def _cmd_bench(args: argparse.Namespace) -> int:
-    from agentkv.bench.command import bench_command
-
-    return bench_command(args)
 
 
 def _compare_command(sub: argparse._SubParsersAction) -> None:
@@ -243,13 +226,8 @@ def _compare_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("a", metavar="A", help="summary.json or a run folder")
     p.add_argument("b", metavar="B", help="summary.json or a run folder")
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
-    p.set_defaults(func=_cmd_compare)
+    p.set_defaults(func=_lazy("agentkv.bench.compare:compare_command"))
 
-
-def _cmd_compare(args: argparse.Namespace) -> int:
-    from agentkv.bench.compare import compare_command
-
-    return compare_command(args)
 
 
 def _security_command(sub: argparse._SubParsersAction) -> None:
@@ -270,13 +248,8 @@ def _security_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", default=None, help="model name in requests (default: the target's first)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S", help="per-request time limit (default 60)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
-    p.set_defaults(func=_cmd_side_channel)
+    p.set_defaults(func=_lazy("agentkv.security.command:side_channel_command"))
 
-
-def _cmd_side_channel(args: argparse.Namespace) -> int:
-    from agentkv.security.command import side_channel_command
-
-    return side_channel_command(args)
 
 
 def _cache_commands(sub: argparse._SubParsersAction) -> None:
@@ -304,13 +277,8 @@ def _cache_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument("--plot", default=None, metavar="OUT", help="write a hit rate vs capacity chart (.html or .svg)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.set_defaults(func=_cmd_cache_analyze)
+    p.set_defaults(func=_lazy("agentkv.kv.analyze_view:analyze_command"))
 
-
-def _cmd_cache_analyze(args: argparse.Namespace) -> int:
-    from agentkv.kv.analyze_view import analyze_command
-
-    return analyze_command(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
