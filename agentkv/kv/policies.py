@@ -138,19 +138,15 @@ class ChunkQueue:
         return [int(b) for bl, st in self.q for b in bl[live(bl, st)]]
 
 
-class LRU(Evictor):
-    """Least recently freed first, a request's tail before its head: vLLM v1's free-queue order.
+class StampedEvictor(Evictor):
+    """Bookkeeping shared by the array evictors (LRU, session): each free stamps its blocks from a
+    clock, queues hold (blocks, stamps) chunks, and an entry is live while its stamp is the block's
+    latest and the block is unused; a hit costs nothing, stale entries are filtered when popped."""
 
-    A lazy `ChunkQueue`, one chunk per free; a block's latest stamp is in `_stamp`, so a hit costs
-    nothing and victims are filtered a window at a time.
-    """
-
-    name = "lru"
     arrays = True
 
-    def clear(self) -> None:
-        self._stamp = np.zeros(self.pool.num_blocks, dtype=np.int64)
-        self._q = ChunkQueue()
+    def _reset_stamps(self) -> None:
+        self._stamp = np.zeros(self.pool.num_blocks, dtype=np.int64)  # latest free stamp of each block
         self._clock = 1
         self._n = 0
 
@@ -160,15 +156,37 @@ class LRU(Evictor):
     def _live(self, blocks: np.ndarray, stamps: np.ndarray) -> np.ndarray:
         return (self._stamp[blocks] == stamps) & (self.pool.ref[blocks] == 0)
 
-    def blocks(self) -> list[int]:
-        return self._q.live_blocks(self._live)
-
     def _stamps(self, blocks: np.ndarray) -> np.ndarray:
+        """Fresh stamps for `blocks`, recorded first: their older queue entries retire."""
         k = len(blocks)
         stamps = np.arange(self._clock, self._clock + k, dtype=np.int64)
         self._clock += k
         self._stamp[blocks] = stamps
         return stamps
+
+    def _evicted(self, out: list[np.ndarray], n: int) -> np.ndarray:
+        """The `n` victims popped as chunks `out`, their stamps cleared."""
+        victims = np.concatenate(out) if len(out) != 1 else out[0]
+        self._stamp[victims] = 0
+        self._n -= n
+        return victims
+
+
+class LRU(StampedEvictor):
+    """Least recently freed first, a request's tail before its head: vLLM v1's free-queue order.
+
+    A lazy `ChunkQueue`, one chunk per free; a block's latest stamp is in `_stamp`, so a hit costs
+    nothing and victims are filtered a window at a time.
+    """
+
+    name = "lru"
+
+    def clear(self) -> None:
+        self._reset_stamps()
+        self._q = ChunkQueue()
+
+    def blocks(self) -> list[int]:
+        return self._q.live_blocks(self._live)
 
     def add_many(self, blocks: np.ndarray, session: object = None) -> None:
         self._q.push(blocks, self._stamps(blocks))
@@ -180,11 +198,7 @@ class LRU(Evictor):
         self._n -= len(blocks)  # the pool raises their ref counts, which retires their entries
 
     def pop_victims(self, n: int) -> np.ndarray:
-        out = self._q.pop(n, self._live)
-        victims = np.concatenate(out) if len(out) != 1 else out[0]
-        self._stamp[victims] = 0
-        self._n -= n
-        return victims
+        return self._evicted(self._q.pop(n, self._live), n)
 
     def check(self) -> None:
         assert len(self.blocks()) == self._n

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentkv.kv.policies import ChunkQueue, Evictor
+from agentkv.kv.policies import ChunkQueue, StampedEvictor
 
 DEFAULT_GAPS = {"tool_use": 10.0, "end_turn": 120.0}
 
@@ -46,11 +46,10 @@ class SessionState:
     log_gaps: dict[str, float] = field(default_factory=dict)  # EWMA of log(gap) per stop reason
 
 
-class SessionAware(Evictor):
+class SessionAware(StampedEvictor):
     """Evict from the session predicted to return last; LRU (tail first) within a session."""
 
     name = "session"
-    arrays = True
 
     def __init__(self, default_gaps: dict[str, float] | None = None, default_gap: float = 60.0,
                  alpha: float = 0.3, use_end_hints: bool = True, stale_first: bool = True) -> None:
@@ -64,23 +63,14 @@ class SessionAware(Evictor):
         self.now = 0.0
 
     def clear(self) -> None:
-        n = self.pool.num_blocks
-        self._stamp = np.zeros(n, dtype=np.int64)  # latest free stamp of each block
-        self._owner = np.full(n, -2, dtype=np.int64)  # group of its user; -1: stale, -2: none
-        self._clock = 1
+        self._reset_stamps()
+        self._owner = np.full(self.pool.num_blocks, -2, dtype=np.int64)  # group of its user; -1: stale, -2: none
         self._gid: dict[object, int] = {}  # session -> group index (kept while the pool lives)
         self._gsession: list[object] = []
         self._queues: dict[int, ChunkQueue] = {}  # groups with free blocks
         self._count: dict[int, int] = {}  # free cached blocks per group
         self._stale = ChunkQueue()  # blocks a session's latest request did not reuse, LRU first
         self._n_stale = 0
-        self._n = 0
-
-    def __len__(self) -> int:
-        return self._n
-
-    def _live(self, blocks: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        return (self._stamp[blocks] == stamps) & (self.pool.ref[blocks] == 0)
 
     def blocks(self) -> list[int]:
         groups = [b for q in self._queues.values() for b in q.live_blocks(self._live)]
@@ -148,9 +138,7 @@ class SessionAware(Evictor):
             g = self._gid[session] = len(self._gsession)
             self._gsession.append(session)
         k = len(blocks)
-        stamps = np.arange(self._clock, self._clock + k, dtype=np.int64)
-        self._clock += k
-        self._stamp[blocks] = stamps  # first: retires these blocks' older entries
+        stamps = self._stamps(blocks)  # first: retires these blocks' older entries
         prev = self._owner[blocks]
         if not (prev == g).all():  # shared blocks: the user expected back sooner keeps them
             r = self.time_to_return(session)
@@ -229,10 +217,7 @@ class SessionAware(Evictor):
             out += taken
             need -= k
             self._take_from(g, k)
-        victims = np.concatenate(out) if len(out) != 1 else out[0]
-        self._stamp[victims] = 0
-        self._n -= n
-        return victims
+        return self._evicted(out, n)
 
     def _rank(self, g: int) -> tuple[float, float]:
         session = self._gsession[g]
