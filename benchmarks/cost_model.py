@@ -5,21 +5,21 @@ Run: .venv/bin/python benchmarks/cost_model.py   (prints calls/s, best of 5, for
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
+
+from timing import best_s
 
 from agentkv.engine.cost import CostModel
 
 
 def calls_per_s(fn: Callable[[], object], n: int = 20_000, repeat: int = 5) -> float:
     """Best-of-`repeat` rate of `n` calls (the least disturbed by other work on the machine)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
+
+    def calls() -> None:
         for _ in range(n):
             fn()
-        best = min(best, time.perf_counter() - t)
-    return n / best
+
+    return n / best_s(calls, repeat)
 
 
 def main() -> None:

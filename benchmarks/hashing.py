@@ -7,9 +7,9 @@ under 50 ms and well under 1 ms per 10K tokens on a 200K prompt for the fast pat
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 
 import numpy as np
+from timing import best_ms
 
 from agentkv.kv.hashing import (
     VllmHasher,
@@ -19,16 +19,6 @@ from agentkv.kv.hashing import (
     request_tokens,
     trace_key,
 )
-
-
-def best_ms(fn: Callable[[], object], repeat: int = 5) -> float:
-    """Best of `repeat` runs, in ms (the least disturbed by other work on the machine)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ H200 measurements, then best-of-5 wall times of the Python bookkeeping)
 
 from __future__ import annotations
 
-import time
+from timing import best_ms
 
 from agentkv.kv.tiers import TierSpec, TierStack
 from agentkv.kv.transfer import DiskModel, h200_link, kv_bytes_per_token_layer
@@ -35,15 +35,6 @@ def transfer_table() -> None:
     read = disk.seconds(nbytes, 1, write=False)
     print(f"SSD default (7 GB/s read, 80 us/IO, QD1): 2 MiB block read {read * 1e6:.0f} us "
           f"({nbytes / read / 1e9:.1f} GB/s); +host copy {link.seconds(nbytes, 64 * KiB) * 1e6:.0f} us")
-
-
-def best_ms(fn, repeat: int = 5) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best * 1e3
 
 
 def bookkeeping() -> None:

@@ -7,23 +7,13 @@ prints best-of-3 wall times: reading, statistics with the ceiling, and synthesis
 from __future__ import annotations
 
 import sys
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from timing import best_s
 
 from agentkv.trace.formats import load_paths
 from agentkv.trace.stats import compute
 from agentkv.trace.synth import synthesize
-
-
-def best_s(fn: Callable[[], object], repeat: int = 3) -> float:
-    """Best of `repeat` runs, in seconds (the least disturbed by other work on the machine)."""
-    best = float("inf")
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def main() -> int:
@@ -36,9 +26,9 @@ def main() -> int:
     blocks = sum(len(x.request.hash_ids) for t in traces for x in t.timeline())
     print(f"{len(traces)} traces, {report.total.requests} requests, {blocks:,} hash ids, "
           f"ceiling {report.total.ceiling:.5f}")
-    print(f"read:      {best_s(lambda: load_paths([root])):.2f} s")
-    print(f"stats:     {best_s(lambda: compute(traces)):.2f} s  (all figures, ceiling included)")
-    print(f"synth 120: {best_s(lambda: synthesize(120, 0)):.2f} s")
+    print(f"read:      {best_s(lambda: load_paths([root]), 3):.2f} s")
+    print(f"stats:     {best_s(lambda: compute(traces), 3):.2f} s  (all figures, ceiling included)")
+    print(f"synth 120: {best_s(lambda: synthesize(120, 0), 3):.2f} s")
     return 0
 
 
