@@ -35,6 +35,14 @@ DESIGNS = ("sets (BlockIndex)", "tenants (TenantIndex)", "dict+bitmask", "radix 
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake" / "conversation_trace.jsonl.gz"
 
 
+def _credit(out: dict[int, int], mask: int, blocks: int) -> None:
+    """Every worker whose bit is set in `mask` matched `blocks` leading blocks."""
+    while mask:
+        low = mask & -mask
+        out[low.bit_length() - 1] = blocks
+        mask ^= low
+
+
 class RadixIndex:
     """Per-block radix nodes: children by hash, a worker bitmask per node, a per-worker lookup table."""
 
@@ -84,17 +92,13 @@ class RadixIndex:
             node = node.children.get(h)
             m = node.workers & live if node is not None else 0
             gone = live & ~m if live != -1 else 0
-            while gone and i:
-                low = gone & -gone
-                out[low.bit_length() - 1] = i
-                gone ^= low
+            if gone and i:
+                _credit(out, gone, i)
             live = m
             if not m:
                 return out
-        while live > 0:
-            low = live & -live
-            out[low.bit_length() - 1] = len(hashes)
-            live ^= low
+        if live > 0:
+            _credit(out, live, len(hashes))
         return out
 
 
@@ -135,18 +139,14 @@ class BitmaskIndex:
             m = get(h, 0) & live
             if m != live:
                 gone = live & ~m
-                while gone and i:
-                    low = gone & -gone
-                    out[low.bit_length() - 1] = i
-                    gone ^= low
+                if gone and i:
+                    _credit(out, gone, i)
                 live = m
                 if not m:
                     return out
             i += 1  # noqa: SIM113  (faster than enumerate here)
-        while live:
-            low = live & -live
-            out[low.bit_length() - 1] = len(hashes)
-            live ^= low
+        if live:
+            _credit(out, live, len(hashes))
         return out
 
 
