@@ -143,32 +143,26 @@ def test_session_policy_evicts_the_session_expected_back_last() -> None:
 
 
 def test_session_policy_learns_each_sessions_tool_gaps() -> None:
-    pool = BlockPool(4, BS, "session", record_events=True)
-    for s, gap in (("fast", 2.0), ("slow", 50.0)):
-        pool.session_paused(s, 0.0, "tool_use")
-        pool.session_resumed(s, gap)
-    pool.session_resumed("slow", 100.0)
-    use(pool, "s", [1, 2], session="slow")
-    pool.session_paused("slow", 101.0, "tool_use")
-    pool.session_resumed("fast", 102.0)
-    use(pool, "f", [3, 4], session="fast")
-    pool.session_paused("fast", 103.0, "tool_use")
-    pool.take_events()
-    use(pool, "x", [5, 6], session="other")  # LRU would take slow's (older); slow's tools are slow
-    assert evicted(pool) == [2, 1]
-    pool = BlockPool(4, BS, "session", record_events=True)
-    for s, gap in (("fast", 2.0), ("slow", 50.0)):
-        pool.session_paused(s, 0.0, "tool_use")
-        pool.session_resumed(s, gap)
-    pool.session_resumed("fast", 100.0)
-    use(pool, "f", [3, 4], session="fast")
-    pool.session_paused("fast", 101.0, "tool_use")
-    pool.session_resumed("slow", 102.0)
-    use(pool, "s", [1, 2], session="slow")
-    pool.session_paused("slow", 103.0, "tool_use")
-    pool.take_events()
-    use(pool, "x", [5, 6], session="other")
-    assert evicted(pool) == [2, 1]  # still slow's, though freed last
+    def evict_after(order: list[tuple[str, str, list[int]]]) -> list[int]:
+        """"fast" learns 2 s tool gaps and "slow" 50 s; each then runs a call and pauses for tools
+        in `order`; a third session needs room: which blocks go?"""
+        pool = BlockPool(4, BS, "session", record_events=True)
+        for s, gap in (("fast", 2.0), ("slow", 50.0)):
+            pool.session_paused(s, 0.0, "tool_use")
+            pool.session_resumed(s, gap)
+        t = 100.0
+        for session, req, blocks in order:
+            pool.session_resumed(session, t)
+            use(pool, req, blocks, session=session)
+            pool.session_paused(session, t + 1.0, "tool_use")
+            t += 2.0
+        pool.take_events()
+        use(pool, "x", [5, 6], session="other")
+        return evicted(pool)
+
+    slow, fast = ("slow", "s", [1, 2]), ("fast", "f", [3, 4])
+    assert evict_after([slow, fast]) == [2, 1]  # LRU would take slow's (older); slow's tools are slow
+    assert evict_after([fast, slow]) == [2, 1]  # still slow's, though freed last
 
 
 def test_session_policy_stale_context_first_shared_blocks_stay_with_the_sooner_user() -> None:
