@@ -12,6 +12,8 @@ from agentkv import __version__
 from agentkv.errors import UserError
 
 Handler = Callable[[argparse.Namespace], int | None]
+# "auto" + agentkv.trace.formats.FORMATS, written out: importing the readers would slow `agentkv --help`
+TRACE_FORMATS = ("auto", "agentx", "mooncake", "claude_code")
 
 
 def _run(target: str, args: argparse.Namespace) -> int | None:
@@ -33,7 +35,7 @@ def _trace_commands(sub: argparse._SubParsersAction) -> None:
     p = tsub.add_parser("stats", help="per-trace and total statistics, with the prefix-cache hit ceiling")
     p.add_argument("paths", nargs="*", metavar="PATH",
                    help="trace files or directories (default: the bundled sample)")
-    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"],
+    p.add_argument("--format", default="auto", choices=TRACE_FORMATS,
                    help="input format (default: detect from file name and content)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument("--top", type=int, default=10, metavar="N",
@@ -52,7 +54,7 @@ def _trace_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("paths", nargs="+", metavar="INPUT", help="trace files or directories")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="a .json or .json.gz file for one trace, or a directory for many")
-    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"],
+    p.add_argument("--format", default="auto", choices=TRACE_FORMATS,
                    help="input format (default: detect from file name and content)")
     p.add_argument("--gzip", action="store_true", help="gzip the files written into a directory (.json.gz)")
     p.set_defaults(func=_cmd_trace_convert)
@@ -123,7 +125,7 @@ def add_kv_weight_arg(p: argparse.ArgumentParser) -> None:
 def _simulate_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="replay traces on N simulated engines behind a router (virtual clock)")
     p.add_argument("paths", nargs="*", metavar="TRACE", help="trace files or directories (default: bundled sample)")
-    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"])
+    p.add_argument("--format", default="auto", choices=TRACE_FORMATS)
     p.add_argument("--workers", type=int, default=1, help="simulated engines (default 1)")
     p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
     p.add_argument("--router", default="kv_aware", choices=["round_robin", "least_loaded", "session", "kv_aware"])
@@ -259,7 +261,7 @@ def _cache_commands(sub: argparse._SubParsersAction) -> None:
     p = csub.add_parser("analyze", help="token hit rate per (capacity, block size, eviction policy), with "
                         "Belady's optimum and the unbounded-cache ceiling")
     p.add_argument("paths", nargs="*", metavar="TRACE", help="trace files or directories (default: bundled sample)")
-    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"])
+    p.add_argument("--format", default="auto", choices=TRACE_FORMATS)
     p.add_argument("--capacity", default="100GB", metavar="SIZES",
                    help="GPU KV capacities, comma-separated, e.g. 50GB,100GB,200GB (default 100GB)")
     p.add_argument("--model", default="llama3-8b",

@@ -20,3 +20,10 @@ def test_missing_file_is_one_line_error():
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
     assert "/nonexistent/x.json" in p.stderr
+
+
+def test_format_choices_are_the_readers():
+    from agentkv.cli import TRACE_FORMATS
+    from agentkv.trace.formats import FORMATS
+
+    assert ("auto", *FORMATS) == TRACE_FORMATS

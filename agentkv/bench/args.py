@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 
+from agentkv.cli import TRACE_FORMATS
+
 DEFAULT_EMBEDDED_TIME_SCALE = 10.0
 
 
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """The flags of `agentkv bench`."""
     p.add_argument("paths", nargs="*", metavar="TRACE", help="trace files or directories (default: bundled sample)")
-    p.add_argument("--format", default="auto", choices=["auto", "agentx", "mooncake", "claude_code"])
+    p.add_argument("--format", default="auto", choices=TRACE_FORMATS)
     p.add_argument("--target", default=None, metavar="URL",
                    help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (default: start agentkv serve, "
                         "a simulated H200 with Llama-3.1-8B, on a free loopback port)")
