@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from agentkv import __version__
 from agentkv.errors import UserError
+from agentkv.route import KV_WEIGHT, POLICIES
 
 Handler = Callable[[argparse.Namespace], int | None]
 # "auto" + agentkv.trace.formats.FORMATS, written out: importing the readers would slow `agentkv --help`
@@ -115,8 +116,6 @@ def engine_config_from_args(args: argparse.Namespace):
 
 def add_kv_weight_arg(p: argparse.ArgumentParser) -> None:
     """kv_aware's price of one block still to prefill, in blocks of load (shared by simulate and route)."""
-    from agentkv.route.policy import KV_WEIGHT
-
     p.add_argument("--kv-weight", type=float, default=KV_WEIGHT, metavar="W",
                    help=f"kv_aware: cost = W x blocks to prefill + blocks of load (default {KV_WEIGHT:g}; "
                         "Dynamo's overlap weight is 1)")
@@ -128,7 +127,7 @@ def _simulate_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--format", default="auto", choices=TRACE_FORMATS)
     p.add_argument("--workers", type=int, default=1, help="simulated engines (default 1)")
     p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
-    p.add_argument("--router", default="kv_aware", choices=["round_robin", "least_loaded", "session", "kv_aware"])
+    p.add_argument("--router", default="kv_aware", choices=POLICIES)
     add_kv_weight_arg(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--warm-start", action="store_true", help="start each lane's first trace at a random point")
@@ -177,7 +176,7 @@ def _route_command(sub: argparse._SubParsersAction) -> None:
                         "http://127.0.0.1:8001=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558 (repeatable)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
-    p.add_argument("--policy", default="kv_aware", choices=["kv_aware", "session", "least_loaded", "round_robin"])
+    p.add_argument("--policy", default="kv_aware", choices=POLICIES)
     p.add_argument("--block-size", type=int, default=16, help="the engines' KV block size (default 16)")
     p.add_argument("--hash-algo", default="xxhash", choices=["xxhash", "sha256", "sha256_cbor"],
                    help="the engines' prefix-caching hash (vLLM: sha256; agentkv serve: its --prefix-caching-hash-algo)")

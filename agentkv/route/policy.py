@@ -14,9 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentkv.errors import UserError
-
-POLICIES = ("round_robin", "least_loaded", "session", "kv_aware")
-KV_WEIGHT = 16.0  # kv_aware's default price of a block to prefill, in blocks of load (docs/route.md)
+from agentkv.route import KV_WEIGHT, POLICIES
 
 
 @dataclass(slots=True)
