@@ -106,6 +106,13 @@ class _Tracker:
             self.stats.malformed += 1
             return None
 
+    def take_reply(self, frames: Sequence[bytes], out: list[Received]) -> bool:
+        """Add a replay reply's batch to `out`; True at the end marker (malformed replies are counted)."""
+        item = self.parse_reply(frames)
+        if isinstance(item, Received):
+            out.append(item)
+        return item is _END
+
     def accept(self, r: Received, gap: int | None, replies: list[Received]) -> list[Received]:
         """Deliver `r`, preceded by the replies that fill [gap, r.seq); advance the expected seq."""
         out: list[Received] = []
@@ -226,11 +233,8 @@ class ZmqEventSubscriber(_Base):
                 if not sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                     self._tracker.stats.replay_timeouts += 1
                     return out
-                item = self._tracker.parse_reply(sock.recv_multipart())
-                if item is _END:
+                if self._tracker.take_reply(sock.recv_multipart(), out):
                     return out
-                if isinstance(item, Received):
-                    out.append(item)
         finally:
             sock.close()
 
@@ -287,11 +291,8 @@ class AsyncZmqEventSubscriber(_Base):
                 if not await sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
                     self._tracker.stats.replay_timeouts += 1
                     return out
-                item = self._tracker.parse_reply(await sock.recv_multipart())
-                if item is _END:
+                if self._tracker.take_reply(await sock.recv_multipart(), out):
                     return out
-                if isinstance(item, Received):
-                    out.append(item)
         finally:
             sock.close()
 
