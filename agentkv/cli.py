@@ -199,7 +199,12 @@ def _route_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--affinity", type=float, default=8.0, metavar="BLOCKS",
                    help="kv_aware: a session (x-session-id) keeps its worker while within this many blocks "
                         "of the best cost and not overloaded (default 8; 0 turns it off)")
-    p.add_argument("--health-interval", type=float, default=1.0, metavar="S")
+    p.add_argument("--health-interval", type=float, default=1.0, metavar="S",
+                   help="seconds between /health checks of each worker (default 1)")
+    p.add_argument("--first-byte-timeout", type=float, default=0.0, metavar="S",
+                   help="seconds a worker may take to send a request's first byte before the request is "
+                        "retried on another worker (default 0: no limit; a worker taken out of rotation "
+                        "releases its waiting requests either way)")
     p.add_argument("--scrape-interval", type=float, default=2.0, metavar="S",
                    help="seconds between /metrics scrapes of each worker (0: off)")
     p.add_argument("--max-body-size", default="256MiB", metavar="SIZE", help="largest request body (default 256MiB)")

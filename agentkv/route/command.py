@@ -18,6 +18,8 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
     if args.temperature < 0 or args.affinity < 0 or not args.kv_weight >= 0:
         raise UserError("--temperature, --affinity and --kv-weight must be >= 0")
+    if not args.first_byte_timeout >= 0:
+        raise UserError(f"--first-byte-timeout must be >= 0 seconds (0: no limit), got {args.first_byte_timeout}")
     if args.max_streams_per_tenant < 0 or args.max_index_blocks < 1:
         raise UserError("--max-streams-per-tenant must be >= 0 and --max-index-blocks >= 1")
     from agentkv.units import parse_capacity
@@ -37,6 +39,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         policy=args.policy, approximate=args.approximate, api_keys=args.api_keys, secret=args.router_secret,
         tokenizer=args.tokenizer, kv_weight=args.kv_weight, temperature=args.temperature, affinity=args.affinity,
         approx_capacity=args.approx_capacity, approx_ttl=args.approx_ttl, health_interval=args.health_interval,
+        first_byte_timeout=args.first_byte_timeout or None,
         scrape_interval=args.scrape_interval, max_body_bytes=int(max_body),
         max_streams_per_tenant=args.max_streams_per_tenant, max_index_blocks=args.max_index_blocks,
         host=args.host, port=args.port)

@@ -68,6 +68,8 @@ def render_metrics(router: Router) -> str:
         ("worker_requests_total", "counter", "Requests sent to the worker.", lambda w: w.requests),
         ("worker_failures_total", "counter", "Requests that failed there before their first byte.",
          lambda w: w.failures),
+        ("worker_first_byte_timeouts_total", "counter", "Requests retried elsewhere after --first-byte-timeout.",
+         lambda w: w.first_byte_timeouts),
         ("worker_in_flight", "gauge", "Requests in flight (router accounting).", lambda w: w.in_flight),
         ("worker_in_flight_tokens", "gauge", "Prompt + max output tokens of requests streaming (the kv_aware load term).", lambda w: w.in_flight_tokens),
         ("worker_scraped_active", "gauge", "Running + waiting from the worker's /metrics.",

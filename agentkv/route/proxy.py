@@ -58,6 +58,7 @@ class RouterConfig:
     approx_capacity: int = 65_536
     approx_ttl: float = 300.0
     health_interval: float = 1.0
+    first_byte_timeout: float | None = None  # seconds a worker may take to its first byte (None: no limit)
     scrape_interval: float = 2.0
     max_body_bytes: int = 256 << 20  # largest request body (413 past it)
     max_streams_per_tenant: int = 1024  # concurrent requests per tenant (429 past it; 0: no limit)
@@ -262,18 +263,32 @@ class Router:
     async def _forward(self, request: web.Request, w: Worker, path: str, payload: bytes,
                        headers: dict, load: Load) -> web.StreamResponse:
         """POST to `w` and stream its answer back; raise _Retry if it failed before its first byte
-        (from which on the request counts as `w`'s KV load)."""
+        (from which on the request counts as `w`'s KV load): an error, a retryable status, no byte
+        within --first-byte-timeout, or the worker taken out of rotation meanwhile."""
+        limit = self.cfg.first_byte_timeout
+        deadline = asyncio.timeout(limit)
+        w.waiting.add(deadline)
+        upstream = None
         try:
-            upstream = await self.session.post(w.spec.url + path, data=payload, headers=headers)
-        except _CONNECT_ERRORS as e:
-            raise _Retry(type(e).__name__, dead=isinstance(e, aiohttp.ClientConnectorError)) from None
-        try:
-            if upstream.status in _RETRY_STATUS:
-                raise _Retry(f"HTTP {upstream.status}")
-            try:
+            async with deadline:
+                upstream = await self.session.post(w.spec.url + path, data=payload, headers=headers)
+                if upstream.status in _RETRY_STATUS:
+                    raise _Retry(f"HTTP {upstream.status}")
                 first = await upstream.content.readany()
-            except _CONNECT_ERRORS as e:
-                raise _Retry(type(e).__name__) from None
+        except (_CONNECT_ERRORS + (_Retry,)) as e:
+            if upstream is not None:
+                upstream.release()
+            if isinstance(e, _Retry):
+                raise
+            if deadline.expired():
+                if not w.healthy:
+                    raise _Retry("taken out of rotation while the request waited for its first byte") from None
+                w.first_byte_timeouts += 1
+                raise _Retry(f"no first byte within --first-byte-timeout {limit:g}s") from None
+            raise _Retry(type(e).__name__, dead=isinstance(e, aiohttp.ClientConnectorError)) from None
+        finally:
+            w.waiting.discard(deadline)
+        try:
             load.first_byte()
             resp = web.StreamResponse(status=upstream.status, headers={"x-agentkv-worker": str(w.slot)})
             resp.content_type = upstream.content_type

@@ -61,7 +61,8 @@ class Worker:
         self.in_flight = 0  # requests sent and not finished
         self.in_flight_tokens = 0  # prompt + max output tokens of those already streaming (running)
         self.scraped_active = 0  # running + waiting from the worker's /metrics
-        self.requests = self.failures = self.retried_away = 0
+        self.requests = self.failures = self.retried_away = self.first_byte_timeouts = 0
+        self.waiting: set[asyncio.Timeout] = set()  # deadlines of requests here awaiting their first byte
         self.slow_checks = 0  # health checks in a row that timed out
         self.match = Match(0)  # this request's cached prefix here (set by the router before choosing)
         self.events_applied = self.resyncs = 0
@@ -230,10 +231,14 @@ class WorkerPool:
         return ok
 
     async def mark_dead(self, w: Worker, why: str) -> None:
-        """Out of rotation, index entries dropped, subscription stopped until it answers again."""
+        """Out of rotation, index entries dropped, subscription stopped until it answers again; its
+        requests still waiting for a first byte give up now (the proxy retries them elsewhere)."""
         if not w.healthy:
             return
         w.healthy = False
+        now = asyncio.get_running_loop().time()
+        for deadline in w.waiting:
+            deadline.reschedule(now)
         with self.lock:
             dropped = self.index.clear_worker(w.slot)
         self.forget(w.slot)
