@@ -196,6 +196,44 @@ def test_restart_whose_first_batches_were_missed_is_replayed():
     assert (sub.stats.resets, sub.stats.duplicates, sub.stats.recovered, sub.stats.lost) == (1, 0, 2, 0)
 
 
+def test_restart_that_got_past_the_old_numbering_is_not_taken_for_a_gap():
+    """The new publisher sends more batches than the old one did before the subscriber is back, so
+    the next seq seen is ahead, not behind. Replay shows another batch under the last seq delivered:
+    a restart, and everything of the new publisher is delivered from seq 0, the first marked."""
+    port, rep = free_port(), f"tcp://127.0.0.1:{free_port()}"
+    ep, bind = f"tcp://127.0.0.1:{port}", f"tcp://*:{port}"
+    with ZmqEventSubscriber(ep, rep, start_seq=0) as sub:
+        with ZmqEventPublisher(bind, rep) as old:
+            assert old.wait_for_subscribers(timeout=T)
+            for i in range(3):
+                old.publish(events(i), ts=float(i))
+            assert [r.seq for r in recv_n(sub, 3)] == [0, 1, 2]
+        sub._sub.disconnect(ep)
+        with ZmqEventPublisher(bind, rep) as new:
+            for i in range(6):
+                new.publish(events(20 + i), ts=20.0 + i)
+            wait_sent(new, 6)
+            sub._sub.connect(ep)
+            assert new.wait_for_subscribers(timeout=T)
+            new.publish(events(26), ts=26.0)
+            got = recv_n(sub, 7)
+    assert [r.seq for r in got] == list(range(7))
+    assert [r.restart for r in got] == [True] + [False] * 6
+    assert [r.batch.events for r in got] == [events(20 + i) for i in range(7)]
+    assert (sub.stats.resets, sub.stats.gaps, sub.stats.recovered, sub.stats.lost) == (1, 1, 6, 0)
+
+
+def test_a_repeat_of_the_last_seq_with_other_content_is_a_restart():
+    first, other = encode_batch(EventBatch(1.0, events(0))), encode_batch(EventBatch(2.0, events(1)))
+    with raw(zmq.XPUB) as xpub, ZmqEventSubscriber(last_endpoint(xpub)) as sub:
+        wait_subscription(xpub)
+        for seq, payload in ((0, first), (1, first), (1, first), (1, other), (2, other)):
+            xpub.send_multipart([b"t", seq_bytes(seq), payload])
+        got = recv_n(sub, 3)
+    assert [(r.seq, r.restart) for r in got] == [(0, False), (1, False), (1, True)]
+    assert (sub.stats.duplicates, sub.stats.resets) == (1, 1)
+
+
 def test_gap_triggers_replay_and_recovers_missing_batches():
     """A lossy relay between publisher and subscriber drops seqs 2 and 3; replay fills them in."""
     with ZmqEventPublisher(ANY, ANY) as pub, raw(zmq.SUB, pub.endpoint, bind=False) as relay_in, \

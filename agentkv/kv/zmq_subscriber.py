@@ -4,10 +4,12 @@ Tolerant by design: a malformed message (wrong frame count, bad sequence frame, 
 ill-typed payload) is counted in `stats.malformed` and skipped. When a sequence number jumps, the
 missing batches are fetched from the publisher's replay socket (if given) and delivered, in order
 and marked `replayed`, before the batch that revealed the gap; what replay cannot supply is
-counted in `stats.lost`. A jump back below the last batch is a publisher restart (`stats.resets`):
-numbering starts again from 0, the batches of the new publisher missed before it (a slow joiner
-loses the first ones) are replayed, and the first batch delivered after it is marked `restart`,
-so a consumer knows to drop what it built from the old publisher before applying it.
+counted in `stats.lost`. A publisher restart (`stats.resets`) is a jump back below the last
+batch, or a repeat of the last seq with other content, or a jump ahead where replay shows a
+different batch under the last seq delivered (the new publisher got further than the old one
+while the subscriber was away): numbering starts again from 0, the batches of the new publisher
+missed before it are replayed, and the first batch delivered after it is marked `restart`, so a
+consumer knows to drop what it built from the old publisher before applying it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import zmq
 import zmq.asyncio
@@ -34,6 +36,7 @@ class Received:
     topic: bytes
     replayed: bool = False
     restart: bool = False  # the first batch of a restarted publisher: state from before it is stale
+    payload: bytes = field(default=b"", repr=False, compare=False)  # as sent: tells two publishers apart
 
 
 @dataclass(slots=True)
@@ -61,6 +64,7 @@ class _Tracker:
         self.expected = start_seq
         self.stats = SubscriberStats()
         self._restart = False  # a restart was seen and its first batch is not delivered yet
+        self.last_payload: bytes | None = None  # of the last batch delivered
 
     def decode(self, frames: Sequence[bytes]) -> Received | None:
         """The live message as Received, or None (counted) if malformed or a duplicate."""
@@ -69,16 +73,35 @@ class _Tracker:
         except MalformedFrame:
             self.stats.malformed += 1
             return None
+        payload = bytes(frames[2])
         if self.expected is not None and seq < self.expected:
-            if seq == self.expected - 1 and seq != 0:  # the batch just delivered, once more
-                self.stats.duplicates += 1
+            if seq == self.expected - 1 and seq != 0 and payload == self.last_payload:
+                self.stats.duplicates += 1  # the batch just delivered, once more
                 return None
             # Numbering went back: one publisher's sequence only grows, so it restarted. Its first
             # batches may have been lost (slow joiner): expect 0, so replay fetches them.
-            self.stats.resets += 1
-            self.expected = 0
-            self._restart = True
-        return Received(seq, batch, topic)
+            self._restarted()
+        return Received(seq, batch, topic, payload=payload)
+
+    def _restarted(self) -> None:
+        self.stats.resets += 1
+        self.expected = 0
+        self._restart = True
+
+    def probe_from(self, gap: int) -> int:
+        """Where a gap's replay starts: one batch early when the last one delivered can be compared."""
+        return gap - 1 if gap > 0 and self.last_payload is not None else gap
+
+    def renumbered(self, gap: int, replies: Sequence[Received]) -> bool:
+        """True (a restart, counted) if replay holds another batch under the last seq delivered: a
+        new publisher that got past the old one's numbering while the subscriber was away."""
+        if gap == 0 or self.last_payload is None:
+            return False
+        prev = next((x for x in replies if x.seq == gap - 1), None)
+        if prev is None or prev.payload == self.last_payload:
+            return False  # same publisher (or too old to tell: the gap is filled as it can be)
+        self._restarted()
+        return True
 
     def gap_start(self, r: Received) -> int | None:
         """First missing seq if `r` skips ahead of the expected one."""
@@ -101,7 +124,8 @@ class _Tracker:
                 raise MalformedFrame(f"replay reply of {len(frames)} frames")
             if seq_frame == END_SEQ:
                 return _END
-            return Received(parse_seq(seq_frame), parse_payload(payload), bytes(topic), replayed=True)
+            return Received(parse_seq(seq_frame), parse_payload(payload), bytes(topic), replayed=True,
+                            payload=bytes(payload))
         except MalformedFrame:
             self.stats.malformed += 1
             return None
@@ -127,6 +151,7 @@ class _Tracker:
             out[0] = replace(out[0], restart=True)
         self.stats.received += len(out)
         self.expected = r.seq + 1
+        self.last_payload = r.payload
         return out
 
 
@@ -239,12 +264,17 @@ class ZmqEventSubscriber(_Base):
             sock.close()
 
     def _handle(self, frames: list[bytes]) -> None:
-        r = self._tracker.decode(frames)
+        t = self._tracker
+        r = t.decode(frames)
         if r is None:
             return
-        gap = self._tracker.gap_start(r)
-        replies = self.replay(gap) if gap is not None and self.replay_endpoint else []
-        self._pending.extend(self._tracker.accept(r, gap, replies))
+        gap = t.gap_start(r)
+        replies: list[Received] = []
+        if gap is not None and self.replay_endpoint:
+            replies = self.replay(t.probe_from(gap))
+            if t.renumbered(gap, replies):
+                gap, replies = 0, self.replay(0)
+        self._pending.extend(t.accept(r, gap, replies))
 
     def __enter__(self) -> ZmqEventSubscriber:
         return self
@@ -297,9 +327,14 @@ class AsyncZmqEventSubscriber(_Base):
             sock.close()
 
     async def _handle(self, frames: list[bytes]) -> None:
-        r = self._tracker.decode(frames)
+        t = self._tracker
+        r = t.decode(frames)
         if r is None:
             return
-        gap = self._tracker.gap_start(r)
-        replies = await self.replay(gap) if gap is not None and self.replay_endpoint else []
-        self._pending.extend(self._tracker.accept(r, gap, replies))
+        gap = t.gap_start(r)
+        replies: list[Received] = []
+        if gap is not None and self.replay_endpoint:
+            replies = await self.replay(t.probe_from(gap))
+            if t.renumbered(gap, replies):
+                gap, replies = 0, await self.replay(0)
+        self._pending.extend(t.accept(r, gap, replies))
