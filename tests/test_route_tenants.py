@@ -156,3 +156,17 @@ def test_router_load_counts_streaming_requests_not_queued_ones():
     streamed.finish()
     failed.finish()  # failed before its first byte
     assert (w.active_requests(), w.active_blocks(), w.requests) == (0, 0, 2)
+
+
+def test_a_retry_keeps_the_configured_weight_and_temperature():
+    """A retried request is routed among the remaining workers with the same kv_aware settings,
+    minus session affinity; other policies fall back to least_loaded."""
+    from agentkv.route.proxy import Router, RouterConfig
+    from agentkv.route.workers import WorkerSpec
+
+    specs = [WorkerSpec("http://127.0.0.1:9"), WorkerSpec("http://127.0.0.1:10")]
+    r = Router(RouterConfig(workers=specs, kv_weight=3.0, temperature=0.5, affinity=8.0))
+    first, retry = r._make_policy(), r._make_policy(retry=True)
+    assert (first.weight, first.temperature, first.affinity) == (3.0, 0.5, 8.0)
+    assert (retry.name, retry.weight, retry.temperature, retry.affinity) == ("kv_aware", 3.0, 0.5, 0.0)
+    assert Router(RouterConfig(workers=specs, policy="session"))._make_policy(retry=True).name == "least_loaded"

@@ -25,7 +25,7 @@ from agentkv.kv.hashing import make_hasher
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.metrics import RouterStats, render_metrics
-from agentkv.route.policy import KV_WEIGHT, KvAware, RouteRequest, make_policy
+from agentkv.route.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.prompt import RequestHasher, Tokenizer
 from agentkv.route.tenants import Tenants, router_secret
 from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec
@@ -99,10 +99,13 @@ class Router:
         self.app.on_startup.append(self._startup)
         self.app.on_cleanup.append(self._cleanup)
 
-    def _make_policy(self):
-        kw = {"weight": self.cfg.kv_weight, "temperature": self.cfg.temperature, "affinity": self.cfg.affinity} \
-            if self.cfg.policy == "kv_aware" else {}
-        return make_policy(self.cfg.policy, **kw)
+    def _make_policy(self, retry: bool = False):
+        """The configured policy; for a retry (a partial worker list, no session state) kv_aware
+        without affinity, or least_loaded in place of the stateful others."""
+        if self.cfg.policy != "kv_aware":
+            return make_policy("least_loaded" if retry else self.cfg.policy)
+        return make_policy("kv_aware", weight=self.cfg.kv_weight, temperature=self.cfg.temperature,
+                           affinity=0.0 if retry else self.cfg.affinity)
 
     def _new_policy(self) -> None:
         """Workers came or went: policy state indexes the healthy list, so start it afresh."""
@@ -198,7 +201,7 @@ class Router:
                     w.match = ap.get(w.slot, _NO_MATCH)
         policy = self.policy
         if len(views) != len(self.pool.healthy()):  # a retry: stateful policies index the full list
-            policy = KvAware(weight=self.cfg.kv_weight) if self.cfg.policy == "kv_aware" else make_policy("least_loaded")
+            policy = self._make_policy(retry=True)
         req = RouteRequest(h.hashes, h.prompt_tokens, session, self.cfg.block_size)
         w = views[policy.choose(req, views)]
         if h.exact:
