@@ -17,7 +17,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 
 import zmq
@@ -136,6 +136,21 @@ class _Tracker:
         if isinstance(item, Received):
             out.append(item)
         return item is _END
+
+    def handle(self, frames: Sequence[bytes], can_replay: bool) -> Generator[int, list[Received], list[Received]]:
+        """One live message, sans I/O: yields each replay start seq it needs (the caller sends back
+        the replies) and returns the batches to deliver, in order."""
+        r = self.decode(frames)
+        if r is None:
+            return []
+        gap = self.gap_start(r)
+        replies: list[Received] = []
+        if gap is not None and can_replay:
+            replies = yield self.probe_from(gap)
+            if self.renumbered(gap, replies):
+                gap = 0
+                replies = yield 0
+        return self.accept(r, gap, replies)
 
     def accept(self, r: Received, gap: int | None, replies: list[Received]) -> list[Received]:
         """Deliver `r`, preceded by the replies that fill [gap, r.seq); advance the expected seq."""
@@ -264,17 +279,13 @@ class ZmqEventSubscriber(_Base):
             sock.close()
 
     def _handle(self, frames: list[bytes]) -> None:
-        t = self._tracker
-        r = t.decode(frames)
-        if r is None:
-            return
-        gap = t.gap_start(r)
-        replies: list[Received] = []
-        if gap is not None and self.replay_endpoint:
-            replies = self.replay(t.probe_from(gap))
-            if t.renumbered(gap, replies):
-                gap, replies = 0, self.replay(0)
-        self._pending.extend(t.accept(r, gap, replies))
+        steps = self._tracker.handle(frames, self.replay_endpoint is not None)
+        try:
+            start = next(steps)
+            while True:
+                start = steps.send(self.replay(start))
+        except StopIteration as done:
+            self._pending.extend(done.value)
 
     def __enter__(self) -> ZmqEventSubscriber:
         return self
@@ -327,14 +338,10 @@ class AsyncZmqEventSubscriber(_Base):
             sock.close()
 
     async def _handle(self, frames: list[bytes]) -> None:
-        t = self._tracker
-        r = t.decode(frames)
-        if r is None:
-            return
-        gap = t.gap_start(r)
-        replies: list[Received] = []
-        if gap is not None and self.replay_endpoint:
-            replies = await self.replay(t.probe_from(gap))
-            if t.renumbered(gap, replies):
-                gap, replies = 0, await self.replay(0)
-        self._pending.extend(t.accept(r, gap, replies))
+        steps = self._tracker.handle(frames, self.replay_endpoint is not None)
+        try:
+            start = next(steps)
+            while True:
+                start = steps.send(await self.replay(start))
+        except StopIteration as done:
+            self._pending.extend(done.value)
