@@ -20,7 +20,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from vllm_server import BLOCK_SIZE, MODEL_NAME, VllmServer, free_ports
+from cluster import free_ports
+from vllm_server import BLOCK_SIZE, MODEL_NAME, VllmServer
 
 pytestmark = pytest.mark.vllm
 

@@ -17,7 +17,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import time
 import urllib.error
@@ -25,23 +24,12 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cluster import free_ports, stop_process
 from vllm_env import VllmEnv
 
 BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
 MAX_MODEL_LEN = 8192
 MODEL_NAME = "tiny-llama"
-
-
-def free_ports(n: int) -> list[int]:
-    """`n` distinct free TCP ports on 127.0.0.1."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,16 +147,8 @@ class VllmServer:
     def stop(self) -> None:
         """SIGTERM to the whole process group (API server and engine core), SIGKILL after 30 s."""
         p = self.proc
-        if p is not None and p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-                p.wait(30)
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
-                p.wait(10)
-            except ProcessLookupError:
-                pass
         if p is not None:
+            stop_process(p, 30, group=True)
             with contextlib.suppress(ProcessLookupError):  # stragglers of the group (the engine core)
                 os.killpg(p.pid, signal.SIGKILL)
         self.proc = None
