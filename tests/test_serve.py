@@ -171,8 +171,9 @@ def test_metrics_parse_and_move():
 
 
 def test_kv_events_stored_then_removed_under_memory_pressure():
-    """8 GPU blocks: a second prompt that needs all of them evicts the first one's cached blocks."""
-    cfg = EngineConfig(num_gpu_blocks_override=8, max_model_len=128, max_num_batched_tokens=128)
+    """9 GPU blocks, 8 usable beside vLLM's null block: a second prompt that needs all 8 evicts the
+    first one's cached blocks."""
+    cfg = EngineConfig(num_gpu_blocks_override=9, max_model_len=128, max_num_batched_tokens=128)
     first, second = list(range(100, 164)), list(range(300, 364))
 
     async def main():

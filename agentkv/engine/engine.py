@@ -94,11 +94,12 @@ class Engine:
                 raise UserError(f"{shape.name} does not fit on {self.cost.gpu.name} x{cfg.tensor_parallel_size} "
                                 f"at --gpu-memory-utilization {cfg.gpu_memory_utilization}: no memory left for KV")
             num_blocks = int(capacity // block_bytes)
-        if num_blocks * cfg.block_size < min(self.max_model_len, cfg.max_num_batched_tokens):
-            raise UserError(f"the KV cache holds {num_blocks * cfg.block_size} tokens, fewer than one "
-                            f"batch or --max-model-len ({self.max_model_len}); lower --max-model-len or give "
-                            "more memory")
-        self.num_gpu_blocks = num_blocks
+        usable = num_blocks - 1  # vLLM's BlockPool keeps one null block out of the free queue for good
+        if usable * cfg.block_size < min(self.max_model_len, cfg.max_num_batched_tokens):
+            raise UserError(f"the KV cache holds {max(0, usable) * cfg.block_size} tokens ({num_blocks} blocks "
+                            f"less vLLM's null block), fewer than one batch or --max-model-len "
+                            f"({self.max_model_len}); lower --max-model-len or give more memory")
+        self.num_gpu_blocks = num_blocks  # as vLLM reports it (cache_config_info), null block included
         self.block_bytes = block_bytes
         lower = None
         specs = []
@@ -109,7 +110,7 @@ class Engine:
         if specs:
             lower = TierStack(specs, block_bytes, block_size=cfg.block_size, num_layers=shape.layers,
                               on_event=on_event)
-        self.pool = BlockPool(num_blocks, cfg.block_size, cfg.eviction_policy, on_event=on_event, lower=lower)
+        self.pool = BlockPool(usable, cfg.block_size, cfg.eviction_policy, on_event=on_event, lower=lower)
         self.scheduler = Scheduler(cfg, self.pool)
         self.hasher = make_hasher(cfg.hash_algo, cfg.seed if cfg.hash_algo == "xxhash" else None)
         self.requests: dict[str, EngineRequest] = {}
