@@ -18,9 +18,10 @@ writes) are accumulated in the counters, since they may overlap compute.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from itertools import takewhile
 
 from agentkv.errors import UserError
 from agentkv.kv.events import BlockRemoved, BlockStored, KVEvent
@@ -177,6 +178,12 @@ class TierStack:
         A lookup counts as a use: the run is touched (LRU), so the GPU evictions that make room for
         its promotion push other blocks down first. Promote before evicting to be sure of it.
         """
+        if len(self._tiers) == 1:  # the common case, one CPU tier: both walks run in C
+            t = self._tiers[0]
+            run = list(takewhile(t.blocks.__contains__, block_hashes[start:]))
+            if self.policy == "lru":
+                deque(map(t.blocks.move_to_end, run), maxlen=0)
+            return [t.name] * len(run)
         out: list[str] = []
         for h in block_hashes[start:]:
             for t in self._tiers:
