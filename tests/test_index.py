@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections import Counter
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -27,6 +28,28 @@ def test_longest_prefix_per_worker():
     idx.apply(0, BlockRemoved(block_hashes=[3]))
     assert idx.find_matches([1, 2, 3, 4]) == {0: Match(2), 1: Match(2)}
     assert idx.tier_prefix(0, [1, 2, 3]) == 2 and idx.blocks(0) == 3 and idx.workers() == [0, 1, 2]
+
+
+def test_a_block_held_twice_stays_until_its_last_copy_goes():
+    """vLLM keeps duplicate copies (two requests filling the same block in one step) and sends a
+    BlockStored and a BlockRemoved for each: the block is cached until both copies are gone."""
+    idx = BlockIndex()
+    idx.apply(0, BlockStored(block_hashes=[1, 2, 3]))
+    idx.apply(0, BlockStored(block_hashes=[1, 2]))  # the second request's copies of blocks 1 and 2
+    idx.apply(0, BlockRemoved(block_hashes=[2]))
+    assert idx.find_matches([1, 2, 3]) == {0: Match(3)}
+    idx.apply(0, BlockRemoved(block_hashes=[2, 3]))
+    assert idx.find_matches([1, 2, 3]) == {0: Match(1)}
+    idx.apply(0, BlockRemoved(block_hashes=[1]))
+    assert idx.find_matches([1, 2]) == {0: Match(1)}
+    idx.apply(0, BlockRemoved(block_hashes=[1]))
+    assert idx.find_matches([1]) == {} and idx.blocks(0) == 0
+    idx.apply(0, BlockStored(block_hashes=[5]))
+    idx.apply(0, BlockStored(block_hashes=[5]))
+    idx.apply(0, AllBlocksCleared())  # copies go with the rest
+    idx.apply(0, BlockStored(block_hashes=[5]))
+    idx.apply(0, BlockRemoved(block_hashes=[5]))
+    assert 5 not in idx
 
 
 def test_all_blocks_cleared_and_dead_worker_touch_only_that_worker():
@@ -58,18 +81,21 @@ def test_lower_tiers_continue_the_gpu_prefix():
                 max_size=40),
        st.lists(st.integers(0, 20), max_size=8))
 def test_matches_agree_with_a_reference_model(ops, query):
-    """Random store/remove streams: find_matches equals a naive per-worker set walk."""
+    """Random store/remove streams: find_matches equals a naive walk over per-worker copy counts
+    (each event stores or removes one copy of each distinct hash it names)."""
     idx = BlockIndex()
-    ref: dict[int, set[int]] = {w: set() for w in range(4)}
+    ref: dict[int, Counter[int]] = {w: Counter() for w in range(4)}
     for w, store, hashes in ops:
         if store:
             idx.store(w, hashes)
-            ref[w].update(hashes)
+            ref[w].update(set(hashes))
         else:
             idx.remove(w, hashes)
-            ref[w].difference_update(hashes)
+            ref[w].subtract(set(hashes))
+            ref[w] = +ref[w]  # a copy count never goes below zero
     expect = {}
-    for w, held in ref.items():
+    for w, copies in ref.items():
+        held = set(copies)
         n = 0
         while n < len(query) and query[n] in held:
             n += 1

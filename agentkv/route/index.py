@@ -9,6 +9,11 @@ a query walks only the workers that hold the request's first block, each at C sp
 (`takewhile`). AllBlocksCleared or a dead worker drops that worker's sets. The GPU tier is
 separate from lower tiers (CPU, DISK, ...: the `medium` of vLLM/LMCache events); a lower-tier
 run continues a GPU prefix, as a CPU-offload load would.
+
+vLLM does not de-duplicate its cache: two requests that fill the same block in one step each
+keep a copy, and each copy is stored and later removed with its own event. Extra copies are
+counted aside, so the first BlockRemoved of a duplicated block leaves it indexed until the last
+copy goes; the common case (no copy held twice) stays one C-level set operation.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ class BlockIndex:
     def __init__(self) -> None:
         self._gpu: dict[int, set[int]] = {}  # worker -> GPU hashes (the hot path)
         self._lower: dict[int, dict[str, set[int]]] = {}  # worker -> tier -> hashes
+        self._extra: dict[tuple[int, str], dict[int, int]] = {}  # (worker, tier) -> hash -> copies beyond one
 
     def _set(self, worker: int, tier: str) -> set[int]:
         if tier == GPU:
@@ -72,20 +78,44 @@ class BlockIndex:
 
     # -- updates ---------------------------------------------------------------------------------
     def store(self, worker: int, hashes: Collection[int], tier: str = GPU) -> None:
-        """`worker` now holds `hashes` in `tier`."""
-        self._set(worker, tier).update(hashes)
+        """`worker` now holds `hashes` in `tier` (a hash it already holds is one more copy; a hash
+        repeated within one event counts once)."""
+        s = self._set(worker, tier)
+        if s.isdisjoint(hashes):
+            s.update(hashes)
+            return
+        extra = self._extra.setdefault((worker, tier), {})
+        for h in dict.fromkeys(hashes):
+            if h in s:
+                extra[h] = extra.get(h, 0) + 1
+            else:
+                s.add(h)
 
     def remove(self, worker: int, hashes: Collection[int], tier: str = GPU) -> None:
-        """`worker` dropped `hashes` from `tier` (hashes it did not hold are ignored)."""
+        """`worker` dropped one copy of each of `hashes` from `tier` (hashes it did not hold are ignored)."""
         s = self._gpu.get(worker) if tier == GPU else self._lower.get(worker, {}).get(tier)
-        if s:
+        if not s:
+            return
+        extra = self._extra.get((worker, tier))
+        if not extra:
             s.difference_update(hashes)
+            return
+        for h in dict.fromkeys(hashes):
+            n = extra.get(h)
+            if n is None:
+                s.discard(h)
+            elif n > 1:
+                extra[h] = n - 1
+            else:
+                del extra[h]
 
     def clear_worker(self, worker: int) -> int:
         """Drop everything `worker` holds, in every tier (AllBlocksCleared, or it died); returns blocks dropped."""
         n = len(self._gpu.pop(worker, ()))
         for s in self._lower.pop(worker, {}).values():
             n += len(s)
+        for key in [k for k in self._extra if k[0] == worker]:
+            del self._extra[key]
         return n
 
     def apply(self, worker: int, event: KVEvent) -> None:

@@ -114,3 +114,57 @@ def test_make_hasher_reads_pythonhashseed_as_vllm(monkeypatch):
     monkeypatch.setenv("PYTHONHASHSEED", "4242")
     assert make_hasher("sha256_cbor").none_hash == VllmHasher("sha256_cbor", "4242").none_hash
     assert make_hasher("sha256").event_hashes(list(range(1, 65)), BS) != KNOWN[None]
+
+
+def _events(sub: ZmqEventSubscriber, quiet: float = 1.0) -> list:
+    """Every event until none arrives for `quiet` seconds."""
+    out = []
+    while (r := sub.recv(quiet)) is not None:
+        out += r.batch.events
+    return out
+
+
+def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, figures):
+    """vLLM does not de-duplicate its cache: identical prompts can each leave a copy of a block
+    (here the last one, which a fully cached prompt recomputes), and each copy is stored and later
+    evicted with its own event. The router's index counts copies (tests/test_index.py), so a block
+    stays indexed until its last copy goes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from agentkv.kv.events import BlockRemoved
+    from agentkv.route.index import BlockIndex
+
+    server = evict_server
+    rng = random.Random("duplicates")
+    server.reset_prefix_cache()
+    with _subscribe(server, rng) as sub:
+        copies: dict[int, int] = {}
+        events: list = []
+        for _ in range(5):  # retried with a fresh prompt if no block was stored twice
+            prompt = [rng.randrange(1000, 31000) for _ in range(4 * BS)]
+            with ThreadPoolExecutor(4) as ex:
+                list(ex.map(server.complete, [prompt] * 4))
+            events += _events(sub)
+            stored = [h for e in events if isinstance(e, BlockStored) for h in e.block_hashes]
+            copies = {h: stored.count(h) for h in set(stored) if stored.count(h) > 1}
+            if copies:
+                break
+        assert copies, "four identical prompts never left two copies of a block"
+        # fill the 320-block cache with other prompts: every free copy is evicted, one event each
+        for _ in range(12):
+            server.complete([rng.randrange(1000, 31000) for _ in range(32 * BS)], max_tokens=1)
+        events += _events(sub)
+    removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    assert {h: removed.count(h) for h in copies} == copies
+    # replayed in order through the index, a duplicated block is held until its last removal
+    idx, seen = BlockIndex(), dict.fromkeys(copies, 0)
+    for e in events:
+        idx.apply(0, e)
+        if isinstance(e, BlockRemoved):
+            for h in e.block_hashes:
+                if h in seen:
+                    seen[h] += 1
+                    assert idx.holds(0, h) == (seen[h] < copies[h])
+    figures["duplicates"] = (f"4 identical prompts of 4 blocks: {len(copies)} block(s) stored in up to "
+                             f"{max(copies.values())} copies by a live vLLM, each copy stored and removed with its "
+                             "own event; the index held the block until its last copy went")
