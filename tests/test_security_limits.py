@@ -117,3 +117,16 @@ def test_router_limit_flags():
                 ["--max-body-size", "lots"]):
         with pytest.raises(UserError):
             config_from_args(_route_args(*bad))
+
+
+def test_router_timing_flags():
+    """Intervals and the first-byte timeout: valid values reach the config, bad ones are one-line errors
+    (a zero health interval would spin the health loop)."""
+    cfg = config_from_args(_route_args("--health-interval", "0.5", "--scrape-interval", "0",
+                                       "--first-byte-timeout", "30"))
+    assert (cfg.health_interval, cfg.scrape_interval, cfg.first_byte_timeout) == (0.5, 0, 30)
+    assert config_from_args(_route_args()).first_byte_timeout is None  # no limit by default
+    for bad in (["--health-interval", "0"], ["--health-interval", "nan"], ["--scrape-interval", "-1"],
+                ["--first-byte-timeout", "-1"], ["--first-byte-timeout", "nan"]):
+        with pytest.raises(UserError, match=bad[0]):
+            config_from_args(_route_args(*bad))

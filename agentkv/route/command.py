@@ -18,6 +18,9 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
     if args.temperature < 0 or args.affinity < 0 or not args.kv_weight >= 0:
         raise UserError("--temperature, --affinity and --kv-weight must be >= 0")
+    if not args.health_interval > 0 or not args.scrape_interval >= 0:
+        raise UserError(f"--health-interval must be > 0 seconds and --scrape-interval >= 0 (0: off), got "
+                        f"{args.health_interval:g} and {args.scrape_interval:g}")
     if not args.first_byte_timeout >= 0:
         raise UserError(f"--first-byte-timeout must be >= 0 seconds (0: no limit), got {args.first_byte_timeout}")
     if args.max_streams_per_tenant < 0 or args.max_index_blocks < 1:
