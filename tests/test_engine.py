@@ -99,6 +99,11 @@ def test_bad_config_and_requests():
         EngineConfig(block_size=17)
     with pytest.raises(UserError, match="--gpu-memory-utilization"):
         EngineConfig(gpu_memory_utilization=1.5)
+    for bad in (-1.0, float("nan"), float("inf")):  # inf used to crash sizing the tier, nan meant none
+        with pytest.raises(UserError, match="--kv-offloading-size"):
+            EngineConfig(kv_offloading_size=bad)
+        with pytest.raises(UserError, match="--disk-offload"):
+            EngineConfig(kv_disk_size=bad)
     e = Engine(EngineConfig(max_model_len=4096))
     with pytest.raises(ValueError, match="max_model_len"):
         e.add_request("big", max_tokens=10, prompt_len=5000)

@@ -91,6 +91,8 @@ def test_multi_worker_launch_and_clean_shutdown():
 
 @pytest.mark.parametrize("args, message", [
     (["--time-scale", "0"], "--time-scale"),
+    (["--time-scale", "nan"], "--time-scale"),
+    (["--kv-offloading-size", "inf"], "--kv-offloading-size"),
     (["--workers", "2", "--port", "0"], "--workers"),
     (["--kv-events-config", "{nope"], "--kv-events-config"),
     (["--max-body-size", "lots"], "--max-body-size"),

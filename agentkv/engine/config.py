@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from agentkv.errors import UserError
@@ -49,8 +50,10 @@ class EngineConfig:
             raise bad("max_num_batched_tokens", f"must be >= the block size ({self.block_size})")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise bad("max_model_len", "must be >= 1")
-        if self.kv_offloading_size < 0 or self.kv_disk_size < 0:
-            raise bad("kv_offloading_size", "sizes must be >= 0")
+        for name, flag in (("kv_offloading_size", "kv_offloading_size"), ("kv_disk_size", "disk_offload")):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v >= 0):
+                raise bad(flag, f"must be a finite size >= 0, got {v}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise bad("num_gpu_blocks_override", "must be >= 1")
 

@@ -14,7 +14,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
     """Validate the flags of `agentkv route` into a RouterConfig."""
     if args.block_size < 1:
         raise UserError(f"--block-size must be >= 1, got {args.block_size}")
-    if args.approx_capacity < 1 or args.approx_ttl <= 0:
+    if args.approx_capacity < 1 or not args.approx_ttl > 0:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
     if args.temperature < 0 or args.affinity < 0 or not args.kv_weight >= 0:
         raise UserError("--temperature, --affinity and --kv-weight must be >= 0")

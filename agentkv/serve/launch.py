@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import math
 import multiprocessing as mp
 import queue
 import re
@@ -31,8 +32,8 @@ GRACE_S = 10.0
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
     """ServeOptions from the CLI flags (vLLM's `--kv-events-config` JSON or agentkv's own flags)."""
-    if args.time_scale <= 0:
-        raise UserError(f"--time-scale must be > 0, got {args.time_scale}")
+    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
+        raise UserError(f"--time-scale must be a finite number > 0, got {args.time_scale}")
     if args.max_body_size is not None:
         from agentkv.units import parse_capacity
 
