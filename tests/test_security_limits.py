@@ -127,6 +127,7 @@ def test_router_timing_flags():
     assert (cfg.health_interval, cfg.scrape_interval, cfg.first_byte_timeout) == (0.5, 0, 30)
     assert config_from_args(_route_args()).first_byte_timeout is None  # no limit by default
     for bad in (["--health-interval", "0"], ["--health-interval", "nan"], ["--scrape-interval", "-1"],
-                ["--first-byte-timeout", "-1"], ["--first-byte-timeout", "nan"]):
+                ["--first-byte-timeout", "-1"], ["--first-byte-timeout", "nan"], ["--temperature", "nan"],
+                ["--affinity", "nan"], ["--approx-ttl", "nan"]):
         with pytest.raises(UserError, match=bad[0]):
             config_from_args(_route_args(*bad))

@@ -88,6 +88,10 @@ def test_cli_json_and_flag_errors(targets):
     bad = subprocess.run([*CLI, "security", "side-channel", "--target", router, "--via-router",
                           "--api-key", "key-victim"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--attacker-key" in bad.stderr and "Traceback" not in bad.stderr
+    for flag, value in (("--timeout", "nan"), ("--timeout", "0"), ("--confidence", "nan")):
+        bad = subprocess.run([*CLI, "security", "side-channel", "--target", worker, flag, value],
+                             capture_output=True, text=True, timeout=60)
+        assert bad.returncode == 2 and flag in bad.stderr and "Traceback" not in bad.stderr
     wrong = subprocess.run([*CLI, "security", "side-channel", "--target", router, "--via-router", "--api-key",
                             "key-victim", "--attacker-key", "nope", "--trials", "8"],
                            capture_output=True, text=True, timeout=60)

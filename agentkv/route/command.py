@@ -16,7 +16,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
         raise UserError(f"--block-size must be >= 1, got {args.block_size}")
     if args.approx_capacity < 1 or not args.approx_ttl > 0:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
-    if args.temperature < 0 or args.affinity < 0 or not args.kv_weight >= 0:
+    if not (args.temperature >= 0 and args.affinity >= 0 and args.kv_weight >= 0):
         raise UserError("--temperature, --affinity and --kv-weight must be >= 0")
     if not args.health_interval > 0 or not args.scrape_interval >= 0:
         raise UserError(f"--health-interval must be > 0 seconds and --scrape-interval >= 0 (0: off), got "

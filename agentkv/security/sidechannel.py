@@ -54,6 +54,8 @@ class AttackConfig:
             raise UserError(f"--calibration must be >= 1, got {self.calibration}")
         if not 0 < self.confidence < 1:
             raise UserError(f"--confidence must be in (0, 1), got {self.confidence}")
+        if not 0 < self.timeout < float("inf"):
+            raise UserError(f"--timeout must be a finite number of seconds > 0, got {self.timeout}")
         if self.via_router:
             if not self.victim_key or not self.attacker_key:
                 raise UserError("--via-router needs --api-key (the victim's) and --attacker-key (another tenant's)")
