@@ -435,3 +435,30 @@ def test_realtime_driver_until_and_send_errors():
     with pytest.raises(RuntimeError, match="send broke"):
         asyncio.run(drive(plan, boom))
     assert plan.done and plan.failed == 1
+
+
+def test_realtime_driver_is_cancelled_even_when_a_completion_wakes_it_at_once():
+    """Ctrl-C cancels the driving task. If that cancel lands just as a completion wakes the driver,
+    the driver must still stop (Python 3.11's wait_for swallowed it: the bench ran on to the end)."""
+    import asyncio
+
+    from agentkv.trace.realtime import drive
+
+    sent = []
+
+    async def main():
+        task = asyncio.current_task()
+
+        async def send(d):
+            sent.append(d)
+            if len(sent) == 1:  # queued before this send's completion wakes the driver
+                asyncio.get_running_loop().call_soon(task.cancel)
+            return True
+
+        plan = ReplayPlan([trace("c", [req(0, api=0.001), req(1, think=0.001)])], lanes=1, cycle=True)
+        clock = asyncio.get_running_loop().time
+        await drive(plan, send, clock=clock, until=clock() + 60)  # `until`: the driver waits with a timeout
+
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(asyncio.wait_for(main(), 5))
+    assert len(sent) <= 2

@@ -164,8 +164,9 @@ class EngineRunner:
             self._publish()
             if result is None:  # nothing can run until something changes
                 self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), 0.05)
+                with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancel
+                    async with asyncio.timeout(0.05):
+                        await self._wake.wait()
                 continue
             delay = real.wall_delay(result.end - real.now())
             await asyncio.sleep(delay if delay > 0 else 0)

@@ -56,7 +56,10 @@ async def drive(plan: ReplayPlan, send: Callable[[Dispatch], Awaitable[bool]], *
             left = max(0.0, until - clock())
             timeout = left if timeout is None else min(timeout, left)
         wake.clear()  # single-threaded: no completion can slip in between this and the wait
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a cancel (Ctrl-C) that
+        # lands as the event fires, and the run would go on to the end of the plan
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(wake.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await wake.wait()
     if errors:
         raise errors[0]
