@@ -33,11 +33,11 @@ def server():
         p.wait(10)
 
 
-def _start(url: str, out: Path) -> subprocess.Popen:
+def _start(url: str, out: Path, preexec_fn=None) -> subprocess.Popen:
     # bundled sample, gaps 200x shorter: many requests of ~0.5 s each
     return subprocess.Popen([*BENCH, "--target", url, "--out", str(out), "--duration", "none", "--quiet",
                              "--time-scale", "200", "--lanes", "3"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
 
 
 def _wait_lines(path: Path, n: int, proc: subprocess.Popen, limit: float = 60.0) -> None:
@@ -62,10 +62,19 @@ def test_killed_run_keeps_every_finished_request(server, tmp_path):
     assert not (tmp_path / "summary.json").exists()  # nothing else got the chance to be written
 
 
-def test_ctrl_c_still_writes_summary_and_report(server, tmp_path):
-    p = _start(server, tmp_path)
+def _ignore_sigint() -> None:
+    """In the child: what a shell's background job (`agentkv bench ... &`) inherits."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("sig, inherited", [(signal.SIGINT, None), (signal.SIGTERM, None),
+                                            (signal.SIGINT, _ignore_sigint)], ids=["ctrl-c", "term", "ctrl-c-bg"])
+def test_ctrl_c_still_writes_summary_and_report(server, tmp_path, sig, inherited):
+    """Ctrl-C or SIGTERM stops the run and writes what finished, also for a bench started in the
+    background, whose SIGINT the shell set to ignored."""
+    p = _start(server, tmp_path, preexec_fn=inherited)
     _wait_lines(tmp_path / "requests.jsonl", 2, p)
-    p.send_signal(signal.SIGINT)
+    p.send_signal(sig)
     out, err = p.communicate(timeout=30)
     assert p.returncode == 130, err
     s = read_summary(tmp_path / "summary.json")

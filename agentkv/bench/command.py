@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import signal
 import sys
 import time
 from pathlib import Path
@@ -93,7 +94,35 @@ def _run_loop(coro, loop: str):
             if loop == "uvloop":
                 raise UserError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
     with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(coro)
+        return runner.run(_stoppable(coro))
+
+
+async def _stoppable(coro):
+    """Run `coro`; the first SIGINT or SIGTERM cancels it (the run keeps what finished and writes
+    its summary), a second stops at once. Installed on the loop itself, so it works under uvloop
+    and when the shell started us with SIGINT ignored (a background job: `agentkv bench ... &`)."""
+    loop, task = asyncio.get_running_loop(), asyncio.current_task()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    hits = 0
+
+    def on_signal() -> None:
+        nonlocal hits
+        hits += 1
+        if hits > 1:
+            raise KeyboardInterrupt
+        task.cancel()
+
+    for sig in signals:
+        loop.add_signal_handler(sig, on_signal)
+    try:
+        return await coro
+    except asyncio.CancelledError:
+        if hits:  # stopped before the run could catch it (still connecting): a plain interrupt
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
 
 
 def _load(args: argparse.Namespace):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -151,16 +152,21 @@ class StreamTestServer:
                 self._serial.release()
 
     async def _stream(self, request, body, b: Behaviour, tokens, max_tokens) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        with contextlib.suppress(ConnectionResetError):  # the client left mid-stream: not an error here
+            await self._stream_body(request, resp, body, b, tokens, max_tokens)
+        return resp
+
+    async def _stream_body(self, request, resp, body, b: Behaviour, tokens, max_tokens) -> None:
         cached = self._lookup(tokens)
         chat = "messages" in body
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         if b.ttft:
             await asyncio.sleep(b.ttft)
         for i in range(max_tokens):
             if b.reset_after is not None and i >= b.reset_after:
                 request.transport.abort()  # type: ignore[union-attr]
-                return resp
+                return
             if i and b.itl:
                 await asyncio.sleep(b.itl)
             choice = {"index": 0, "delta": {"content": f" t{i}"}} if chat else {"index": 0, "text": f" t{i}"}
@@ -172,7 +178,6 @@ class StreamTestServer:
         await resp.write(b"data: " + msgspec.json.encode({"choices": [], "usage": usage}) + b"\n\n")
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
-        return resp
 
 
 def main(argv: list[str] | None = None) -> None:
