@@ -150,8 +150,9 @@ def test_events_in_order_with_parent_hashes() -> None:
     pool.check_invariants()
 
 
-def test_recomputed_block_under_a_cached_hash_stays_uncached() -> None:
-    """LFU can orphan a child (parent evicted first); recomputing the chain then meets its hash."""
+def test_recomputed_block_under_a_cached_hash_is_another_copy() -> None:
+    """LFU can orphan a child (parent evicted first); recomputing the chain then meets its hash.
+    As vLLM, the new block is cached too, as a second copy; lookups keep finding the older one."""
     pool = BlockPool(4, 4, "lfu")
     p, c = chain(1, 2)
     run(pool, "r1", [p], 4)  # holds p
@@ -165,12 +166,37 @@ def test_recomputed_block_under_a_cached_hash_stays_uncached() -> None:
     pool.free("r4")
     assert run(pool, "r5", [p, c], 9) == 0
     blocks = pool.request_blocks("r5")
-    assert pool.cached[p] == blocks[0] and pool.cached[c] not in blocks  # r5's copy of c: uncached
-    assert pool.block_hash[blocks[1]] is None
+    assert pool.cached[p] == blocks[0] and pool.cached[c] not in blocks  # lookups find the older c
+    assert pool.block_hash[blocks[1]] == c and pool.dups[c] == [blocks[1]]  # r5's copy: cached as well
     pool.check_invariants()
     pool.free("r5")
     pool.check_invariants()
     assert pool.get_computed_blocks([p, c]) == 2
+
+
+def test_a_fully_cached_prompt_leaves_a_copy_of_its_last_block_as_vllm_does() -> None:
+    """vLLM recomputes the last token of a fully cached prompt, so its last block is computed again
+    into a new block, cached beside the old one. Four identical 4-block prompts leave 4 copies of
+    the last block (what tests/vllm/test_vllm_hashing.py saw on a live vLLM); each copy is stored
+    and evicted with its own event, and the hash stays cached until its last copy goes."""
+    events = []
+    pool = BlockPool(7, 4, on_event=events.append)  # exactly the 4 + 3 blocks the prompts fill
+    prompt = chain(1, 4)
+    for i in range(4):
+        assert run(pool, f"r{i}", prompt, 16) == (0 if i == 0 else 3)
+        pool.free(f"r{i}")
+    stored = [h for e in events if isinstance(e, BlockStored) for h in e.block_hashes]
+    assert stored.count(prompt[3]) == 4 and all(stored.count(h) == 1 for h in prompt[:3])
+    assert len(pool.dups[prompt[3]]) == 3 and pool.num_cached_blocks == 7
+    pool.check_invariants()
+    for k in range(1, 4):  # evicting (LRU) the three oldest copies leaves the last block findable
+        run(pool, f"x{k}", chain(10 + k, 1), 4)
+        assert pool.get_computed_blocks(prompt, 17) == 4 and len(pool.dups.get(prompt[3], ())) == 3 - k
+        pool.check_invariants()
+    run(pool, "x4", chain(20, 4), 16)  # evicts the rest
+    removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    assert removed.count(prompt[3]) == 4 and prompt[3] not in pool.cached and not pool.dups
+    pool.check_invariants()
 
 
 def test_lookup_then_eviction_then_allocate_is_caught() -> None:

@@ -11,8 +11,11 @@ Invariants (`check_invariants` asserts them):
 - `ref[b]` equals the number of running requests whose block table holds `b`.
 - A block is free iff `ref[b] == 0`; a free block is either *empty* (no hash: on the empty stack) or
   *cached* (has a hash: held by the eviction policy), never both; in-use blocks are in neither.
-- `cached[h] == b` iff `block_hash[b] == h`: a cached hash maps to exactly one block. Only full
-  blocks get hashes; a block computed again under an already cached hash stays uncached.
+- Only full blocks get hashes. `cached[h]` is the oldest block holding hash `h`, the one a lookup
+  returns; `dups[h]` lists its other copies, oldest first: like vLLM, the pool does not
+  de-duplicate, so a block computed again under a cached hash (the last block of a fully cached
+  prompt is always recomputed) is a cached copy too, stored and evicted with its own events.
+  Every block with a hash is in exactly one of the two.
 - Eviction only takes free cached blocks, and only when no empty block is left.
 """
 
@@ -77,8 +80,9 @@ class BlockPool:
         self.block_size = block_size
         self.ref = np.zeros(num_blocks, dtype=np.int32)
         self.block_hash: list[int | None] = [None] * num_blocks
-        self.cached: dict[int, int] = {}
-        # numpy mirror of block_hash (uint64 value, and whether set) for hinted lookups
+        self.cached: dict[int, int] = {}  # hash -> the block a lookup returns (its oldest copy)
+        self.dups: dict[int, list[int]] = {}  # hash -> its other copies, oldest first (vLLM keeps them)
+        # numpy mirror of block_hash (uint64 value, and whether the block is the one `cached` names)
         self._bh = np.zeros(num_blocks, dtype=np.uint64)
         self._has = np.zeros(num_blocks, dtype=bool)
         self._mirror = True  # off once a hash does not fit in uint64
@@ -94,7 +98,6 @@ class BlockPool:
         self._req_blocks: dict[str, np.ndarray] = {}
         self._req_hashed: dict[str, int] = {}  # leading blocks whose caching was decided
         self._req_session: dict[str, object] = {}
-        self._holes: set[str] = set()  # requests holding an uncached block inside their hashed prefix
         self._probe: tuple[Sequence[int], list[int] | np.ndarray] | None = None
 
     # -- the scheduler's verbs -------------------------------------------------------------------
@@ -203,14 +206,8 @@ class BlockPool:
         ref = self.ref
         rev = blocks[::-1]
         ref[rev] -= 1
-        if request_id in self._holes:
-            self._holes.discard(request_id)
-            bh = self.block_hash
-            has_hash = np.fromiter((bh[b] is not None for b in rev.tolist()), bool, len(rev))
-            freed_cached, freed_empty = rev[has_hash], rev[~has_hash]
-        else:  # the first `hashed` blocks are cached, the rest not
-            k = len(rev) - hashed
-            freed_cached, freed_empty = rev[k:], rev[:k]
+        k = len(rev) - hashed  # the first `hashed` blocks are cached, the rest not
+        freed_cached, freed_empty = rev[k:], rev[:k]
         freed_cached = freed_cached[ref[freed_cached] == 0]  # shared blocks stay with their other users
         freed_empty = freed_empty[ref[freed_empty] == 0]
         m, k = self._n_empty, len(freed_empty)
@@ -231,7 +228,7 @@ class BlockPool:
 
     @property
     def num_cached_blocks(self) -> int:
-        return len(self.cached)
+        return len(self.cached) + sum(map(len, self.dups.values()))
 
     def block_table(self, request_id: str) -> np.ndarray | None:
         """A running request's blocks as an int64 array (not a copy: do not modify), or None.
@@ -250,6 +247,7 @@ class BlockPool:
         if self._req_blocks:
             return False
         self.cached.clear()
+        self.dups.clear()
         self.block_hash = [None] * self.num_blocks
         self._has[:] = False
         self._empty = np.arange(self.num_blocks - 1, -1, -1, dtype=np.int64)
@@ -336,62 +334,72 @@ class BlockPool:
 
     def _uncache(self, victims: np.ndarray) -> None:
         """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
-        bh, cached = self.block_hash, self.cached
+        bh, cached, dups = self.block_hash, self.cached, self.dups
         vl = victims.tolist()
         hashes = list(map(bh.__getitem__, vl))
-        deque(map(cached.__delitem__, hashes), 0)
+        if not dups:
+            deque(map(cached.__delitem__, hashes), 0)
+            gone = hashes
+        else:  # a hash with other copies stays cached; losing its oldest, the next oldest answers
+            gone = []
+            for b, h in zip(vl, hashes, strict=True):
+                others = dups.get(h)
+                if others is None:
+                    del cached[h]
+                    gone.append(h)
+                    continue
+                if cached[h] == b:
+                    cached[h] = nxt = others.pop(0)
+                    self._has[nxt] = True
+                else:
+                    others.remove(b)
+                if not others:
+                    del dups[h]
         for b in vl:
             bh[b] = None
         self._has[victims] = False
         self.stats.evicted += len(victims)
         if self._emit is not None and hashes:
-            self._emit(BlockRemoved(block_hashes=hashes, medium="GPU"))
+            self._emit(BlockRemoved(block_hashes=hashes, medium="GPU"))  # one per copy, as vLLM
         if self.lower is not None:
-            for h in hashes:
+            for h in gone:
                 self.lower.on_gpu_evict(h)
 
     def _cache(self, request_id: str, blocks: np.ndarray, block_hashes: Sequence[int], lo: int, hi: int,
                token_ids: Sequence[int] | None) -> None:
-        """Give blocks[lo:hi] (full now) their hashes; a hash cached elsewhere leaves its block uncached."""
+        """Give blocks[lo:hi] (full now) their hashes. As vLLM, a hash cached already (a fully
+        cached prompt recomputes its last block; a prefix evicted and recomputed) gets this block as
+        another copy: stored and announced like any block, found by lookups once its elders are gone."""
         cached, bh = self.cached, self.block_hash
         seg_hashes = list(block_hashes[lo:hi])
         seg_blocks = blocks[lo:hi].tolist()
         got = list(map(cached.setdefault, seg_hashes, seg_blocks))  # inserts only absent hashes
-        if got == seg_blocks:
-            runs = [(lo, seg_blocks, seg_hashes)]
-        else:  # some hashes were cached already (their prefix was evicted and recomputed): split runs
-            self._holes.add(request_id)
-            runs, start, run = [], lo, []
-            for i, (b, g) in enumerate(zip(seg_blocks, got, strict=True), lo):
-                if g != b:
-                    if run:
-                        runs.append((start, run, seg_hashes[start - lo:i - lo]))
-                    run, start = [], i + 1
-                else:
-                    run.append(b)
-            if run:
-                runs.append((start, run, seg_hashes[start - lo:]))
-        for start, run, hs in runs:
-            for b, h in zip(run, hs, strict=True):
-                bh[b] = h
-            if self._mirror:
-                try:
-                    self._bh[run] = hs
-                    self._has[run] = True
-                except (OverflowError, TypeError, ValueError):
-                    self._mirror = False  # hashes outside uint64: plain lookups only
-            parent = cached.get(block_hashes[start - 1]) if start else None
-            self.policy.on_cached(run, start, parent, block_hashes)
-            self.stats.stored += len(run)
-            if self._emit is not None:
-                seg = token_ids[start * self.block_size:(start + len(run)) * self.block_size] \
-                    if token_ids is not None else []
-                toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)  # plain ints for msgpack
-                self._emit(BlockStored(block_hashes=list(hs), parent_block_hash=block_hashes[start - 1] if start else None,
-                                       token_ids=toks, block_size=self.block_size, medium="GPU"))
-            if self.lower is not None:
-                for h in hs:
-                    self.lower.on_gpu_store(h)
+        for b, h in zip(seg_blocks, seg_hashes, strict=True):
+            bh[b] = h
+        primary: list[bool] | bool = True
+        if got != seg_blocks:
+            primary = [g == b for g, b in zip(got, seg_blocks, strict=True)]
+            dups = self.dups
+            for b, h, first in zip(seg_blocks, seg_hashes, primary, strict=True):
+                if not first:
+                    dups.setdefault(h, []).append(b)
+        if self._mirror:
+            try:
+                self._bh[seg_blocks] = seg_hashes
+                self._has[seg_blocks] = primary
+            except (OverflowError, TypeError, ValueError):
+                self._mirror = False  # hashes outside uint64: plain lookups only
+        parent = cached.get(block_hashes[lo - 1]) if lo else None
+        self.policy.on_cached(seg_blocks, lo, parent, block_hashes)
+        self.stats.stored += len(seg_blocks)
+        if self._emit is not None:
+            seg = token_ids[lo * self.block_size:hi * self.block_size] if token_ids is not None else []
+            toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)  # plain ints for msgpack
+            self._emit(BlockStored(block_hashes=seg_hashes, parent_block_hash=block_hashes[lo - 1] if lo else None,
+                                   token_ids=toks, block_size=self.block_size, medium="GPU"))
+        if self.lower is not None:
+            for h in seg_hashes:
+                self.lower.on_gpu_store(h)
 
     def check_invariants(self) -> None:
         """Assert the invariants in the module docstring (for tests; O(num_blocks))."""
@@ -413,10 +421,14 @@ class BlockPool:
                 assert self.block_hash[b] is None, f"empty block {b} has a hash"
             if b in evictable:
                 assert self.block_hash[b] is not None, f"evictable block {b} has no hash"
-        assert len(self.cached) == sum(h is not None for h in self.block_hash)
+        assert self.num_cached_blocks == sum(h is not None for h in self.block_hash)
         for h, b in self.cached.items():
             assert self.block_hash[b] == h, f"cached hash {h} -> block {b}, which holds {self.block_hash[b]}"
+        for h, others in self.dups.items():
+            assert others and h in self.cached and self.cached[h] not in others, f"copies of {h}: {others}"
+            assert all(self.block_hash[b] == h for b in others), f"a copy of {h} holds another hash"
         if self._mirror:
-            assert self._has.tolist() == [h is not None for h in self.block_hash], "hash mirror out of step"
+            firsts = set(self.cached.values())
+            assert self._has.tolist() == [b in firsts for b in range(self.num_blocks)], "hash mirror out of step"
             assert all(int(self._bh[b]) == h for h, b in self.cached.items()), "hash mirror value differs"
         self.policy.check()

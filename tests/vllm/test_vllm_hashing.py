@@ -12,6 +12,7 @@ import random
 import time
 
 import pytest
+from vllm_server import EVICT_BLOCKS
 
 from agentkv.kv.events import BlockStored
 from agentkv.kv.hashing import VllmHasher, make_hasher
@@ -165,6 +166,24 @@ def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, fig
                 if h in seen:
                     seen[h] += 1
                     assert idx.holds(0, h) == (seen[h] < copies[h])
+    # agentkv's engine keeps the same copies of the same blocks (its pool does not de-duplicate either)
+    from agentkv.engine.config import EngineConfig
+    from agentkv.engine.engine import Engine
+
+    ours: list = []
+    eng = Engine(EngineConfig(block_size=BS, num_gpu_blocks_override=EVICT_BLOCKS, max_model_len=8192,
+                              max_num_batched_tokens=8192), on_event=ours.append)
+    for i in range(4):
+        eng.add_request(f"r{i}", max_tokens=1, token_ids=prompt)
+        while eng.requests:
+            eng.step()
+    ours_stored = [h for e in ours if isinstance(e, BlockStored) for h in e.block_hashes]
+    position = {h: i for i, h in enumerate(eng.hasher.hashes(prompt, BS))}
+    ours_copies = {position[h]: ours_stored.count(h) for h in set(ours_stored) if ours_stored.count(h) > 1}
+    live_position = {h: i for e in events if isinstance(e, BlockStored) and prompt[:BS] == e.token_ids[:BS]
+                     for i, h in enumerate(e.block_hashes)}
+    assert ours_copies == {live_position[h]: n for h, n in copies.items()}
     figures["duplicates"] = (f"4 identical prompts of 4 blocks: {len(copies)} block(s) stored in up to "
                              f"{max(copies.values())} copies by a live vLLM, each copy stored and removed with its "
-                             "own event; the index held the block until its last copy went")
+                             "own event (agentkv's engine: the same copies); the index held the block until its "
+                             "last copy went")
