@@ -2,9 +2,9 @@
 
 The router must not leave requests waiting on it forever: with `--first-byte-timeout` they are
 retried on another worker after that long; without it, they are released as soon as a health
-check takes the worker out of rotation. The hung worker is a stand-in HTTP server on loopback
-(a real engine cannot be made to hang on cue); the healthy one and the router are real
-subprocesses (`agentkv serve`, `agentkv route`).
+check takes the worker out of rotation. The hung worker is agentkv's stream test server told to
+hang (a real engine cannot be made to hang on cue), on its own loop in a thread; the healthy one
+and the router are real subprocesses (`agentkv serve`, `agentkv route`).
 """
 
 from __future__ import annotations
@@ -17,46 +17,30 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from aiohttp import web
 from cluster import HOST, Cluster, get_text, metric_sum, wait_http
+
+from agentkv.bench.testserver import Behaviour, StreamTestServer
 
 pytestmark = pytest.mark.slow
 
 
 class HungWorker:
-    """/health answers `health_status`; /v1/completions is accepted, counted and never answered."""
+    """A StreamTestServer whose completions hang (counted in `received`), on a loop in a thread."""
 
     def __init__(self, port: int) -> None:
-        self.port, self.health_status, self.received = port, 200, 0
+        self.port = port
+        self.server = StreamTestServer(behave=lambda body, n: Behaviour(hang=True))
         self._loop = asyncio.new_event_loop()
-        self._ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._thread.start()
-        self._ready.wait(10)
+        asyncio.run_coroutine_threadsafe(self.server.start(port, HOST), self._loop).result(10)
 
-    def _run(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        app = web.Application()
-        app.router.add_get("/health", self._health)
-        app.router.add_post("/v1/completions", self._hang)
-        self._release = asyncio.Event()
-        self._runner = web.AppRunner(app)
-        self._loop.run_until_complete(self._runner.setup())
-        self._loop.run_until_complete(web.TCPSite(self._runner, HOST, self.port).start())
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _health(self, request: web.Request) -> web.Response:
-        return web.Response(status=self.health_status)
-
-    async def _hang(self, request: web.Request) -> web.Response:
-        self.received += 1
-        await self._release.wait()  # set only at close
-        return web.Response(status=500)
+    @property
+    def received(self) -> int:
+        return len(self.server.seen)
 
     def close(self) -> None:
-        self._loop.call_soon_threadsafe(self._release.set)
-        asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(10)  # releases the hung requests
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
@@ -123,7 +107,7 @@ def test_a_worker_taken_out_releases_its_waiting_requests(pair):
         assert hung.received >= 1
         time.sleep(1.0)
         assert not fut.done()  # still waiting on the hung worker
-        hung.health_status = 503
+        hung.server.health_status = 503
         results = fut.result(timeout=30)
     assert [s for s, _, _ in results] == [200] * 4
     assert {w for _, w, _ in results} == {"0"}

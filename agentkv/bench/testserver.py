@@ -61,9 +61,11 @@ class StreamTestServer:
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.url = ""
+        self.health_status = 200  # what GET /health answers (a test may fail it)
 
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)
+        app.router.add_get("/health", self._health)
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/completions", self._complete)
         app.router.add_post("/v1/chat/completions", self._complete)
@@ -92,6 +94,9 @@ class StreamTestServer:
 
     async def __aexit__(self, *exc) -> None:
         await self.stop()
+
+    async def _health(self, request: web.Request) -> web.Response:
+        return web.Response(status=self.health_status)
 
     async def _models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
