@@ -10,8 +10,9 @@ a query walks only the workers that hold the request's first block, each at C sp
 separate from lower tiers (CPU, DISK, ...: the `medium` of vLLM/LMCache events); a lower-tier
 run continues a GPU prefix, as a CPU-offload load would.
 
-vLLM does not de-duplicate its cache: two requests that fill the same block in one step each
-keep a copy, and each copy is stored and later removed with its own event. Extra copies are
+vLLM does not de-duplicate its cache: a block computed again under a cached hash (the last block
+of a fully cached prompt is always recomputed) is another copy, stored and later removed with its
+own event. Extra copies are
 counted aside, so the first BlockRemoved of a duplicated block leaves it indexed until the last
 copy goes; the common case (no copy held twice) stays one C-level set operation.
 """
