@@ -28,8 +28,12 @@ TRACES = Path(os.environ.get("AGENTKV_SHARED", ROOT.parent / "shared")) / "trace
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=Path, default=TRACES)
-    ap.add_argument("--capacity", default="100GB", help="GPU KV capacity (default 100GB: Llama-3.1-8B on one H200)")
-    ap.add_argument("--block-size", type=int, default=64, help="tokens per block (default 64, the traces' own)")
+    ap.add_argument(
+        "--capacity", default="100GB", help="GPU KV capacity (default 100GB: Llama-3.1-8B on one H200)"
+    )
+    ap.add_argument(
+        "--block-size", type=int, default=64, help="tokens per block (default 64, the traces' own)"
+    )
     ap.add_argument("--model", default="llama3-8b")
     args = ap.parse_args()
     grid = make_grid(args.capacity, str(args.block_size), "belady", args.model)
@@ -40,8 +44,10 @@ def main() -> None:
     traces = load_paths([args.traces])
     reqs = fitting(block_accesses(arrivals(traces), bs), num_blocks, bs)
     naccess = sum(len(r.hashes) for r in reqs)
-    print(f"{len(traces)} traces, {len(reqs)} requests, {naccess / 1e6:.2f} M block accesses at block size {bs}; "
-          f"loaded and keyed in {time.perf_counter() - t:.1f} s")
+    print(
+        f"{len(traces)} traces, {len(reqs)} requests, {naccess / 1e6:.2f} M block accesses at block size {bs}; "
+        f"loaded and keyed in {time.perf_counter() - t:.1f} s"
+    )
 
     w0, c0 = time.perf_counter(), time.process_time()
     policy = make_policy("belady", accesses=[r.hashes for r in reqs])
@@ -49,11 +55,17 @@ def main() -> None:
     pool = BlockPool(num_blocks, bs, policy)
     res = replay(pool, reqs)
     w2, c2 = time.perf_counter(), time.process_time()
-    print(f"Belady at {label} ({num_blocks:,} blocks of {grid.model} {grid.kv_dtype} KV): hit rate {res.hit_rate:.4f}, "
-          f"{pool.stats.evicted:,} evictions")
-    print(f"  preparation {w1 - w0:.1f} s wall ({c1 - c0:.1f} s CPU), replay {w2 - w1:.1f} s wall "
-          f"({c2 - c1:.1f} s CPU)")
-    print(f"Belady, {len(traces)} traces, one capacity: {w2 - w0:.1f} s wall, {c2 - c0:.1f} s CPU (target < 60 s)")
+    print(
+        f"Belady at {label} ({num_blocks:,} blocks of {grid.model} {grid.kv_dtype} KV): hit rate {res.hit_rate:.4f}, "
+        f"{pool.stats.evicted:,} evictions"
+    )
+    print(
+        f"  preparation {w1 - w0:.1f} s wall ({c1 - c0:.1f} s CPU), replay {w2 - w1:.1f} s wall "
+        f"({c2 - c1:.1f} s CPU)"
+    )
+    print(
+        f"Belady, {len(traces)} traces, one capacity: {w2 - w0:.1f} s wall, {c2 - c0:.1f} s CPU (target < 60 s)"
+    )
 
 
 if __name__ == "__main__":

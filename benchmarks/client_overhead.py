@@ -30,8 +30,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 TOKEN = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":" t","finish_reason":null}]}\n\n'
-DONE_TAIL = (b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"","finish_reason":"length"}]}'
-             b"\n\n")
+DONE_TAIL = (
+    b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":"","finish_reason":"length"}]}'
+    b"\n\n"
+)
 MODELS = b'{"object":"list","data":[{"id":"instant","object":"model"}]}'
 
 
@@ -62,20 +64,24 @@ class _Http(asyncio.Protocol):
             n = int(m.group(1)) if m else 0
             if len(self.buf) < head_end + 4 + n:
                 return
-            body = self.buf[head_end + 4:head_end + 4 + n]
-            self.buf = self.buf[head_end + 4 + n:]
+            body = self.buf[head_end + 4 : head_end + 4 + n]
+            self.buf = self.buf[head_end + 4 + n :]
             self._handle(head.split(" ", 2), body)
 
     def _handle(self, line, body: bytes):
         method, path = line[0], line[1]
         if method == "GET" and path == "/v1/models":
-            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                         % (len(MODELS), MODELS))
+            self.t.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+                % (len(MODELS), MODELS)
+            )
         elif method == "POST" and path == "/v1/completions":
             m = re.search(rb'"max_tokens":\s*(\d+)', body)
             p = re.search(rb'"prompt":\s*\[([^\]]*)\]', body)
             prompt = p.group(1).count(b",") + 1 if p else 0
-            self.t.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+            self.t.write(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
             n = int(m.group(1)) if m else 16
             self.streams.append([self.t, n, prompt, n])
         else:
@@ -111,8 +117,10 @@ def _serve(port_q, cpu: int) -> None:
                     s[1] = left - 1
                     keep.append(s)
                 else:
-                    usage = (b'data: {"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,'
-                             b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' % (prompt, total))
+                    usage = (
+                        b'data: {"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,'
+                        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' % (prompt, total)
+                    )
                     t.write(_chunk(DONE_TAIL) + _chunk(usage) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
             streams[:] = keep
             await asyncio.sleep(0)
@@ -131,9 +139,20 @@ def start_server(cpu: int) -> tuple[mp.Process, int]:
 def _traces(streams: int, turns: int, tokens: int):
     from agentkv.trace.model import Request, Session, Trace
 
-    return [Trace(id=f"s{i}", block_size=16, session=Session(id=f"s{i}", requests=[
-        Request(t=0.0, input_tokens=32, output_tokens=tokens, hash_ids=[2 * i, 2 * i + 1]) for _ in range(turns)]))
-        for i in range(streams)]
+    return [
+        Trace(
+            id=f"s{i}",
+            block_size=16,
+            session=Session(
+                id=f"s{i}",
+                requests=[
+                    Request(t=0.0, input_tokens=32, output_tokens=tokens, hash_ids=[2 * i, 2 * i + 1])
+                    for _ in range(turns)
+                ],
+            ),
+        )
+        for i in range(streams)
+    ]
 
 
 def proc_cpu(pid: int) -> float:
@@ -176,8 +195,10 @@ def run_ceiling(port: int, streams: int, tokens: int, seconds: float = 5.0) -> d
 
     async def go() -> dict:
         loop, counts = asyncio.get_running_loop(), [0]
-        conns = [(await loop.create_connection(lambda: _Drain(counts, request), "127.0.0.1", port))[0]
-                 for _ in range(streams)]
+        conns = [
+            (await loop.create_connection(lambda: _Drain(counts, request), "127.0.0.1", port))[0]
+            for _ in range(streams)
+        ]
         await asyncio.sleep(1.0)  # every stream running
         n0, t0, c0 = counts[0], time.perf_counter(), time.process_time()
         await asyncio.sleep(seconds)
@@ -194,8 +215,9 @@ def run_ours(url: str, streams: int, turns: int, tokens: int, loop: str) -> dict
     from agentkv.bench.command import _run_loop
     from agentkv.bench.runner import BenchConfig, BenchRun
 
-    cfg = BenchConfig(target=url, lanes=streams, duration=None, idle_gap_cap=None, monitor_gpu=False,
-                      sample_every=1.0)
+    cfg = BenchConfig(
+        target=url, lanes=streams, duration=None, idle_gap_cap=None, monitor_gpu=False, sample_every=1.0
+    )
     with tempfile.TemporaryDirectory() as tmp:
         run = BenchRun(cfg, _traces(streams, turns, tokens), out=Path(tmp))
         cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -206,9 +228,20 @@ def run_ours(url: str, streams: int, turns: int, tokens: int, loop: str) -> dict
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
     stamps = sum(r.output_tokens for r in res.records if r.ok)
     peak = max((p.in_flight for p in s.timeline), default=0)
-    return {"loop": loop, "requests": s.requests, "failed": s.failed, "tokens": s.output_tokens, "wall": wall,
-            "tok_s": s.output_tokens / wall, "cpu": cpu / wall, "peak_in_flight": peak, "timed": stamps,
-            "ttft_p50": s.ttft.p50, "ttft_p99": s.ttft.p99, "itl_p50": s.itl.p50}
+    return {
+        "loop": loop,
+        "requests": s.requests,
+        "failed": s.failed,
+        "tokens": s.output_tokens,
+        "wall": wall,
+        "tok_s": s.output_tokens / wall,
+        "cpu": cpu / wall,
+        "peak_in_flight": peak,
+        "timed": stamps,
+        "ttft_p50": s.ttft.p50,
+        "ttft_p99": s.ttft.p99,
+        "itl_p50": s.itl.p50,
+    }
 
 
 def _tokenizer_dir(path: Path) -> Path:
@@ -229,8 +262,11 @@ def _tokenizer_dir(path: Path) -> Path:
     tok.decoder = decoders.ByteLevel()
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "model_max_length": 1 << 20}))
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "[UNK]", "model_max_length": 1 << 20}
+        )
+    )
     return path
 
 
@@ -242,16 +278,44 @@ def run_aiperf(url: str, streams: int, requests: int, tokens: int, cpu: int) -> 
     exe = venv / "bin" / "aiperf"
     if not exe.exists():
         py = shutil.which("python3") or sys.executable
-        r = subprocess.run(f"{py} -m venv {venv} && {venv}/bin/pip install -q aiperf", shell=True,
-                           capture_output=True, text=True, timeout=1200)
+        r = subprocess.run(
+            f"{py} -m venv {venv} && {venv}/bin/pip install -q aiperf",
+            shell=True,
+            capture_output=True,
+            text=True,
+            timeout=1200,
+        )
         if r.returncode or not exe.exists():
             return f"skipped: pip install aiperf failed ({(r.stderr or r.stdout).strip().splitlines()[-1:]})"
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tokdir:
-        cmd = [str(exe), "profile", "--model", "instant", "--url", url, "--endpoint-type", "completions",
-               "--streaming", "--concurrency", str(streams), "--request-count", str(requests),
-               "--synthetic-input-tokens-mean", "32", "--output-tokens-mean", str(tokens),
-               "--extra-inputs", "ignore_eos:true", "--artifact-dir", tmp, "--ui-type", "none",
-               "--tokenizer", str(_tokenizer_dir(Path(tokdir))), "--use-server-token-count"]
+        cmd = [
+            str(exe),
+            "profile",
+            "--model",
+            "instant",
+            "--url",
+            url,
+            "--endpoint-type",
+            "completions",
+            "--streaming",
+            "--concurrency",
+            str(streams),
+            "--request-count",
+            str(requests),
+            "--synthetic-input-tokens-mean",
+            "32",
+            "--output-tokens-mean",
+            str(tokens),
+            "--extra-inputs",
+            "ignore_eos:true",
+            "--artifact-dir",
+            tmp,
+            "--ui-type",
+            "none",
+            "--tokenizer",
+            str(_tokenizer_dir(Path(tokdir))),
+            "--use-server-token-count",
+        ]
         c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         try:
             r = subprocess.run(["taskset", "-c", str(cpu), *cmd], capture_output=True, text=True, timeout=900)
@@ -265,13 +329,18 @@ def run_aiperf(url: str, streams: int, requests: int, tokens: int, cpu: int) -> 
             tput = data["output_token_throughput"]["avg"]
             ttft = data["time_to_first_token"]
         except (OSError, KeyError, ValueError):
-            tail = " | ".join(ln.strip("│ ") for ln in (r.stdout + r.stderr).splitlines()
-                              if "Reason" in ln or "Error:" in ln)
+            tail = " | ".join(
+                ln.strip("│ ")
+                for ln in (r.stdout + r.stderr).splitlines()
+                if "Reason" in ln or "Error:" in ln
+            )
             return f"skipped: aiperf exited {r.returncode} without results ({tail[:400]})"
-        return (f"{tput:,.0f} output tokens/s (its own figure), {requests:,} requests x {tokens} tokens at "
-                f"concurrency {streams}; {cpu_s / wall:.2f} cores over its {wall:.0f} s run (startup included) = "
-                f"{requests * tokens / max(cpu_s, 1e-9):,.0f} tokens per CPU-second; "
-                f"its TTFT p50 {ttft.get('p50', float('nan')):,.0f} ms p99 {ttft.get('p99', float('nan')):,.0f} ms")
+        return (
+            f"{tput:,.0f} output tokens/s (its own figure), {requests:,} requests x {tokens} tokens at "
+            f"concurrency {streams}; {cpu_s / wall:.2f} cores over its {wall:.0f} s run (startup included) = "
+            f"{requests * tokens / max(cpu_s, 1e-9):,.0f} tokens per CPU-second; "
+            f"its TTFT p50 {ttft.get('p50', float('nan')):,.0f} ms p99 {ttft.get('p99', float('nan')):,.0f} ms"
+        )
 
 
 def main() -> None:
@@ -287,24 +356,32 @@ def main() -> None:
     srv, port = start_server(server_cpu)
     os.sched_setaffinity(0, {client_cpu})
     url = f"http://127.0.0.1:{port}"
-    print(f"instant server on CPU {server_cpu}, client on CPU {client_cpu}; {a.streams} streams x {a.turns} "
-          f"requests x {a.tokens} tokens")
+    print(
+        f"instant server on CPU {server_cpu}, client on CPU {client_cpu}; {a.streams} streams x {a.turns} "
+        f"requests x {a.tokens} tokens"
+    )
     try:
-        print(f"reference: a 10M-iteration Python loop takes {reference_loop():.2f} s of CPU on the client core "
-              f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+        print(
+            f"reference: a 10M-iteration Python loop takes {reference_loop():.2f} s of CPU on the client core "
+            f"(load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)"
+        )
         ceiling = run_ceiling(port, a.streams, a.tokens)
-        print(f"ceiling (a client that only counts tokens): {ceiling['tok_s']:,.0f} output tokens/s, "
-              f"client {ceiling['cpu']:.2f} cores")
+        print(
+            f"ceiling (a client that only counts tokens): {ceiling['tok_s']:,.0f} output tokens/s, "
+            f"client {ceiling['cpu']:.2f} cores"
+        )
         for loop in a.loops.split(","):
             s0 = proc_cpu(srv.pid)
             r = run_ours(url, a.streams, a.turns, a.tokens, loop)
             server_cores = (proc_cpu(srv.pid) - s0) / r["wall"]
-            print(f"agentkv bench ({r['loop']}): {r['tok_s']:,.0f} output tokens/s, {r['tokens']:,} tokens each "
-                  f"timestamped, {r['requests']:,} requests ({r['failed']} failed), peak {r['peak_in_flight']:,} "
-                  f"in flight, {r['wall']:.1f} s; client {r['cpu']:.2f} cores = "
-                  f"{r['tok_s'] / max(r['cpu'], 1e-9):,.0f} tokens per client CPU-second, server {server_cores:.2f} "
-                  f"cores; TTFT from scheduled start p50 {r['ttft_p50'] * 1000:,.0f} ms p99 "
-                  f"{r['ttft_p99'] * 1000:,.0f} ms; {r['tok_s'] / ceiling['tok_s']:.0%} of the ceiling")
+            print(
+                f"agentkv bench ({r['loop']}): {r['tok_s']:,.0f} output tokens/s, {r['tokens']:,} tokens each "
+                f"timestamped, {r['requests']:,} requests ({r['failed']} failed), peak {r['peak_in_flight']:,} "
+                f"in flight, {r['wall']:.1f} s; client {r['cpu']:.2f} cores = "
+                f"{r['tok_s'] / max(r['cpu'], 1e-9):,.0f} tokens per client CPU-second, server {server_cores:.2f} "
+                f"cores; TTFT from scheduled start p50 {r['ttft_p50'] * 1000:,.0f} ms p99 "
+                f"{r['ttft_p99'] * 1000:,.0f} ms; {r['tok_s'] / ceiling['tok_s']:.0%} of the ceiling"
+            )
         if not a.no_aiperf:
             print(f"AIPerf: {run_aiperf(url, a.streams, a.streams * a.turns, a.tokens, client_cpu)}")
     finally:

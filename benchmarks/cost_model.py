@@ -30,9 +30,12 @@ def main() -> None:
         "decode only, 64 seqs": lambda: cm.step_time((), d64),
         "decode only, 256 seqs": lambda: cm.step_time((), d256),
         "1 prefill chunk + 64 decodes": lambda: cm.step_time(((2048, 30_000),), d64),
-        "4 prefill chunks, no decodes": lambda: cm.step_time(((512, 0), (1024, 8000), (2048, 500), (100, 9)), ()),
+        "4 prefill chunks, no decodes": lambda: cm.step_time(
+            ((512, 0), (1024, 8000), (2048, 500), (100, 9)), ()
+        ),
         "step_time_agg (aggregates kept by the caller)": lambda: cm.step_time_agg(
-            2048, 30_000, 2048 * 2049 / 2, 2048 * 30_000.0, True, 1, 64, 300_000, 6427),
+            2048, 30_000, 2048 * 2049 / 2, 2048 * 30_000.0, True, 1, 64, 300_000, 6427
+        ),
     }
     print(f"{cm!r}")
     for name, fn in cases.items():

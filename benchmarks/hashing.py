@@ -28,8 +28,12 @@ def main() -> None:
     p200 = m1[:200_000]
     print("fast path (xxhash, XXH3-64 chained)")
     for bs in (16, 64):
-        print(f"  1M tokens, block {bs:3d}, int32 array : {best_ms(lambda bs=bs: block_hashes(m1, bs)):7.2f} ms")
-        print(f"  1M tokens, block {bs:3d}, Python list : {best_ms(lambda bs=bs: block_hashes(m1_list, bs)):7.2f} ms")
+        print(
+            f"  1M tokens, block {bs:3d}, int32 array : {best_ms(lambda bs=bs: block_hashes(m1, bs)):7.2f} ms"
+        )
+        print(
+            f"  1M tokens, block {bs:3d}, Python list : {best_ms(lambda bs=bs: block_hashes(m1_list, bs)):7.2f} ms"
+        )
     for bs in (16, 64):
         ms = best_ms(lambda bs=bs: block_hashes(p200, bs))
         print(f"  200K prompt, block {bs:3d}: {ms:6.2f} ms = {ms / 20:.3f} ms per 10K tokens")
@@ -51,7 +55,9 @@ def main() -> None:
     print("trace tokens (request_tokens) and key-level chain_keys")
     ids = list(range(1, 200_000 // 64 + 1))
     ms = best_ms(lambda: request_tokens("trace_0001", ids, 200_000, 64))
-    print(f"  200K-token prompt from 64-token trace blocks: {ms:6.2f} ms ({200_000 / ms / 1e3:.0f} M tokens/s)")
+    print(
+        f"  200K-token prompt from 64-token trace blocks: {ms:6.2f} ms ({200_000 / ms / 1e3:.0f} M tokens/s)"
+    )
     ids1m = list(range(1, 1_000_000 // 64 + 1))
     key = trace_key("trace_0001")
     for bs in (16, 64, 256):

@@ -170,7 +170,9 @@ def build_ops(keys: list[list[int]], workers: int, capacity: int):
         new = hashes[hit:]
         events = []
         if new:
-            ev = BlockStored(block_hashes=new, parent_block_hash=hashes[hit - 1] if hit else None, block_size=16)
+            ev = BlockStored(
+                block_hashes=new, parent_block_hash=hashes[hit - 1] if hit else None, block_size=16
+            )
             events.append(ev)
             for h in reversed(new):
                 cache[h] = None
@@ -222,20 +224,30 @@ def main() -> None:
     trace = load(args.trace)[0]
     reqs = trace.session.requests[: args.limit]
     t0 = time.perf_counter()
-    keys = [chain_keys(trace.id, r.hash_ids, trace.block_size, args.block_size, r.input_tokens).tolist()
-            for r in reqs]
+    keys = [
+        chain_keys(trace.id, r.hash_ids, trace.block_size, args.block_size, r.input_tokens).tolist()
+        for r in reqs
+    ]
     ops, stored, removed, queried = build_ops(keys, args.workers, args.capacity)
     n_events = sum(1 for w, _ in ops if w is not None)
     total = stored + removed + queried
-    print(f"{len(reqs):,} requests re-blocked {trace.block_size}->{args.block_size} on {args.workers} workers "
-          f"x {args.capacity:,} blocks: {n_events:,} events ({stored:,} blocks stored, {removed:,} removed), "
-          f"{len(reqs):,} find-matches over {queried:,} blocks; prepared in {time.perf_counter() - t0:.1f} s")
-    makers = {"sets (BlockIndex)": BlockIndex, "tenants (TenantIndex)": _TenantAdapter,
-              "dict+bitmask": BitmaskIndex, "radix tree": RadixIndex}
+    print(
+        f"{len(reqs):,} requests re-blocked {trace.block_size}->{args.block_size} on {args.workers} workers "
+        f"x {args.capacity:,} blocks: {n_events:,} events ({stored:,} blocks stored, {removed:,} removed), "
+        f"{len(reqs):,} find-matches over {queried:,} blocks; prepared in {time.perf_counter() - t0:.1f} s"
+    )
+    makers = {
+        "sets (BlockIndex)": BlockIndex,
+        "tenants (TenantIndex)": _TenantAdapter,
+        "dict+bitmask": BitmaskIndex,
+        "radix tree": RadixIndex,
+    }
     for name in [d.strip() for d in args.designs.split(",")]:
         s = replay(makers[name](), ops)
-        print(f"{name:>22}: {total / s / 1e6:6.2f} M index ops/s  ({s:.2f} s; {n_events / s:,.0f} events/s, "
-              f"{len(reqs) / s:,.0f} find-matches/s incl. event load)")
+        print(
+            f"{name:>22}: {total / s / 1e6:6.2f} M index ops/s  ({s:.2f} s; {n_events / s:,.0f} events/s, "
+            f"{len(reqs) / s:,.0f} find-matches/s incl. event load)"
+        )
 
 
 if __name__ == "__main__":

@@ -55,8 +55,13 @@ def rates(res) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--traces", type=Path, default=TRACES)
-    ap.add_argument("--capacity", type=int, nargs="+", default=[16384, 65536],
-                    help="GPU blocks (default: 16384, about one H200 of Llama-3.1-8B KV at 64 tokens/block, and 65536)")
+    ap.add_argument(
+        "--capacity",
+        type=int,
+        nargs="+",
+        default=[16384, 65536],
+        help="GPU blocks (default: 16384, about one H200 of Llama-3.1-8B KV at 64 tokens/block, and 65536)",
+    )
     ap.add_argument("--policies", nargs="+", default=[*POLICIES[:5], "session-noend", "belady"])
     ap.add_argument("--repeat", type=int, default=3, help="LRU speed: best of this many replays")
     args = ap.parse_args()
@@ -68,30 +73,42 @@ def main() -> None:
     reqs = block_requests(traces)
     bs = traces[0].block_size
     nblk = sum(len(r.hashes) for r in reqs)
-    print(f"{len(traces)} traces, {len(reqs)} requests, {nblk / 1e6:.2f} M block accesses "
-          f"({len({h for r in reqs for h in r.hashes})} distinct), block size {bs}; "
-          f"loaded in {time.perf_counter() - t:.1f} s")
+    print(
+        f"{len(traces)} traces, {len(reqs)} requests, {nblk / 1e6:.2f} M block accesses "
+        f"({len({h for r in reqs for h in r.hashes})} distinct), block size {bs}; "
+        f"loaded in {time.perf_counter() - t:.1f} s"
+    )
     h200 = num_blocks_for(int(0.9 * 141e9) - 16 * 10**9, bs, 32, 8, 128, "bf16")
     print(f"(one H200 holds about {h200} blocks of Llama-3.1-8B bf16 KV after weights)")
-    print(f"{'capacity':>8} {'policy':>14} {'hit rate':>8} {'evicted':>10} {'cpu s':>7} "
-          f"{'M block-ops/s':>13} {'M req-blocks/s':>14}")
+    print(
+        f"{'capacity':>8} {'policy':>14} {'hit rate':>8} {'evicted':>10} {'cpu s':>7} "
+        f"{'M block-ops/s':>13} {'M req-blocks/s':>14}"
+    )
     for cap in args.capacity:
         for name in args.policies:
             res, ev, prep, wall = run_one(reqs, cap, bs, name)
             cpu = res.cpu_seconds
-            extra = (f"   Belady in all: {prep + cpu:.1f} s CPU ({prep:.1f} s preparation), {wall:.1f} s wall"
-                     if name == "belady" else "")
-            print(f"{cap:>8} {name:>14} {res.hit_rate:8.4f} {ev:>10} {cpu:7.2f} {rates(res)}{extra}", flush=True)
+            extra = (
+                f"   Belady in all: {prep + cpu:.1f} s CPU ({prep:.1f} s preparation), {wall:.1f} s wall"
+                if name == "belady"
+                else ""
+            )
+            print(
+                f"{cap:>8} {name:>14} {res.hit_rate:8.4f} {ev:>10} {cpu:7.2f} {rates(res)}{extra}", flush=True
+            )
 
     cap = args.capacity[-1]
     for hinted in (False, True):
         runs = [run_one(reqs, cap, bs, "lru", lookup_hints=hinted)[0] for _ in range(args.repeat)]
         best = min(runs, key=lambda r: r.cpu_seconds)
         how = "lookups hinted with the session's previous blocks" if hinted else "plain lookups"
-        print(f"LRU, {cap} blocks, one core, best of {args.repeat}, {how}: "
-              f"{best.block_ops / best.cpu_seconds / 1e6:.2f} M block-ops/s "
-              f"({best.request_blocks / best.cpu_seconds / 1e6:.2f} M request-blocks/s, "
-              f"{best.cpu_seconds:.2f} s CPU, {best.seconds:.2f} s wall)", flush=True)
+        print(
+            f"LRU, {cap} blocks, one core, best of {args.repeat}, {how}: "
+            f"{best.block_ops / best.cpu_seconds / 1e6:.2f} M block-ops/s "
+            f"({best.request_blocks / best.cpu_seconds / 1e6:.2f} M request-blocks/s, "
+            f"{best.cpu_seconds:.2f} s CPU, {best.seconds:.2f} s wall)",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

@@ -29,20 +29,28 @@ def transfer_table() -> None:
             )
             for name, chunk in layouts:
                 s = link.seconds(nbytes, chunk)
-                print(f"{model:<11}{block_size:>7}{nbytes // KiB:>8}Ki  {name} ({chunk // KiB} KiB)".ljust(64)
-                      + f"{s * 1e6:>9.0f}{nbytes / s / 1e9:>7.1f}")
+                print(
+                    f"{model:<11}{block_size:>7}{nbytes // KiB:>8}Ki  {name} ({chunk // KiB} KiB)".ljust(64)
+                    + f"{s * 1e6:>9.0f}{nbytes / s / 1e9:>7.1f}"
+                )
     nbytes = 16 * 32 * per_tl
     read = disk.seconds(nbytes, 1, write=False)
-    print(f"SSD default (7 GB/s read, 80 us/IO, QD1): 2 MiB block read {read * 1e6:.0f} us "
-          f"({nbytes / read / 1e9:.1f} GB/s); +host copy {link.seconds(nbytes, 64 * KiB) * 1e6:.0f} us")
+    print(
+        f"SSD default (7 GB/s read, 80 us/IO, QD1): 2 MiB block read {read * 1e6:.0f} us "
+        f"({nbytes / read / 1e9:.1f} GB/s); +host copy {link.seconds(nbytes, 64 * KiB) * 1e6:.0f} us"
+    )
 
 
 def bookkeeping() -> None:
     n = 100_000
 
     def churn() -> None:
-        s = TierStack([TierSpec("CPU", capacity_blocks=20_000), TierSpec("DISK", capacity_blocks=50_000)],
-                      2 * MiB, num_layers=32, block_size=16)
+        s = TierStack(
+            [TierSpec("CPU", capacity_blocks=20_000), TierSpec("DISK", capacity_blocks=50_000)],
+            2 * MiB,
+            num_layers=32,
+            block_size=16,
+        )
         for h in range(n):
             s.on_gpu_evict(h)
         hashes = list(range(n - 60_000, n))
@@ -50,8 +58,10 @@ def bookkeeping() -> None:
         s.promote(hashes[:10_000])
 
     ms = best_ms(churn)
-    print(f"TierStack: {n:,} evictions (cascading CPU->DISK->drop) + match 60K + promote 10K: "
-          f"{ms:.0f} ms ({ms * 1e3 / n:.2f} us per eviction)")
+    print(
+        f"TierStack: {n:,} evictions (cascading CPU->DISK->drop) + match 60K + promote 10K: "
+        f"{ms:.0f} ms ({ms * 1e3 / n:.2f} us per eviction)"
+    )
 
 
 def cpu_match() -> None:
@@ -66,8 +76,10 @@ def cpu_match() -> None:
             s.match(r)
 
     ms = best_ms(lookups)
-    print(f"TierStack.match, one CPU tier: {len(runs)} lookups of 3,000 cached blocks: {ms:.1f} ms "
-          f"({len(runs) * 3000 / ms / 1e3:.2f} M blocks/s)")
+    print(
+        f"TierStack.match, one CPU tier: {len(runs)} lookups of 3,000 cached blocks: {ms:.1f} ms "
+        f"({len(runs) * 3000 / ms / 1e3:.2f} M blocks/s)"
+    )
 
 
 if __name__ == "__main__":

@@ -24,10 +24,13 @@ def load() -> tuple[str, list[Trace]]:
         from agentkv.trace.formats import load_paths
 
         return str(src), load_paths([src])
-    reqs = [Request(t=i * 10.0, input_tokens=1000 + i, output_tokens=100, api_time=3.0, think_time=7.0)
-            for i in range(68)]
-    return "synthetic", [Trace(id=f"s{i}", block_size=64, session=Session(id=f"s{i}", requests=reqs))
-                         for i in range(119)]
+    reqs = [
+        Request(t=i * 10.0, input_tokens=1000 + i, output_tokens=100, api_time=3.0, think_time=7.0)
+        for i in range(68)
+    ]
+    return "synthetic", [
+        Trace(id=f"s{i}", block_size=64, session=Session(id=f"s{i}", requests=reqs)) for i in range(119)
+    ]
 
 
 def best(fn, reps: int = 5) -> tuple[float, int]:
@@ -61,7 +64,10 @@ def main() -> None:
     for name, fn in [
         ("simulate_schedule, one pass", lambda: simulate(traces)),
         ("simulate_schedule, warm start + shuffle", lambda: simulate(traces, warm_start=True, shuffle=True)),
-        ("simulate_schedule, cycling to 100k items", lambda: simulate(traces, cycle=True, max_requests=100_000)),
+        (
+            "simulate_schedule, cycling to 100k items",
+            lambda: simulate(traces, cycle=True, max_requests=100_000),
+        ),
         ("bare pop_due/complete loop", lambda: bare(traces)),
     ]:
         dt, n = best(fn, reps=1 if "100k" in name else 5)

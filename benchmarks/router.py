@@ -42,21 +42,33 @@ async def load(urls: list[str], rate: float, seconds: float, prompt_len: int, se
     """Open-loop load: request i is sent at i / rate; returns TTFB and end-to-end latencies (s)."""
     rng = random.Random(seed)
     n = int(rate * seconds)
-    bodies = [json.dumps({"model": "llama3-8b", "prompt": " ".join(token_text(rng.randrange(64, 4160))
-                                                                for _ in range(prompt_len)), "max_tokens": 4,
-                          "stream": True, "stream_options": {"include_usage": True}}).encode() for _ in range(n)]
+    bodies = [
+        json.dumps(
+            {
+                "model": "llama3-8b",
+                "prompt": " ".join(token_text(rng.randrange(64, 4160)) for _ in range(prompt_len)),
+                "max_tokens": 4,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ).encode()
+        for _ in range(n)
+    ]
     headers = {"Content-Type": "application/json"}
     ttfb: list[float] = []
     e2e: list[float] = []
     errors = 0
     connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
     async with aiohttp.ClientSession(connector=connector) as session:
+
         async def one(i: int, at: float) -> None:
             nonlocal errors
             await asyncio.sleep(max(0.0, at - time.perf_counter()))
             t0 = time.perf_counter()
             try:
-                async with session.post(urls[i % len(urls)] + "/v1/completions", data=bodies[i], headers=headers) as r:
+                async with session.post(
+                    urls[i % len(urls)] + "/v1/completions", data=bodies[i], headers=headers
+                ) as r:
                     first = None
                     async for _ in r.content.iter_any():
                         if first is None:
@@ -84,17 +96,21 @@ async def load(urls: list[str], rate: float, seconds: float, prompt_len: int, se
 
 
 def _report(name: str, base: dict, via: dict) -> None:
-    print(f"{name}: {via['achieved']:.0f} req/s achieved, {via['errors']} errors "
-          f"(direct: {base['achieved']:.0f} req/s, {base['errors']} errors)")
+    print(
+        f"{name}: {via['achieved']:.0f} req/s achieved, {via['errors']} errors "
+        f"(direct: {base['achieved']:.0f} req/s, {base['errors']} errors)"
+    )
     for key, label in (("ttfb", "time to first byte"), ("e2e", "end of stream")):
         b, v = base[key], via[key]
         if not b or not v:
             continue
         p50 = (statistics.median(v) - statistics.median(b)) * 1e3
         p99 = (_pct(v, 0.99) - _pct(b, 0.99)) * 1e3
-        print(f"  {label:>18}: direct p50 {statistics.median(b) * 1e3:6.2f} ms p99 {_pct(b, 0.99) * 1e3:6.2f} ms"
-              f" | via router p50 {statistics.median(v) * 1e3:6.2f} ms p99 {_pct(v, 0.99) * 1e3:6.2f} ms"
-              f" | added p50 {p50:+.2f} ms, p99 {p99:+.2f} ms")
+        print(
+            f"  {label:>18}: direct p50 {statistics.median(b) * 1e3:6.2f} ms p99 {_pct(b, 0.99) * 1e3:6.2f} ms"
+            f" | via router p50 {statistics.median(v) * 1e3:6.2f} ms p99 {_pct(v, 0.99) * 1e3:6.2f} ms"
+            f" | added p50 {p50:+.2f} ms, p99 {p99:+.2f} ms"
+        )
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -114,34 +130,59 @@ async def main() -> None:
     ap.add_argument("--peer", action="store_true", help="also measure sglang-router from .venv-peers/sglang")
     args = ap.parse_args()
     # logs: $TMPDIR/bench-router-{serve,route,sglang}.log; the second router port is sglang-router's
-    c = Cluster(Path(os.environ.get("TMPDIR", "/tmp")), args.workers, routers=2, replay=False, one_process=True,
-                prefix="bench-router-", new_session=True)
+    c = Cluster(
+        Path(os.environ.get("TMPDIR", "/tmp")),
+        args.workers,
+        routers=2,
+        replay=False,
+        one_process=True,
+        prefix="bench-router-",
+        new_session=True,
+    )
     urls = c.urls
     try:
         c.start_workers(time_scale=args.time_scale, log_level="error")
         await asyncio.to_thread(c.wait_workers)
-        router = c.start_router(["--policy", args.policy, "--tokenizer", "builtin", "--log-level", "warning"],
-                                name="route")
+        router = c.start_router(
+            ["--policy", args.policy, "--tokenizer", "builtin", "--log-level", "warning"], name="route"
+        )
         await asyncio.to_thread(c.wait_ready)
-        print(f"{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.prompt_len}-token text prompts, 4 output tokens "
-              f"streamed, {args.workers} agentkv serve workers (time-scale {args.time_scale:g}), "
-              f"{os.cpu_count()} CPUs shared by client, router and workers")
+        print(
+            f"{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.prompt_len}-token text prompts, 4 output tokens "
+            f"streamed, {args.workers} agentkv serve workers (time-scale {args.time_scale:g}), "
+            f"{os.cpu_count()} CPUs shared by client, router and workers"
+        )
         await load(urls, args.rate, 3.0, args.prompt_len, seed=0)  # the workers' cold start, discarded
         base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1)
         cpu0 = _cpu_seconds(router.pid)
         via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2)
         cpu = _cpu_seconds(router.pid) - cpu0
         _report(f"agentkv route ({args.policy})", base, via)
-        print(f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
-              f"({cpu / args.seconds * 100:.0f}% of one core at this rate)")
+        print(
+            f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
+            f"({cpu / args.seconds * 100:.0f}% of one core at this rate)"
+        )
         c.procs.stop("route")
         if args.peer:
             if not PEER.exists():
                 print(f"sglang-router: not measured ({PEER} not found; pip install sglang-router there)")
                 return
-            peer = c.procs.start("sglang", ["-m", "sglang_router.launch_router", "--worker-urls", *urls,
-                                            "--policy", "cache_aware", "--host", "127.0.0.1", "--port", str(c.router_ports[1])],
-                                 exe=[str(PEER)])
+            peer = c.procs.start(
+                "sglang",
+                [
+                    "-m",
+                    "sglang_router.launch_router",
+                    "--worker-urls",
+                    *urls,
+                    "--policy",
+                    "cache_aware",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(c.router_ports[1]),
+                ],
+                exe=[str(PEER)],
+            )
             await asyncio.to_thread(wait_http, c.router_url(1) + "/health", 90, peer)
             base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=3)
             via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4)

@@ -150,25 +150,78 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
     c = Cluster(out / "logs", w, one_process=True, prefix=f"{router}-", new_session=True)
     logs, urls, target = c.procs.logs, c.urls, c.router_url()
     try:
-        c.start_workers(time_scale=args.time_scale, log_level="error",
-                        extra=("--max-model-len", str(model_len), "--kv-cache-dtype", args.kv_cache_dtype,
-                               *args.serve_args.split()))
+        c.start_workers(
+            time_scale=args.time_scale,
+            log_level="error",
+            extra=(
+                "--max-model-len",
+                str(model_len),
+                "--kv-cache-dtype",
+                args.kv_cache_dtype,
+                *args.serve_args.split(),
+            ),
+        )
         await asyncio.to_thread(c.wait_workers, 120)
         if router == PEER:
-            proc = c.procs.start("router", ["-m", "sglang_router.launch_router", "--worker-urls", *urls,
-                                            "--policy", "cache_aware", "--host", "127.0.0.1",
-                                            "--port", str(c.router_ports[0]), "--log-level", "warn"], exe=[str(rb.PEER)])
+            proc = c.procs.start(
+                "router",
+                [
+                    "-m",
+                    "sglang_router.launch_router",
+                    "--worker-urls",
+                    *urls,
+                    "--policy",
+                    "cache_aware",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(c.router_ports[0]),
+                    "--log-level",
+                    "warn",
+                ],
+                exe=[str(rb.PEER)],
+            )
         else:
             policy, _, weight = router.partition("@")
-            proc = c.start_router(["--policy", policy, *(["--kv-weight", weight] if weight else []),
-                                   "--tokenizer", "builtin", "--health-interval", str(args.health_interval),
-                                   "--log-level", "warning"], exe=CLI)
+            proc = c.start_router(
+                [
+                    "--policy",
+                    policy,
+                    *(["--kv-weight", weight] if weight else []),
+                    "--tokenizer",
+                    "builtin",
+                    "--health-interval",
+                    str(args.health_interval),
+                    "--log-level",
+                    "warning",
+                ],
+                exe=CLI,
+            )
         await asyncio.to_thread(wait_http, target + "/health", 120, proc)
         mode = "text" if router == PEER else "token-ids"
         run_dir = out / router
-        bench = ["bench", *args.traces, "--target", target, "--lanes", str(args.lanes),
-                 "--max-requests", str(args.max_requests), "--duration", "none", "--time-scale", str(args.time_scale),
-                 "--prompt-mode", mode, "--seed", str(args.seed), "--out", str(run_dir), "--quiet", "--no-report"]
+        bench = [
+            "bench",
+            *args.traces,
+            "--target",
+            target,
+            "--lanes",
+            str(args.lanes),
+            "--max-requests",
+            str(args.max_requests),
+            "--duration",
+            "none",
+            "--time-scale",
+            str(args.time_scale),
+            "--prompt-mode",
+            mode,
+            "--seed",
+            str(args.seed),
+            "--out",
+            str(run_dir),
+            "--quiet",
+            "--no-report",
+        ]
         skipped0 = await _catchup(urls)
         cpu0, t0 = rb._cpu_seconds(proc.pid), time.monotonic()
         bp = c.procs.start("bench", bench)
@@ -178,7 +231,9 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
         cpu = rb._cpu_seconds(proc.pid) - cpu0
         skipped = (await _catchup(urls) - skipped0) / (w * wall * args.time_scale)
         if bp.returncode != 0:
-            raise RuntimeError(f"agentkv bench failed for {router} (exit {bp.returncode}); see {logs}/{router}-bench.log")
+            raise RuntimeError(
+                f"agentkv bench failed for {router} (exit {bp.returncode}); see {logs}/{router}-bench.log"
+            )
         s = json.loads((run_dir / "summary.json").read_text())
         predicted = None
         if router != PEER:
@@ -190,14 +245,30 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
             p50, p99 = await _probe(urls, target, args.probe_rate, args.probe_seconds)
         tp = s.get("throughput") or {}
         steady = _steady(run_dir / "requests.jsonl", args.warmup)
-        row = Row(router, mode, s["requests"], s["failed"], s["cache"].get("reported") or 0.0,
-                  s["cache"].get("ceiling") or 0.0, s["ttft"].get("p50") or 0.0, s["ttft"].get("p99") or 0.0,
-                  tp.get("output_tokens_per_s", 0.0), cpu / max(1, s["requests"]) * 1e3, p50, p99, predicted,
-                  skipped, *steady)
-        print(f"  {router}: {s['requests']} requests in {wall:.0f} s wall, hit {row.hit_rate:.4f} of oracle "
-              f"{row.oracle:.4f} ({row.of_oracle:.1%}); after the first {args.warmup}: {row.steady_hit:.4f} of "
-              f"{row.steady_oracle:.4f} ({row.steady_of_oracle:.1%}); workers skipped {skipped:.0%} of engine time "
-              f"(host behind)" + (f"; index predicted {predicted:.1%} hits" if predicted is not None else ""), flush=True)
+        row = Row(
+            router,
+            mode,
+            s["requests"],
+            s["failed"],
+            s["cache"].get("reported") or 0.0,
+            s["cache"].get("ceiling") or 0.0,
+            s["ttft"].get("p50") or 0.0,
+            s["ttft"].get("p99") or 0.0,
+            tp.get("output_tokens_per_s", 0.0),
+            cpu / max(1, s["requests"]) * 1e3,
+            p50,
+            p99,
+            predicted,
+            skipped,
+            *steady,
+        )
+        print(
+            f"  {router}: {s['requests']} requests in {wall:.0f} s wall, hit {row.hit_rate:.4f} of oracle "
+            f"{row.oracle:.4f} ({row.of_oracle:.1%}); after the first {args.warmup}: {row.steady_hit:.4f} of "
+            f"{row.steady_oracle:.4f} ({row.steady_of_oracle:.1%}); workers skipped {skipped:.0%} of engine time "
+            f"(host behind)" + (f"; index predicted {predicted:.1%} hits" if predicted is not None else ""),
+            flush=True,
+        )
         return row
     finally:
         c.close()
@@ -211,30 +282,59 @@ def simulate_rows(routers: list[str], args: argparse.Namespace) -> list[str]:
     from agentkv.trace.formats import load_paths
 
     traces = load_paths(args.traces, "auto")
-    lines = ["| router | hit rate | oracle | % of oracle | TTFT p50 s | TTFT p99 s |", "|---|---|---|---|---|---|"]
+    lines = [
+        "| router | hit rate | oracle | % of oracle | TTFT p50 s | TTFT p99 s |",
+        "|---|---|---|---|---|---|",
+    ]
     for router in routers:
         policy, _, weight = router.partition("@")
-        s = simulate(traces, SimConfig(engine=EngineConfig(kv_cache_dtype=args.kv_cache_dtype), workers=args.workers,
-                                       lanes=args.lanes, router=policy, kv_weight=float(weight) if weight else KV_WEIGHT,
-                                       seed=args.seed, max_requests=args.sim_requests)).summary
+        s = simulate(
+            traces,
+            SimConfig(
+                engine=EngineConfig(kv_cache_dtype=args.kv_cache_dtype),
+                workers=args.workers,
+                lanes=args.lanes,
+                router=policy,
+                kv_weight=float(weight) if weight else KV_WEIGHT,
+                seed=args.seed,
+                max_requests=args.sim_requests,
+            ),
+        ).summary
         c = s.cache
-        lines.append(f"| {router} | {c.reported:.1%} | {c.ceiling:.1%} | {c.reported / c.ceiling:.1%} | "
-                     f"{s.ttft.p50:.2f} | {s.ttft.p99:.1f} |")
+        lines.append(
+            f"| {router} | {c.reported:.1%} | {c.ceiling:.1%} | {c.reported / c.ceiling:.1%} | "
+            f"{s.ttft.p50:.2f} | {s.ttft.p99:.1f} |"
+        )
         print(f"  simulated {router}: hit {c.reported:.4f} of oracle {c.ceiling:.4f}", flush=True)
     return lines
 
 
 def _table(rows: list[Row]) -> str:
-    head = ("router", "prompts", "requests", "failed", "hit rate", "oracle", "% of oracle", "after warm-up",
-            "engine time skipped", "TTFT p50 s",
-            "TTFT p99 s", "out tok/s", "router CPU ms/req", "added TTFB p50 / p99 ms")
+    head = (
+        "router",
+        "prompts",
+        "requests",
+        "failed",
+        "hit rate",
+        "oracle",
+        "% of oracle",
+        "after warm-up",
+        "engine time skipped",
+        "TTFT p50 s",
+        "TTFT p99 s",
+        "out tok/s",
+        "router CPU ms/req",
+        "added TTFB p50 / p99 ms",
+    )
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         added = "-" if r.added_p50_ms is None else f"{r.added_p50_ms:+.1f} / {r.added_p99_ms:+.1f}"
-        lines.append(f"| {r.router} | {r.prompts} | {r.requests} | {r.failed} | {r.hit_rate:.1%} | {r.oracle:.1%} | "
-                     f"{r.of_oracle:.1%} | {r.steady_hit:.1%} / {r.steady_oracle:.1%} = {r.steady_of_oracle:.1%} | "
-                     f"{r.catchup:.0%} | {r.ttft_p50:.2f} | {r.ttft_p99:.1f} | {r.out_tok_s:,.0f} | "
-                     f"{r.router_cpu_ms:.1f} | {added} |")
+        lines.append(
+            f"| {r.router} | {r.prompts} | {r.requests} | {r.failed} | {r.hit_rate:.1%} | {r.oracle:.1%} | "
+            f"{r.of_oracle:.1%} | {r.steady_hit:.1%} / {r.steady_oracle:.1%} = {r.steady_of_oracle:.1%} | "
+            f"{r.catchup:.0%} | {r.ttft_p50:.2f} | {r.ttft_p99:.1f} | {r.out_tok_s:,.0f} | "
+            f"{r.router_cpu_ms:.1f} | {added} |"
+        )
     return "\n".join(lines)
 
 
@@ -251,28 +351,58 @@ async def main() -> int:
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--lanes", type=int, default=32)
     ap.add_argument("--max-requests", type=int, default=300, help="requests per router (0: simulator only)")
-    ap.add_argument("--time-scale", type=float, default=25.0, help="engine speed-up of the workers and the bench")
+    ap.add_argument(
+        "--time-scale", type=float, default=25.0, help="engine speed-up of the workers and the bench"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--warmup", type=int, default=100,
-                    help="requests (by due time) left out of the after-warm-up columns (default 100)")
-    ap.add_argument("--routers", default=DEFAULT,
-                    help=f"comma list of {', '.join(OURS)}, {PEER} (default {DEFAULT}); kv_aware@W sets KvAware's "
-                         "weight to W (--kv-weight W)")
-    ap.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8"],
-                    help="the workers' KV dtype, in the HTTP runs and the simulator (fp8 doubles their KV)")
-    ap.add_argument("--serve-args", default="", help="extra flags for agentkv serve, e.g. '--cpu-offload 256GB'")
-    ap.add_argument("--health-interval", type=float, default=60.0,
-                    help="our router's health-check period (default 60 s, sglang-router's default; see docs/route.md)")
+    ap.add_argument(
+        "--warmup",
+        type=int,
+        default=100,
+        help="requests (by due time) left out of the after-warm-up columns (default 100)",
+    )
+    ap.add_argument(
+        "--routers",
+        default=DEFAULT,
+        help=f"comma list of {', '.join(OURS)}, {PEER} (default {DEFAULT}); kv_aware@W sets KvAware's "
+        "weight to W (--kv-weight W)",
+    )
+    ap.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        choices=["auto", "fp8"],
+        help="the workers' KV dtype, in the HTTP runs and the simulator (fp8 doubles their KV)",
+    )
+    ap.add_argument(
+        "--serve-args", default="", help="extra flags for agentkv serve, e.g. '--cpu-offload 256GB'"
+    )
+    ap.add_argument(
+        "--health-interval",
+        type=float,
+        default=60.0,
+        help="our router's health-check period (default 60 s, sglang-router's default; see docs/route.md)",
+    )
     ap.add_argument("--probe-rate", type=float, default=50.0, help="requests/s of the latency probe")
     ap.add_argument("--probe-seconds", type=float, default=4.0, help="0 skips the latency probe")
-    ap.add_argument("--sim-requests", type=int, default=0, metavar="N",
-                    help="also run our policies in agentkv simulate for N requests (0: skip; ~1 min each at 1000)")
+    ap.add_argument(
+        "--sim-requests",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also run our policies in agentkv simulate for N requests (0: skip; ~1 min each at 1000)",
+    )
     ap.add_argument("--out", default=str(Path(os.environ.get("TMPDIR", "/tmp")) / "routing-quality"))
     ap.add_argument("--json", action="store_true", help="also print the rows as JSON")
     args = ap.parse_args()
     routers = [r.strip() for r in args.routers.split(",") if r.strip()]
-    bad = [r for r in routers if r.partition("@")[0] not in (*OURS, PEER)
-           or (r.partition("@")[2] and (r.partition("@")[0] != "kv_aware" or not _is_number(r.partition("@")[2])))]
+    bad = [
+        r
+        for r in routers
+        if r.partition("@")[0] not in (*OURS, PEER)
+        or (
+            r.partition("@")[2] and (r.partition("@")[0] != "kv_aware" or not _is_number(r.partition("@")[2]))
+        )
+    ]
     if bad:
         ap.error(f"--routers: unknown {', '.join(bad)}")
     if PEER in routers and not rb.PEER.exists():
@@ -283,25 +413,40 @@ async def main() -> int:
             ap.error(f"--traces: {p} does not exist")
     out = Path(args.out)
     model_len = _needed_model_len(args.traces)
-    print(f"{len(routers)} routers x {args.max_requests} requests, {args.lanes} lanes, {args.workers} agentkv serve "
-          f"workers (H200, Llama-3.1-8B, time-scale {args.time_scale:g}{', ' + args.serve_args if args.serve_args else ''}),"
-          f", KV {args.kv_cache_dtype}; {os.cpu_count()} CPUs shared by client, router and workers", flush=True)
+    print(
+        f"{len(routers)} routers x {args.max_requests} requests, {args.lanes} lanes, {args.workers} agentkv serve "
+        f"workers (H200, Llama-3.1-8B, time-scale {args.time_scale:g}{', ' + args.serve_args if args.serve_args else ''}),"
+        f", KV {args.kv_cache_dtype}; {os.cpu_count()} CPUs shared by client, router and workers",
+        flush=True,
+    )
     t0 = time.monotonic()
     rows = [await run_one(r, args, model_len, out) for r in routers] if args.max_requests > 0 else []
     if rows:
-        print(f"\nall runs: {time.monotonic() - t0:.0f} s wall; times in engine seconds; oracle = unbounded prefix "
-              "cache over the replayed requests (each session on one worker, unlimited KV)\n")
+        print(
+            f"\nall runs: {time.monotonic() - t0:.0f} s wall; times in engine seconds; oracle = unbounded prefix "
+            "cache over the replayed requests (each session on one worker, unlimited KV)\n"
+        )
         print(_table(rows))
     for r in rows:
         if r.predicted_hit is not None:
-            print(f"{r.router}: index predicted {r.predicted_hit:.1%} of prompt tokens cached on the chosen worker, "
-                  f"workers reported {r.hit_rate:.1%}")
+            print(
+                f"{r.router}: index predicted {r.predicted_hit:.1%} of prompt tokens cached on the chosen worker, "
+                f"workers reported {r.hit_rate:.1%}"
+            )
     if args.sim_requests > 0:
         ours = [r for r in routers if r != PEER]
         print(f"\nagentkv simulate, same plan and policies, {args.sim_requests} requests (virtual clock):")
         print("\n".join(simulate_rows(ours, args)))
     if args.json:
-        print(json.dumps([{**asdict(r), "of_oracle": r.of_oracle, "steady_of_oracle": r.steady_of_oracle} for r in rows], indent=2))
+        print(
+            json.dumps(
+                [
+                    {**asdict(r), "of_oracle": r.of_oracle, "steady_of_oracle": r.steady_of_oracle}
+                    for r in rows
+                ],
+                indent=2,
+            )
+        )
     return 0
 
 

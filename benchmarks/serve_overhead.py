@@ -35,8 +35,10 @@ def _server(conn, time_scale: float, max_seqs: int) -> None:
     from agentkv.serve.app import ServeOptions, Server
 
     async def main() -> None:
-        server = Server(EngineConfig(max_model_len=4096, max_num_seqs=max_seqs),
-                        ServeOptions(port=0, time_scale=time_scale))
+        server = Server(
+            EngineConfig(max_model_len=4096, max_num_seqs=max_seqs),
+            ServeOptions(port=0, time_scale=time_scale),
+        )
         real = server.runner.real
         due: dict[str, list[float]] = {}
         metrics_hook = server.runner.on_step
@@ -85,8 +87,9 @@ async def _client(port: int, streams: int, max_tokens: int, duration: float) -> 
     timeout = aiohttp.ClientTimeout(total=None, sock_read=60)
     async with aiohttp.ClientSession(connector=conn, timeout=timeout) as session:
         t0 = time.perf_counter()
-        await asyncio.gather(*(_stream_loop(session, url, max_tokens, t0 + duration, recv)
-                               for _ in range(streams)))
+        await asyncio.gather(
+            *(_stream_loop(session, url, max_tokens, t0 + duration, recv) for _ in range(streams))
+        )
         elapsed = time.perf_counter() - t0
     return recv, elapsed
 
@@ -113,15 +116,27 @@ def run_phase(name: str, time_scale: float, streams: int, max_tokens: int, durat
             lat.append(t_recv - t_due)
     lat.sort()
     q = statistics.quantiles(lat, n=100) if len(lat) > 100 else [float("nan")] * 99
-    out = {"phase": name, "time_scale": time_scale, "streams": streams, "requests": len(recv),
-           "tokens": tokens, "seconds": elapsed, "tokens_per_s": tokens / elapsed,
-           "p50_ms": q[49] * 1e3, "p99_ms": q[98] * 1e3, "server_cpu_us_per_token": server_cpu / max(1, tokens) * 1e6,
-           "lag_wall_s": jumped / time_scale}
-    print(f"{name:<11} time-scale {time_scale:<9.4g} {streams} streams  {len(recv):>5} requests  "
-          f"{tokens:>7} tokens in {elapsed:5.1f}s = {out['tokens_per_s']:>7.0f} tokens/s   "
-          f"server-added latency per token p50 {out['p50_ms']:6.2f} ms  p99 {out['p99_ms']:6.2f} ms   "
-          f"server CPU {out['server_cpu_us_per_token']:.0f} us/token   engine fell behind by "
-          f"{out['lag_wall_s']:.2f} s", flush=True)
+    out = {
+        "phase": name,
+        "time_scale": time_scale,
+        "streams": streams,
+        "requests": len(recv),
+        "tokens": tokens,
+        "seconds": elapsed,
+        "tokens_per_s": tokens / elapsed,
+        "p50_ms": q[49] * 1e3,
+        "p99_ms": q[98] * 1e3,
+        "server_cpu_us_per_token": server_cpu / max(1, tokens) * 1e6,
+        "lag_wall_s": jumped / time_scale,
+    }
+    print(
+        f"{name:<11} time-scale {time_scale:<9.4g} {streams} streams  {len(recv):>5} requests  "
+        f"{tokens:>7} tokens in {elapsed:5.1f}s = {out['tokens_per_s']:>7.0f} tokens/s   "
+        f"server-added latency per token p50 {out['p50_ms']:6.2f} ms  p99 {out['p99_ms']:6.2f} ms   "
+        f"server CPU {out['server_cpu_us_per_token']:.0f} us/token   engine fell behind by "
+        f"{out['lag_wall_s']:.2f} s",
+        flush=True,
+    )
     return out
 
 
@@ -132,17 +147,22 @@ def main() -> None:
     ap.add_argument("--duration", type=float, default=8.0, help="seconds per phase (default 8)")
     ap.add_argument("--rate", type=float, default=2000.0, help="paced phase: engine tokens/s (default 2000)")
     args = ap.parse_args()
-    print(f"agentkv serve overhead: {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} at start), "
-          "server and client in separate processes; every request streams the same 32-token prompt")
+    print(
+        f"agentkv serve overhead: {os.cpu_count()} CPUs (load average {os.getloadavg()[0]:.1f} at start), "
+        "server and client in separate processes; every request streams the same 32-token prompt"
+    )
     sat = run_phase("saturation", 1e6, args.streams, args.max_tokens, args.duration)
     eng = Engine(EngineConfig(max_model_len=4096, max_num_seqs=max(256, args.streams)))
     step = eng.cost.step_time([], [PROMPT_LEN + args.max_tokens // 2] * args.streams)  # a mid-request decode
     scale = step / (args.streams / args.rate)  # one decode step per streams/rate wall seconds
     paced = run_phase("paced", scale, args.streams, args.max_tokens, args.duration)
     ok = sat["tokens_per_s"] >= 2000 and args.streams >= 200
-    print(f"target (>= 2,000 tokens/s with >= 200 concurrent streams): {'met' if ok else 'NOT met'}; the paced "
-          f"engine decodes {args.rate:.0f} tokens/s in steady state, {paced['tokens_per_s']:.0f}/s over the "
-          "whole phase (prefill steps and request turnover included)")
+    print(
+        f"target (>= 2,000 tokens/s with >= 200 concurrent streams): {'met' if ok else 'NOT met'}; the paced "
+        f"engine decodes {args.rate:.0f} tokens/s in steady state, {paced['tokens_per_s']:.0f}/s over the "
+        "whole phase (prefill steps and request turnover included)"
+    )
+
 
 if __name__ == "__main__":
     main()

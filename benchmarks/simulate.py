@@ -79,20 +79,34 @@ def claude_code() -> list[Row]:
     if not src.is_dir():
         print(f"(a) skipped: {src} not found (set AGENTKV_SHARED)")
         return []
-    cfg = SimConfig(engine=EngineConfig(gpu="h200", model="llama3-8b"), workers=WORKERS, lanes=64,
-                    router="kv_aware")
+    cfg = SimConfig(
+        engine=EngineConfig(gpu="h200", model="llama3-8b"), workers=WORKERS, lanes=64, router="kv_aware"
+    )
     print(f"(a) {src}: 8x H200, Llama-3.1-8B, 64 lanes, kv_aware   load average before: {loadavg()}")
     res, lw, lc, sw, sc = timed_sim([src], cfg)
     s, n = res.summary, len(res.records)
     tin = sum(r.input_tokens for r in res.records)
     print(f"    {n:,} requests, {tin / 1e9:.2f} B input tokens; load {lw:.1f} s wall / {lc:.1f} s CPU")
     print(f"    simulate: {sw:.1f} s wall, {sc:.1f} s CPU, {res.sim_s:,.0f} s simulated")
-    print(f"    speed-up vs real time: {res.sim_s / sw:,.0f}x (wall), {res.sim_s / sc:,.0f}x (CPU);  "
-          f"requests per second: {n / sw:,.0f} (wall), {n / sc:,.0f} (CPU)")
-    print(f"    hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}), TTFT p50/p99 "
-          f"{ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, preemptions {s.preemptions:,}   load average after: {loadavg()}")
-    return [Row("agentkv, claude-code (a)", n, lw + sw, lc + sc, res.sim_s, s.cache.reported,
-                f"{res.sim_s / (lw + sw):,.0f}x real time (wall), {res.sim_s / (lc + sc):,.0f}x (CPU)")]
+    print(
+        f"    speed-up vs real time: {res.sim_s / sw:,.0f}x (wall), {res.sim_s / sc:,.0f}x (CPU);  "
+        f"requests per second: {n / sw:,.0f} (wall), {n / sc:,.0f} (CPU)"
+    )
+    print(
+        f"    hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}), TTFT p50/p99 "
+        f"{ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, preemptions {s.preemptions:,}   load average after: {loadavg()}"
+    )
+    return [
+        Row(
+            "agentkv, claude-code (a)",
+            n,
+            lw + sw,
+            lc + sc,
+            res.sim_s,
+            s.cache.reported,
+            f"{res.sim_s / (lw + sw):,.0f}x real time (wall), {res.sim_s / (lc + sc):,.0f}x (CPU)",
+        )
+    ]
 
 
 def perf_table(engine: Engine, path: Path) -> None:
@@ -105,10 +119,20 @@ def perf_table(engine: Engine, path: Path) -> None:
     ctx = np.unique(np.geomspace(1, engine.max_model_len, 64).round())
     seqs = engine.config.max_num_seqs
     batch = [[int(min(seqs, max(1, round(k / c)))) for c in ctx] for k in kv]
-    itl = np.array([[cost.decode_steps(b, b * int(c), int(c), 1)[0] * 1e3 for b, c in zip(row, ctx, strict=True)]
-                    for row in batch])
-    np.savez(path, prefill_isl=isl, prefill_ttft_ms=np.array(ttft), decode_active_kv_tokens=kv,
-             decode_context_length=ctx, decode_itl=itl)
+    itl = np.array(
+        [
+            [cost.decode_steps(b, b * int(c), int(c), 1)[0] * 1e3 for b, c in zip(row, ctx, strict=True)]
+            for row in batch
+        ]
+    )
+    np.savez(
+        path,
+        prefill_isl=isl,
+        prefill_ttft_ms=np.array(ttft),
+        decode_active_kv_tokens=kv,
+        decode_context_length=ctx,
+        decode_itl=itl,
+    )
 
 
 def dynamo_python() -> tuple[str | None, str]:
@@ -118,28 +142,40 @@ def dynamo_python() -> tuple[str | None, str]:
         return env, f"DYNAMO_PYTHON={env}"
     py = DYNAMO_VENV / "bin" / "python"
     if not py.exists():
-        bases = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10.*/bin/python"))) or \
-            [p for p in [shutil.which("python3.10")] if p]
+        bases = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10.*/bin/python"))) or [
+            p for p in [shutil.which("python3.10")] if p
+        ]
         if not bases:
             return None, "no Python 3.10 found (pyenv ~/.pyenv/versions/3.10.* or python3.10 on PATH)"
         print(f"    creating {DYNAMO_VENV} with {bases[-1]} and installing {DYNAMO_PIN} ...")
         try:
             subprocess.run([bases[-1], "-m", "venv", str(DYNAMO_VENV)], check=True, capture_output=True)
-            subprocess.run([str(py), "-m", "pip", "install", "-q", DYNAMO_PIN], check=True,
-                           capture_output=True, timeout=1800)
+            subprocess.run(
+                [str(py), "-m", "pip", "install", "-q", DYNAMO_PIN],
+                check=True,
+                capture_output=True,
+                timeout=1800,
+            )
         except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
             err = (getattr(e, "stderr", b"") or b"").decode(errors="replace").strip().splitlines()[-1:]
             return None, f"installing {DYNAMO_PIN} failed: {' '.join(err) or e}"
     probe = subprocess.run([str(py), "-c", "from dynamo.replay import run_trace_replay"], capture_output=True)
     if probe.returncode:
-        return None, f"{py} cannot import dynamo.replay: {probe.stderr.decode(errors='replace').strip()[-300:]}"
+        return (
+            None,
+            f"{py} cannot import dynamo.replay: {probe.stderr.decode(errors='replace').strip()[-300:]}",
+        )
     return str(py), str(py)
 
 
 def run_dynamo(py: str, cfg: dict) -> dict:
     env = {**os.environ, "DYN_LOG": "error"}
-    proc = subprocess.run([py, str(ROOT / "scripts" / "dynamo_replay.py"), json.dumps(cfg)],
-                          capture_output=True, env=env, text=True)
+    proc = subprocess.run(
+        [py, str(ROOT / "scripts" / "dynamo_replay.py"), json.dumps(cfg)],
+        capture_output=True,
+        env=env,
+        text=True,
+    )
     if proc.returncode:
         raise RuntimeError(f"dynamo replay failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -152,15 +188,28 @@ def mooncake(with_dynamo: bool) -> list[Row]:
         return []
     ecfg = EngineConfig(gpu="h200", model="llama3-8b")
     cfg = SimConfig(engine=ecfg, workers=WORKERS, router="kv_aware", idle_gap_cap=None)
-    print(f"(b) {src.name}: 8x H200, Llama-3.1-8B, by timestamp, kv_aware, block 16   "
-          f"load average before: {loadavg()}")
+    print(
+        f"(b) {src.name}: 8x H200, Llama-3.1-8B, by timestamp, kv_aware, block 16   "
+        f"load average before: {loadavg()}"
+    )
     res, lw, lc, sw, sc = timed_sim([src], cfg)
     s, n = res.summary, len(res.records)
-    print(f"    agentkv: {n:,} requests; load {lw:.1f} s + simulate {sw:.1f} s wall, {lc + sc:.1f} s CPU; "
-          f"{res.sim_s:,.0f} s simulated; hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}); "
-          f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms")
-    rows = [Row("agentkv, mooncake (b)", n, lw + sw, lc + sc, res.sim_s, s.cache.reported,
-                f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms")]
+    print(
+        f"    agentkv: {n:,} requests; load {lw:.1f} s + simulate {sw:.1f} s wall, {lc + sc:.1f} s CPU; "
+        f"{res.sim_s:,.0f} s simulated; hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}); "
+        f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms"
+    )
+    rows = [
+        Row(
+            "agentkv, mooncake (b)",
+            n,
+            lw + sw,
+            lc + sc,
+            res.sim_s,
+            s.cache.reported,
+            f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms",
+        )
+    ]
     if not with_dynamo:
         print("    Dynamo: skipped (--no-dynamo)")
         return rows
@@ -174,30 +223,52 @@ def mooncake(with_dynamo: bool) -> list[Row]:
         trace.write_bytes(gzip.decompress(src.read_bytes()))  # Dynamo reads plain JSONL
         npz = Path(tmp) / "agentkv_h200_llama3_8b.npz"
         perf_table(engine, npz)
-        dcfg = {"trace": str(trace), "workers": WORKERS, "block_size": ecfg.block_size, "trace_block_size": 512,
-                "num_gpu_blocks": engine.num_gpu_blocks, "max_num_seqs": ecfg.max_num_seqs,
-                "max_num_batched_tokens": ecfg.max_num_batched_tokens, "router": "kv_router",
-                "prefill_load_scale": make_policy("kv_aware").weight, "perf_npz": str(npz)}
-        print(f"    Dynamo ({why}): {engine.num_gpu_blocks:,} blocks of {ecfg.block_size} per worker, "
-              f"kv_router (prefill_load_scale {dcfg['prefill_load_scale']:g}, as kv_aware's weight), "
-              f"agentkv's cost model as its timing table   load average: {loadavg()}")
+        dcfg = {
+            "trace": str(trace),
+            "workers": WORKERS,
+            "block_size": ecfg.block_size,
+            "trace_block_size": 512,
+            "num_gpu_blocks": engine.num_gpu_blocks,
+            "max_num_seqs": ecfg.max_num_seqs,
+            "max_num_batched_tokens": ecfg.max_num_batched_tokens,
+            "router": "kv_router",
+            "prefill_load_scale": make_policy("kv_aware").weight,
+            "perf_npz": str(npz),
+        }
+        print(
+            f"    Dynamo ({why}): {engine.num_gpu_blocks:,} blocks of {ecfg.block_size} per worker, "
+            f"kv_router (prefill_load_scale {dcfg['prefill_load_scale']:g}, as kv_aware's weight), "
+            f"agentkv's cost model as its timing table   load average: {loadavg()}"
+        )
         try:
             d = run_dynamo(py, dcfg)
         except RuntimeError as e:
             print(f"    Dynamo: failed: {e}")
             return rows
     sim_s = (d["duration_ms"] or 0) / 1e3
-    print(f"    Dynamo: {d['completed_requests']:,} requests; {d['wall_s']:.1f} s wall ({d['wall_time_ms'] / 1e3:.1f} s "
-          f"inside Rust), {d['cpu_s']:.1f} s CPU; {sim_s:,.0f} s simulated; reuse "
-          f"{d['prefix_cache_reused_ratio']:.1%}; TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
-          f"TPOT p50 {d['median_tpot_ms']:,.1f} ms")
-    rows.append(Row("Dynamo 1.6.1, mooncake (b)", d["completed_requests"], d["wall_s"], d["cpu_s"], sim_s,
-                    d["prefix_cache_reused_ratio"],
-                    f"TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
-                    f"TPOT p50 {d['median_tpot_ms']:,.0f} ms"))
+    print(
+        f"    Dynamo: {d['completed_requests']:,} requests; {d['wall_s']:.1f} s wall ({d['wall_time_ms'] / 1e3:.1f} s "
+        f"inside Rust), {d['cpu_s']:.1f} s CPU; {sim_s:,.0f} s simulated; reuse "
+        f"{d['prefix_cache_reused_ratio']:.1%}; TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
+        f"TPOT p50 {d['median_tpot_ms']:,.1f} ms"
+    )
+    rows.append(
+        Row(
+            "Dynamo 1.6.1, mooncake (b)",
+            d["completed_requests"],
+            d["wall_s"],
+            d["cpu_s"],
+            sim_s,
+            d["prefix_cache_reused_ratio"],
+            f"TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
+            f"TPOT p50 {d['median_tpot_ms']:,.0f} ms",
+        )
+    )
     a, b = rows
-    print(f"    agentkv / Dynamo: {a.wall_s / b.wall_s:.2f}x wall, {a.cpu_s / b.cpu_s:.2f}x CPU "
-          f"(target: within 3x)")
+    print(
+        f"    agentkv / Dynamo: {a.wall_s / b.wall_s:.2f}x wall, {a.cpu_s / b.cpu_s:.2f}x CPU "
+        f"(target: within 3x)"
+    )
     return rows
 
 
@@ -212,13 +283,17 @@ def main() -> None:
         rows += claude_code()
     if args.only in (None, "mooncake"):
         rows += mooncake(not args.no_dynamo)
-    print(f"\n{'run':28} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
-          f"{'req/CPU s':>9} {'hit':>6}  notes")
+    print(
+        f"\n{'run':28} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
+        f"{'req/CPU s':>9} {'hit':>6}  notes"
+    )
     for r in rows:
         sim = f"{r.sim_s:,.0f}" if r.sim_s is not None else "-"
         hit = f"{r.hit:.1%}" if r.hit is not None else "-"
-        print(f"{r.name:28} {r.requests:>9,} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {sim:>8} {r.requests / r.wall_s:>10,.0f} "
-              f"{r.requests / r.cpu_s:>9,.0f} {hit:>6}  {r.note}")
+        print(
+            f"{r.name:28} {r.requests:>9,} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {sim:>8} {r.requests / r.wall_s:>10,.0f} "
+            f"{r.requests / r.cpu_s:>9,.0f} {hit:>6}  {r.note}"
+        )
     print(f"load average at the end: {loadavg()}")
 
 

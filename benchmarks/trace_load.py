@@ -32,9 +32,11 @@ def _report(label: str, paths: list[Path]) -> None:
     best, median, traces = _time(paths)
     reqs = sum(t.num_requests for t in traces)
     subs = sum(t.num_subagents for t in traces)
-    print(f"{label:<28} {len(traces):>4} traces {reqs:>7} requests {subs:>3} sub-agents "
-          f"{packed:6.1f} MB gz {raw:6.1f} MB json   best {best:6.3f} s  median {median:6.3f} s  "
-          f"({raw / best:5.1f} MB/s)")
+    print(
+        f"{label:<28} {len(traces):>4} traces {reqs:>7} requests {subs:>3} sub-agents "
+        f"{packed:6.1f} MB gz {raw:6.1f} MB json   best {best:6.3f} s  median {median:6.3f} s  "
+        f"({raw / best:5.1f} MB/s)"
+    )
 
 
 def main() -> None:

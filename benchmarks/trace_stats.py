@@ -17,15 +17,21 @@ from agentkv.trace.synth import synthesize
 
 
 def main() -> int:
-    root = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[2] / "shared/traces/claude-code"
+    root = (
+        Path(sys.argv[1])
+        if len(sys.argv) > 1
+        else Path(__file__).resolve().parents[2] / "shared/traces/claude-code"
+    )
     if not root.is_dir():
         print(f"skipped: {root} not found (pass a trace directory)")
         return 0
     traces = load_paths([root])
     report = compute(traces)
     blocks = sum(len(x.request.hash_ids) for t in traces for x in t.timeline())
-    print(f"{len(traces)} traces, {report.total.requests} requests, {blocks:,} hash ids, "
-          f"ceiling {report.total.ceiling:.5f}")
+    print(
+        f"{len(traces)} traces, {report.total.requests} requests, {blocks:,} hash ids, "
+        f"ceiling {report.total.ceiling:.5f}"
+    )
     print(f"read:      {best_s(lambda: load_paths([root]), 3):.2f} s")
     print(f"stats:     {best_s(lambda: compute(traces), 3):.2f} s  (all figures, ceiling included)")
     print(f"synth 120: {best_s(lambda: synthesize(120, 0), 3):.2f} s")

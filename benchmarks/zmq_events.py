@@ -17,10 +17,14 @@ N = 20_000
 
 
 def main() -> None:
-    batches = [[BlockStored(block_hashes=list(range(i, i + 16)), parent_block_hash=i, block_size=16)]
-               for i in range(N)]
-    with ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=N) as pub, \
-            ZmqEventSubscriber(pub.endpoint, pub.replay_endpoint) as sub:
+    batches = [
+        [BlockStored(block_hashes=list(range(i, i + 16)), parent_block_hash=i, block_size=16)]
+        for i in range(N)
+    ]
+    with (
+        ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*", buffer_steps=N) as pub,
+        ZmqEventSubscriber(pub.endpoint, pub.replay_endpoint) as sub,
+    ):
         assert pub.wait_for_subscribers(timeout=5)
         calls = []
         t0 = time.perf_counter()
@@ -39,11 +43,15 @@ def main() -> None:
         replayed = sub.replay(0, timeout=10.0)
         replay_s = time.perf_counter() - t
     calls.sort()
-    print(f"publish(): median {statistics.median(calls) * 1e6:.1f} us, p99 {calls[int(0.99 * N)] * 1e6:.1f} us "
-          f"per call (1 BlockStored of 16 hashes)")
-    print(f"delivered {got:,}/{N:,} batches in {elapsed:.2f} s: {got / elapsed:,.0f} batches/s "
-          f"(gaps {sub.stats.gaps}, recovered {sub.stats.recovered}, lost {sub.stats.lost}, "
-          f"dropped by publisher {pub.stats.dropped})")
+    print(
+        f"publish(): median {statistics.median(calls) * 1e6:.1f} us, p99 {calls[int(0.99 * N)] * 1e6:.1f} us "
+        f"per call (1 BlockStored of 16 hashes)"
+    )
+    print(
+        f"delivered {got:,}/{N:,} batches in {elapsed:.2f} s: {got / elapsed:,.0f} batches/s "
+        f"(gaps {sub.stats.gaps}, recovered {sub.stats.recovered}, lost {sub.stats.lost}, "
+        f"dropped by publisher {pub.stats.dropped})"
+    )
     print(f"replay of {len(replayed):,} buffered batches: {replay_s:.2f} s")
 
 

@@ -73,8 +73,20 @@ def generation_tokens(url: str) -> float:
 
 
 def start_server() -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, "-m", "agentkv.cli", "serve", "--port", "0", "--time-scale", "100",
-           "--max-model-len", "8192", "--served-model-name", MODEL]
+    cmd = [
+        sys.executable,
+        "-m",
+        "agentkv.cli",
+        "serve",
+        "--port",
+        "0",
+        "--time-scale",
+        "100",
+        "--max-model-len",
+        "8192",
+        "--served-model-name",
+        MODEL,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     line = proc.stdout.readline()
     m = re.search(r"http://[\d.]+:\d+", line)
@@ -98,10 +110,32 @@ def check_aiperf(py: Path, url: str, tokenizer: Path) -> bool:
     aiperf = py.parent / "aiperf"
     n = 8
     with tempfile.TemporaryDirectory() as art:
-        cmd = [str(aiperf), "profile", "--model", MODEL, "--url", url, "--endpoint-type", "chat", "--streaming",
-               "--tokenizer", str(tokenizer), "--use-server-token-count", "--request-count", str(n),
-               "--concurrency", "2", "--synthetic-input-tokens-mean", "300", "--output-tokens-mean", "16",
-               "--artifact-dir", art, "--ui-type", "none"]
+        cmd = [
+            str(aiperf),
+            "profile",
+            "--model",
+            MODEL,
+            "--url",
+            url,
+            "--endpoint-type",
+            "chat",
+            "--streaming",
+            "--tokenizer",
+            str(tokenizer),
+            "--use-server-token-count",
+            "--request-count",
+            str(n),
+            "--concurrency",
+            "2",
+            "--synthetic-input-tokens-mean",
+            "300",
+            "--output-tokens-mean",
+            "16",
+            "--artifact-dir",
+            art,
+            "--ui-type",
+            "none",
+        ]
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=art)
         export = Path(art) / "profile_export_aiperf.json"
         if p.returncode != 0 or not export.exists():
@@ -113,17 +147,35 @@ def check_aiperf(py: Path, url: str, tokenizer: Path) -> bool:
     osl = d.get("output_sequence_length", {}).get("avg")
     ttft = d.get("time_to_first_token", {}).get("p50")
     ok = done == n and not errors and osl == 16
-    say(f"{'PASS' if ok else 'FAIL'} aiperf: {done:.0f}/{n} requests, {errors or 0:.0f} errors, output length "
-        f"{osl}, TTFT p50 {ttft:.1f} ms (aiperf {d.get('aiperf_version')})")
+    say(
+        f"{'PASS' if ok else 'FAIL'} aiperf: {done:.0f}/{n} requests, {errors or 0:.0f} errors, output length "
+        f"{osl}, TTFT p50 {ttft:.1f} ms (aiperf {d.get('aiperf_version')})"
+    )
     return ok
 
 
 def check_sglang_router(py: Path, url: str, tokenizer: Path) -> bool:
     """sglang-router with --worker-urls must register the worker and forward completions and chat."""
     port = free_port()
-    cmd = [str(py), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
-           "--worker-urls", url, "--policy", "cache_aware", "--tokenizer-path", str(tokenizer),
-           "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    cmd = [
+        str(py),
+        "-m",
+        "sglang_router.launch_router",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--worker-urls",
+        url,
+        "--policy",
+        "cache_aware",
+        "--tokenizer-path",
+        str(tokenizer),
+        "--prometheus-host",
+        "127.0.0.1",
+        "--prometheus-port",
+        str(free_port()),
+    ]
     with tempfile.TemporaryFile(mode="w+") as log:
         router = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         try:
@@ -133,7 +185,9 @@ def check_sglang_router(py: Path, url: str, tokenizer: Path) -> bool:
         if detail is None:
             log.seek(0)
             detail = f"no answer through the router: {log.read()[-800:]}"
-    out = subprocess.run([str(py), "-m", "pip", "show", "sglang-router"], capture_output=True, text=True).stdout
+    out = subprocess.run(
+        [str(py), "-m", "pip", "show", "sglang-router"], capture_output=True, text=True
+    ).stdout
     v = re.search(r"^Version: (.+)$", out, re.M)
     say(f"{'PASS' if ok else 'FAIL'} sglang-router {v.group(1) if v else '?'}: {detail}")
     return ok
@@ -145,18 +199,26 @@ def _through_router(router: subprocess.Popen, router_url: str, url: str) -> tupl
     deadline = time.monotonic() + 60
     while True:
         try:
-            body = http_json(router_url + "/v1/completions",
-                             {"model": MODEL, "prompt": "hello from the router", "max_tokens": 5}, timeout=5)
+            body = http_json(
+                router_url + "/v1/completions",
+                {"model": MODEL, "prompt": "hello from the router", "max_tokens": 5},
+                timeout=5,
+            )
             break
         except OSError:
             if time.monotonic() > deadline or router.poll() is not None:
                 return False, None
             time.sleep(0.5)
-    chat = http_json(router_url + "/v1/chat/completions",
-                     {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3})
+    chat = http_json(
+        router_url + "/v1/chat/completions",
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3},
+    )
     moved = generation_tokens(url) - before
     ok = body["usage"]["completion_tokens"] == 5 and chat["usage"]["completion_tokens"] == 3 and moved >= 8
-    return ok, f"completion and chat forwarded to agentkv serve ({moved:.0f} tokens generated behind the router)"
+    return (
+        ok,
+        f"completion and chat forwarded to agentkv serve ({moved:.0f} tokens generated behind the router)",
+    )
 
 
 def main() -> int:
@@ -168,8 +230,10 @@ def main() -> int:
 
     PEERS.mkdir(exist_ok=True)
     tokenizer = write_hf_tokenizer(PEERS / "agentkv-tokenizer")
-    peers = [("aiperf", "aiperf", "aiperf", check_aiperf),
-             ("sglang-router", "sglang-router", "sglang_router", check_sglang_router)]
+    peers = [
+        ("aiperf", "aiperf", "aiperf", check_aiperf),
+        ("sglang-router", "sglang-router", "sglang_router", check_sglang_router),
+    ]
     pythons = {name: ensure_venv(name, pkg, probe, args.skip_install) for name, pkg, probe, _ in peers}
     if not any(pythons.values()):
         say("no peer could be installed; nothing checked")

@@ -71,10 +71,16 @@ def main() -> None:
         src = calibrate.calibration()
         doc = {
             "about": "Step-time cost model coefficients fitted by scripts/fit_cost.py to "
-                     "h200-llama3-shapes.json (see docs/cost-model.md).",
+            "h200-llama3-shapes.json (see docs/cost-model.md).",
             "device": src["device"],
-            "fit": {"points": len(calibrate.points()), "mape_pct": round(mape, 3), "max_abs_pct": round(worst, 3)},
-            "coefficients": {k: (float(f"{v:.6g}") if math.isfinite(v) else v) for k, v in c.to_dict().items()},
+            "fit": {
+                "points": len(calibrate.points()),
+                "mape_pct": round(mape, 3),
+                "max_abs_pct": round(worst, 3),
+            },
+            "coefficients": {
+                k: (float(f"{v:.6g}") if math.isfinite(v) else v) for k, v in c.to_dict().items()
+            },
         }
         OUT.write_text(json.dumps(doc, indent=1) + "\n")
         print(f"\nwrote {OUT}")

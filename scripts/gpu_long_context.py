@@ -21,12 +21,24 @@ SHAPES = {
     "llama3-70b": dict(h=8192, nh=64, nkv=8, hd=128, inter=28672, layers=80),
 }
 # (new tokens, past tokens): 131072 repeats a fitted point, to compare machines
-PREFILL = {"llama3-8b": [(8192, 131072), (2048, 262144), (8192, 262144), (2048, 524288), (8192, 524288)],
-           "llama3-70b": [(8192, 131072), (8192, 262144), (8192, 524288)]}
+PREFILL = {
+    "llama3-8b": [(8192, 131072), (2048, 262144), (8192, 262144), (2048, 524288), (8192, 524288)],
+    "llama3-70b": [(8192, 131072), (8192, 262144), (8192, 524288)],
+}
 # (batch, context per sequence)
-DECODE = {"llama3-8b": [(1, 131072), (1, 262144), (1, 524288), (8, 131072), (8, 262144), (8, 524288),
-                        (32, 131072), (64, 65536)],
-          "llama3-70b": [(1, 262144), (8, 131072), (8, 524288)]}
+DECODE = {
+    "llama3-8b": [
+        (1, 131072),
+        (1, 262144),
+        (1, 524288),
+        (8, 131072),
+        (8, 262144),
+        (8, 524288),
+        (32, 131072),
+        (64, 65536),
+    ],
+    "llama3-70b": [(1, 262144), (8, 131072), (8, 524288)],
+}
 
 
 def main() -> None:
@@ -80,7 +92,7 @@ def main() -> None:
             mask = causal_lower_right(new, past + new)
 
             def attn(qkv, new=new, kc=kc, vc=vc, mask=mask, c=c):
-                q = qkv[:, :c["nh"] * c["hd"]].view(1, new, c["nh"], c["hd"]).transpose(1, 2)
+                q = qkv[:, : c["nh"] * c["hd"]].view(1, new, c["nh"], c["hd"]).transpose(1, 2)
                 o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
                 return o.transpose(1, 2).reshape(new, -1)
 
@@ -98,15 +110,25 @@ def main() -> None:
             g = c["nh"] // c["nkv"]
 
             def attn(qkv, batch=batch, kc=kc, vc=vc, g=g, c=c):
-                q = qkv[:, :c["nh"] * c["hd"]].view(batch, c["nkv"], g, c["hd"])
+                q = qkv[:, : c["nh"] * c["hd"]].view(batch, c["nkv"], g, c["hd"])
                 return F.scaled_dot_product_attention(q, kc, vc).reshape(batch, -1)
 
             ms = timeit(lambda x=x, attn=attn: layer(x, attn), reps=10, warm=3)
             kv_bytes = kc.numel() * 2 * 2
-            part["decode"].append({"batch": batch, "ctx": ctx, "layer_ms": ms, "model_ms": ms * c["layers"],
-                                   "layer_GBps": (wbytes + kv_bytes) / (ms / 1e3) / 1e9})
-            print(f"{name} decode batch={batch} ctx={ctx}: {ms * c['layers']:.1f} ms/step, "
-                  f"{(wbytes + kv_bytes) / (ms / 1e3) / 1e9:,.0f} GB/s", flush=True)
+            part["decode"].append(
+                {
+                    "batch": batch,
+                    "ctx": ctx,
+                    "layer_ms": ms,
+                    "model_ms": ms * c["layers"],
+                    "layer_GBps": (wbytes + kv_bytes) / (ms / 1e3) / 1e9,
+                }
+            )
+            print(
+                f"{name} decode batch={batch} ctx={ctx}: {ms * c['layers']:.1f} ms/step, "
+                f"{(wbytes + kv_bytes) / (ms / 1e3) / 1e9:,.0f} GB/s",
+                flush=True,
+            )
             del x, kc, vc
             torch.cuda.empty_cache()
         del wqkv, wo, wgu, wd

@@ -119,12 +119,19 @@ class Procs:
     def log_path(self, name: str) -> Path:
         return self.logs / f"{self.prefix}{name}.log"
 
-    def start(self, name: str, args: Sequence[str], *, env: dict | None = None,
-              exe: Sequence[str] = CLI) -> subprocess.Popen:
+    def start(
+        self, name: str, args: Sequence[str], *, env: dict | None = None, exe: Sequence[str] = CLI
+    ) -> subprocess.Popen:
         """Run `exe + args` (by default an agentkv sub-command) under `name`."""
         with self.log_path(name).open("a" if name in self._started else "w") as log:
-            p = subprocess.Popen([*exe, *args], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                 env={**os.environ, **(env or {})}, start_new_session=self.new_session)
+            p = subprocess.Popen(
+                [*exe, *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, **(env or {})},
+                start_new_session=self.new_session,
+            )
         self._started.add(name)
         self.procs[name] = p
         return p
@@ -141,8 +148,16 @@ class Procs:
         stop_processes(self.procs.values(), grace, group=self.new_session)
 
 
-def serve_args(port: int, *, time_scale: float = 1.0, events: int | None = None, replay: int | None = None,
-               workers: int | None = None, log_level: str = "warning", extra: Sequence[str] = ()) -> list[str]:
+def serve_args(
+    port: int,
+    *,
+    time_scale: float = 1.0,
+    events: int | None = None,
+    replay: int | None = None,
+    workers: int | None = None,
+    log_level: str = "warning",
+    extra: Sequence[str] = (),
+) -> list[str]:
     """`agentkv serve` arguments; events and replay bind on `*` (ports go up by one per worker)."""
     args = ["serve", "--port", str(port), "--time-scale", str(time_scale), "--log-level", log_level]
     if workers is not None:
@@ -163,16 +178,27 @@ class Cluster:
     `spare` ports are left for the caller (a relay, say). `with Cluster(...) as c:` stops them all.
     """
 
-    def __init__(self, logs: Path, workers: int, *, routers: int = 1, events: bool = True, replay: bool = True,
-                 spare: int = 0, one_process: bool = False, prefix: str = "", new_session: bool = False) -> None:
+    def __init__(
+        self,
+        logs: Path,
+        workers: int,
+        *,
+        routers: int = 1,
+        events: bool = True,
+        replay: bool = True,
+        spare: int = 0,
+        one_process: bool = False,
+        prefix: str = "",
+        new_session: bool = False,
+    ) -> None:
         n, k = workers, workers * (1 + events + replay)
         total = k + routers + spare
         ports = list(range(b := free_port_range(total), b + total)) if one_process else free_ports(total)
         self.n, self.one_process = n, one_process
         self.http = ports[:n]
-        self.events = ports[n:2 * n] if events else []
-        self.replay = ports[k - n:k] if replay else []
-        self.router_ports, self.spare = ports[k:k + routers], ports[k + routers:]
+        self.events = ports[n : 2 * n] if events else []
+        self.replay = ports[k - n : k] if replay else []
+        self.router_ports, self.spare = ports[k : k + routers], ports[k + routers :]
         self.procs = Procs(logs, prefix=prefix, new_session=new_session)
         self._routers: list[tuple[str, int]] = []
 
@@ -191,15 +217,28 @@ class Cluster:
 
     def start_worker(self, i: int, **serve) -> subprocess.Popen:
         """(Re)start worker i (not with `one_process`); `serve`: `serve_args` keywords."""
-        return self.procs.start(f"worker{i}", serve_args(
-            self.http[i], events=self.events[i] if self.events else None,
-            replay=self.replay[i] if self.replay else None, **serve))
+        return self.procs.start(
+            f"worker{i}",
+            serve_args(
+                self.http[i],
+                events=self.events[i] if self.events else None,
+                replay=self.replay[i] if self.replay else None,
+                **serve,
+            ),
+        )
 
     def start_workers(self, **serve) -> None:
         if self.one_process:
-            self.procs.start("serve", serve_args(
-                self.http[0], workers=self.n, events=self.events[0] if self.events else None,
-                replay=self.replay[0] if self.replay else None, **serve))
+            self.procs.start(
+                "serve",
+                serve_args(
+                    self.http[0],
+                    workers=self.n,
+                    events=self.events[0] if self.events else None,
+                    replay=self.replay[0] if self.replay else None,
+                    **serve,
+                ),
+            )
         else:
             for i in range(self.n):
                 self.start_worker(i, **serve)
@@ -216,12 +255,20 @@ class Cluster:
             flags += ["--worker", spec]
         return flags
 
-    def start_router(self, extra: Sequence[str] = (), *, j: int = 0, name: str = "router",
-                     events: Sequence[str] | None = None, exe: Sequence[str] = CLI) -> subprocess.Popen:
+    def start_router(
+        self,
+        extra: Sequence[str] = (),
+        *,
+        j: int = 0,
+        name: str = "router",
+        events: Sequence[str] | None = None,
+        exe: Sequence[str] = CLI,
+    ) -> subprocess.Popen:
         """`agentkv route` on router port j in front of every worker, with the flags in `extra`."""
         self._routers.append((name, j))
-        return self.procs.start(name, ["route", "--port", str(self.router_ports[j]), *self.worker_flags(events),
-                                       *extra], exe=exe)
+        return self.procs.start(
+            name, ["route", "--port", str(self.router_ports[j]), *self.worker_flags(events), *extra], exe=exe
+        )
 
     def wait_workers(self, timeout: float = 60.0) -> None:
         for i in range(self.n):
@@ -236,7 +283,9 @@ class Cluster:
     def wait_taken_in(self, j: int = 0, timeout: float = 20.0) -> None:
         """Until router j counts every worker up (`agentkv_router_worker_up`), that is in rotation."""
         deadline = time.monotonic() + timeout
-        while (up := metric_sum(get_text(self.router_url(j) + "/metrics"), "agentkv_router_worker_up")) < self.n:
+        while (
+            up := metric_sum(get_text(self.router_url(j) + "/metrics"), "agentkv_router_worker_up")
+        ) < self.n:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the router took {up:g} of {self.n} workers in")
             time.sleep(0.1)

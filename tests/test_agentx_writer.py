@@ -31,10 +31,14 @@ def _same(a: Trace, b: Trace) -> bool:
     """Equal apart from provenance (`source`, `format`), which names the file actually read, and
     sub-agent spawn offsets, which travel as end times rounded to microseconds (so within 1e-6)."""
     b = msgspec.structs.replace(b, source=a.source, format=a.format)
-    close = all(abs(x - y) <= 1e-6 * max(1.0, abs(x)) for x, y in
-                zip(_spawns(a.session), _spawns(b.session), strict=True))
-    return close and (msgspec.structs.replace(b, session=_zero_spawns(b.session))
-                      == msgspec.structs.replace(a, session=_zero_spawns(a.session)))
+    close = all(
+        abs(x - y) <= 1e-6 * max(1.0, abs(x))
+        for x, y in zip(_spawns(a.session), _spawns(b.session), strict=True)
+    )
+    return close and (
+        msgspec.structs.replace(b, session=_zero_spawns(b.session))
+        == msgspec.structs.replace(a, session=_zero_spawns(a.session))
+    )
 
 
 def _with_default_think_time(x):
@@ -73,14 +77,30 @@ def test_mooncake_round_trip(shared_dir, tmp_path):
 
 def _tree() -> Trace:
     def r(t, **kw):
-        return Request(t=t, input_tokens=100, output_tokens=5, hash_ids=[1, 2], model=kw.pop("model", "big"), **kw)
+        return Request(
+            t=t, input_tokens=100, output_tokens=5, hash_ids=[1, 2], model=kw.pop("model", "big"), **kw
+        )
 
     inner = Session(id="root/a1/b1", t=0.5, requests=[r(0.0, model="tiny")], agent_type="Plan", duration=0.25)
-    a1 = Session(id="root/a1", t=2.0, requests=[r(0.0, model="small"), r(1.0, model="small")], subagents=[inner],
-                 agent_type="Explore", status="completed", duration=12.5, total_tokens=7, tool_use_count=2)
+    a1 = Session(
+        id="root/a1",
+        t=2.0,
+        requests=[r(0.0, model="small"), r(1.0, model="small")],
+        subagents=[inner],
+        agent_type="Explore",
+        status="completed",
+        duration=12.5,
+        total_tokens=7,
+        tool_use_count=2,
+    )
     a2 = Session(id="root/a2", t=10.0, requests=[r(0.0, model="small")])
-    root = Session(id="root", requests=[r(0.0), r(2.0, kind="s"), r(5.0, api_time=1.5, ttft=0.2), r(12.0)],
-                   subagents=[a1, a2], tool_tokens=11, system_tokens=3)
+    root = Session(
+        id="root",
+        requests=[r(0.0), r(2.0, kind="s"), r(5.0, api_time=1.5, ttft=0.2), r(12.0)],
+        subagents=[a1, a2],
+        tool_tokens=11,
+        system_tokens=3,
+    )
     return Trace(id="root", block_size=64, session=root)
 
 
@@ -95,14 +115,29 @@ def test_subagents_nested_inline_at_their_spawn_time(tmp_path):
     t = _tree()
     doc = to_agentx(t)
     # a sub-agent is written at its end (spawn + duration), as kv-cache-tester stamps it
-    assert [(x["type"], x["t"]) for x in doc["requests"]] == \
-        [("n", 0.0), ("s", 2.0), ("n", 5.0), ("subagent", 10.0), ("n", 12.0), ("subagent", 14.5)]
+    assert [(x["type"], x["t"]) for x in doc["requests"]] == [
+        ("n", 0.0),
+        ("s", 2.0),
+        ("n", 5.0),
+        ("subagent", 10.0),
+        ("n", 12.0),
+        ("subagent", 14.5),
+    ]
     a1 = doc["requests"][5]
-    assert (a1["agent_id"], a1["subagent_type"], a1["duration_ms"], a1["models"]) == ("a1", "Explore", 12500, ["small"])
+    assert (a1["agent_id"], a1["subagent_type"], a1["duration_ms"], a1["models"]) == (
+        "a1",
+        "Explore",
+        12500,
+        ["small"],
+    )
     assert [x["type"] for x in a1["requests"]] == ["n", "subagent", "n"]
     assert a1["requests"][1]["agent_id"] == "b1"
-    assert doc["totals"] == {"parent_tokens": {"input": 400, "output": 20}, "subagent_tokens": {"input": 400, "output": 20},
-                             "combined_tokens": {"input": 800, "output": 40}, "subagent_count": 3}
+    assert doc["totals"] == {
+        "parent_tokens": {"input": 400, "output": 20},
+        "subagent_tokens": {"input": 400, "output": 20},
+        "combined_tokens": {"input": 800, "output": 40},
+        "subagent_count": 3,
+    }
     assert doc["models"] == ["big"] and "replay" not in doc
     assert _same(t, load(write_agentx(t, tmp_path / "tree.json"))[0])
 
@@ -125,10 +160,21 @@ def _requests(draw, bs):
     for _ in range(draw(st.integers(0, 4))):
         n_in = draw(st.integers(0, 5000))
         ids = draw(st.lists(st.integers(0, 2**63 - 1), max_size=-(-n_in // bs)))
-        out.append(Request(t=draw(_secs), input_tokens=n_in, output_tokens=draw(st.integers(0, 10**6)), hash_ids=ids,
-                           think_time=draw(_secs), model=draw(st.text(max_size=8)), kind=draw(st.sampled_from("ns")),
-                           stop=draw(st.text(max_size=5)), api_time=draw(st.none() | _secs),
-                           ttft=draw(st.none() | _secs), input_types=draw(st.lists(st.text(max_size=4), max_size=2))))
+        out.append(
+            Request(
+                t=draw(_secs),
+                input_tokens=n_in,
+                output_tokens=draw(st.integers(0, 10**6)),
+                hash_ids=ids,
+                think_time=draw(_secs),
+                model=draw(st.text(max_size=8)),
+                kind=draw(st.sampled_from("ns")),
+                stop=draw(st.text(max_size=5)),
+                api_time=draw(st.none() | _secs),
+                ttft=draw(st.none() | _secs),
+                input_types=draw(st.lists(st.text(max_size=4), max_size=2)),
+            )
+        )
     return out
 
 
@@ -139,23 +185,38 @@ def _session(draw, sid, bs, depth):
         for i in range(draw(st.integers(0, 2))):
             agent = draw(st.text(min_size=1, max_size=6)) + f"#{i}"
             sub = draw(_session(f"{sid}/{agent}", bs, depth + 1))
-            subs.append(msgspec.structs.replace(
-                sub, t=draw(_ms_secs), agent_type=draw(st.text(max_size=6)), status=draw(st.text(max_size=6)),
-                duration=draw(st.none() | _ms_secs),  # recorded in ms
-                total_tokens=draw(st.none() | st.integers(0, 10**9)),
-                tool_use_count=draw(st.none() | st.integers(0, 100))))
+            subs.append(
+                msgspec.structs.replace(
+                    sub,
+                    t=draw(_ms_secs),
+                    agent_type=draw(st.text(max_size=6)),
+                    status=draw(st.text(max_size=6)),
+                    duration=draw(st.none() | _ms_secs),  # recorded in ms
+                    total_tokens=draw(st.none() | st.integers(0, 10**9)),
+                    tool_use_count=draw(st.none() | st.integers(0, 100)),
+                )
+            )
     subs.sort(key=lambda x: (x.t, x.t + (x.duration or 0.0)))  # the model's order: spawn, then end
-    return Session(id=sid, requests=draw(_requests(bs)), subagents=subs,
-                   tool_tokens=draw(st.integers(0, 10**5)), system_tokens=draw(st.integers(0, 10**5)))
+    return Session(
+        id=sid,
+        requests=draw(_requests(bs)),
+        subagents=subs,
+        tool_tokens=draw(st.integers(0, 10**5)),
+        system_tokens=draw(st.integers(0, 10**5)),
+    )
 
 
 @st.composite
 def _traces(draw):
     bs = draw(st.sampled_from([16, 64, 512]))
     tid = draw(st.text(min_size=1, max_size=10))
-    return Trace(id=tid, block_size=bs, session=draw(_session(tid, bs, 0)),
-                 hash_id_scope=draw(st.sampled_from(["local", "global"])),
-                 replay=draw(st.sampled_from(["session", "timestamp"])))
+    return Trace(
+        id=tid,
+        block_size=bs,
+        session=draw(_session(tid, bs, 0)),
+        hash_id_scope=draw(st.sampled_from(["local", "global"])),
+        replay=draw(st.sampled_from(["session", "timestamp"])),
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -22,8 +22,11 @@ BENCH = [sys.executable, "-m", "agentkv.cli", "bench"]
 @pytest.fixture
 def server():
     """The test server in its own process (tokens 2 ms apart), so the bench can be killed on its own."""
-    p = subprocess.Popen([sys.executable, "-m", "agentkv.bench.testserver", "--port", "0", "--itl", "0.002"],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agentkv.bench.testserver", "--port", "0", "--itl", "0.002"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         url = p.stdout.readline().strip()
         assert url.startswith("http://127.0.0.1:"), url
@@ -35,9 +38,26 @@ def server():
 
 def _start(url: str, out: Path, preexec_fn=None) -> subprocess.Popen:
     # bundled sample, gaps 200x shorter: many requests of ~0.5 s each
-    return subprocess.Popen([*BENCH, "--target", url, "--out", str(out), "--duration", "none", "--quiet",
-                             "--time-scale", "200", "--lanes", "3"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=preexec_fn)
+    return subprocess.Popen(
+        [
+            *BENCH,
+            "--target",
+            url,
+            "--out",
+            str(out),
+            "--duration",
+            "none",
+            "--quiet",
+            "--time-scale",
+            "200",
+            "--lanes",
+            "3",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=preexec_fn,
+    )
 
 
 def _wait_lines(path: Path, n: int, proc: subprocess.Popen, limit: float = 60.0) -> None:
@@ -67,8 +87,11 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-@pytest.mark.parametrize("sig, inherited", [(signal.SIGINT, None), (signal.SIGTERM, None),
-                                            (signal.SIGINT, _ignore_sigint)], ids=["ctrl-c", "term", "ctrl-c-bg"])
+@pytest.mark.parametrize(
+    "sig, inherited",
+    [(signal.SIGINT, None), (signal.SIGTERM, None), (signal.SIGINT, _ignore_sigint)],
+    ids=["ctrl-c", "term", "ctrl-c-bg"],
+)
 def test_ctrl_c_still_writes_summary_and_report(server, tmp_path, sig, inherited):
     """Ctrl-C or SIGTERM stops the run and writes what finished, also for a bench started in the
     background, whose SIGINT the shell set to ignored."""
@@ -89,8 +112,12 @@ def test_down_target_is_one_clear_error(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    p = subprocess.run([*BENCH, "--target", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "o"), "-q"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [*BENCH, "--target", f"http://127.0.0.1:{port}", "--out", str(tmp_path / "o"), "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2
     lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
     assert len(lines) == 1 and f"target http://127.0.0.1:{port} is not reachable" in lines[0]
@@ -98,8 +125,12 @@ def test_down_target_is_one_clear_error(tmp_path):
 
 
 def test_bad_flags_are_one_line(tmp_path):
-    for flags, needle in ((["--slo", "speed=3"], "--slo"), (["--duration", "soon"], "--duration"),
-                          (["--lanes", "0"], "--lanes")):
-        p = subprocess.run([*BENCH, "--target", "http://127.0.0.1:9", *flags], capture_output=True, text=True,
-                           timeout=60)
+    for flags, needle in (
+        (["--slo", "speed=3"], "--slo"),
+        (["--duration", "soon"], "--duration"),
+        (["--lanes", "0"], "--lanes"),
+    ):
+        p = subprocess.run(
+            [*BENCH, "--target", "http://127.0.0.1:9", *flags], capture_output=True, text=True, timeout=60
+        )
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr

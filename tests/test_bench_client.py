@@ -17,10 +17,20 @@ def _run(coro):
     return asyncio.run(coro)
 
 
-async def _one(behave=None, *, max_tokens=5, prompt=None, api="completions", timeout=30.0, max_model_len=1 << 20,
-               repeat=1):
-    async with StreamTestServer(behave=behave, max_model_len=max_model_len) as srv, \
-            BenchClient(srv.url, api=api, timeout=timeout) as c:
+async def _one(
+    behave=None,
+    *,
+    max_tokens=5,
+    prompt=None,
+    api="completions",
+    timeout=30.0,
+    max_model_len=1 << 20,
+    repeat=1,
+):
+    async with (
+        StreamTestServer(behave=behave, max_model_len=max_model_len) as srv,
+        BenchClient(srv.url, api=api, timeout=timeout) as c,
+    ):
         p = prompt if prompt is not None else list(range(100, 164))
         if api == "chat":
             p = "hello there " * 20
@@ -54,11 +64,14 @@ def test_chat_api_streams_deltas():
     assert "messages" in srv.seen[0]
 
 
-@pytest.mark.parametrize("behave, reason", [
-    (lambda b, n: Behaviour(status=500), "http_500"),
-    (lambda b, n: Behaviour(status=429), "http_429"),
-    (lambda b, n: Behaviour(reset_after=3), "reset"),
-])
+@pytest.mark.parametrize(
+    "behave, reason",
+    [
+        (lambda b, n: Behaviour(status=500), "http_500"),
+        (lambda b, n: Behaviour(status=429), "http_429"),
+        (lambda b, n: Behaviour(reset_after=3), "reset"),
+    ],
+)
 def test_failures_are_reported_not_raised(behave, reason):
     (res,), _ = _run(_one(behave, max_tokens=8))
     assert not res.ok
@@ -119,7 +132,9 @@ def test_raw_token_prompt_is_sent_verbatim():
 def test_helpers():
     assert normalize_target("127.0.0.1:8000/v1/") == "http://127.0.0.1:8000"
     assert normalize_target("https://x.example/") == "https://x.example"
-    assert classify_http_error(400, "This model's maximum context length is 8192 tokens") == "context_overflow"
+    assert (
+        classify_http_error(400, "This model's maximum context length is 8192 tokens") == "context_overflow"
+    )
     assert classify_http_error(400, "max_model_len exceeded") == "context_overflow"
     assert classify_http_error(400, "bad temperature") == "http_400"
     assert classify_http_error(503, "context length") == "http_503"

@@ -11,8 +11,12 @@ import pytest
 
 from agentkv.bench.http1 import Http1Pool, HttpError, _Exchange
 
-EVENTS = [b'{"choices":[{"text":"a"}]}', b'{"choices":[{"text":"b\\nc"}]}', b'{"usage":{"prompt_tokens":3}}',
-          b"[DONE]"]
+EVENTS = [
+    b'{"choices":[{"text":"a"}]}',
+    b'{"choices":[{"text":"b\\nc"}]}',
+    b'{"usage":{"prompt_tokens":3}}',
+    b"[DONE]",
+]
 
 
 def _chunked(parts: list[bytes], *, ext: bool = False, trailer: bool = False) -> bytes:
@@ -31,7 +35,9 @@ def _feed(raw: bytes, cuts: list[int]) -> tuple[list[bytes], bool]:
     loop = asyncio.new_event_loop()
     try:
         got: list[bytes] = []
-        ex = _Exchange(lambda ps, now: got.extend(p.strip() for p in ps), time.perf_counter, loop.create_future())
+        ex = _Exchange(
+            lambda ps, now: got.extend(p.strip() for p in ps), time.perf_counter, loop.create_future()
+        )
         prev = 0
         for c in [*cuts, len(raw)]:
             ex.feed(raw[prev:c])
@@ -41,7 +47,9 @@ def _feed(raw: bytes, cuts: list[int]) -> tuple[list[bytes], bool]:
         loop.close()
 
 
-@pytest.mark.parametrize("ext, trailer, crlf", [(False, False, False), (True, True, False), (False, False, True)])
+@pytest.mark.parametrize(
+    "ext, trailer, crlf", [(False, False, False), (True, True, False), (False, False, True)]
+)
 def test_chunked_sse_parsed_for_every_split(ext, trailer, crlf):
     raw = _chunked(_sse(crlf), ext=ext, trailer=trailer)
     assert _feed(raw, []) == (EVENTS, True)
@@ -55,7 +63,7 @@ def test_chunked_sse_parsed_for_every_split(ext, trailer, crlf):
 
 def test_events_split_across_chunks():
     body = b"".join(_sse())
-    parts = [body[i:i + 7] for i in range(0, len(body), 7)]  # chunk boundaries inside lines
+    parts = [body[i : i + 7] for i in range(0, len(body), 7)]  # chunk boundaries inside lines
     raw = _chunked(parts)
     assert _feed(raw, []) == (EVENTS, True)
     assert _feed(raw, list(range(1, len(raw), 5))) == (EVENTS, True)
@@ -100,8 +108,11 @@ async def _server(answer_on_reuse: bool):
                 head = await reader.readuntil(b"\r\n\r\n")
             except (asyncio.IncompleteReadError, ConnectionError):
                 break
-            length = next(int(ln.split(b":")[1]) for ln in head.split(b"\r\n")
-                          if ln.lower().startswith(b"content-length"))
+            length = next(
+                int(ln.split(b":")[1])
+                for ln in head.split(b"\r\n")
+                if ln.lower().startswith(b"content-length")
+            )
             await reader.readexactly(length)
             n += 1
             if n > 1 and not answer_on_reuse:
@@ -122,8 +133,9 @@ def test_keep_alive_reuse_and_stale_connection_retry(answer_on_reuse):
         pool = Http1Pool(f"http://127.0.0.1:{port}")
         got: list[bytes] = []
         for _ in range(3):
-            status, _ = await pool.post_stream("/v1/completions", b"{}", lambda ps, now: got.extend(p.strip() for p in ps),
-                                               time.perf_counter)
+            status, _ = await pool.post_stream(
+                "/v1/completions", b"{}", lambda ps, now: got.extend(p.strip() for p in ps), time.perf_counter
+            )
             assert status == 200
         pool.close()
         srv.close()

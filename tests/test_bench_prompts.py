@@ -13,9 +13,11 @@ from agentkv.trace.tokens import encode
 
 
 def _items(scope: str = "local"):
-    reqs = [Request(t=0, input_tokens=70, output_tokens=2, hash_ids=[5, 6]),  # 2 blocks of 32 + 6 tokens
-            Request(t=1, input_tokens=150, output_tokens=2, hash_ids=[5, 6, 9, 11]),  # filler past block 11
-            Request(t=2, input_tokens=40, output_tokens=2, hash_ids=[5, 6, 9])]  # shorter than its blocks
+    reqs = [
+        Request(t=0, input_tokens=70, output_tokens=2, hash_ids=[5, 6]),  # 2 blocks of 32 + 6 tokens
+        Request(t=1, input_tokens=150, output_tokens=2, hash_ids=[5, 6, 9, 11]),  # filler past block 11
+        Request(t=2, input_tokens=40, output_tokens=2, hash_ids=[5, 6, 9]),
+    ]  # shorter than its blocks
     t = Trace(id="tr", block_size=32, session=Session(id="tr", requests=reqs), hash_id_scope=scope)
     return [sp.item for sp in simulate_schedule(ReplayPlan([t], lanes=1), lambda it: 1.0)]
 

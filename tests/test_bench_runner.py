@@ -15,14 +15,30 @@ from agentkv.metrics.records import read_records
 from agentkv.trace.model import Request, Session, Trace
 
 
-def turns(sid: str, n: int, *, base: int = 0, gap: float = 0.0, out: int = 3, start_blocks: int = 4,
-          grow: int = 2, bs: int = 16) -> list[Request]:
+def turns(
+    sid: str,
+    n: int,
+    *,
+    base: int = 0,
+    gap: float = 0.0,
+    out: int = 3,
+    start_blocks: int = 4,
+    grow: int = 2,
+    bs: int = 16,
+) -> list[Request]:
     """A session of `n` turns whose context grows by `grow` blocks per turn (each turn extends the last)."""
     reqs = []
     for i in range(n):
         k = start_blocks + grow * i
-        reqs.append(Request(t=i * 0.001, input_tokens=k * bs, output_tokens=out,
-                            hash_ids=list(range(base, base + k)), think_time=gap if i else 0.0))
+        reqs.append(
+            Request(
+                t=i * 0.001,
+                input_tokens=k * bs,
+                output_tokens=out,
+                hash_ids=list(range(base, base + k)),
+                think_time=gap if i else 0.0,
+            )
+        )
     return reqs
 
 
@@ -117,9 +133,17 @@ def test_errors_are_recorded_and_the_run_goes_on(tmp_path):
 
 
 def test_context_overflow_above_one_percent_marks_the_run_invalid():
-    long = Trace(id="long", block_size=16, session=Session(id="long", requests=[
-        Request(t=0, input_tokens=64, output_tokens=2, hash_ids=[1, 2, 3, 4]),
-        Request(t=0.001, input_tokens=400, output_tokens=2, hash_ids=list(range(1, 26)))]))
+    long = Trace(
+        id="long",
+        block_size=16,
+        session=Session(
+            id="long",
+            requests=[
+                Request(t=0, input_tokens=64, output_tokens=2, hash_ids=[1, 2, 3, 4]),
+                Request(t=0.001, input_tokens=400, output_tokens=2, hash_ids=list(range(1, 26))),
+            ],
+        ),
+    )
     res, _ = run(cfg(lanes=1), [long], max_model_len=128)
     s = res.summary
     assert s.errors == {"context_overflow": 1}

@@ -26,7 +26,9 @@ def test_parse_and_snapshot():
     assert m["vllm:prefix_cache_queries_total"] == [1000.0, 500.0]
     assert "http_requests_total" not in m  # NaN dropped
     s = snapshot(VLLM)
-    assert s == MetricsSnapshot(prefix_queries=1500.0, prefix_hits=750.0, kv_usage=0.375, running=3.0, waiting=1.0)
+    assert s == MetricsSnapshot(
+        prefix_queries=1500.0, prefix_hits=750.0, kv_usage=0.375, running=3.0, waiting=1.0
+    )
 
 
 def test_older_and_sglang_names():

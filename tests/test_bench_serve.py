@@ -24,9 +24,16 @@ SCALE = 20.0
 
 def turns(n: int, *, base: int = 0, gap: float = 0.0, start_blocks: int = 8, grow: int = 4) -> list[Request]:
     """`n` turns, each extending the previous turn's blocks by `grow` blocks of 16 tokens."""
-    return [Request(t=0.001 * i, input_tokens=(start_blocks + grow * i) * 16, output_tokens=4,
-                    hash_ids=list(range(base, base + start_blocks + grow * i)), think_time=gap if i else 0.0)
-            for i in range(n)]
+    return [
+        Request(
+            t=0.001 * i,
+            input_tokens=(start_blocks + grow * i) * 16,
+            output_tokens=4,
+            hash_ids=list(range(base, base + start_blocks + grow * i)),
+            think_time=gap if i else 0.0,
+        )
+        for i in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -48,7 +55,9 @@ def test_cached_tokens_grow_across_turns(serve):
     cached = [r.cached_tokens for r in recs]
     assert cached[0] == 0
     assert all(b > a for a, b in zip(cached, cached[1:], strict=False)), cached
-    assert all(c >= prev.input_tokens - 16 for c, prev in zip(cached[1:], recs, strict=False))  # the whole prior turn
+    assert all(
+        c >= prev.input_tokens - 16 for c, prev in zip(cached[1:], recs, strict=False)
+    )  # the whole prior turn
     assert [r.input_tokens for r in recs] == [r.input_tokens for r in sorted(recs, key=lambda r: r.id)]
     s = res.summary
     assert s.cache.metrics is not None and s.cache.reported is not None
@@ -74,8 +83,15 @@ def test_subagents_overlap_their_parent(serve):
 def test_server_killed_mid_run_leaves_a_valid_summary(tmp_path):
     t = Trace(id="k", block_size=16, session=Session(id="k", requests=turns(30, gap=0.5)))
     with EmbeddedServer(time_scale=SCALE) as srv:
-        cfg = BenchConfig(target=srv.url, duration=None, idle_gap_cap=None, time_scale=SCALE, lanes=1,
-                          sample_every=0.1, timeout=5.0)
+        cfg = BenchConfig(
+            target=srv.url,
+            duration=None,
+            idle_gap_cap=None,
+            time_scale=SCALE,
+            lanes=1,
+            sample_every=0.1,
+            timeout=5.0,
+        )
         run = BenchRun(cfg, [t], out=tmp_path)
 
         async def go():
@@ -98,31 +114,69 @@ def test_server_killed_mid_run_leaves_a_valid_summary(tmp_path):
 def test_compare_simulate_and_bench_of_the_same_traces(tmp_path):
     cli = [sys.executable, "-m", "agentkv.cli"]
     traces = tmp_path / "traces"
-    subprocess.run([*cli, "trace", "synth", "--sessions", "2", "--seed", "3", "-o", str(traces)], check=True,
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [*cli, "trace", "synth", "--sessions", "2", "--seed", "3", "-o", str(traces)],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
     common = [str(traces), "--lanes", "2", "--max-requests", "10", "--idle-gap-cap", "2s"]
-    subprocess.run([*cli, "simulate", *common, "--out", str(tmp_path / "sim"), "-q"], check=True,
-                   capture_output=True, timeout=300)
-    b = subprocess.run([*cli, "bench", *common, "--out", str(tmp_path / "bench"), "--time-scale", str(SCALE),
-                        "--duration", "none", "-q"], capture_output=True, text=True, timeout=300)
+    subprocess.run(
+        [*cli, "simulate", *common, "--out", str(tmp_path / "sim"), "-q"],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    b = subprocess.run(
+        [
+            *cli,
+            "bench",
+            *common,
+            "--out",
+            str(tmp_path / "bench"),
+            "--time-scale",
+            str(SCALE),
+            "--duration",
+            "none",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert b.returncode == 0, b.stderr
-    assert {p.name for p in (tmp_path / "bench").iterdir()} == {"requests.jsonl", "summary.json", "report.html"}
-    p = subprocess.run([*cli, "compare", str(tmp_path / "sim"), str(tmp_path / "bench")], capture_output=True,
-                       text=True, timeout=60, env={**os.environ, "COLUMNS": "160"})
+    assert {p.name for p in (tmp_path / "bench").iterdir()} == {
+        "requests.jsonl",
+        "summary.json",
+        "report.html",
+    }
+    p = subprocess.run(
+        [*cli, "compare", str(tmp_path / "sim"), str(tmp_path / "bench")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "160"},
+    )
     assert p.returncode == 0, p.stderr
     out = p.stdout
     assert "simulate" in out and "bench" in out
     req = next(ln for ln in out.splitlines() if ln.lstrip("│ ").startswith("requests "))
     assert req.count("10") >= 2  # both ran the same 10 requests
-    sim, bench = read_summary(tmp_path / "sim" / "summary.json"), read_summary(tmp_path / "bench" / "summary.json")
+    sim, bench = (
+        read_summary(tmp_path / "sim" / "summary.json"),
+        read_summary(tmp_path / "bench" / "summary.json"),
+    )
     assert sim.input_tokens == bench.input_tokens and sim.cache.ceiling == pytest.approx(bench.cache.ceiling)
     assert bench.cache.reported == pytest.approx(sim.cache.reported, abs=0.05)
     assert Path(tmp_path / "bench" / "report.html").stat().st_size > 5000
 
 
 def test_embedded_server_dies_with_a_killed_bench(tmp_path):
-    p = subprocess.Popen([sys.executable, "-m", "agentkv.cli", "bench", "--duration", "60s", "-q",
-                          "--out", str(tmp_path)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agentkv.cli", "bench", "--duration", "60s", "-q", "--out", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         server = None
         for _ in range(1200):  # until bench has started its server (exec'd: its command line says serve)

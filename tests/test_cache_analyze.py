@@ -144,7 +144,9 @@ def test_too_big_requests_count_as_misses(sample):
     lanes = {r.session for r in fit}
     assert sum(r.last for r in fit) == len(lanes)
     res = analyze(sample, make_grid("1GB", "64", "lru")).results[0]  # 119 blocks: nothing fits
-    assert res.too_big == 178 and res.hit_tokens == 0 and res.query_tokens == sum(r.input_tokens for r in reqs)
+    assert (
+        res.too_big == 178 and res.hit_tokens == 0 and res.query_tokens == sum(r.input_tokens for r in reqs)
+    )
 
 
 def test_parallel_workers_give_the_same_results(sample):
@@ -157,17 +159,54 @@ def test_parallel_workers_give_the_same_results(sample):
 
 def test_json_output_shape(capsys):
     sample = [str(p) for p in bundled_sample()][1:]
-    assert main(["cache", "analyze", *sample, "--capacity", "8GB,16GB", "--block-size", "64",
-                 "--policy", "lru,belady", "--json", "-q", "-j", "1"]) == 0
+    assert (
+        main(
+            [
+                "cache",
+                "analyze",
+                *sample,
+                "--capacity",
+                "8GB,16GB",
+                "--block-size",
+                "64",
+                "--policy",
+                "lru,belady",
+                "--json",
+                "-q",
+                "-j",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = json.loads(capsys.readouterr().out)
-    assert {"model", "kv_cache_dtype", "kv_bytes_per_token", "traces", "requests", "input_tokens", "order",
-            "concurrency", "cpu", "cpu_bytes", "capacities", "block_sizes", "policies", "ceilings", "results",
-            "seconds"} <= set(out)
+    assert {
+        "model",
+        "kv_cache_dtype",
+        "kv_bytes_per_token",
+        "traces",
+        "requests",
+        "input_tokens",
+        "order",
+        "concurrency",
+        "cpu",
+        "cpu_bytes",
+        "capacities",
+        "block_sizes",
+        "policies",
+        "ceilings",
+        "results",
+        "seconds",
+    } <= set(out)
     assert out["model"] == "Llama-3.1-8B" and out["kv_bytes_per_token"] == 131072 and out["traces"] == 2
     assert out["capacities"] == ["8GB", "16GB"] and out["policies"] == ["lru", "belady"]
     assert [c["block_size"] for c in out["ceilings"]] == [64]
     assert [(r["capacity"], r["policy"]) for r in out["results"]] == [
-        ("8GB", "lru"), ("8GB", "belady"), ("16GB", "lru"), ("16GB", "belady")]
+        ("8GB", "lru"),
+        ("8GB", "belady"),
+        ("16GB", "lru"),
+        ("16GB", "belady"),
+    ]
     r = out["results"][0]
     assert r["capacity_bytes"] == 8 * 10**9 and r["num_blocks"] == 8 * 10**9 // (64 * 131072)
     assert r["hit_rate"] == pytest.approx(r["hit_tokens"] / r["query_tokens"])
@@ -177,8 +216,27 @@ def test_json_output_shape(capsys):
 def test_table_and_fp8(capsys, monkeypatch):
     monkeypatch.setenv("COLUMNS", "200")
     sample = [str(p) for p in bundled_sample()][2:]
-    assert main(["cache", "analyze", *sample, "--capacity", "4GB", "--block-size", "64", "--policy", "lru,belady",
-                 "--kv-cache-dtype", "fp8", "-q", "-j", "1"]) == 0
+    assert (
+        main(
+            [
+                "cache",
+                "analyze",
+                *sample,
+                "--capacity",
+                "4GB",
+                "--block-size",
+                "64",
+                "--policy",
+                "lru,belady",
+                "--kv-cache-dtype",
+                "fp8",
+                "-q",
+                "-j",
+                "1",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "65,536 bytes a token" in out and "belady (offline optimum)" in out and "unbounded cache" in out
     assert "4GB" in out and "953 blocks" in out  # fp8: 4e9 // (64 x 65,536), twice the bf16 blocks
@@ -193,21 +251,24 @@ def test_plot_html_and_svg(tmp_path, sample):
     assert (tmp_path / "chart.svg").read_text().startswith("<svg")
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--capacity", "lots"], "--capacity"),
-    (["--capacity", "1KB"], "holds no block"),
-    (["--capacity", "10GB,"], "empty item"),
-    (["--policy", "lru,fifo"], "unknown policy 'fifo'"),
-    (["--block-size", "48"], "neither divides nor is a multiple"),
-    (["--block-size", "0"], "positive"),
-    (["--block-size", "sixteen"], "whole number"),
-    (["--kv-cache-dtype", "int4"], "--kv-cache-dtype"),
-    (["--model", "gpt-9"], "unknown model"),
-    (["--cpu", "much"], "--cpu"),
-    (["--concurrency", "0"], "--concurrency"),
-    (["--plot", "out.png"], ".html or .svg"),
-    (["--jobs", "0"], "--jobs"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--capacity", "lots"], "--capacity"),
+        (["--capacity", "1KB"], "holds no block"),
+        (["--capacity", "10GB,"], "empty item"),
+        (["--policy", "lru,fifo"], "unknown policy 'fifo'"),
+        (["--block-size", "48"], "neither divides nor is a multiple"),
+        (["--block-size", "0"], "positive"),
+        (["--block-size", "sixteen"], "whole number"),
+        (["--kv-cache-dtype", "int4"], "--kv-cache-dtype"),
+        (["--model", "gpt-9"], "unknown model"),
+        (["--cpu", "much"], "--cpu"),
+        (["--concurrency", "0"], "--concurrency"),
+        (["--plot", "out.png"], ".html or .svg"),
+        (["--jobs", "0"], "--jobs"),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(flags, message, capsys, tmp_path):
     path = str(bundled_sample()[-1])
     assert main(["cache", "analyze", path, "-q", *flags]) == 2

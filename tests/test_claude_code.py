@@ -20,8 +20,14 @@ MAIN = FIX / f"{SID}.jsonl"
 AGENT = FIX / SID / "subagents" / "agent-a7f3.jsonl"
 
 # (input + cache_creation + cache_read, cache_read, output) of the six calls in the fixture.
-CALLS = [(17003, 12000, 85), (18507, 17003, 120), (18310, 18000, 400),
-         (13005, 9000, 64), (13211, 13005, 50), (13719, 13211, 90)]
+CALLS = [
+    (17003, 12000, 85),
+    (18507, 17003, 120),
+    (18310, 18000, 400),
+    (13005, 9000, 64),
+    (13211, 13005, 50),
+    (13719, 13211, 90),
+]
 
 
 @pytest.fixture(scope="module")
@@ -43,10 +49,21 @@ def test_one_request_per_api_call(trace):
     assert sum(r.input_tokens for r in reqs) == 93755
     assert [r.stop for r in reqs] == ["tool_use", "tool_use", "end_turn", "end_turn", "tool_use", "end_turn"]
     assert reqs[0].output_types == ["text", "thinking", "tool_use"]  # blocks gathered over the lines
-    assert [r.input_types for r in reqs] == [["text"], ["tool_result"], ["tool_result"], ["text"], ["text"],
-                                             ["tool_result"]]
+    assert [r.input_types for r in reqs] == [
+        ["text"],
+        ["tool_result"],
+        ["tool_result"],
+        ["text"],
+        ["text"],
+        ["tool_result"],
+    ]
     assert {r.model for r in reqs} == {"claude-opus-4-5-20251101"}
-    assert (trace.format, trace.block_size, trace.hash_id_scope, trace.id) == ("claude_code", 64, "local", SID)
+    assert (trace.format, trace.block_size, trace.hash_id_scope, trace.id) == (
+        "claude_code",
+        64,
+        "local",
+        SID,
+    )
 
 
 def test_times_from_timestamps(trace):
@@ -87,7 +104,9 @@ def test_subagent_is_a_child_session(trace):
     assert sub.agent_type == "Explore"  # from agent-a7f3.meta.json
     assert (sub.status, sub.total_tokens, sub.tool_use_count, sub.duration) == ("completed", 6858, 1, 44.0)
     assert [(r.t, r.input_tokens, r.output_tokens, r.think_time) for r in sub.requests] == [
-        (0.0, 6006, 40, 0.0), (6.0, 6708, 150, 2.0)]
+        (0.0, 6006, 40, 0.0),
+        (6.0, 6708, 150, 2.0),
+    ]
     first, second = sub.requests
     parent_first = trace.session.requests[0].hash_ids
     assert first.hash_ids[:64] == parent_first[:64]  # cache_read 4096 = 64 blocks of the parent's prefix
@@ -103,8 +122,10 @@ def test_skipped_records_are_one_counted_warning(caplog):
         load(MAIN)
     lines = [r.getMessage() for r in caplog.records]
     assert len(lines) == 1
-    assert lines[0] == (f"{MAIN}: skipped 1 record of unknown type 'mystery-event'; "
-                        "skipped 1 synthetic assistant record (no API call)")
+    assert lines[0] == (
+        f"{MAIN}: skipped 1 record of unknown type 'mystery-event'; "
+        "skipped 1 synthetic assistant record (no API call)"
+    )
 
 
 def _plain(tr: Trace) -> dict:
@@ -150,16 +171,22 @@ def _line(kind="assistant", uuid="x1", ts="2026-01-10T10:00:01Z", **kw) -> str:
 
 def _call(mid, ts, cache_read=0, out=10, **kw) -> str:
     usage = {"input_tokens": 100, "cache_read_input_tokens": cache_read, "output_tokens": out}
-    return _line(uuid=f"{mid}-{ts}", ts=ts, message={"id": mid, "model": "m", "content": [{"type": "text"}],
-                                                     "usage": usage}, **kw)
+    return _line(
+        uuid=f"{mid}-{ts}",
+        ts=ts,
+        message={"id": mid, "model": "m", "content": [{"type": "text"}], "usage": usage},
+        **kw,
+    )
 
 
 def test_inline_sidechain_records_become_a_subagent(tmp_path):
-    lines = [_line("user", "u1", "2026-01-10T10:00:00Z", message={"content": "go"}),
-             _call("m1", "2026-01-10T10:00:02Z"),
-             _line("user", "s1", "2026-01-10T10:00:03Z", isSidechain=True, message={"content": "task"}),
-             _call("s-m1", "2026-01-10T10:00:04Z", isSidechain=True, parentUuid="s1"),
-             _call("m2", "2026-01-10T10:00:09Z", cache_read=64)]
+    lines = [
+        _line("user", "u1", "2026-01-10T10:00:00Z", message={"content": "go"}),
+        _call("m1", "2026-01-10T10:00:02Z"),
+        _line("user", "s1", "2026-01-10T10:00:03Z", isSidechain=True, message={"content": "task"}),
+        _call("s-m1", "2026-01-10T10:00:04Z", isSidechain=True, parentUuid="s1"),
+        _call("m2", "2026-01-10T10:00:09Z", cache_read=64),
+    ]
     f = tmp_path / "sess.jsonl"
     f.write_text("\n".join(lines) + "\n")
     (tr,) = load(f)
@@ -186,12 +213,24 @@ BAD = [
     ("{not json\n", 1, None, "invalid JSON"),
     ("[1, 2]\n", 1, None, "expected a JSON object"),
     ('{"uuid": "x"}\n', 1, "type", "missing"),
-    (_call("m", "2026-01-10T10:00:00Z").replace('"output_tokens":10', '"output_tokens":"ten"'), 1,
-     "message.usage.output_tokens", "expected `int`, got `str`"),
-    (_call("m", "2026-01-10T10:00:00Z").replace('"output_tokens":10', '"output_tokens":-1'), 1,
-     "message.usage.output_tokens", ">= 0"),
-    (_line("user", message={"content": "a"}) + "\n" + _line(uuid="x2", ts="yesterday", message={}), 2, "timestamp",
-     "ISO 8601"),
+    (
+        _call("m", "2026-01-10T10:00:00Z").replace('"output_tokens":10', '"output_tokens":"ten"'),
+        1,
+        "message.usage.output_tokens",
+        "expected `int`, got `str`",
+    ),
+    (
+        _call("m", "2026-01-10T10:00:00Z").replace('"output_tokens":10', '"output_tokens":-1'),
+        1,
+        "message.usage.output_tokens",
+        ">= 0",
+    ),
+    (
+        _line("user", message={"content": "a"}) + "\n" + _line(uuid="x2", ts="yesterday", message={}),
+        2,
+        "timestamp",
+        "ISO 8601",
+    ),
     (_line(isSidechain="yes"), 1, "isSidechain", "expected `bool`"),
     (_line(message=None), 1, "message", "missing"),
 ]
@@ -231,9 +270,14 @@ def test_cli_stats_reports_a_bad_line_in_one_line(tmp_path, capsys):
     from agentkv.cli import main
 
     f = tmp_path / "bad.jsonl"
-    f.write_text(_line("user", "u", message={"content": "x"}) + "\n"
-                 + _call("m", "2026-01-10T10:00:02Z").replace('"input_tokens":100', '"input_tokens":"100"') + "\n")
+    f.write_text(
+        _line("user", "u", message={"content": "x"})
+        + "\n"
+        + _call("m", "2026-01-10T10:00:02Z").replace('"input_tokens":100', '"input_tokens":"100"')
+        + "\n"
+    )
     assert main(["trace", "stats", str(f)]) == 2
     err = capsys.readouterr().err.strip()
-    assert err == (f"agentkv: error: {f}: record line 2, field 'message.usage.input_tokens': "
-                   "expected `int`, got `str`")
+    assert err == (
+        f"agentkv: error: {f}: record line 2, field 'message.usage.input_tokens': expected `int`, got `str`"
+    )

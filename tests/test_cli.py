@@ -15,8 +15,11 @@ def test_version(capsys):
 
 
 def test_missing_file_is_one_line_error():
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "trace", "stats", "/nonexistent/x.json"],
-                       capture_output=True, text=True)
+    p = subprocess.run(
+        [sys.executable, "-m", "agentkv.cli", "trace", "stats", "/nonexistent/x.json"],
+        capture_output=True,
+        text=True,
+    )
     assert p.returncode == 2
     assert "Traceback" not in p.stderr
     assert "/nonexistent/x.json" in p.stderr

@@ -15,10 +15,26 @@ from agentkv.metrics.summary import summarize, write_summary
 
 
 def _summary(kind: str, ttft: float, cached: int, config: dict):
-    recs = [RequestRecord(id=i, trace="t", session="t#0", tree="t#0", index=i, scheduled=float(i),
-                          first_token=i + ttft, end=i + 0.5, ttft=ttft, e2e=0.5, tpot=0.01,
-                          input_tokens=1000, output_tokens=10, cached_tokens=cached, ceiling_tokens=900)
-            for i in range(10)]
+    recs = [
+        RequestRecord(
+            id=i,
+            trace="t",
+            session="t#0",
+            tree="t#0",
+            index=i,
+            scheduled=float(i),
+            first_token=i + ttft,
+            end=i + 0.5,
+            ttft=ttft,
+            e2e=0.5,
+            tpot=0.01,
+            input_tokens=1000,
+            output_tokens=10,
+            cached_tokens=cached,
+            ceiling_tokens=900,
+        )
+        for i in range(10)
+    ]
     return summarize(recs, kind=kind, target=kind, config=config, duration_s=10.0)
 
 
@@ -47,8 +63,13 @@ def test_differences_absolute_and_relative(runs):
 
 def test_cli_prints_both_side_by_side(runs):
     _, _, tmp = runs
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "compare", str(tmp / "a"), str(tmp / "b.json")],
-                       capture_output=True, text=True, timeout=60, env={**os.environ, "COLUMNS": "140"})
+    p = subprocess.run(
+        [sys.executable, "-m", "agentkv.cli", "compare", str(tmp / "a"), str(tmp / "b.json")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "140"},
+    )
     assert p.returncode == 0, p.stderr
     line = next(ln for ln in p.stdout.splitlines() if "TTFT p50" in ln)
     for cell in ("100.0", "125.0", "+25.0", "+25.0%"):
@@ -60,8 +81,12 @@ def test_cli_prints_both_side_by_side(runs):
 
 def test_cli_json(runs):
     _, _, tmp = runs
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "compare", str(tmp / "a"), str(tmp / "b.json"),
-                        "--json"], capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "agentkv.cli", "compare", str(tmp / "a"), str(tmp / "b.json"), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     data = json.loads(p.stdout)
     ttft = next(f for f in data["figures"] if f["name"] == "TTFT mean")
     assert ttft["rel"] == pytest.approx(0.25)
@@ -70,7 +95,14 @@ def test_cli_json(runs):
 
 def test_bad_inputs_are_one_line(tmp_path):
     (tmp_path / "junk.json").write_text("{}")
-    for arg, needle in ((tmp_path / "missing", "no summary.json"), (tmp_path / "junk.json", "not an agentkv summary")):
-        p = subprocess.run([sys.executable, "-m", "agentkv.cli", "compare", str(arg), str(arg)],
-                           capture_output=True, text=True, timeout=60)
+    for arg, needle in (
+        (tmp_path / "missing", "no summary.json"),
+        (tmp_path / "junk.json", "not an agentkv summary"),
+    ):
+        p = subprocess.run(
+            [sys.executable, "-m", "agentkv.cli", "compare", str(arg), str(arg)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr

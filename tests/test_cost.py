@@ -23,7 +23,9 @@ def test_fit_error_on_every_calibration_point():
     errs = calibrate.errors()
     assert len(errs) == 72  # 19 prefill + 17 decode points for each of the two shapes
     for p, pred, e in errs:
-        assert abs(e) <= 0.25, f"{p.model} {p.kind} ({p.a}, {p.b}): measured {p.measured_s:.4f}s, predicted {pred:.4f}s"
+        assert abs(e) <= 0.25, (
+            f"{p.model} {p.kind} ({p.a}, {p.b}): measured {p.measured_s:.4f}s, predicted {pred:.4f}s"
+        )
     mape, worst = calibrate.summary(errs)
     assert mape <= 10.0 and worst <= 25.0
 
@@ -33,10 +35,14 @@ def test_long_context_points_held_out_of_the_fit():
     errs = calibrate.errors(name=calibrate.LONG_CONTEXT)
     assert len(errs) == 19 and max(p.b for p, _, _ in errs) == 524288
     for p, pred, e in errs:
-        assert abs(e) <= 0.15, f"{p.model} {p.kind} ({p.a}, {p.b}): measured {p.measured_s:.4f}s, predicted {pred:.4f}s"
+        assert abs(e) <= 0.15, (
+            f"{p.model} {p.kind} ({p.a}, {p.b}): measured {p.measured_s:.4f}s, predicted {pred:.4f}s"
+        )
     assert calibrate.summary(errs)[0] <= 8.0
     docs = (ROOT / "docs/cost-model.md").read_text()
-    assert calibrate.table_markdown(name=calibrate.LONG_CONTEXT) in docs, "docs/cost-model.md: long-context table stale"
+    assert calibrate.table_markdown(name=calibrate.LONG_CONTEXT) in docs, (
+        "docs/cost-model.md: long-context table stale"
+    )
 
 
 def test_bundled_fit_figures_and_docs_table_are_current():
@@ -45,7 +51,9 @@ def test_bundled_fit_figures_and_docs_table_are_current():
     assert doc["fit"]["mape_pct"] == pytest.approx(mape, abs=0.01)
     assert doc["fit"]["max_abs_pct"] == pytest.approx(worst, abs=0.01)
     docs = (ROOT / "docs/cost-model.md").read_text()
-    assert calibrate.table_markdown() in docs, "docs/cost-model.md is stale: paste `python scripts/fit_cost.py` output"
+    assert calibrate.table_markdown() in docs, (
+        "docs/cost-model.md is stale: paste `python scripts/fit_cost.py` output"
+    )
 
 
 def test_refit_reproduces_the_bundled_coefficients():
@@ -165,8 +173,17 @@ def test_step_time_invariants(prefills, decs, gpu):
     t = cm.step_time(prefills, decs)
     # aggregates give the same answer; order does not matter
     new, past = sum(n for n, _ in prefills), sum(p for _, p in prefills)
-    agg = cm.step_time_agg(new, past, sum(n * (n + 1) / 2 for n, _ in prefills), float(sum(n * p for n, p in prefills)),
-                           past > 0, len(prefills), len(decs), sum(decs), max(decs, default=0))
+    agg = cm.step_time_agg(
+        new,
+        past,
+        sum(n * (n + 1) / 2 for n, _ in prefills),
+        float(sum(n * p for n, p in prefills)),
+        past > 0,
+        len(prefills),
+        len(decs),
+        sum(decs),
+        max(decs, default=0),
+    )
     assert agg == pytest.approx(t, rel=1e-12)
     assert cm.step_time(prefills[::-1], decs[::-1]) == pytest.approx(t, rel=1e-12)
     # more work never takes less time

@@ -53,8 +53,12 @@ def test_chunked_prefill_respects_token_budget():
 
 def test_memory_pressure_preempts_and_all_finish():
     e = Engine(EngineConfig(num_gpu_blocks_override=600, max_model_len=8192, max_num_batched_tokens=8192))
-    reqs = [e.add_request(f"r{i}", max_tokens=400, prompt_len=2000,
-                          block_hashes=[i * 1000 + j for j in range(125)]) for i in range(8)]
+    reqs = [
+        e.add_request(
+            f"r{i}", max_tokens=400, prompt_len=2000, block_hashes=[i * 1000 + j for j in range(125)]
+        )
+        for i in range(8)
+    ]
     run(e)
     assert e.scheduler.num_preemptions > 0
     assert all(r.num_output == 400 for r in reqs)
@@ -68,8 +72,9 @@ def test_cpu_offload_restores_hits_at_a_transfer_cost():
         first = e.add_request("s0", max_tokens=1, prompt_len=8000, block_hashes=list(range(500)))
         run(e)
         for i in range(1, 4):  # other sessions push s0's blocks out of HBM
-            e.add_request(f"s{i}", max_tokens=1, prompt_len=8000,
-                          block_hashes=[i * 10_000 + j for j in range(500)])
+            e.add_request(
+                f"s{i}", max_tokens=1, prompt_len=8000, block_hashes=[i * 10_000 + j for j in range(500)]
+            )
             run(e)
         again = e.add_request("s0b", max_tokens=1, prompt_len=8000, block_hashes=list(range(500)))
         run(e)
@@ -115,8 +120,12 @@ def test_deterministic():
     def once():
         e = Engine(EngineConfig(num_gpu_blocks_override=900, max_model_len=8192))
         for i in range(6):
-            e.add_request(f"r{i}", max_tokens=50 + i, prompt_len=3000 + 100 * i,
-                          block_hashes=[j + (i % 2) * 7 for j in range(180)])
+            e.add_request(
+                f"r{i}",
+                max_tokens=50 + i,
+                prompt_len=3000 + 100 * i,
+                block_hashes=[j + (i % 2) * 7 for j in range(180)],
+            )
         return [(s.start, s.end, s.num_prefill_tokens) for s in run(e)]
 
     assert once() == once()

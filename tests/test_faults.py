@@ -103,16 +103,24 @@ class Load:
         if len(self.sessions[k]) + extra > 40_000:  # the session ends; a new one starts
             self.sessions[k] = self._fresh()
         self.sessions[k] += self._fresh(extra)
-        body = {"prompt": list(self.sessions[k]), "max_tokens": max_tokens, "stream": True,
-                "stream_options": {"include_usage": True}}
+        body = {
+            "prompt": list(self.sessions[k]),
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
         self.tasks.append(asyncio.create_task(self._one(k, body, ("key-a", "key-b")[k % 2])))
 
     async def _one(self, k: int, body: dict, key: str) -> None:
         out = self.out
         out.sent += 1
         try:
-            async with self.s.post(self.url + "/v1/completions", json=body, timeout=aiohttp.ClientTimeout(total=60),
-                                   headers={"Authorization": f"Bearer {key}"}) as r:
+            async with self.s.post(
+                self.url + "/v1/completions",
+                json=body,
+                timeout=aiohttp.ClientTimeout(total=60),
+                headers={"Authorization": f"Bearer {key}"},
+            ) as r:
                 raw = await r.read()
                 if r.status != 200:
                     err = json.loads(raw).get("error", {})  # an OpenAI error body: the reason
@@ -149,9 +157,21 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
         cluster.start_workers(time_scale=TIME_SCALE)
         relay = DroppingRelay(f"tcp://127.0.0.1:{events[1]}", relay_port)
         ev = [f"tcp://127.0.0.1:{events[0]}", f"tcp://127.0.0.1:{relay_port}", f"tcp://127.0.0.1:{events[2]}"]
-        cluster.start_router(["--api-keys", str(write_keys(tmp_path, KEYS)), "--router-secret", "s",
-                              "--health-interval", "0.5", "--scrape-interval", "1", "--log-level", "warning"],
-                             events=ev)
+        cluster.start_router(
+            [
+                "--api-keys",
+                str(write_keys(tmp_path, KEYS)),
+                "--router-secret",
+                "s",
+                "--health-interval",
+                "0.5",
+                "--scrape-interval",
+                "1",
+                "--log-level",
+                "warning",
+            ],
+            events=ev,
+        )
         url = cluster.router_url()
         cluster.wait_ready()
         cluster.wait_taken_in(timeout=30)
@@ -181,8 +201,16 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
 
         async def chaos(t0: float, load: Load) -> None:
             """The faults, on a schedule, while the load runs."""
-            steps = sorted([(DROP_FROM, "drop"), (KILL_AT, "kill"), (RESTART_AT, "restart"),
-                            (STALL_AT, "stall"), (STALL_AT + STALL_FOR, "resume"), (DROP_UNTIL, "undrop")])
+            steps = sorted(
+                [
+                    (DROP_FROM, "drop"),
+                    (KILL_AT, "kill"),
+                    (RESTART_AT, "restart"),
+                    (STALL_AT, "stall"),
+                    (STALL_AT + STALL_FOR, "resume"),
+                    (DROP_UNTIL, "undrop"),
+                ]
+            )
             for at, what in steps:
                 while time.monotonic() - t0 < at:
                     sample()
@@ -219,7 +247,10 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
         # the index must equal each live worker's cache: one request per worker reveals any trailing
         # dropped frame (a gap shows only when the next message arrives), then compare digests
         for i in range(3):
-            assert post(f"http://127.0.0.1:{http[i]}/v1/completions", {"prompt": [7] * 40, "max_tokens": 1})[0] == 200
+            assert (
+                post(f"http://127.0.0.1:{http[i]}/v1/completions", {"prompt": [7] * 40, "max_tokens": 1})[0]
+                == 200
+            )
         deadline = time.monotonic() + 20
         while True:
             index = get_json(url + "/debug/index")["workers"]
@@ -234,14 +265,27 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
 
         failed = sum(out.failed.values())
         print(f"\nfaults: {'; '.join(faults)}")
-        print(f"requests sent {out.sent}, succeeded {out.succeeded}, retried {int(retried)}, failed {failed} "
-              f"({dict(out.failed)}), lost {len(out.lost)}; served by worker {dict(sorted(out.workers.items()))}")
-        print(f"event frames dropped by the relay {relay.dropped} of {relay.seen}; router resyncs {int(resyncs)}, "
-              f"batches lost for good {int(lost_events)}")
-        print("index vs workers: " + ", ".join(f"worker {k}: {v['blocks']} blocks {'==' if own[k] == v else '!='} "
-                                               f"{own[k]['blocks']}" for k, v in sorted(index.items())))
-        print("peak RSS MiB: " + ", ".join(f"{k} {max(v) / 2**20:.0f} (start {v[0] / 2**20:.0f})"
-                                          for k, v in sorted(rss.items())))
+        print(
+            f"requests sent {out.sent}, succeeded {out.succeeded}, retried {int(retried)}, failed {failed} "
+            f"({dict(out.failed)}), lost {len(out.lost)}; served by worker {dict(sorted(out.workers.items()))}"
+        )
+        print(
+            f"event frames dropped by the relay {relay.dropped} of {relay.seen}; router resyncs {int(resyncs)}, "
+            f"batches lost for good {int(lost_events)}"
+        )
+        print(
+            "index vs workers: "
+            + ", ".join(
+                f"worker {k}: {v['blocks']} blocks {'==' if own[k] == v else '!='} {own[k]['blocks']}"
+                for k, v in sorted(index.items())
+            )
+        )
+        print(
+            "peak RSS MiB: "
+            + ", ".join(
+                f"{k} {max(v) / 2**20:.0f} (start {v[0] / 2**20:.0f})" for k, v in sorted(rss.items())
+            )
+        )
 
         assert out.sent >= RATE * DURATION * 0.9
         assert not out.lost, out.lost[:10]  # every request got an answer the router accounts for

@@ -22,20 +22,55 @@ from agentkv.kv.zmq_subscriber import Received, ZmqEventSubscriber, _Tracker
 from agentkv.route.index import TenantIndex
 
 SALTS = {"salt-a": "tenant-a", "salt-b": "tenant-b"}
-EVENT_KEYS = ["type", "block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium",
-              "lora_name", "extra_keys", "group_idx", "kv_cache_spec_kind"]
+EVENT_KEYS = [
+    "type",
+    "block_hashes",
+    "parent_block_hash",
+    "token_ids",
+    "block_size",
+    "lora_id",
+    "medium",
+    "lora_name",
+    "extra_keys",
+    "group_idx",
+    "kv_cache_spec_kind",
+]
 
 
 def _valid_batches() -> list[list]:
     """vLLM-shaped batches as msgpack builtins: [ts, [event maps], dp rank]."""
     batches = [
-        EventBatch(1.5, [BlockStored(block_hashes=[11, 12, 13], parent_block_hash=None, token_ids=list(range(48)),
-                                     block_size=16, extra_keys=[["salt-a"], None, None]),
-                         BlockStored(block_hashes=[14], parent_block_hash=13, block_size=16, medium="CPU")], 0),
-        EventBatch(2.0, [BlockRemoved(block_hashes=[12, 13]), BlockRemoved(block_hashes=[14], medium="CPU")], None),
+        EventBatch(
+            1.5,
+            [
+                BlockStored(
+                    block_hashes=[11, 12, 13],
+                    parent_block_hash=None,
+                    token_ids=list(range(48)),
+                    block_size=16,
+                    extra_keys=[["salt-a"], None, None],
+                ),
+                BlockStored(block_hashes=[14], parent_block_hash=13, block_size=16, medium="CPU"),
+            ],
+            0,
+        ),
+        EventBatch(
+            2.0, [BlockRemoved(block_hashes=[12, 13]), BlockRemoved(block_hashes=[14], medium="CPU")], None
+        ),
         EventBatch(3.0, [AllBlocksCleared()], 0),
-        EventBatch(4.0, [BlockStored(block_hashes=[2**63, 2**64 - 1], parent_block_hash=None, lora_id=3,
-                                     lora_name="x", extra_keys=[[["img", 0, 5]], ["salt-b"]])], 1),
+        EventBatch(
+            4.0,
+            [
+                BlockStored(
+                    block_hashes=[2**63, 2**64 - 1],
+                    parent_block_hash=None,
+                    lora_id=3,
+                    lora_name="x",
+                    extra_keys=[[["img", 0, 5]], ["salt-b"]],
+                )
+            ],
+            1,
+        ),
     ]
     return [msgspec.msgpack.decode(encode_batch(b)) for b in batches]
 
@@ -108,9 +143,13 @@ def test_mutated_payloads_decode_or_are_skipped(data):
 def test_replay_replies_are_parsed_or_skipped(data):
     tracker = _Tracker(0)
     n = data.draw(st.sampled_from([3, 4, 2, 5]))
-    frames = [data.draw(st.sampled_from([b"", b"x"]))] + [data.draw(seqs)] * (n == 3) + \
-        ([b"kv-events", data.draw(seqs)] if n == 4 else []) + [data.draw(payloads())] * (n in (3, 4)) + \
-        [data.draw(st.binary(max_size=20)) for _ in range(n if n in (2, 5) else 0)]
+    frames = (
+        [data.draw(st.sampled_from([b"", b"x"]))]
+        + [data.draw(seqs)] * (n == 3)
+        + ([b"kv-events", data.draw(seqs)] if n == 4 else [])
+        + [data.draw(payloads())] * (n in (3, 4))
+        + [data.draw(st.binary(max_size=20)) for _ in range(n if n in (2, 5) else 0)]
+    )
     out = tracker.parse_reply(frames)
     assert out is None or isinstance(out, Received) or out.__class__ is object
     count("events replay-replies", "skipped" if out is None else "parsed")
@@ -149,8 +188,10 @@ def test_memory_stays_flat_over_a_long_fuzzed_stream():
     finally:
         tracemalloc.stop()
     s = tracker.stats
-    note("events long-stream", f"50000 messages, {s.malformed} malformed, {s.lost} lost, "
-                                f"{grown / 1024:.0f} KiB kept")
+    note(
+        "events long-stream",
+        f"50000 messages, {s.malformed} malformed, {s.lost} lost, {grown / 1024:.0f} KiB kept",
+    )
     assert s.malformed > 5_000 and s.received > 25_000
     assert grown < 1 << 20
 
@@ -175,8 +216,10 @@ def test_real_sockets_take_fuzzed_frames():
         good = [msgspec.msgpack.encode(b) for b in VALID]
         for round_ in range(300):
             for _ in range(5):
-                frames = [bytes(rng.randrange(256) for _ in range(rng.randrange(12)))
-                          for _ in range(rng.choice((1, 2, 3, 3, 4)))]
+                frames = [
+                    bytes(rng.randrange(256) for _ in range(rng.randrange(12)))
+                    for _ in range(rng.choice((1, 2, 3, 3, 4)))
+                ]
                 if len(frames) == 3 and rng.random() < 0.5:
                     p = bytearray(rng.choice(good))
                     p[rng.randrange(len(p))] = rng.randrange(256)

@@ -27,21 +27,67 @@ from agentkv.serve.protocol import GenRequest, Limits, RequestError, parse_chat,
 MARK = "Qzvx7marker"
 LIMITS = Limits(("llama3-8b",), 4096, 128256)
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
-REQUEST_KEYS = ["prompt", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
-                "include_usage", "continuous_usage_stats", "n", "best_of", "cache_salt", "model", "role",
-                "content", "type", "text", "name", "tool_calls", "function", "arguments", "tool_call_id",
-                "session_id", "echo", "add_generation_prompt", "continue_final_message", "temperature", "stop",
-                "ignore_eos", "logprobs", "seed", "tools", "tool_choice"]
+REQUEST_KEYS = [
+    "prompt",
+    "messages",
+    "max_tokens",
+    "max_completion_tokens",
+    "stream",
+    "stream_options",
+    "include_usage",
+    "continuous_usage_stats",
+    "n",
+    "best_of",
+    "cache_salt",
+    "model",
+    "role",
+    "content",
+    "type",
+    "text",
+    "name",
+    "tool_calls",
+    "function",
+    "arguments",
+    "tool_call_id",
+    "session_id",
+    "echo",
+    "add_generation_prompt",
+    "continue_final_message",
+    "temperature",
+    "stop",
+    "ignore_eos",
+    "logprobs",
+    "seed",
+    "tools",
+    "tool_choice",
+]
 VALID = [
     {"prompt": f"hello {MARK} world", "max_tokens": 8},
-    {"prompt": [11, 12, 13, 14] * 8, "max_tokens": 4, "stream": True, "stream_options": {"include_usage": True}},
+    {
+        "prompt": [11, 12, 13, 14] * 8,
+        "max_tokens": 4,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    },
     {"prompt": [[5, 6, 7]], "max_tokens": 2, "cache_salt": "abc", "session_id": "s1", "model": "llama3-8b"},
-    {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"say {MARK}"}],
-     "max_completion_tokens": 3},
-    {"messages": [{"role": "user", "content": [{"type": "text", "text": MARK}]},
-                  {"role": "assistant", "content": None,
-                   "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f", "arguments": MARK}}]},
-                  {"role": "tool", "content": MARK, "tool_call_id": "c1"}], "stream": True},
+    {
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"say {MARK}"}],
+        "max_completion_tokens": 3,
+    },
+    {
+        "messages": [
+            {"role": "user", "content": [{"type": "text", "text": MARK}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "f", "arguments": MARK}}
+                ],
+            },
+            {"role": "tool", "content": MARK, "tool_call_id": "c1"},
+        ],
+        "stream": True,
+    },
 ]
 
 
@@ -100,9 +146,17 @@ class _Req:
 @pytest.fixture(scope="module")
 def router(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("router-fuzz")
-    r = Router(RouterConfig(workers=[WorkerSpec("http://127.0.0.1:9"), WorkerSpec("http://127.0.0.1:10",
-                                                                                    "tcp://127.0.0.1:11")],
-                            api_keys=str(write_keys(tmp, KEYS)), secret="s", tokenizer="builtin"))
+    r = Router(
+        RouterConfig(
+            workers=[
+                WorkerSpec("http://127.0.0.1:9"),
+                WorkerSpec("http://127.0.0.1:10", "tcp://127.0.0.1:11"),
+            ],
+            api_keys=str(write_keys(tmp, KEYS)),
+            secret="s",
+            tokenizer="builtin",
+        )
+    )
     forwarded: list[bytes] = []
 
     async def forward(request, w, path, payload, headers, load):
@@ -132,8 +186,9 @@ def test_router_request_path_never_fails(router, body, chat, key):
     r, loop, forwarded = router.router, router.loop, router.forwarded
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     n = len(forwarded)
-    resp = loop.run_until_complete(r._generate(_Req(body, headers, "/v1/chat/completions" if chat else
-                                                     "/v1/completions"), chat))
+    resp = loop.run_until_complete(
+        r._generate(_Req(body, headers, "/v1/chat/completions" if chat else "/v1/completions"), chat)
+    )
     assert resp.status < 500, resp.body
     if resp.status == 200:
         sent = msgspec.json.decode(forwarded[n])
@@ -148,8 +203,9 @@ def test_router_survives_absurd_max_tokens(router):
     """A max_tokens of 10**400 (valid JSON) must not break load accounting for other requests."""
     r, loop = router.router, router.loop
     body = b'{"prompt": [1, 2, 3, 4], "max_tokens": 1' + b"0" * 400 + b"}"
-    resp = loop.run_until_complete(r._generate(_Req(body, {"Authorization": "Bearer key-a"}, "/v1/completions"),
-                                               False))
+    resp = loop.run_until_complete(
+        r._generate(_Req(body, {"Authorization": "Bearer key-a"}, "/v1/completions"), False)
+    )
     assert resp.status == 200  # forwarded: the worker judges it (and answers 400)
 
 
@@ -159,8 +215,18 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("http-fuzz")
     with Cluster(tmp, 1, replay=False) as c:
         c.start_workers(time_scale=50, extra=("--max-model-len", "4096"))
-        c.start_router(["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "s", "--tokenizer", "builtin",
-                        "--log-level", "warning"])
+        c.start_router(
+            [
+                "--api-keys",
+                str(write_keys(tmp, KEYS)),
+                "--router-secret",
+                "s",
+                "--tokenizer",
+                "builtin",
+                "--log-level",
+                "warning",
+            ]
+        )
         c.wait_ready()
         yield c.procs, c.worker_url(0), c.router_url()
 
@@ -177,8 +243,9 @@ def test_real_http_answers_every_body_without_a_5xx(live, body, path, via_router
         path = "/v1/completions"
     if path == "/detokenize" and body[:1] == b"{":
         body = json.dumps({"tokens": json.loads(body) if _is_json(body) else []}).encode()
-    status, out = post((router_url if via_router else worker) + path, body, key="key-a" if via_router else None,
-                       timeout=30)
+    status, out = post(
+        (router_url if via_router else worker) + path, body, key="key-a" if via_router else None, timeout=30
+    )
     assert status < 500, (path, body[:200], out[:300])
     if status >= 400:
         assert MARK.encode() not in out
@@ -192,8 +259,12 @@ def test_regressions_the_fuzzers_found(live):
     """Bodies that once gave a 500 (serve /tokenize) or an exception in the router's hashing."""
     _, worker, router_url = live
     assert post(worker + "/tokenize", {"messages": [{"role": "user", "tool_calls": 5}]})[0] == 400
-    for body in ({"prompt": [None, 11, 12]}, {"messages": [{"role": "user", "content": [{"text": 5}]}]},
-                 {"messages": [{"role": "user", "tool_calls": 5}]}, {"prompt": [2**80, 5]}):
+    for body in (
+        {"prompt": [None, 11, 12]},
+        {"messages": [{"role": "user", "content": [{"text": 5}]}]},
+        {"messages": [{"role": "user", "tool_calls": 5}]},
+        {"prompt": [2**80, 5]},
+    ):
         status, _ = post(router_url + "/v1/completions", body, key="key-a")
         assert status == 400  # the worker's verdict, forwarded; the router did not fail
 
@@ -213,6 +284,9 @@ def test_servers_memory_stayed_flat(live):
     for name, xs in RSS.items():
         warm = xs[min(len(xs) - 1, max(1, len(xs) // 4))]
         peak, kept = max(xs) - warm, xs[-1] - warm
-        note(f"http rss-{name}", f"{len(xs)} samples, {warm / 2**20:.0f} MiB after warm-up, "
-                                 f"+{peak / 2**20:.1f} MiB at peak, +{kept / 2**20:.1f} MiB at the end")
+        note(
+            f"http rss-{name}",
+            f"{len(xs)} samples, {warm / 2**20:.0f} MiB after warm-up, "
+            f"+{peak / 2**20:.1f} MiB at peak, +{kept / 2**20:.1f} MiB at the end",
+        )
         assert kept < 64 << 20 and peak < 256 << 20 and math.isfinite(peak)

@@ -28,25 +28,99 @@ SESSION = FIXTURE / "5f0c1d2e-7a3b-4c1d-9e2f-0a1b2c3d4e5f.jsonl"
 AGENT = FIXTURE / "5f0c1d2e-7a3b-4c1d-9e2f-0a1b2c3d4e5f" / "subagents" / "agent-a7f3.jsonl"
 SLOW_S = 5  # one reader call on a few KB must end well within this
 
-AGENTX_KEYS = ["t", "type", "model", "in", "out", "hash_ids", "input_types", "output_types", "stop", "api_time",
-               "ttft", "think_time", "agent_id", "subagent_type", "duration_ms", "total_tokens", "tool_use_count",
-               "status", "tool_tokens", "system_tokens", "requests", "id", "block_size", "hash_id_scope", "replay"]
+AGENTX_KEYS = [
+    "t",
+    "type",
+    "model",
+    "in",
+    "out",
+    "hash_ids",
+    "input_types",
+    "output_types",
+    "stop",
+    "api_time",
+    "ttft",
+    "think_time",
+    "agent_id",
+    "subagent_type",
+    "duration_ms",
+    "total_tokens",
+    "tool_use_count",
+    "status",
+    "tool_tokens",
+    "system_tokens",
+    "requests",
+    "id",
+    "block_size",
+    "hash_id_scope",
+    "replay",
+]
 MOONCAKE_KEYS = ["timestamp", "input_length", "output_length", "hash_ids"]
-CLAUDE_KEYS = ["type", "timestamp", "uuid", "parentUuid", "isSidechain", "agentId", "subtype", "requestId",
-               "message", "id", "model", "content", "stop_reason", "usage", "input_tokens", "output_tokens",
-               "cache_creation_input_tokens", "cache_read_input_tokens", "toolUseResult", "agentType", "status",
-               "totalTokens", "totalDurationMs"]
+CLAUDE_KEYS = [
+    "type",
+    "timestamp",
+    "uuid",
+    "parentUuid",
+    "isSidechain",
+    "agentId",
+    "subtype",
+    "requestId",
+    "message",
+    "id",
+    "model",
+    "content",
+    "stop_reason",
+    "usage",
+    "input_tokens",
+    "output_tokens",
+    "cache_creation_input_tokens",
+    "cache_read_input_tokens",
+    "toolUseResult",
+    "agentType",
+    "status",
+    "totalTokens",
+    "totalDurationMs",
+]
 
-AGENTX_DOC = {"id": "fz", "block_size": 64, "tool_tokens": 10, "system_tokens": 20, "requests": [
-    {"t": 0.0, "type": "n", "model": "m", "in": 200, "out": 10, "hash_ids": [1, 2, 3, 4], "think_time": 0.0,
-     "input_types": ["text"], "output_types": ["tool_use"], "stop": "tool_use", "api_time": 1.5, "ttft": 0.2},
-    {"t": 9.0, "type": "subagent", "agent_id": "a1", "subagent_type": "Explore", "duration_ms": 4000,
-     "total_tokens": 500, "tool_use_count": 1, "status": "completed",
-     "requests": [{"t": 0.0, "type": "n", "in": 130, "out": 5, "hash_ids": [1, 2, 9]}]},
-    {"t": 12.0, "type": "s", "in": 300, "out": 20, "hash_ids": [1, 2, 3, 4, 5], "think_time": 2.5}]}
-MOONCAKE_LINES = [{"timestamp": 0, "input_length": 1024, "output_length": 10, "hash_ids": [0, 1]},
-                  {"timestamp": 27, "input_length": 1500, "output_length": 3, "hash_ids": [0, 1, 2]},
-                  {"timestamp": 50, "input_length": 600, "output_length": 80, "hash_ids": [5, 6]}]
+AGENTX_DOC = {
+    "id": "fz",
+    "block_size": 64,
+    "tool_tokens": 10,
+    "system_tokens": 20,
+    "requests": [
+        {
+            "t": 0.0,
+            "type": "n",
+            "model": "m",
+            "in": 200,
+            "out": 10,
+            "hash_ids": [1, 2, 3, 4],
+            "think_time": 0.0,
+            "input_types": ["text"],
+            "output_types": ["tool_use"],
+            "stop": "tool_use",
+            "api_time": 1.5,
+            "ttft": 0.2,
+        },
+        {
+            "t": 9.0,
+            "type": "subagent",
+            "agent_id": "a1",
+            "subagent_type": "Explore",
+            "duration_ms": 4000,
+            "total_tokens": 500,
+            "tool_use_count": 1,
+            "status": "completed",
+            "requests": [{"t": 0.0, "type": "n", "in": 130, "out": 5, "hash_ids": [1, 2, 9]}],
+        },
+        {"t": 12.0, "type": "s", "in": 300, "out": 20, "hash_ids": [1, 2, 3, 4, 5], "think_time": 2.5},
+    ],
+}
+MOONCAKE_LINES = [
+    {"timestamp": 0, "input_length": 1024, "output_length": 10, "hash_ids": [0, 1]},
+    {"timestamp": 27, "input_length": 1500, "output_length": 3, "hash_ids": [0, 1, 2]},
+    {"timestamp": 50, "input_length": 600, "output_length": 80, "hash_ids": [5, 6]},
+]
 
 
 def _seeds() -> dict[str, list[bytes]]:
@@ -170,16 +244,28 @@ def test_deep_nesting_is_an_error_not_a_crash():
     """Sub-agents nested 50,000 deep (a few hundred KB) must not overflow the stack."""
     inner = {"t": 0.0, "type": "n", "in": 10, "out": 1, "hash_ids": []}
     depth = 50_000
-    doc = ('{"block_size": 64, "requests": ' + '[{"t": 1, "type": "subagent", "requests": ' * depth
-           + json.dumps([inner]) + "}]" * depth + "}").encode()
+    doc = (
+        '{"block_size": 64, "requests": '
+        + '[{"t": 1, "type": "subagent", "requests": ' * depth
+        + json.dumps([inner])
+        + "}]" * depth
+        + "}"
+    ).encode()
     assert _read("agentx", doc) in ("traces", "TraceError")
     deep_line = b'{"type": "user", "message": ' + b'{"content": ' * depth + b"1" + b"}" * depth + b"}"
     assert _read("claude_code", deep_line) in ("traces", "TraceError", "empty")
-    deep_ids = b'{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": ' + b"[" * depth + b"]" * depth
+    deep_ids = (
+        b'{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": ' + b"[" * depth + b"]" * depth
+    )
     assert _read("mooncake", deep_ids + b"}") == "TraceError"
     for d in (150, 900):  # deep enough to hurt recursive walks, shallow enough for the JSON decoder
-        doc = ('{"block_size": 64, "requests": ' + '[{"t": 1, "type": "subagent", "requests": ' * d
-               + json.dumps([inner]) + "}]" * d + "}").encode()
+        doc = (
+            '{"block_size": 64, "requests": '
+            + '[{"t": 1, "type": "subagent", "requests": ' * d
+            + json.dumps([inner])
+            + "}]" * d
+            + "}"
+        ).encode()
         assert _read("agentx", doc) == "TraceError"
 
 

@@ -19,17 +19,38 @@ from agentkv.engine.hardware import (
 from agentkv.errors import UserError
 
 LLAMA8B_CONFIG = {
-    "_name_or_path": "meta-llama/Llama-3.1-8B-Instruct", "num_hidden_layers": 32, "hidden_size": 4096,
-    "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336, "vocab_size": 128256,
+    "_name_or_path": "meta-llama/Llama-3.1-8B-Instruct",
+    "num_hidden_layers": 32,
+    "hidden_size": 4096,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "intermediate_size": 14336,
+    "vocab_size": 128256,
     "tie_word_embeddings": False,
 }
 
 
 def test_catalogue_has_every_part_with_its_datasheet_figures():
-    assert gpu_names() == ["H100 SXM", "H200 SXM", "B200", "GB200", "B300", "GB300", "Rubin VR200",
-                           "MI300X", "MI325X", "MI355X"]
+    assert gpu_names() == [
+        "H100 SXM",
+        "H200 SXM",
+        "B200",
+        "GB200",
+        "B300",
+        "GB300",
+        "Rubin VR200",
+        "MI300X",
+        "MI325X",
+        "MI355X",
+    ]
     h200 = get_gpu("h200")
-    assert (h200.hbm_gb, h200.hbm_tbps, h200.bf16_tflops, h200.fp8_tflops, h200.fp4_tflops) == (141, 4.8, 989, 1979, None)
+    assert (h200.hbm_gb, h200.hbm_tbps, h200.bf16_tflops, h200.fp8_tflops, h200.fp4_tflops) == (
+        141,
+        4.8,
+        989,
+        1979,
+        None,
+    )
     assert (h200.host_link_gbps, h200.gpu_link_gbps, h200.power_w) == (64, 450, 700)
     b300 = get_gpu("B300")
     assert (b300.hbm_gb, b300.fp4_tflops, b300.host_link_gbps) == (268, 13500, 128)
@@ -68,7 +89,9 @@ def test_missing_dtype_rate_is_a_user_error():
         get_gpu("h200").tflops("int3")
 
 
-@pytest.mark.parametrize(("name", "billions"), [("Llama-3.1-8B", 8.03), ("Llama-3.1-70B", 70.55), ("Qwen3-32B", 32.76)])
+@pytest.mark.parametrize(
+    ("name", "billions"), [("Llama-3.1-8B", 8.03), ("Llama-3.1-70B", 70.55), ("Qwen3-32B", 32.76)]
+)
 def test_parameter_counts_match_the_published_sizes(name, billions):
     m = get_model(name)
     assert m.params / 1e9 == pytest.approx(billions, abs=0.01)
@@ -140,15 +163,40 @@ def test_from_hf_config_file_and_folder(tmp_path):
     for path in (tmp_path, tmp_path / "config.json", str(tmp_path)):
         m = ModelShape.from_hf_config(path)
         ref = get_model("llama3-8b")
-        assert (m.layers, m.hidden, m.heads, m.kv_heads, m.head_dim, m.intermediate, m.vocab, m.tie_embeddings) == (
-            ref.layers, ref.hidden, ref.heads, ref.kv_heads, ref.head_dim, ref.intermediate, ref.vocab, False)
+        assert (
+            m.layers,
+            m.hidden,
+            m.heads,
+            m.kv_heads,
+            m.head_dim,
+            m.intermediate,
+            m.vocab,
+            m.tie_embeddings,
+        ) == (
+            ref.layers,
+            ref.hidden,
+            ref.heads,
+            ref.kv_heads,
+            ref.head_dim,
+            ref.intermediate,
+            ref.vocab,
+            False,
+        )
         assert m.name == "meta-llama/Llama-3.1-8B-Instruct"
     assert get_model(tmp_path).params == get_model("llama3-8b").params
 
 
 def test_from_hf_config_defaults_and_nesting(tmp_path):
-    cfg = {"text_config": {"num_hidden_layers": 4, "hidden_size": 256, "num_attention_heads": 4,
-                           "intermediate_size": 512, "vocab_size": 1000, "tie_word_embeddings": True}}
+    cfg = {
+        "text_config": {
+            "num_hidden_layers": 4,
+            "hidden_size": 256,
+            "num_attention_heads": 4,
+            "intermediate_size": 512,
+            "vocab_size": 1000,
+            "tie_word_embeddings": True,
+        }
+    }
     f = tmp_path / "wrapped.json"
     f.write_text(json.dumps(cfg))
     m = ModelShape.from_hf_config(f)
@@ -156,12 +204,18 @@ def test_from_hf_config_defaults_and_nesting(tmp_path):
     assert m.params == 4 * (m.layer_params + 2 * 256) + 256 + 1000 * 256
 
 
-@pytest.mark.parametrize(("content", "message"), [
-    ({k: v for k, v in LLAMA8B_CONFIG.items() if k != "intermediate_size"}, "missing field 'intermediate_size'"),
-    ({**LLAMA8B_CONFIG, "hidden_size": "4096"}, "field 'hidden_size' must be a positive integer"),
-    ({**LLAMA8B_CONFIG, "num_local_experts": 8}, "field 'num_local_experts': mixture-of-experts"),
-    ([1, 2], "expected a JSON object"),
-])
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (
+            {k: v for k, v in LLAMA8B_CONFIG.items() if k != "intermediate_size"},
+            "missing field 'intermediate_size'",
+        ),
+        ({**LLAMA8B_CONFIG, "hidden_size": "4096"}, "field 'hidden_size' must be a positive integer"),
+        ({**LLAMA8B_CONFIG, "num_local_experts": 8}, "field 'num_local_experts': mixture-of-experts"),
+        ([1, 2], "expected a JSON object"),
+    ],
+)
 def test_from_hf_config_errors_name_file_and_field(tmp_path, content, message):
     f = tmp_path / "config.json"
     f.write_text(json.dumps(content))

@@ -72,6 +72,7 @@ def _child(seed: str | None) -> dict:
 
 # vLLM-exact ------------------------------------------------------------------------------------
 
+
 def test_vllm_sha256_vectors(monkeypatch):
     monkeypatch.delenv("PYTHONHASHSEED", raising=False)
     h = VllmHasher("sha256")
@@ -123,8 +124,12 @@ def test_vllm_pythonhashseed(monkeypatch, algo):
     ser = pickle.dumps("42", protocol=pickle.HIGHEST_PROTOCOL) if algo == "sha256" else cbor2.dumps("42")
     assert seeded.none_hash == hashlib.sha256(ser).digest()
     assert seeded.none_hash != VllmHasher(algo, None).none_hash
-    assert all(x != y for x, y in zip(seeded.event_hashes(PROMPT, 32),
-                                      VllmHasher(algo, None).event_hashes(PROMPT, 32), strict=True))
+    assert all(
+        x != y
+        for x, y in zip(
+            seeded.event_hashes(PROMPT, 32), VllmHasher(algo, None).event_hashes(PROMPT, 32), strict=True
+        )
+    )
     # a fresh process reads the variable the same way; unset gives the default seed again
     assert _child("42")[algo] == seeded.event_hashes(PROMPT, 32)
     assert _child(None)[algo] == VllmHasher(algo, None).event_hashes(PROMPT, 32)
@@ -139,6 +144,7 @@ def test_vllm_parent_must_be_digest():
 
 
 # both families ---------------------------------------------------------------------------------
+
 
 @pytest.fixture(params=ALGOS)
 def hasher(request):
@@ -191,7 +197,7 @@ def test_incremental_equals_one_shot(hasher):
     seq = hasher.sequence(16, cache_salt="s", lora_name="l")
     got, i = [], 0
     for n in [0, 5, 11, 16, 1, 1, 300, 17, 0, 649]:
-        got += seq.extend(toks[i: i + n])
+        got += seq.extend(toks[i : i + n])
         i += n
     assert i == len(toks) and seq.num_tokens == 1000
     assert got == seq.keys == whole
@@ -229,6 +235,7 @@ def test_bad_inputs():
 
 # trace tokens and chain keys -------------------------------------------------------------------
 
+
 def test_trace_tokens_are_deterministic_across_processes():
     toks = request_tokens("trace_0042", [3, 1, 4, 1, 5, 9], 500, 64)
     digest = hashlib.sha256(toks.tobytes()).hexdigest()
@@ -242,12 +249,14 @@ def test_request_tokens_are_blocks_then_filler():
     ids = [10, 11, 12]
     toks = request_tokens("t", ids, 64 * 3 + 40, 64, vocab=(5, 9))
     for i, h in enumerate(ids):
-        assert np.array_equal(toks[64 * i: 64 * (i + 1)], trace_block_tokens("t", h, 64, vocab=(5, 9)))
+        assert np.array_equal(toks[64 * i : 64 * (i + 1)], trace_block_tokens("t", h, 64, vocab=(5, 9)))
     assert set(np.unique(toks)) <= {5, 6, 7, 8}
     assert np.array_equal(request_tokens("t", ids, 100, 64), request_tokens("t", ids, 300, 64)[:100])
     # filler follows from the last block: same blocks give the same filler, a different last block not
     assert np.array_equal(request_tokens("t", [1, 2], 300, 64), request_tokens("t", [1, 2], 300, 64))
-    assert not np.array_equal(request_tokens("t", [1, 2], 300, 64)[128:], request_tokens("t", [1, 3], 300, 64)[128:])
+    assert not np.array_equal(
+        request_tokens("t", [1, 2], 300, 64)[128:], request_tokens("t", [1, 3], 300, 64)[128:]
+    )
     assert len(request_tokens("t", [], 70, 64)) == 70 and len(request_tokens("t", ids, 0, 64)) == 0
     # the same hash id in another trace is another block (local hash-id scope)
     assert not np.array_equal(trace_block_tokens("a", 1, 64), trace_block_tokens("b", 1, 64))
@@ -273,9 +282,20 @@ def _check_consistent(reqs, key, tbs, ebs):
 @pytest.mark.parametrize("ebs", [4, 8, 16, 32, 64])
 def test_chain_keys_synthetic(ebs):
     tbs = 16
-    reqs = [([1, 2, 3, 4], 64), ([1, 2, 3, 4], 64 + 40), ([1, 2, 3, 5], 100), ([1, 2, 7], 100),
-            ([1, 2], 100), ([1, 2], 90), ([9], 64), ([], 70), ([1, 2, 3, 4, 6, 8], 96), ([2, 1], 64),
-            ([1, 2, 3, 4, 5, 6, 7, 8], 128), ([1, 2, 3, 4, 9, 9, 9, 9], 128)]
+    reqs = [
+        ([1, 2, 3, 4], 64),
+        ([1, 2, 3, 4], 64 + 40),
+        ([1, 2, 3, 5], 100),
+        ([1, 2, 7], 100),
+        ([1, 2], 100),
+        ([1, 2], 90),
+        ([9], 64),
+        ([], 70),
+        ([1, 2, 3, 4, 6, 8], 96),
+        ([2, 1], 64),
+        ([1, 2, 3, 4, 5, 6, 7, 8], 128),
+        ([1, 2, 3, 4, 9, 9, 9, 9], 128),
+    ]
     assert _check_consistent(reqs, "synthetic", tbs, ebs) > 0
     with pytest.raises(ValueError, match="divide or be a multiple"):
         chain_keys(1, [1], 64, 48, 500)
@@ -283,8 +303,11 @@ def test_chain_keys_synthetic(ebs):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(st.lists(st.integers(0, 3), max_size=8), min_size=2, max_size=5),
-       st.sampled_from([(8, 2), (8, 4), (8, 8), (4, 8), (4, 16)]), st.integers(0, 40))
+@given(
+    st.lists(st.lists(st.integers(0, 3), max_size=8), min_size=2, max_size=5),
+    st.sampled_from([(8, 2), (8, 4), (8, 8), (4, 8), (4, 16)]),
+    st.integers(0, 40),
+)
 def test_chain_keys_property(id_lists, sizes, extra):
     tbs, ebs = sizes
     reqs = [(ids, len(ids) * tbs + (extra * (i + 1)) % 20) for i, ids in enumerate(id_lists)]
@@ -299,6 +322,6 @@ def test_chain_keys_match_token_hashing_on_real_trace(shared_dir, ebs):
     trace = load(shared_dir / "traces" / "claude-code" / "trace_0001.json.gz")[0]
     assert trace.block_size == 64
     timeline = trace.timeline()
-    picks = timeline[:4] + timeline[len(timeline) // 2: len(timeline) // 2 + 2] + timeline[-2:]
+    picks = timeline[:4] + timeline[len(timeline) // 2 : len(timeline) // 2 + 2] + timeline[-2:]
     reqs = [(t.request.hash_ids, t.request.input_tokens) for t in picks]
     assert _check_consistent(reqs, trace.id, 64, ebs) > 0

@@ -77,9 +77,12 @@ def test_lower_tiers_continue_the_gpu_prefix():
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 3), st.booleans(), st.lists(st.integers(0, 20), max_size=6)),
-                max_size=40),
-       st.lists(st.integers(0, 20), max_size=8))
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 3), st.booleans(), st.lists(st.integers(0, 20), max_size=6)), max_size=40
+    ),
+    st.lists(st.integers(0, 20), max_size=8),
+)
 def test_matches_agree_with_a_reference_model(ops, query):
     """Random store/remove streams: find_matches equals a naive walk over per-worker copy counts
     (each event stores or removes one copy of each distinct hash it names)."""
@@ -129,13 +132,19 @@ def test_fed_from_a_real_zmq_publisher():
     idx = BlockIndex()
     rng = random.Random(1)
     stored = [rng.getrandbits(64) for _ in range(32)]
-    with ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as pub, \
-            ZmqEventSubscriber(pub.endpoint, pub.replay_endpoint) as sub:
+    with (
+        ZmqEventPublisher("tcp://127.0.0.1:*", "tcp://127.0.0.1:*") as pub,
+        ZmqEventSubscriber(pub.endpoint, pub.replay_endpoint) as sub,
+    ):
         sub.recv(0.05)
         assert pub.wait_for_subscribers(timeout=5)
         pub.publish([BlockStored(block_hashes=stored[:16], block_size=16)])
-        pub.publish([BlockStored(block_hashes=stored[16:], parent_block_hash=stored[15], block_size=16),
-                     BlockRemoved(block_hashes=stored[20:])])
+        pub.publish(
+            [
+                BlockStored(block_hashes=stored[16:], parent_block_hash=stored[15], block_size=16),
+                BlockRemoved(block_hashes=stored[20:]),
+            ]
+        )
         deadline = time.monotonic() + 5
         got = 0
         while got < 2 and time.monotonic() < deadline:

@@ -23,8 +23,12 @@ def sub(sid: str, t: float, requests: list[Request], subagents=(), duration=None
 
 
 def trace(tid: str, requests: list[Request], subagents=(), replay: str = "session") -> Trace:
-    return Trace(id=tid, block_size=16, replay=replay,
-                 session=Session(id=tid, requests=requests, subagents=list(subagents)))
+    return Trace(
+        id=tid,
+        block_size=16,
+        replay=replay,
+        session=Session(id=tid, requests=requests, subagents=list(subagents)),
+    )
 
 
 def recorded(item) -> float:
@@ -38,8 +42,9 @@ def by_key(spans) -> dict[tuple[str, int], tuple[float, float]]:
 def example() -> Trace:
     """The docs/replay.md example: sub-agent A overlaps parent request r2 and gates r3."""
     a = sub("P/A", 8.0, [req(0, api=3), req(5, api=1, think=2)])
-    return trace("P", [req(0, api=2), req(5, api=2, think=3), req(9, api=1, think=2),
-                       req(16, api=1, think=6)], [a])
+    return trace(
+        "P", [req(0, api=2), req(5, api=2, think=3), req(9, api=1, think=2), req(16, api=1, think=6)], [a]
+    )
 
 
 # ---- gaps -------------------------------------------------------------------------------------
@@ -60,8 +65,14 @@ def test_gaps_derived_from_t_when_trace_has_no_think_times():
 # ---- sub-agents -------------------------------------------------------------------------------
 def test_example_with_recorded_service_times_reproduces_the_recording():
     got = by_key(simulate_schedule(ReplayPlan([example()], lanes=1, idle_gap_cap=None), recorded))
-    assert {k: v[0] for k, v in got.items()} == {("P", 0): 0, ("P", 1): 5, ("P", 2): 9, ("P", 3): 16,
-                                                 ("P/A", 0): 8, ("P/A", 1): 13}
+    assert {k: v[0] for k, v in got.items()} == {
+        ("P", 0): 0,
+        ("P", 1): 5,
+        ("P", 2): 9,
+        ("P", 3): 16,
+        ("P/A", 0): 8,
+        ("P/A", 1): 13,
+    }
 
 
 def test_subagent_overlaps_parent_and_parent_joins_it():
@@ -82,8 +93,16 @@ def test_docs_worked_timeline():
     slow_a = lambda it: recorded(it) * (2 if it.depth else 1)  # noqa: E731
     spans = simulate_schedule(ReplayPlan([example(), q], lanes=1), slow_a)
     rows = [(s.item.id, s.item.session_key, s.item.index, s.start, s.end) for s in spans]
-    assert rows == [(0, "P#0", 0, 0, 2), (1, "P#0", 1, 5, 7), (2, "P/A#0", 0, 8, 14), (3, "P#0", 2, 9, 10),
-                    (4, "P/A#0", 1, 16, 18), (5, "P#0", 3, 18, 19), (6, "Q#0", 0, 19, 20), (7, "Q#0", 1, 30, 31)]
+    assert rows == [
+        (0, "P#0", 0, 0, 2),
+        (1, "P#0", 1, 5, 7),
+        (2, "P/A#0", 0, 8, 14),
+        (3, "P#0", 2, 9, 10),
+        (4, "P/A#0", 1, 16, 18),
+        (5, "P#0", 3, 18, 19),
+        (6, "Q#0", 0, 19, 20),
+        (7, "Q#0", 1, 30, 31),
+    ]
 
 
 def test_lane_pulls_next_trace_only_after_whole_tree_drains():
@@ -134,7 +153,9 @@ def test_warm_start_only_cuts_each_lanes_first_trace():
 def test_plan_idle_cap_shortens_gaps_only_when_nothing_is_in_flight():
     t = trace("I", [req(0, api=1), req(101, think=100)])
     assert by_key(simulate_schedule(ReplayPlan([t], lanes=1), recorded))[("I", 1)][0] == 11.0
-    assert by_key(simulate_schedule(ReplayPlan([t], lanes=1, idle_gap_cap=None), recorded))[("I", 1)][0] == 101.0
+    assert (
+        by_key(simulate_schedule(ReplayPlan([t], lanes=1, idle_gap_cap=None), recorded))[("I", 1)][0] == 101.0
+    )
     busy = trace("B", [req(0, api=200)])  # another lane keeps a request in flight: no shift
     got = by_key(simulate_schedule(ReplayPlan([t, busy], lanes=2), recorded))
     assert got[("I", 1)][0] == 101.0
@@ -163,7 +184,11 @@ def test_timestamp_and_session_traces_mix():
     sess = trace("s", [req(0, api=2), req(3, think=1)])
     spans = simulate_schedule(ReplayPlan([stamped, sess], lanes=4), lambda it: 2.0)
     assert sorted((s.item.lane, s.item.trace.id, s.start) for s in spans) == [
-        (-1, "mc", 0.0), (-1, "mc", 3.0), (0, "s", 0.0), (0, "s", 3.0)]
+        (-1, "mc", 0.0),
+        (-1, "mc", 3.0),
+        (0, "s", 0.0),
+        (0, "s", 3.0),
+    ]
 
 
 # ---- queue, cycling, limits, determinism ------------------------------------------------------
@@ -235,7 +260,9 @@ def trees(draw):
             k.t = draw(st.sampled_from([0.0, 1.0, 2.5, 6.0, 12.0]))
         return Session(id=sid, requests=reqs, subagents=kids)
 
-    return [Trace(id=f"h{i}", block_size=16, session=session(f"h{i}", 0)) for i in range(draw(st.integers(1, 4)))]
+    return [
+        Trace(id=f"h{i}", block_size=16, session=session(f"h{i}", 0)) for i in range(draw(st.integers(1, 4)))
+    ]
 
 
 @settings(max_examples=60, deadline=None)
@@ -401,8 +428,13 @@ def test_realtime_driver_sends_every_item_once_in_session_order():
     asyncio.run(drive(plan, send))
     assert plan.done and len(sent) == 8 and plan.failed == 3
     keys = [(d.item.session.id, d.item.index) for d in sent]
-    assert sorted(keys) == sorted(by_key(simulate_schedule(
-        ReplayPlan([example(), trace("Q", [req(0), req(5, think=3)])], lanes=2), recorded)))
+    assert sorted(keys) == sorted(
+        by_key(
+            simulate_schedule(
+                ReplayPlan([example(), trace("Q", [req(0), req(5, think=3)])], lanes=2), recorded
+            )
+        )
+    )
     for sid in {k[0] for k in keys}:
         assert [i for s, i in keys if s == sid] == sorted(i for s, i in keys if s == sid)
     a0 = next(d for d in sent if d.item.session.id == "P/A" and d.item.index == 0)

@@ -117,8 +117,9 @@ def test_arc_ghost_hits_adapt_the_target() -> None:
 def test_session_policy_evicts_the_session_expected_back_last() -> None:
     pool = BlockPool(6, BS, "session", record_events=True)
     pol: SessionAware = pool.policy
-    for t, (s, hashes, reason) in enumerate([("A", [1, 2], "tool_use"), ("B", [3, 4], "end_turn"),
-                                             ("C", [5, 6], "tool_use")]):
+    for t, (s, hashes, reason) in enumerate(
+        [("A", [1, 2], "tool_use"), ("B", [3, 4], "end_turn"), ("C", [5, 6], "tool_use")]
+    ):
         pool.session_resumed(s, 2.0 * t)
         use(pool, s, hashes, session=s)
         pool.session_paused(s, 2.0 * t + 1, reason)
@@ -144,7 +145,7 @@ def test_session_policy_evicts_the_session_expected_back_last() -> None:
 
 def test_session_policy_learns_each_sessions_tool_gaps() -> None:
     def evict_after(order: list[tuple[str, str, list[int]]]) -> list[int]:
-        """"fast" learns 2 s tool gaps and "slow" 50 s; each then runs a call and pauses for tools
+        """ "fast" learns 2 s tool gaps and "slow" 50 s; each then runs a call and pauses for tools
         in `order`; a third session needs room: which blocks go?"""
         pool = BlockPool(4, BS, "session", record_events=True)
         for s, gap in (("fast", 2.0), ("slow", 50.0)):

@@ -215,8 +215,12 @@ def test_lookup_then_eviction_then_allocate_is_caught() -> None:
 
 def test_lower_tiers_demote_match_and_promote() -> None:
     events = []
-    tiers = TierStack([TierSpec("CPU", capacity_blocks=16)], block_bytes=4 * 128 * 1024,
-                      block_size=4, on_event=events.append)
+    tiers = TierStack(
+        [TierSpec("CPU", capacity_blocks=16)],
+        block_bytes=4 * 128 * 1024,
+        block_size=4,
+        on_event=events.append,
+    )
     pool = BlockPool(5, 4, lower=tiers)
     a = chain(1, 4)
     run(pool, "a", a, 16)

@@ -16,9 +16,19 @@ from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Sample, summarize
 from agentkv.metrics.svg import nice_ticks
 
-CHROME_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                "--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr",
-                "--v=0", "--window-size=1400,2400", "--hide-scrollbars"]
+CHROME_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--window-size=1400,2400",
+    "--hide-scrollbars",
+]
 
 
 def _records() -> list[RequestRecord]:
@@ -28,21 +38,48 @@ def _records() -> list[RequestRecord]:
         start = i * 0.5
         inp = 1000 + 400 * (i // 4)
         ok = i % 17 != 5
-        out.append(RequestRecord(
-            id=i, trace=f"t{i % 4}", session=tree if i % 5 else f"sub{i}#0", tree=tree, depth=0 if i % 5 else 1,
-            index=i // 4, scheduled=start, sent=start + 0.001, first_token=start + 0.05 + 0.001 * (i % 7),
-            end=start + 0.4, ttft=0.05 + 0.001 * (i % 7), e2e=0.4, tpot=0.01 + 0.0005 * (i % 9), itl_max=0.03,
-            input_tokens=inp, output_tokens=30 if ok else 3, expected_output_tokens=30,
-            cached_tokens=inp - 400 if i >= 4 else 0, ceiling_tokens=inp - 400 if i >= 4 else 0, ok=ok,
-            error="" if ok else "http_500"))
+        out.append(
+            RequestRecord(
+                id=i,
+                trace=f"t{i % 4}",
+                session=tree if i % 5 else f"sub{i}#0",
+                tree=tree,
+                depth=0 if i % 5 else 1,
+                index=i // 4,
+                scheduled=start,
+                sent=start + 0.001,
+                first_token=start + 0.05 + 0.001 * (i % 7),
+                end=start + 0.4,
+                ttft=0.05 + 0.001 * (i % 7),
+                e2e=0.4,
+                tpot=0.01 + 0.0005 * (i % 9),
+                itl_max=0.03,
+                input_tokens=inp,
+                output_tokens=30 if ok else 3,
+                expected_output_tokens=30,
+                cached_tokens=inp - 400 if i >= 4 else 0,
+                ceiling_tokens=inp - 400 if i >= 4 else 0,
+                ok=ok,
+                error="" if ok else "http_500",
+            )
+        )
     return out
 
 
 def _summary(records):
     tl = [Sample(t, t % 5, 0.1 + 0.01 * t, t % 3, 0, 100.0 * t, 150.0 * t) for t in range(31)]
-    return summarize(records, kind="bench", target="http://127.0.0.1:8000", timeline=tl, slo={"ttft": 0.053},
-                     metrics_hit_rate=0.66, notes=["prompts: token ids (exact prompt lengths)",
-                                                   "GPU monitoring absent: the target is not on this host"])
+    return summarize(
+        records,
+        kind="bench",
+        target="http://127.0.0.1:8000",
+        timeline=tl,
+        slo={"ttft": 0.053},
+        metrics_hit_rate=0.66,
+        notes=[
+            "prompts: token ids (exact prompt lengths)",
+            "GPU monitoring absent: the target is not on this host",
+        ],
+    )
 
 
 class _Collect(HTMLParser):
@@ -61,8 +98,13 @@ def test_report_is_self_contained_with_every_plot():
     p.feed(html)
     tags = p.tags
     assert sum(1 for t, _ in tags if t == "svg") == 5
-    for title in ("TTFT vs input length", "TPOT distribution", "Cache hit over time",
-                  "In-flight requests and KV usage over time", "Per-session context growth"):
+    for title in (
+        "TTFT vs input length",
+        "TPOT distribution",
+        "Cache hit over time",
+        "In-flight requests and KV usage over time",
+        "Per-session context growth",
+    ):
         assert title in html
     # nothing loads from elsewhere: no src/href to a URL, no external stylesheet
     for t, a in tags:
@@ -105,8 +147,18 @@ def _chromium() -> str:
 def _open(exe: str, page: Path, tmp: Path) -> tuple[list[str], Path]:
     """Load `page` headless, screenshot it; return the console lines Chromium logged."""
     shot = tmp / f"{page.stem}.png"
-    p = subprocess.run([exe, *CHROME_FLAGS, f"--user-data-dir={tmp / ('profile-' + page.stem)}",
-                        f"--screenshot={shot}", page.as_uri()], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            exe,
+            *CHROME_FLAGS,
+            f"--user-data-dir={tmp / ('profile-' + page.stem)}",
+            f"--screenshot={shot}",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return [ln for ln in p.stderr.splitlines() if re.search(r":CONSOLE[:(]", ln)], shot
 
 

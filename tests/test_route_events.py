@@ -93,8 +93,9 @@ def test_catch_up_malformed_gap_and_restart():
                 assert w.subscriber.stats.recovered >= 2 and w.resyncs >= 1
                 # the publisher restarts (sequence back to 0): its old blocks are gone
                 restart = pub.batch(0, BlockStored(block_hashes=e))
-                assert await _until(lambda: index.find_matches("", e) == {0: Match(4)},
-                                    tick=lambda: pub.send(0, restart))
+                assert await _until(
+                    lambda: index.find_matches("", e) == {0: Match(4)}, tick=lambda: pub.send(0, restart)
+                )
                 assert index.find_matches("", a) == {} and index.blocks(0) == 4
             finally:
                 await pool.close()
@@ -105,7 +106,11 @@ def test_catch_up_malformed_gap_and_restart():
 
 def test_worker_specs_and_metric_scrapes():
     s = parse_worker("http://127.0.0.1:8001/=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558")
-    assert (s.url, s.events, s.replay) == ("http://127.0.0.1:8001", "tcp://127.0.0.1:5557", "tcp://127.0.0.1:5558")
+    assert (s.url, s.events, s.replay) == (
+        "http://127.0.0.1:8001",
+        "tcp://127.0.0.1:5557",
+        "tcp://127.0.0.1:5558",
+    )
     assert parse_worker("http://h:1").events is None
     for bad in ("127.0.0.1:8001", "http://h:1=5557", "ftp://x"):
         try:
@@ -114,6 +119,8 @@ def test_worker_specs_and_metric_scrapes():
             assert "--worker" in str(e)
         else:
             raise AssertionError(bad)
-    text = ('# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3.0\n'
-            'vllm:num_requests_waiting{engine="0"} 2.0\nvllm:kv_cache_usage_perc{engine="0"} 0.5\n')
+    text = (
+        '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0"} 3.0\n'
+        'vllm:num_requests_waiting{engine="0"} 2.0\nvllm:kv_cache_usage_perc{engine="0"} 0.5\n'
+    )
     assert parse_load(text) == 5.0 and parse_load("") == 0.0

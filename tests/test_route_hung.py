@@ -40,7 +40,9 @@ class HungWorker:
         return len(self.server.seen)
 
     def close(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(10)  # releases the hung requests
+        asyncio.run_coroutine_threadsafe(self.server.stop(), self._loop).result(
+            10
+        )  # releases the hung requests
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(10)
 
@@ -60,19 +62,37 @@ def pair(tmp_path):
 
 
 def _router(c: Cluster, hung: HungWorker, *flags: str) -> str:
-    proc = c.procs.start("router", ["route", "--port", str(c.router_ports[0]), "--worker", c.worker_url(0),
-                                    "--worker", f"http://{HOST}:{hung.port}", "--policy", "round_robin",
-                                    "--scrape-interval", "0", "--log-level", "warning", *flags])
+    proc = c.procs.start(
+        "router",
+        [
+            "route",
+            "--port",
+            str(c.router_ports[0]),
+            "--worker",
+            c.worker_url(0),
+            "--worker",
+            f"http://{HOST}:{hung.port}",
+            "--policy",
+            "round_robin",
+            "--scrape-interval",
+            "0",
+            "--log-level",
+            "warning",
+            *flags,
+        ],
+    )
     wait_http(c.router_url() + "/health", 30, proc)
     return c.router_url()
 
 
 def _send(url: str, n: int) -> list[tuple[int, str, float]]:
     """n concurrent short completions: (status, serving worker, seconds) each."""
+
     def one(i: int) -> tuple[int, str, float]:
         body = json.dumps({"prompt": [1000 + i] * 40, "max_tokens": 2}).encode()
-        req = urllib.request.Request(url + "/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
         t0 = time.monotonic()
         with urllib.request.urlopen(req, timeout=60) as r:
             r.read()

@@ -28,15 +28,18 @@ KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 class Routed(Cluster):
     """Three serve workers (time-scale 1: a simulated H200) and the router, all subprocesses."""
 
-    def post(self, body: dict, key: str | None = "key-a", session: str | None = None,
-             path: str = "/v1/completions") -> tuple[int, dict, dict]:
+    def post(
+        self, body: dict, key: str | None = "key-a", session: str | None = None, path: str = "/v1/completions"
+    ) -> tuple[int, dict, dict]:
         """(status, response headers, JSON body or the usage of a stream)."""
         headers = {"Content-Type": "application/json"}
         if key:
             headers["Authorization"] = f"Bearer {key}"
         if session:
             headers["x-session-id"] = session
-        req = urllib.request.Request(self.router_url() + path, data=json.dumps(body).encode(), headers=headers)
+        req = urllib.request.Request(
+            self.router_url() + path, data=json.dumps(body).encode(), headers=headers
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as r:
                 raw = r.read().decode()
@@ -71,9 +74,22 @@ def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("route")
     with Routed(tmp, 3) as c:
         c.start_workers(log_level="error")
-        c.start_router(["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "test-secret",
-                        "--tokenizer", "builtin", "--health-interval", "0.2", "--scrape-interval", "0.5",
-                        "--log-level", "warning"])
+        c.start_router(
+            [
+                "--api-keys",
+                str(write_keys(tmp, KEYS)),
+                "--router-secret",
+                "test-secret",
+                "--tokenizer",
+                "builtin",
+                "--health-interval",
+                "0.2",
+                "--scrape-interval",
+                "0.5",
+                "--log-level",
+                "warning",
+            ]
+        )
         c.wait_ready(timeout=30)
         c.wait_taken_in(timeout=20)  # every worker in rotation
         yield c
@@ -99,9 +115,15 @@ def test_session_turns_land_on_the_worker_holding_their_prefix(cluster):
         for s in range(6):
             prompt = _prompt(s, 256) + _prompt(100 + s, 64 * (turn + 1))
             # no session header on odd sessions: the KV index alone must find the prefix
-            status, h, r = cluster.post({"prompt": prompt, "max_tokens": 4, "stream": True,
-                                         "stream_options": {"include_usage": True}},
-                                        session=f"s{s}" if s % 2 == 0 else None)
+            status, h, r = cluster.post(
+                {
+                    "prompt": prompt,
+                    "max_tokens": 4,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                },
+                session=f"s{s}" if s % 2 == 0 else None,
+            )
             assert status == 200 and h["x-agentkv-worker"] == homes[s]
             assert _cached(r) >= 256
         time.sleep(0.3)
@@ -137,6 +159,7 @@ def test_forged_or_missing_keys_are_rejected_before_any_worker(cluster):
 
 def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
     """Long prompts keep requests queued before their first byte; one worker is SIGKILLed mid-run."""
+
     def one(i: int) -> tuple[int, int]:
         body = {"prompt": _prompt(1000 + i, 6000), "max_tokens": 8, "stream": True}
         try:
@@ -170,9 +193,16 @@ def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
     # the worker comes back: it is re-added and serves again
     wait_http(cluster.worker_url(1) + "/health", 30, cluster.start_worker(1, log_level="error"))
     deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and cluster.metric("agentkv_router_worker_up").get(
-            f'agentkv_router_worker_up{{worker="1",url="http://127.0.0.1:{cluster.http[1]}"}}') != 1.0:
+    while (
+        time.monotonic() < deadline
+        and cluster.metric("agentkv_router_worker_up").get(
+            f'agentkv_router_worker_up{{worker="1",url="http://127.0.0.1:{cluster.http[1]}"}}'
+        )
+        != 1.0
+    ):
         time.sleep(0.1)
-    seen = {cluster.post({"prompt": _prompt(500 + i, 32), "max_tokens": 1})[1]["x-agentkv-worker"]
-            for i in range(9)}
+    seen = {
+        cluster.post({"prompt": _prompt(500 + i, 32), "max_tokens": 1})[1]["x-agentkv-worker"]
+        for i in range(9)
+    }
     assert "1" in seen

@@ -27,9 +27,14 @@ def test_key_files_json_and_lines(tmp_path):
     t = tmp_path / "k.txt"
     t.write_text("# comment\nk1 acme\n\nk2   beta  # trailing\n")
     assert parse_api_keys(t) == {"k1": "acme", "k2": "beta"}
-    for text, where in (("k1 acme extra\n", "line 1"), ("k1 a\nk1 b\n", "line 2: duplicate"),
-                        ('{"k": ""}', "key #1"), ('[{"key": "k"}]', "record 1"), ("{bad", "invalid JSON"),
-                        ("# nothing\n", "no keys")):
+    for text, where in (
+        ("k1 acme extra\n", "line 1"),
+        ("k1 a\nk1 b\n", "line 2: duplicate"),
+        ('{"k": ""}', "key #1"),
+        ('[{"key": "k"}]', "record 1"),
+        ("{bad", "invalid JSON"),
+        ("# nothing\n", "no keys"),
+    ):
         t.write_text(text)
         with pytest.raises(UserError, match=where):
             parse_api_keys(t)
@@ -43,14 +48,24 @@ def test_authenticate_and_salts():
     assert ta is not None and ta.id == "a"
     assert tenants.authenticate({"authorization": "bearer other-a"}) == ta
     assert tenants.authenticate({"x-api-key": "secret-b"}).id == "b"
-    for h in ({}, {"Authorization": "Bearer secret-c"}, {"Authorization": "secret-a"},
-              {"Authorization": "Bearer "}, {"x-api-key": "SECRET-A"}):
+    for h in (
+        {},
+        {"Authorization": "Bearer secret-c"},
+        {"Authorization": "secret-a"},
+        {"Authorization": "Bearer "},
+        {"x-api-key": "SECRET-A"},
+    ):
         assert tenants.authenticate(h) is None
     # vLLM accepts the salt: non-empty, <= 128 chars, none of @ / \ NUL; stable per secret
     assert re.fullmatch(r"[0-9a-f]{64}", ta.salt) and ta.salt == tenant_salt(b"router-secret", "a")
-    assert ta.salt != tenant_salt(b"other-secret", "a") and ta.salt != tenants.authenticate(
-        {"x-api-key": "secret-b"}).salt
-    assert tenants.salts() == {tenant_salt(b"router-secret", "a"): "a", tenant_salt(b"router-secret", "b"): "b"}
+    assert (
+        ta.salt != tenant_salt(b"other-secret", "a")
+        and ta.salt != tenants.authenticate({"x-api-key": "secret-b"}).salt
+    )
+    assert tenants.salts() == {
+        tenant_salt(b"router-secret", "a"): "a",
+        tenant_salt(b"router-secret", "b"): "b",
+    }
     assert Tenants(None, b"").authenticate({}) is ANONYMOUS
 
 
@@ -63,15 +78,22 @@ def test_request_hashing_matches_the_engine():
     assert rh.hash({"prompt": [ids]}, chat=False, salt=None).hashes == xx.hashes(ids, 16)
     text = "the quick brown fox " * 20
     assert rh.hash({"prompt": text}, False, None).hashes == xx.hashes(encode(text), 16)
-    msgs = [{"role": "system", "content": "be brief " * 30}, {"role": "user", "content": [{"type": "text",
-                                                                                           "text": "hi " * 40}]}]
-    rendered = [{"role": "system", "content": "be brief " * 30, "name": None, "tool_calls": None},
-                {"role": "user", "content": "hi " * 40, "name": None, "tool_calls": None}]
-    assert rh.hash({"messages": msgs}, True, None).hashes == xx.hashes(encode(apply_chat_template(rendered)), 16)
+    msgs = [
+        {"role": "system", "content": "be brief " * 30},
+        {"role": "user", "content": [{"type": "text", "text": "hi " * 40}]},
+    ]
+    rendered = [
+        {"role": "system", "content": "be brief " * 30, "name": None, "tool_calls": None},
+        {"role": "user", "content": "hi " * 40, "name": None, "tool_calls": None},
+    ]
+    assert rh.hash({"messages": msgs}, True, None).hashes == xx.hashes(
+        encode(apply_chat_template(rendered)), 16
+    )
     # vLLM's sha256 family: the event hashes a vLLM engine would publish
     v = make_hasher("sha256", "")
-    assert RequestHasher(v, 16, Tokenizer(None)).hash({"prompt": ids}, False, "s").hashes == \
-        v.hashes(ids, 16, cache_salt="s")
+    assert RequestHasher(v, 16, Tokenizer(None)).hash({"prompt": ids}, False, "s").hashes == v.hashes(
+        ids, 16, cache_salt="s"
+    )
 
 
 def test_text_without_tokenizer_is_approximate_and_salted():
@@ -96,7 +118,11 @@ def test_hf_tokenizer_file(tmp_path):
     xx = make_hasher("xxhash")
     h = RequestHasher(xx, 2, t).hash({"prompt": "hello world again hello"}, False, None)
     assert h.exact and h.hashes == xx.hashes([1, 2, 3, 1], 2)
-    assert not RequestHasher(xx, 2, t).hash({"messages": [{"role": "user", "content": "hello"}]}, True, None).exact
+    assert (
+        not RequestHasher(xx, 2, t)
+        .hash({"messages": [{"role": "user", "content": "hello"}]}, True, None)
+        .exact
+    )
     with pytest.raises(UserError, match="no tokenizer.json"):
         Tokenizer(str(tmp_path / "nope"))
 
@@ -169,4 +195,6 @@ def test_a_retry_keeps_the_configured_weight_and_temperature():
     first, retry = r._make_policy(), r._make_policy(retry=True)
     assert (first.weight, first.temperature, first.affinity) == (3.0, 0.5, 8.0)
     assert (retry.name, retry.weight, retry.temperature, retry.affinity) == ("kv_aware", 3.0, 0.5, 0.0)
-    assert Router(RouterConfig(workers=specs, policy="session"))._make_policy(retry=True).name == "least_loaded"
+    assert (
+        Router(RouterConfig(workers=specs, policy="session"))._make_policy(retry=True).name == "least_loaded"
+    )

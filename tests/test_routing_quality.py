@@ -27,8 +27,16 @@ CEILING = sum(BLOCKS[:-1]) / sum(BLOCKS)  # each turn can reuse the whole previo
 
 def _session(k: int) -> Trace:
     """A session whose turn i extends turn i-1 by 8 blocks of 16 tokens (hash ids its own)."""
-    reqs = [Request(t=0.001 * i, input_tokens=n * 16, output_tokens=4, hash_ids=list(range(k * 10_000, k * 10_000 + n)),
-                    think_time=0.05 if i else 0.0) for i, n in enumerate(BLOCKS)]
+    reqs = [
+        Request(
+            t=0.001 * i,
+            input_tokens=n * 16,
+            output_tokens=4,
+            hash_ids=list(range(k * 10_000, k * 10_000 + n)),
+            think_time=0.05 if i else 0.0,
+        )
+        for i, n in enumerate(BLOCKS)
+    ]
     return Trace(id=f"rq{k}", block_size=16, session=Session(id=f"rq{k}", requests=reqs))
 
 
@@ -39,16 +47,27 @@ def routers(tmp_path_factory):
         c.start_workers(time_scale=SCALE, log_level="error")
         urls = {}
         for j, policy in enumerate(("kv_aware", "round_robin")):
-            c.start_router(["--policy", policy, "--health-interval", "30", "--log-level", "warning"], j=j,
-                           name=f"route-{policy}")
+            c.start_router(
+                ["--policy", policy, "--health-interval", "30", "--log-level", "warning"],
+                j=j,
+                name=f"route-{policy}",
+            )
             urls[policy] = c.router_url(j)
         c.wait_ready()
         yield urls
 
 
 def _hit_rate(url: str, cache_bust: bool) -> float:
-    cfg = BenchConfig(target=url, lanes=6, duration=None, idle_gap_cap=None, time_scale=SCALE, sample_every=0.2,
-                      cache_bust=cache_bust, monitor_gpu=False)
+    cfg = BenchConfig(
+        target=url,
+        lanes=6,
+        duration=None,
+        idle_gap_cap=None,
+        time_scale=SCALE,
+        sample_every=0.2,
+        cache_bust=cache_bust,
+        monitor_gpu=False,
+    )
     res = asyncio.run(BenchRun(cfg, [_session(k) for k in range(6)]).run())
     assert all(r.ok for r in res.records), [r.error for r in res.records]
     assert res.summary.cache.ceiling == pytest.approx(CEILING, abs=0.01)

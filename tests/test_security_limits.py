@@ -39,15 +39,23 @@ async def _router(cfg: RouterConfig) -> tuple[web.AppRunner, str, Router]:
 def test_concurrent_requests_per_tenant_are_capped(tmp_path):
     async def main():
         async with StreamTestServer(behave=lambda body, n: Behaviour(ttft=1.0)) as worker:
-            cfg = RouterConfig(workers=[WorkerSpec(worker.url)], api_keys=str(write_keys(tmp_path, KEYS)),
-                               secret="s", max_streams_per_tenant=2, health_interval=3600, scrape_interval=0)
+            cfg = RouterConfig(
+                workers=[WorkerSpec(worker.url)],
+                api_keys=str(write_keys(tmp_path, KEYS)),
+                secret="s",
+                max_streams_per_tenant=2,
+                health_interval=3600,
+                scrape_interval=0,
+            )
             runner, url, router = await _router(cfg)
             try:
                 async with aiohttp.ClientSession() as s:
+
                     async def send(key: str) -> int:
                         body = {"prompt": [1, 2, 3], "max_tokens": 2, "stream": True}
-                        async with s.post(url + "/v1/completions", json=body,
-                                          headers={"Authorization": f"Bearer {key}"}) as r:
+                        async with s.post(
+                            url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+                        ) as r:
                             await r.read()
                             return r.status
 
@@ -70,8 +78,9 @@ def test_concurrent_requests_per_tenant_are_capped(tmp_path):
 def test_router_body_size_limit(tmp_path):
     async def main():
         async with StreamTestServer() as worker:
-            cfg = RouterConfig(workers=[WorkerSpec(worker.url)], max_body_bytes=4096, health_interval=3600,
-                               scrape_interval=0)
+            cfg = RouterConfig(
+                workers=[WorkerSpec(worker.url)], max_body_bytes=4096, health_interval=3600, scrape_interval=0
+            )
             runner, url, _ = await _router(cfg)
             try:
                 async with aiohttp.ClientSession() as s:
@@ -108,13 +117,18 @@ def _route_args(*extra: str) -> argparse.Namespace:
 
 
 def test_router_limit_flags():
-    cfg = config_from_args(_route_args("--max-body-size", "1MiB", "--max-streams-per-tenant", "8",
-                                       "--max-index-blocks", "1000"))
+    cfg = config_from_args(
+        _route_args("--max-body-size", "1MiB", "--max-streams-per-tenant", "8", "--max-index-blocks", "1000")
+    )
     assert (cfg.max_body_bytes, cfg.max_streams_per_tenant, cfg.max_index_blocks) == (1 << 20, 8, 1000)
     default = config_from_args(_route_args())
     assert default.max_streams_per_tenant > 0 and default.max_index_blocks > 0  # bounded by default
-    for bad in (["--max-body-size", "10"], ["--max-streams-per-tenant", "-1"], ["--max-index-blocks", "0"],
-                ["--max-body-size", "lots"]):
+    for bad in (
+        ["--max-body-size", "10"],
+        ["--max-streams-per-tenant", "-1"],
+        ["--max-index-blocks", "0"],
+        ["--max-body-size", "lots"],
+    ):
         with pytest.raises(UserError):
             config_from_args(_route_args(*bad))
 
@@ -122,12 +136,20 @@ def test_router_limit_flags():
 def test_router_timing_flags():
     """Intervals and the first-byte timeout: valid values reach the config, bad ones are one-line errors
     (a zero health interval would spin the health loop)."""
-    cfg = config_from_args(_route_args("--health-interval", "0.5", "--scrape-interval", "0",
-                                       "--first-byte-timeout", "30"))
+    cfg = config_from_args(
+        _route_args("--health-interval", "0.5", "--scrape-interval", "0", "--first-byte-timeout", "30")
+    )
     assert (cfg.health_interval, cfg.scrape_interval, cfg.first_byte_timeout) == (0.5, 0, 30)
     assert config_from_args(_route_args()).first_byte_timeout is None  # no limit by default
-    for bad in (["--health-interval", "0"], ["--health-interval", "nan"], ["--scrape-interval", "-1"],
-                ["--first-byte-timeout", "-1"], ["--first-byte-timeout", "nan"], ["--temperature", "nan"],
-                ["--affinity", "nan"], ["--approx-ttl", "nan"]):
+    for bad in (
+        ["--health-interval", "0"],
+        ["--health-interval", "nan"],
+        ["--scrape-interval", "-1"],
+        ["--first-byte-timeout", "-1"],
+        ["--first-byte-timeout", "nan"],
+        ["--temperature", "nan"],
+        ["--affinity", "nan"],
+        ["--approx-ttl", "nan"],
+    ):
         with pytest.raises(UserError, match=bad[0]):
             config_from_args(_route_args(*bad))

@@ -38,7 +38,14 @@ def _bodies() -> list[tuple[str, bytes, set[int]]]:
     bad = frozenset({400})
     return [
         c({"prompt": f"hello {m} world", "max_tokens": 8}),
-        c({"prompt": f"tell {m}", "max_tokens": 8, "stream": True, "stream_options": {"include_usage": True}}),
+        c(
+            {
+                "prompt": f"tell {m}",
+                "max_tokens": 8,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+            }
+        ),
         c({"prompt": [m, m]}, bad),  # batched
         c({"prompt": m, "max_tokens": "x"}, bad),  # wrong type
         c({"prompt": m + " ba" * 3000, "max_tokens": 10}, bad),  # longer than --max-model-len
@@ -53,16 +60,33 @@ def _bodies() -> list[tuple[str, bytes, set[int]]]:
         ("/v1/completions", b'{"prompt": "' + m.encode() + b'", broken', {400}),  # malformed JSON
         ("/v1/completions", b'["' + m.encode() + b'"]', {400}),  # not an object
         chat({"messages": [{"role": "user", "content": f"my secret is {m}"}], "max_tokens": 4}),
-        chat({"messages": [{"role": "assistant", "content": m,
-                            "tool_calls": [{"id": "1", "type": "function",
-                                            "function": {"name": "f", "arguments": m}}]},
-                           {"role": "tool", "content": m, "tool_call_id": "1"}], "max_tokens": 2}),
+        chat(
+            {
+                "messages": [
+                    {
+                        "role": "assistant",
+                        "content": m,
+                        "tool_calls": [
+                            {"id": "1", "type": "function", "function": {"name": "f", "arguments": m}}
+                        ],
+                    },
+                    {"role": "tool", "content": m, "tool_call_id": "1"},
+                ],
+                "max_tokens": 2,
+            }
+        ),
         chat({"messages": [{"role": "wizard", "content": m}]}, bad),
         chat({"messages": [{"role": "user", "content": [{"type": "image_url", "text": m}]}]}, bad),
         chat({"messages": m}, bad),
         chat({"messages": []}, bad),
-        chat({"messages": [{"role": "user", "content": m}], "add_generation_prompt": True,
-              "continue_final_message": True}, bad),
+        chat(
+            {
+                "messages": [{"role": "user", "content": m}],
+                "add_generation_prompt": True,
+                "continue_final_message": True,
+            },
+            bad,
+        ),
         ("/tokenize", j({"prompt": m}).encode(), {200}),
         ("/tokenize", j({"messages": [{"role": "user", "content": m}]}).encode(), {200}),
         ("/tokenize", j({"other": m}).encode(), {400}),
@@ -74,9 +98,21 @@ def _bodies() -> list[tuple[str, bytes, set[int]]]:
 def cluster(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("privacy")
     with Cluster(tmp, 1, replay=False) as c:
-        c.start_workers(time_scale=20, log_level="debug", extra=("--max-model-len", "2048", "--max-body-size", "64KiB"))
-        c.start_router(["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "x", "--tokenizer", "builtin",
-                        "--log-level", "debug"])
+        c.start_workers(
+            time_scale=20, log_level="debug", extra=("--max-model-len", "2048", "--max-body-size", "64KiB")
+        )
+        c.start_router(
+            [
+                "--api-keys",
+                str(write_keys(tmp, KEYS)),
+                "--router-secret",
+                "x",
+                "--tokenizer",
+                "builtin",
+                "--log-level",
+                "debug",
+            ]
+        )
         c.wait_ready()
         yield c.procs, c.worker_url(0), c.router_url()
 
@@ -98,16 +134,21 @@ def test_serve_and_route_never_log_prompts_or_completions(cluster):
                 assert MARK not in text, (path, text[:300])  # error messages never quote the prompt
             checked += 1
     # the router's own refusals: no key, bad JSON, a JSON array
-    for body, key, status in ((json.dumps({"prompt": MARK}).encode(), None, 401),
-                              (json.dumps({"prompt": MARK}).encode(), "wrong", 401),
-                              (b'{"prompt": "' + MARK.encode(), "key-a", 400), (json.dumps([MARK]).encode(), "key-a", 400)):
+    for body, key, status in (
+        (json.dumps({"prompt": MARK}).encode(), None, 401),
+        (json.dumps({"prompt": MARK}).encode(), "wrong", 401),
+        (b'{"prompt": "' + MARK.encode(), "key-a", 400),
+        (json.dumps([MARK]).encode(), "key-a", 400),
+    ):
         got, out = post(router + "/v1/completions", body, key=key)
         assert got == status and MARK not in out.decode()
         checked += 1
     metrics = get_text(worker + "/metrics") + get_text(router + "/metrics")
     logs = procs.output("worker0") + procs.output("router")
     print(f"\n{checked} requests with the marker; {len(logs.splitlines())} log lines at DEBUG checked")
-    assert "-> 400" in logs and "-> 413" in logs and "Using selector" in logs  # refusals and DEBUG lines logged
+    assert (
+        "-> 400" in logs and "-> 413" in logs and "Using selector" in logs
+    )  # refusals and DEBUG lines logged
     assert MARK not in logs and MARK.lower() not in logs.lower()
     assert MARK not in metrics
     long_outputs = [t for t in completions if len(t) >= 20]
@@ -151,15 +192,17 @@ class LeakyServer:
         self.n += 1
         kind = self.n % 4
         if kind == 1:
-            return web.json_response({"error": {"message": f"bad prompt {MARK}: {prompt[:200]}", "code": 400}},
-                                     status=400)
+            return web.json_response(
+                {"error": {"message": f"bad prompt {MARK}: {prompt[:200]}", "code": 400}}, status=400
+            )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
         if kind == 2:
             await resp.write(f"data: {{{MARK} {prompt[:100]} not json\n\n".encode())
         elif kind == 3:
-            await resp.write(b"data: " + json.dumps({"error": {"message": f"{MARK} {prompt[:100]}"}}).encode()
-                             + b"\n\n")
+            await resp.write(
+                b"data: " + json.dumps({"error": {"message": f"{MARK} {prompt[:100]}"}}).encode() + b"\n\n"
+            )
         else:
             for i in range(3):
                 chunk = {"choices": [{"index": 0, "delta": {"content": f" {MARK} completion {i}"}}]}
@@ -193,15 +236,38 @@ class LeakyServer:
 
 
 def test_bench_keeps_prompts_and_completions_out_of_its_output(tmp_path):
-    trace = {"id": "p", "block_size": 16,
-             "requests": [{"t": i * 0.01, "type": "n", "in": 96, "out": 3, "hash_ids": [i, i + 1, i + 2]}
-                          for i in range(12)]}
+    trace = {
+        "id": "p",
+        "block_size": 16,
+        "requests": [
+            {"t": i * 0.01, "type": "n", "in": 96, "out": 3, "hash_ids": [i, i + 1, i + 2]} for i in range(12)
+        ],
+    }
     (tmp_path / "p.json").write_text(json.dumps(trace))
     out = tmp_path / "out"
     with LeakyServer() as srv:
-        run = subprocess.run([*CLI, "bench", str(tmp_path / "p.json"), "--target", srv.url, "--api", "chat",
-                              "--prompt-mode", "text", "--duration", "none", "--lanes", "2", "--out", str(out)],
-                             capture_output=True, text=True, timeout=120)
+        run = subprocess.run(
+            [
+                *CLI,
+                "bench",
+                str(tmp_path / "p.json"),
+                "--target",
+                srv.url,
+                "--api",
+                "chat",
+                "--prompt-mode",
+                "text",
+                "--duration",
+                "none",
+                "--lanes",
+                "2",
+                "--out",
+                str(out),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         prompts = list(srv.prompts)
     assert run.returncode == 0, run.stderr[-2000:]
     assert len(prompts) == 12
@@ -214,4 +280,4 @@ def test_bench_keeps_prompts_and_completions_out_of_its_output(tmp_path):
         assert MARK not in text, name
         for p in prompts:
             for i in range(0, len(p) - 40, 40):
-                assert p[i:i + 40] not in text, (name, p[i:i + 40])
+                assert p[i : i + 40] not in text, (name, p[i : i + 40])

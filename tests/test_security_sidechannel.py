@@ -26,8 +26,9 @@ def targets(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("sidechannel")
     with Cluster(tmp, 1, events=False, replay=False) as c:
         c.start_workers(time_scale=1.0)
-        c.start_router(["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "s3cret",
-                        "--log-level", "warning"])
+        c.start_router(
+            ["--api-keys", str(write_keys(tmp, KEYS)), "--router-secret", "s3cret", "--log-level", "warning"]
+        )
         c.wait_ready()
         yield c.worker_url(0), c.router_url()
 
@@ -50,8 +51,10 @@ def test_attack_succeeds_against_a_shared_cache(targets):
     worker, _ = targets
     r = side_channel(AttackConfig(target=worker, trials=60, prefix_tokens=4096, seed=1))
     sig = {s.signal: s for s in r.signals}
-    print(f"\nshared cache: TTFT AUC {sig['ttft'].auc.value:.3f} [{sig['ttft'].auc.low:.3f}, "
-          f"{sig['ttft'].auc.high:.3f}], accuracy {sig['ttft'].accuracy.value:.1%}")
+    print(
+        f"\nshared cache: TTFT AUC {sig['ttft'].auc.value:.3f} [{sig['ttft'].auc.low:.3f}, "
+        f"{sig['ttft'].auc.high:.3f}], accuracy {sig['ttft'].accuracy.value:.1%}"
+    )
     assert r.leaks
     assert sig["ttft"].auc.value >= 0.9 and sig["ttft"].auc.low > 0.75
     assert sig["ttft"].median_positive < sig["ttft"].median_negative
@@ -61,13 +64,24 @@ def test_attack_succeeds_against_a_shared_cache(targets):
 def test_attack_fails_across_tenants_through_the_router(targets):
     _, router = targets
     # a 99.9% interval: with no leak a 95% one would still miss 0.5 in one run of twenty
-    r = side_channel(AttackConfig(target=router, via_router=True, victim_key="key-victim",
-                                  attacker_key="key-attacker", trials=100, prefix_tokens=4096, seed=2,
-                                  confidence=0.999))
+    r = side_channel(
+        AttackConfig(
+            target=router,
+            via_router=True,
+            victim_key="key-victim",
+            attacker_key="key-attacker",
+            trials=100,
+            prefix_tokens=4096,
+            seed=2,
+            confidence=0.999,
+        )
+    )
     sig = {s.signal: s for s in r.signals}
     ttft = sig["ttft"]
-    print(f"\nvia router: TTFT AUC {ttft.auc.value:.3f} [{ttft.auc.low:.3f}, {ttft.auc.high:.3f}] (99.9%), "
-          f"accuracy {ttft.accuracy.value:.1%}")
+    print(
+        f"\nvia router: TTFT AUC {ttft.auc.value:.3f} [{ttft.auc.low:.3f}, {ttft.auc.high:.3f}] (99.9%), "
+        f"accuracy {ttft.accuracy.value:.1%}"
+    )
     # the attacker's own cache works through the router (so its timer could see a hit) ...
     assert r.calibration_warm_ms < r.calibration_cold_ms / 2
     # ... but the victim's prefixes never hit for it: chance on both signals
@@ -78,21 +92,60 @@ def test_attack_fails_across_tenants_through_the_router(targets):
 
 def test_cli_json_and_flag_errors(targets):
     worker, router = targets
-    out = subprocess.run([*CLI, "security", "side-channel", "--target", worker, "--trials", "16", "--json",
-                          "--prefix-tokens", "1024"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            *CLI,
+            "security",
+            "side-channel",
+            "--target",
+            worker,
+            "--trials",
+            "16",
+            "--json",
+            "--prefix-tokens",
+            "1024",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     rep = json.loads(out.stdout)
     assert rep["leaks"] is True and rep["trials"] == 16 and rep["via_router"] is False
     cached = next(s for s in rep["signals"] if s["signal"] == "cached_tokens")
     assert cached["auc"]["value"] == 1.0
-    bad = subprocess.run([*CLI, "security", "side-channel", "--target", router, "--via-router",
-                          "--api-key", "key-victim"], capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*CLI, "security", "side-channel", "--target", router, "--via-router", "--api-key", "key-victim"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--attacker-key" in bad.stderr and "Traceback" not in bad.stderr
     for flag, value in (("--timeout", "nan"), ("--timeout", "0"), ("--confidence", "nan")):
-        bad = subprocess.run([*CLI, "security", "side-channel", "--target", worker, flag, value],
-                             capture_output=True, text=True, timeout=60)
+        bad = subprocess.run(
+            [*CLI, "security", "side-channel", "--target", worker, flag, value],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert bad.returncode == 2 and flag in bad.stderr and "Traceback" not in bad.stderr
-    wrong = subprocess.run([*CLI, "security", "side-channel", "--target", router, "--via-router", "--api-key",
-                            "key-victim", "--attacker-key", "nope", "--trials", "8"],
-                           capture_output=True, text=True, timeout=60)
+    wrong = subprocess.run(
+        [
+            *CLI,
+            "security",
+            "side-channel",
+            "--target",
+            router,
+            "--via-router",
+            "--api-key",
+            "key-victim",
+            "--attacker-key",
+            "nope",
+            "--trials",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert wrong.returncode == 2 and "HTTP 401" in wrong.stderr and "Traceback" not in wrong.stderr

@@ -22,7 +22,9 @@ FAST = 1000.0  # --time-scale: engine steps of ~6 ms take ~6 us of wall time
 
 @contextlib.asynccontextmanager
 async def serving(config: EngineConfig | None = None, **opts):
-    server = Server(config or EngineConfig(max_model_len=4096), ServeOptions(port=0, **{"time_scale": FAST, **opts}))
+    server = Server(
+        config or EngineConfig(max_model_len=4096), ServeOptions(port=0, **{"time_scale": FAST, **opts})
+    )
     url = await server.start()
     try:
         async with aiohttp.ClientSession() as session:
@@ -52,7 +54,9 @@ async def metrics(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
     out = {}
     for fam in text_string_to_metric_families(text):
         for s in fam.samples:
-            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("model_name", "engine"))
+            labels = ",".join(
+                f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("model_name", "engine")
+            )
             out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
     return out
 
@@ -72,9 +76,16 @@ def test_streaming_completions_both_prompt_forms():
     async def main():
         async with serving() as (server, url, s):
             for prompt in (ids, decode(ids)):
-                chunks = await sse(s, url + "/v1/completions",
-                                   {"prompt": prompt, "max_tokens": 7, "stream": True,
-                                    "stream_options": {"include_usage": True}})
+                chunks = await sse(
+                    s,
+                    url + "/v1/completions",
+                    {
+                        "prompt": prompt,
+                        "max_tokens": 7,
+                        "stream": True,
+                        "stream_options": {"include_usage": True},
+                    },
+                )
                 *tokens, last = chunks
                 assert last["choices"] == [] and last["usage"]["completion_tokens"] == 7
                 assert last["usage"]["prompt_tokens"] == 40
@@ -94,16 +105,23 @@ def test_streaming_completions_both_prompt_forms():
 def test_non_streaming_completion_and_chat():
     async def main():
         async with serving(served_model_name="agent") as (server, url, s):
-            async with s.post(url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 3,
-                                                             "model": "agent"}) as r:
+            async with s.post(
+                url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 3, "model": "agent"}
+            ) as r:
                 body = await r.json()
             assert r.status == 200 and body["object"] == "text_completion" and body["model"] == "agent"
             assert body["choices"][0]["finish_reason"] == "length"
             assert encode(body["choices"][0]["text"]) == output_ids(3)
-            assert body["usage"] == {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5,
-                                     "prompt_tokens_details": {"cached_tokens": 0}}
-            async with s.post(url + "/v1/chat/completions",
-                              json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}) as r:
+            assert body["usage"] == {
+                "prompt_tokens": 2,
+                "completion_tokens": 3,
+                "total_tokens": 5,
+                "prompt_tokens_details": {"cached_tokens": 0},
+            }
+            async with s.post(
+                url + "/v1/chat/completions",
+                json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+            ) as r:
                 body = await r.json()
             assert body["object"] == "chat.completion"
             msg = body["choices"][0]["message"]
@@ -118,9 +136,17 @@ def test_chat_stream_and_cached_tokens_rise_on_the_second_turn():
     turn1 = [{"role": "system", "content": system}, {"role": "user", "content": "Fix the failing test."}]
 
     async def turn(s, url, messages):
-        chunks = await sse(s, url + "/v1/chat/completions",
-                           {"messages": messages, "max_tokens": 5, "stream": True,
-                            "stream_options": {"include_usage": True}, "session_id": "s1"})
+        chunks = await sse(
+            s,
+            url + "/v1/chat/completions",
+            {
+                "messages": messages,
+                "max_tokens": 5,
+                "stream": True,
+                "stream_options": {"include_usage": True},
+                "session_id": "s1",
+            },
+        )
         assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
         assert all(c["object"] == "chat.completion.chunk" for c in chunks)
         text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[1:-1])
@@ -130,8 +156,11 @@ def test_chat_stream_and_cached_tokens_rise_on_the_second_turn():
         async with serving() as (server, url, s):
             reply, u1 = await turn(s, url, turn1)
             assert u1["prompt_tokens_details"]["cached_tokens"] == 0
-            turn2 = [*turn1, {"role": "assistant", "content": reply},
-                     {"role": "user", "content": "Now run it."}]
+            turn2 = [
+                *turn1,
+                {"role": "assistant", "content": reply},
+                {"role": "user", "content": "Now run it."},
+            ]
             _, u2 = await turn(s, url, turn2)
             assert u2["prompt_tokens"] > u1["prompt_tokens"]
             # every full block of turn 1's prompt is a hit on turn 2
@@ -145,9 +174,14 @@ def test_metrics_parse_and_move():
         async with serving() as (server, url, s):
             before = await metrics(s, url)
             assert before["vllm:prefix_cache_queries_total"] == 0
-            assert before["vllm:cache_config_info{block_size=16,cache_dtype=auto,enable_prefix_caching=True,"
-                          "gpu_memory_utilization=0.9,num_cpu_blocks=0,num_gpu_blocks="
-                          f"{server.runner.engine.num_gpu_blocks},prefix_caching_hash_algo=xxhash}}"] == 1
+            assert (
+                before[
+                    "vllm:cache_config_info{block_size=16,cache_dtype=auto,enable_prefix_caching=True,"
+                    "gpu_memory_utilization=0.9,num_cpu_blocks=0,num_gpu_blocks="
+                    f"{server.runner.engine.num_gpu_blocks},prefix_caching_hash_algo=xxhash}}"
+                ]
+                == 1
+            )
             prompt = list(range(500, 564))  # 4 full blocks
             for _ in range(2):
                 async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 5}) as r:
@@ -203,8 +237,12 @@ def test_kv_events_stored_then_removed_under_memory_pressure():
             sub.close()
         events = [(r.seq, e) for r in got for e in r.batch.events]
         assert [r.seq for r in got] == list(range(len(got)))
-        stored = [seq for seq, e in events if isinstance(e, BlockStored) and set(hashes) <= set(e.block_hashes)]
-        removed = [seq for seq, e in events if isinstance(e, BlockRemoved) and set(e.block_hashes) & set(hashes)]
+        stored = [
+            seq for seq, e in events if isinstance(e, BlockStored) and set(hashes) <= set(e.block_hashes)
+        ]
+        removed = [
+            seq for seq, e in events if isinstance(e, BlockRemoved) and set(e.block_hashes) & set(hashes)
+        ]
         assert stored and removed and stored[0] < removed[0]
         assert all(e.medium == "GPU" for _, e in events)
 
@@ -213,11 +251,14 @@ def test_kv_events_stored_then_removed_under_memory_pressure():
 
 def test_kv_events_bind_on_wildcard_and_replay():
     async def main():
-        async with serving(kv_events_endpoint="tcp://127.0.0.1:*",
-                           kv_events_replay_endpoint="tcp://127.0.0.1:*") as (server, url, s):
+        async with serving(
+            kv_events_endpoint="tcp://127.0.0.1:*", kv_events_replay_endpoint="tcp://127.0.0.1:*"
+        ) as (server, url, s):
             pub = server.publisher
             assert not pub.endpoint.endswith("*") and not pub.replay_endpoint.endswith("*")
-            async with s.post(url + "/v1/completions", json={"prompt": list(range(64)), "max_tokens": 2}) as r:
+            async with s.post(
+                url + "/v1/completions", json={"prompt": list(range(64)), "max_tokens": 2}
+            ) as r:
                 assert r.status == 200
             for _ in range(100):
                 if pub.stats.sent:
@@ -256,15 +297,17 @@ def test_bad_inputs_are_openai_errors_and_logs_hold_no_prompt(caplog):
         cfg = EngineConfig(max_model_len=1024)
         async with serving(cfg, max_body_bytes=8192) as (server, url, s):
             for body, status, param in cases:
-                async with s.post(url + "/v1/completions", data=body,
-                                  headers={"Content-Type": "application/json"}) as r:
+                async with s.post(
+                    url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+                ) as r:
                     err = await r.json()
                 assert r.status == status, (status, err)
                 assert set(err["error"]) == {"message", "type", "param", "code"}
                 assert err["error"]["code"] == status and err["error"]["param"] == param
                 assert secret not in err["error"]["message"]
-            async with s.post(url + "/v1/chat/completions", json={"messages": [{"role": "x", "content": secret}]}) \
-                    as r:
+            async with s.post(
+                url + "/v1/chat/completions", json={"messages": [{"role": "x", "content": secret}]}
+            ) as r:
                 assert r.status == 400
             assert not server.runner.engine.requests
 
@@ -281,8 +324,10 @@ def test_client_disconnect_aborts_and_frees_blocks():
             for stream in (True, False):
                 body = json.dumps({"prompt": list(range(100)), "max_tokens": 500, "stream": stream}).encode()
                 reader, writer = await asyncio.open_connection(host, int(port))
-                writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                             b"Content-Length: %d\r\n\r\n" % len(body) + body)
+                writer.write(
+                    b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                    b"Content-Length: %d\r\n\r\n" % len(body) + body
+                )
                 await writer.drain()
                 if stream:
                     assert b"200 OK" in await reader.readuntil(b"\r\n\r\n")
@@ -315,8 +360,13 @@ def test_openai_client():
             c = await client.completions.create(model="llama3-8b", prompt="hello agent", max_tokens=4)
             assert c.usage.completion_tokens == 4 and encode(c.choices[0].text) == output_ids(4)
             stream = await client.chat.completions.create(
-                model="llama3-8b", messages=[{"role": "user", "content": "hi"}], max_tokens=6, stream=True,
-                stream_options={"include_usage": True}, extra_body={"cache_salt": "tenant-a"})
+                model="llama3-8b",
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=6,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"cache_salt": "tenant-a"},
+            )
             chunks = [ch async for ch in stream]
             text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
             assert encode(text) == output_ids(6)
@@ -362,9 +412,11 @@ def test_many_concurrent_streams():
 def test_chunked_body_over_the_limit_and_http2_probes(caplog):
     async def main():
         async with serving(max_body_bytes=4096) as (server, url, s):
+
             async def chunks():
                 for _ in range(10):
                     yield b" " * 1000
+
             async with s.post(url + "/v1/completions", data=chunks()) as r:  # no Content-Length
                 assert r.status == 413
                 assert (await r.json())["error"]["code"] == 413
@@ -391,13 +443,18 @@ def test_session_header_feeds_the_session_eviction_policy():
             seen = []
             policy = server.runner.engine.pool.policy
             orig_paused, orig_resumed = policy.session_paused, policy.session_resumed
-            policy.session_paused = lambda sid, now, reason: (seen.append(("paused", sid)),
-                                                              orig_paused(sid, now, reason))
+            policy.session_paused = lambda sid, now, reason: (
+                seen.append(("paused", sid)),
+                orig_paused(sid, now, reason),
+            )
             policy.session_resumed = lambda sid, now: (seen.append(("resumed", sid)), orig_resumed(sid, now))
             usages = []
             for turn in range(2):
-                async with s.post(url + "/v1/completions", json={"prompt": prompt + [turn], "max_tokens": 3},
-                                  headers={"x-session-id": "agent-7"}) as r:
+                async with s.post(
+                    url + "/v1/completions",
+                    json={"prompt": prompt + [turn], "max_tokens": 3},
+                    headers={"x-session-id": "agent-7"},
+                ) as r:
                     usages.append((await r.json())["usage"])
             assert seen == [("resumed", "agent-7"), ("paused", "agent-7")] * 2
             assert usages[1]["prompt_tokens_details"]["cached_tokens"] == 96

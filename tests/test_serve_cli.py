@@ -26,8 +26,9 @@ def agentkv_cmd() -> list[str]:
 
 
 def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([*agentkv_cmd(), "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, cwd=ROOT)
+    return subprocess.Popen(
+        [*agentkv_cmd(), "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
 
 
 def read_lines(proc: subprocess.Popen, pattern: str, n: int, timeout: float = 60.0) -> list[str]:
@@ -51,7 +52,9 @@ def post(url: str, body: dict) -> dict:
 
 
 def test_serve_subprocess_answers_and_stops_on_sigterm():
-    proc = start("--port", "0", "--time-scale", "1000", "--max-model-len", "2048", "--served-model-name", "m1")
+    proc = start(
+        "--port", "0", "--time-scale", "1000", "--max-model-len", "2048", "--served-model-name", "m1"
+    )
     try:
         (line,) = read_lines(proc, r"http://", 1)
         url = re.search(r"http://[\d.]+:\d+", line).group(0)
@@ -68,8 +71,18 @@ def test_serve_subprocess_answers_and_stops_on_sigterm():
 def test_multi_worker_launch_and_clean_shutdown():
     base = free_port_range(4)
     events = base + 2
-    proc = start("--workers", "2", "--port", str(base), "--time-scale", "1000", "--max-model-len", "2048",
-                 "--kv-events-endpoint", f"tcp://127.0.0.1:{events}")
+    proc = start(
+        "--workers",
+        "2",
+        "--port",
+        str(base),
+        "--time-scale",
+        "1000",
+        "--max-model-len",
+        "2048",
+        "--kv-events-endpoint",
+        f"tcp://127.0.0.1:{events}",
+    )
     pids = []
     try:
         lines = read_lines(proc, r"^agentkv serve: worker \d", 2, timeout=120)
@@ -89,15 +102,18 @@ def test_multi_worker_launch_and_clean_shutdown():
             os.kill(pid, 0)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--time-scale", "0"], "--time-scale"),
-    (["--time-scale", "nan"], "--time-scale"),
-    (["--kv-offloading-size", "inf"], "--kv-offloading-size"),
-    (["--workers", "2", "--port", "0"], "--workers"),
-    (["--kv-events-config", "{nope"], "--kv-events-config"),
-    (["--max-body-size", "lots"], "--max-body-size"),
-    (["--block-size", "7"], "--block-size"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--time-scale", "0"], "--time-scale"),
+        (["--time-scale", "nan"], "--time-scale"),
+        (["--kv-offloading-size", "inf"], "--kv-offloading-size"),
+        (["--workers", "2", "--port", "0"], "--workers"),
+        (["--kv-events-config", "{nope"], "--kv-events-config"),
+        (["--max-body-size", "lots"], "--max-body-size"),
+        (["--block-size", "7"], "--block-size"),
+    ],
+)
 def test_bad_flags_are_one_line_errors(args, message, capsys):
     assert main(["serve", *args]) == 2
     err = capsys.readouterr().err

@@ -19,8 +19,10 @@ def sample():
 
 
 def _key(res):
-    return [(r.id, r.worker, round(r.first_token, 9), round(r.end, 9), r.cached_tokens, r.output_tokens)
-            for r in sorted(res.records, key=lambda r: r.id)]
+    return [
+        (r.id, r.worker, round(r.first_token, 9), round(r.end, 9), r.cached_tokens, r.output_tokens)
+        for r in sorted(res.records, key=lambda r: r.id)
+    ]
 
 
 def test_bursts_are_exact(sample):
@@ -52,8 +54,13 @@ def test_kv_weight_prices_prefill_against_load():
     """--kv-weight 0 routes on load alone (hits fall toward least_loaded's); the weight is recorded."""
     traces = synthesize(12, seed=3)
     eng = EngineConfig(num_gpu_blocks_override=6000, max_model_len=200_000)
-    runs = {w: simulate(traces, SimConfig(engine=eng, workers=4, lanes=8, kv_weight=w)).summary for w in (0.0, 16.0)}
-    assert runs[16.0].cache.reported > runs[0.0].cache.reported + 0.05, {w: s.cache.reported for w, s in runs.items()}
+    runs = {
+        w: simulate(traces, SimConfig(engine=eng, workers=4, lanes=8, kv_weight=w)).summary
+        for w in (0.0, 16.0)
+    }
+    assert runs[16.0].cache.reported > runs[0.0].cache.reported + 0.05, {
+        w: s.cache.reported for w, s in runs.items()
+    }
     assert runs[0.0].config["kv_weight"] == 0.0 and runs[16.0].config["kv_weight"] == 16.0
 
 
@@ -61,8 +68,9 @@ def test_pressure_evicts_and_offload_restores_hits(sample):
     eng = dict(num_gpu_blocks_override=9000, max_model_len=200_000)
     run = dict(lanes=3, max_requests=60)
     tight = simulate(sample, SimConfig(engine=EngineConfig(**eng), **run)).summary
-    roomy = simulate(sample, SimConfig(engine=EngineConfig(num_gpu_blocks_override=60_000,
-                                                           max_model_len=200_000), **run)).summary
+    roomy = simulate(
+        sample, SimConfig(engine=EngineConfig(num_gpu_blocks_override=60_000, max_model_len=200_000), **run)
+    ).summary
     offload = simulate(sample, SimConfig(engine=EngineConfig(**eng, kv_offloading_size=64), **run)).summary
     assert tight.cache.reported < roomy.cache.reported - 0.05
     assert offload.cache.by_tier.get("CPU", 0) > 0.05
@@ -79,8 +87,25 @@ def test_context_overflow_is_a_counted_failure(sample):
 
 def test_cli_json_and_out(tmp_path):
     out = tmp_path / "run"
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--lanes", "2", "--max-requests", "20",
-                        "--json", "--out", str(out), "-q"], capture_output=True, text=True, timeout=120)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentkv.cli",
+            "simulate",
+            "--lanes",
+            "2",
+            "--max-requests",
+            "20",
+            "--json",
+            "--out",
+            str(out),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert p.returncode == 0, p.stderr
     summary = json.loads(p.stdout)
     assert summary["schema"].startswith("agentkv.summary/") and summary["requests"] == 20
@@ -90,21 +115,51 @@ def test_cli_json_and_out(tmp_path):
 
 
 def test_cli_bad_input_is_one_line():
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--gpu", "h999", "-q"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "agentkv.cli", "simulate", "--gpu", "h999", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "Traceback" not in p.stderr and "h999" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--sweep", "bogus=1,2", "-q"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "agentkv.cli", "simulate", "--sweep", "bogus=1,2", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "bogus" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--kv-weight", "-1", "-q"],
-                       capture_output=True, text=True, timeout=60)
+    p = subprocess.run(
+        [sys.executable, "-m", "agentkv.cli", "simulate", "--kv-weight", "-1", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert p.returncode == 2 and "--kv-weight" in p.stderr and "Traceback" not in p.stderr
 
 
 def test_sweep_prints_one_row_per_point():
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", "simulate", "--lanes", "2", "--max-requests", "15",
-                        "--sweep", "router=round_robin,kv_aware", "--workers", "2", "--json", "-q"],
-                       capture_output=True, text=True, timeout=300)
+    p = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "agentkv.cli",
+            "simulate",
+            "--lanes",
+            "2",
+            "--max-requests",
+            "15",
+            "--sweep",
+            "router=round_robin,kv_aware",
+            "--workers",
+            "2",
+            "--json",
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)
     assert [r["overrides"]["router"] for r in rows] == ["round_robin", "kv_aware"]

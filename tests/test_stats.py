@@ -20,8 +20,15 @@ from agentkv.trace.stats import StatsReport, cache_hits, ceiling, compute
 
 
 def _r(t, n_in, ids, out=1, think=0.0, api=1.0, kind="n"):
-    return Request(t=t, input_tokens=n_in, output_tokens=out, hash_ids=list(ids), think_time=think,
-                   api_time=api, kind=kind)
+    return Request(
+        t=t,
+        input_tokens=n_in,
+        output_tokens=out,
+        hash_ids=list(ids),
+        think_time=think,
+        api_time=api,
+        kind=kind,
+    )
 
 
 def tiny() -> Trace:
@@ -36,12 +43,22 @@ def tiny() -> Trace:
     20  root r3   in 7    [1,2]       1,2 -> 8 tokens, capped      7
     hits 43 of 68 input tokens.
     """
-    sub = Session(id="t/a1", t=6.0, duration=4.5, requests=[
-        _r(0.0, 9, [1, 7, 8], out=2), _r(3.0, 12, [1, 7, 8], out=4, think=2.0)])
-    root = Session(id="t", subagents=[sub], requests=[
-        _r(0.0, 10, [1, 2, 3], out=3), _r(5.0, 14, [1, 2, 5, 6], out=2, think=4.0),
-        _r(8.0, 16, [1, 7, 8, 10], out=1, think=2.0, api=2.0, kind="s"),
-        _r(20.0, 7, [1, 2], out=5, think=10.0, api=0.5)])
+    sub = Session(
+        id="t/a1",
+        t=6.0,
+        duration=4.5,
+        requests=[_r(0.0, 9, [1, 7, 8], out=2), _r(3.0, 12, [1, 7, 8], out=4, think=2.0)],
+    )
+    root = Session(
+        id="t",
+        subagents=[sub],
+        requests=[
+            _r(0.0, 10, [1, 2, 3], out=3),
+            _r(5.0, 14, [1, 2, 5, 6], out=2, think=4.0),
+            _r(8.0, 16, [1, 7, 8, 10], out=1, think=2.0, api=2.0, kind="s"),
+            _r(20.0, 7, [1, 2], out=5, think=10.0, api=0.5),
+        ],
+    )
     return Trace(id="t", block_size=4, session=root, format="agentx")
 
 
@@ -76,8 +93,14 @@ def test_sparse_and_huge_ids_give_the_same_hits(base):
 
 
 def _flat(tid, scope, source, reqs):
-    return Trace(id=tid, block_size=4, hash_id_scope=scope, source=source,
-                 session=Session(id=tid, requests=reqs), replay="timestamp")
+    return Trace(
+        id=tid,
+        block_size=4,
+        hash_id_scope=scope,
+        source=source,
+        session=Session(id=tid, requests=reqs),
+        replay="timestamp",
+    )
 
 
 def test_global_ids_are_shared_across_one_files_traces_in_time_order():
@@ -193,12 +216,18 @@ def test_cli_defaults_to_the_bundled_sample(capsys):
     assert 0.5 < report.total.ceiling < 1.0
 
 
-@pytest.mark.parametrize("content, args, needle", [
-    ('{"id": "x", "block_size": 64, "requests": [{"t": 0, "type": "n", "in": "many", "out": 1}]}',
-     [], "'in'"),
-    ("{not json", ["--format", "agentx"], "bad.json"),
-    ("", ["--top", "0"], "--top"),
-])
+@pytest.mark.parametrize(
+    "content, args, needle",
+    [
+        (
+            '{"id": "x", "block_size": 64, "requests": [{"t": 0, "type": "n", "in": "many", "out": 1}]}',
+            [],
+            "'in'",
+        ),
+        ("{not json", ["--format", "agentx"], "bad.json"),
+        ("", ["--top", "0"], "--top"),
+    ],
+)
 def test_cli_bad_input_is_one_line_and_exit_2(tmp_path, capsys, content, args, needle):
     p = tmp_path / "bad.json"
     p.write_text(content or json.dumps({"id": "x", "block_size": 64, "requests": []}))

@@ -17,8 +17,9 @@ from agentkv.trace.stats import StatsReport, compute
 from agentkv.trace.synth import SynthConfig, synth_session, synthesize, write_traces
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "traces.md"
-EVENTFUL = SynthConfig(burst_rate=0.2, compacting_share=1.0, turns=msgspec.structs.replace(
-    SynthConfig().turns, median=120))  # forces sub-agent bursts and compactions into a few sessions
+EVENTFUL = SynthConfig(
+    burst_rate=0.2, compacting_share=1.0, turns=msgspec.structs.replace(SynthConfig().turns, median=120)
+)  # forces sub-agent bursts and compactions into a few sessions
 
 
 def _files(folder: Path) -> dict[str, bytes]:
@@ -106,7 +107,9 @@ def test_cli_writes_readable_traces(tmp_path, capsys):
     assert report.total.traces == 3 and all(t.format == "agentx" for t in report.traces)
 
 
-@pytest.mark.parametrize("args, needle", [(["--sessions", "0"], "--sessions"), (["-o", "/proc/x/y"], "/proc/x")])
+@pytest.mark.parametrize(
+    "args, needle", [(["--sessions", "0"], "--sessions"), (["-o", "/proc/x/y"], "/proc/x")]
+)
 def test_cli_bad_arguments_are_one_line_and_exit_2(capsys, args, needle):
     assert main(["trace", "synth", *args]) == 2
     err = capsys.readouterr().err

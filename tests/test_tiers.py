@@ -18,7 +18,9 @@ BLOCK = 2 * MiB  # Llama-3-8B bf16, 16 tokens: 16 x 32 layers x 4 KiB
 
 def stack(cpu=2, disk=2, **kw) -> tuple[TierStack, list]:
     events: list = []
-    specs = [TierSpec("CPU", capacity_blocks=cpu)] + ([TierSpec("DISK", capacity_blocks=disk)] if disk else [])
+    specs = [TierSpec("CPU", capacity_blocks=cpu)] + (
+        [TierSpec("DISK", capacity_blocks=disk)] if disk else []
+    )
     kw.setdefault("num_layers", 32)
     return TierStack(specs, BLOCK, block_size=16, on_event=events.append, **kw), events
 
@@ -77,8 +79,11 @@ def test_promotion_is_inclusive_and_costs_transfer_time():
 
 def test_disk_promotion_adds_ssd_read_to_the_host_copy():
     disk = DiskModel(read_Bps=7e9, write_Bps=5e9, io_latency_s=80e-6)
-    s = TierStack([TierSpec("CPU", capacity_blocks=1), TierSpec("DISK", capacity_blocks=4, disk=disk)],
-                  BLOCK, num_layers=32)
+    s = TierStack(
+        [TierSpec("CPU", capacity_blocks=1), TierSpec("DISK", capacity_blocks=4, disk=disk)],
+        BLOCK,
+        num_layers=32,
+    )
     s.on_gpu_evict(1)
     s.on_gpu_evict(2)
     assert s.where(1) == "DISK"
@@ -144,14 +149,21 @@ def test_events_report_tier_moves_with_medium():
     moves = [(type(e).__name__, e.medium, e.block_hashes) for e in events]
     assert moves == [
         ("BlockStored", "CPU", [10]),
-        ("BlockStored", "DISK", [10]), ("BlockRemoved", "CPU", [10]), ("BlockStored", "CPU", [11]),
-        ("BlockRemoved", "DISK", [10]), ("BlockStored", "DISK", [11]), ("BlockRemoved", "CPU", [11]),
+        ("BlockStored", "DISK", [10]),
+        ("BlockRemoved", "CPU", [10]),
+        ("BlockStored", "CPU", [11]),
+        ("BlockRemoved", "DISK", [10]),
+        ("BlockStored", "DISK", [11]),
+        ("BlockRemoved", "CPU", [11]),
         ("BlockStored", "CPU", [12]),
     ]
     assert all(e.block_size == 16 for e in events if isinstance(e, BlockStored))
     events.clear()
     s.clear()
-    assert events == [BlockRemoved(block_hashes=[12], medium="CPU"), BlockRemoved(block_hashes=[11], medium="DISK")]
+    assert events == [
+        BlockRemoved(block_hashes=[12], medium="CPU"),
+        BlockRemoved(block_hashes=[11], medium="DISK"),
+    ]
     assert s.occupancy() == {"CPU": (0, 1), "DISK": (0, 1)}
 
 
@@ -172,10 +184,20 @@ def test_specs_and_capacities():
             TierStack(specs, BLOCK, **kw)
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("512GB", 512 * 10**9), ("1.5TiB", int(1.5 * 2**40)), ("200GiB", 200 * 2**30), ("200 gib", 200 * 2**30),
-    ("4096", 4096), (4096, 4096), ("64KiB", 65536), ("1e3MB", 10**9), ("1_000B", 1000),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("512GB", 512 * 10**9),
+        ("1.5TiB", int(1.5 * 2**40)),
+        ("200GiB", 200 * 2**30),
+        ("200 gib", 200 * 2**30),
+        ("4096", 4096),
+        (4096, 4096),
+        ("64KiB", 65536),
+        ("1e3MB", 10**9),
+        ("1_000B", 1000),
+    ],
+)
 def test_parse_capacity(text, expected):
     assert parse_capacity(text) == expected
 

@@ -32,8 +32,15 @@ def test_every_id_has_its_own_word():
 
 def test_words_are_stable():
     # pinned: a change here changes every text prompt's token ids (and so every cache key)
-    assert [T.token_text(i) for i in (0, 1, 63, 64, 65, 4159, 4160)] == \
-        ["ba", "bi", "zu", "baba", "babi", "zuzu", "bababa"]
+    assert [T.token_text(i) for i in (0, 1, 63, 64, 65, 4159, 4160)] == [
+        "ba",
+        "bi",
+        "zu",
+        "baba",
+        "babi",
+        "zuzu",
+        "bababa",
+    ]
     assert T.decode([1, 64, 0]) == "bi baba ba"
 
 
@@ -68,13 +75,21 @@ def test_output_text_is_deterministic_filler_that_encodes_back():
 
 
 def test_chat_template_keeps_earlier_turns_as_a_token_prefix():
-    turn1 = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "List files, please."}]
-    reply = {"role": "assistant", "content": "", "tool_calls": [
-        {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}]}
+    turn1 = [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "List files, please."},
+    ]
+    reply = {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "."}'}}
+        ],
+    }
     turn2 = [*turn1, reply, {"role": "tool", "content": "a.py b.py", "tool_call_id": "c1"}]
     ids1 = T.encode(T.apply_chat_template(turn1, add_generation_prompt=False))
     ids2 = T.encode(T.apply_chat_template(turn2))
-    assert ids2[:len(ids1)] == ids1 and len(ids2) > len(ids1)
+    assert ids2[: len(ids1)] == ids1 and len(ids2) > len(ids1)
     rendered = T.apply_chat_template(turn2)
     assert "<|tool_call|> ls" in rendered and rendered.endswith("<|assistant|>\n")
 

@@ -33,7 +33,11 @@ def events(i: int) -> list:
     """Batch i: stored, removed or cleared, in turn."""
     kind = i % 3
     if kind == 0:
-        return [BlockStored(block_hashes=[i, i + 1], parent_block_hash=7, token_ids=list(range(64)), block_size=32)]
+        return [
+            BlockStored(
+                block_hashes=[i, i + 1], parent_block_hash=7, token_ids=list(range(64)), block_size=32
+            )
+        ]
     if kind == 1:
         return [BlockRemoved(block_hashes=[i]), BlockStored(block_hashes=[i + 100], medium="CPU")]
     return [AllBlocksCleared()]
@@ -96,8 +100,10 @@ def test_should_bind_follows_vllm():
 
 def test_round_trip_publisher_binds_wildcard():
     port = free_port()
-    with ZmqEventPublisher(f"tcp://*:{port}", data_parallel_rank=3) as pub, \
-            ZmqEventSubscriber(f"tcp://127.0.0.1:{port}") as sub:
+    with (
+        ZmqEventPublisher(f"tcp://*:{port}", data_parallel_rank=3) as pub,
+        ZmqEventSubscriber(f"tcp://127.0.0.1:{port}") as sub,
+    ):
         assert pub.wait_for_subscribers(timeout=T)
         for i in range(3):
             assert pub.publish(events(i), ts=100.0 + i) == i
@@ -143,7 +149,11 @@ def test_malformed_frames_are_counted_and_skipped():
         [b"kv-events", b"\x00" * 7, good],  # 7-byte sequence
         [b"kv-events", seq_bytes(0), b"\xc1 not msgpack"],
         [b"kv-events", seq_bytes(0), msgspec.msgpack.encode({"ts": 1.0})],  # not an array
-        [b"kv-events", seq_bytes(0), msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": "x"}], 0])],
+        [
+            b"kv-events",
+            seq_bytes(0),
+            msgspec.msgpack.encode([1.0, [{"type": "BlockStored", "block_hashes": "x"}], 0]),
+        ],
         [b"kv-events", seq_bytes(0), msgspec.msgpack.encode([1.0, [{"type": "NoSuchEvent"}], 0])],
     ]
     with raw(zmq.XPUB) as xpub, ZmqEventSubscriber(last_endpoint(xpub)) as sub:
@@ -191,7 +201,11 @@ def test_restart_whose_first_batches_were_missed_is_replayed():
             assert new.wait_for_subscribers(timeout=T)
             new.publish(events(12), ts=12.0)
             got = recv_n(sub, 3)
-    assert [(r.seq, r.replayed, r.restart) for r in got] == [(0, True, True), (1, True, False), (2, False, False)]
+    assert [(r.seq, r.replayed, r.restart) for r in got] == [
+        (0, True, True),
+        (1, True, False),
+        (2, False, False),
+    ]
     assert [r.batch.events for r in got] == [events(10), events(11), events(12)]
     assert (sub.stats.resets, sub.stats.duplicates, sub.stats.recovered, sub.stats.lost) == (1, 0, 2, 0)
 
@@ -236,9 +250,12 @@ def test_a_repeat_of_the_last_seq_with_other_content_is_a_restart():
 
 def test_gap_triggers_replay_and_recovers_missing_batches():
     """A lossy relay between publisher and subscriber drops seqs 2 and 3; replay fills them in."""
-    with ZmqEventPublisher(ANY, ANY) as pub, raw(zmq.SUB, pub.endpoint, bind=False) as relay_in, \
-            raw(zmq.XPUB) as relay_out, \
-            ZmqEventSubscriber(last_endpoint(relay_out), pub.replay_endpoint) as sub:
+    with (
+        ZmqEventPublisher(ANY, ANY) as pub,
+        raw(zmq.SUB, pub.endpoint, bind=False) as relay_in,
+        raw(zmq.XPUB) as relay_out,
+        ZmqEventSubscriber(last_endpoint(relay_out), pub.replay_endpoint) as sub,
+    ):
         assert pub.wait_for_subscribers(timeout=T)
         wait_subscription(relay_out)
         for i in range(6):
@@ -257,9 +274,12 @@ def test_gap_triggers_replay_and_recovers_missing_batches():
 
 
 def test_gap_beyond_the_replay_buffer_is_counted_as_lost():
-    with ZmqEventPublisher(ANY, ANY, buffer_steps=1) as pub, raw(zmq.SUB, pub.endpoint, bind=False) as relay_in, \
-            raw(zmq.XPUB) as relay_out, \
-            ZmqEventSubscriber(last_endpoint(relay_out), pub.replay_endpoint) as sub:
+    with (
+        ZmqEventPublisher(ANY, ANY, buffer_steps=1) as pub,
+        raw(zmq.SUB, pub.endpoint, bind=False) as relay_in,
+        raw(zmq.XPUB) as relay_out,
+        ZmqEventSubscriber(last_endpoint(relay_out), pub.replay_endpoint) as sub,
+    ):
         assert pub.wait_for_subscribers(timeout=T)
         wait_subscription(relay_out)
         for i in range(5):

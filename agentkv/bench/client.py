@@ -21,8 +21,15 @@ from agentkv.bench.http1 import Http1Pool, HttpError
 from agentkv.errors import UserError
 
 # a 400 whose body mentions one of these is a prompt longer than the server's context window
-_OVERFLOW_HINTS = ("max_model_len", "context length", "context window", "maximum context", "too long",
-                   "context_length_exceeded", "max_position_embeddings")
+_OVERFLOW_HINTS = (
+    "max_model_len",
+    "context length",
+    "context window",
+    "maximum context",
+    "too long",
+    "context_length_exceeded",
+    "max_position_embeddings",
+)
 
 
 class _Details(msgspec.Struct):
@@ -96,13 +103,22 @@ def normalize_target(url: str) -> str:
 class BenchClient:
     """Streams completions from one target over a shared, keep-alive connection pool."""
 
-    def __init__(self, target: str, *, api: str = "completions", timeout: float = 300.0,
-                 connect_timeout: float = 10.0, max_connections: int = 0,
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        target: str,
+        *,
+        api: str = "completions",
+        timeout: float = 300.0,
+        connect_timeout: float = 10.0,
+        max_connections: int = 0,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if api not in ("completions", "chat"):
             raise UserError(f"--api: expected completions or chat, got {api!r}")
         self.base = normalize_target(target)
-        self.path = f"{urlsplit(self.base).path}/v1/{'completions' if api == 'completions' else 'chat/completions'}"
+        self.path = (
+            f"{urlsplit(self.base).path}/v1/{'completions' if api == 'completions' else 'chat/completions'}"
+        )
         self.api, self.timeout, self.connect_timeout, self.clock = api, timeout, connect_timeout, clock
         self._max_connections = max_connections
         self.session: aiohttp.ClientSession | None = None
@@ -111,14 +127,19 @@ class BenchClient:
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
     async def __aenter__(self) -> BenchClient:
-        conn = aiohttp.TCPConnector(limit=self._max_connections, limit_per_host=0, ttl_dns_cache=None,
-                                    enable_cleanup_closed=False)
+        conn = aiohttp.TCPConnector(
+            limit=self._max_connections, limit_per_host=0, ttl_dns_cache=None, enable_cleanup_closed=False
+        )
         self.session = aiohttp.ClientSession(
-            connector=conn, timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
-            skip_auto_headers=("User-Agent",), headers={"User-Agent": "agentkv-bench", **self.headers},
-            auto_decompress=False)
-        self.pool = Http1Pool(self.base, limit=self._max_connections, connect_timeout=self.connect_timeout,
-                              headers=self.headers)
+            connector=conn,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.connect_timeout),
+            skip_auto_headers=("User-Agent",),
+            headers={"User-Agent": "agentkv-bench", **self.headers},
+            auto_decompress=False,
+        )
+        self.pool = Http1Pool(
+            self.base, limit=self._max_connections, connect_timeout=self.connect_timeout, headers=self.headers
+        )
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -139,12 +160,15 @@ class BenchClient:
                     raise UserError(f"target {self.base}: GET /v1/models answered HTTP {resp.status}")
                 data = await resp.json(content_type=None)
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
-            raise UserError(f"target {self.base} is not reachable ({type(e).__name__}: {e}); "
-                            "is the server up?") from None
+            raise UserError(
+                f"target {self.base} is not reachable ({type(e).__name__}: {e}); is the server up?"
+            ) from None
         try:
             return [m["id"] for m in data.get("data", [])]
         except (AttributeError, KeyError, TypeError):
-            raise UserError(f"target {self.base}: GET /v1/models did not return an OpenAI model list") from None
+            raise UserError(
+                f"target {self.base}: GET /v1/models did not return an OpenAI model list"
+            ) from None
 
     async def get_json(self, path: str):
         """GET `<base><path>` as JSON, or None when the target does not answer it (optional endpoints)."""
@@ -157,8 +181,14 @@ class BenchClient:
 
     def body(self, model: str, prompt, max_tokens: int, extra: dict | None = None) -> bytes:
         """The request JSON: streamed, usage included, `ignore_eos` so exactly `max_tokens` come back."""
-        b: dict = {"model": model, "max_tokens": max_tokens, "stream": True, "ignore_eos": True,
-                   "stream_options": {"include_usage": True}, "temperature": 0.0}
+        b: dict = {
+            "model": model,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "ignore_eos": True,
+            "stream_options": {"include_usage": True},
+            "temperature": 0.0,
+        }
         if self.api == "chat":
             b["messages"] = [{"role": "user", "content": prompt}]
         else:

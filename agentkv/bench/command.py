@@ -44,16 +44,31 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
     if args.max_requests is not None and args.max_requests < 1:
         raise UserError(f"--max-requests must be >= 1, got {args.max_requests}")
     prompt_mode = args.prompt_mode or ("text" if args.api == "chat" else "token-ids")
-    scale = args.time_scale if args.time_scale is not None else (
-        1.0 if args.target else DEFAULT_EMBEDDED_TIME_SCALE)
+    scale = (
+        args.time_scale
+        if args.time_scale is not None
+        else (1.0 if args.target else DEFAULT_EMBEDDED_TIME_SCALE)
+    )
     return BenchConfig(
-        target=target, lanes=args.lanes, duration=_duration(args.duration, "--duration"),
-        max_requests=args.max_requests, api=args.api, prompt_mode=prompt_mode, tokenizer=args.tokenizer,
-        model=args.model, slo=parse_slo(args.slo), seed=args.seed, warm_start=args.warm_start,
-        idle_gap_cap=_duration(args.idle_gap_cap, "--idle-gap-cap"), tenant_salts=args.tenant_salts,
-        cache_bust=args.cache_bust, timeout=parse_duration(args.timeout, "--timeout"),
-        sample_every=parse_duration(args.sample_every, "--sample-every"), max_connections=args.max_connections,
-        time_scale=scale)
+        target=target,
+        lanes=args.lanes,
+        duration=_duration(args.duration, "--duration"),
+        max_requests=args.max_requests,
+        api=args.api,
+        prompt_mode=prompt_mode,
+        tokenizer=args.tokenizer,
+        model=args.model,
+        slo=parse_slo(args.slo),
+        seed=args.seed,
+        warm_start=args.warm_start,
+        idle_gap_cap=_duration(args.idle_gap_cap, "--idle-gap-cap"),
+        tenant_salts=args.tenant_salts,
+        cache_bust=args.cache_bust,
+        timeout=parse_duration(args.timeout, "--timeout"),
+        sample_every=parse_duration(args.sample_every, "--sample-every"),
+        max_connections=args.max_connections,
+        time_scale=scale,
+    )
 
 
 def _progress(run: BenchRun) -> Group:
@@ -68,17 +83,30 @@ def _progress(run: BenchRun) -> Group:
     left = f" / {cfg.duration:.0f}s" if cfg.duration else ""
     t.add_row("elapsed", f"{wall:,.0f}s{left}", "released", f"{s.released:,}")
     t.add_row("finished", f"{s.finished:,} ({s.failed:,} failed)", "in flight", f"{s.in_flight:,}")
-    t.add_row("output tok/s", f"{s.output_tokens / max(wall * run.scale, 1e-9):,.0f}", "TTFT p50 (recent)",
-              "-" if ttft is None else f"{ttft:,.0f} ms")
-    t.add_row("cache hit (reported)", "-" if hit is None else f"{hit:.1%}", "KV usage",
-              "-" if s.kv_usage is None else f"{s.kv_usage:.1%}")
+    t.add_row(
+        "output tok/s",
+        f"{s.output_tokens / max(wall * run.scale, 1e-9):,.0f}",
+        "TTFT p50 (recent)",
+        "-" if ttft is None else f"{ttft:,.0f} ms",
+    )
+    t.add_row(
+        "cache hit (reported)",
+        "-" if hit is None else f"{hit:.1%}",
+        "KV usage",
+        "-" if s.kv_usage is None else f"{s.kv_usage:.1%}",
+    )
     stopping = cfg.duration is not None and wall >= cfg.duration
     scale = f"  (time scale {run.scale:g}: rates and latencies in target seconds)" if run.scale != 1 else ""
-    head = Text(f"agentkv bench -> {cfg.target}{scale}" + ("  (stopping: waiting for in-flight requests)"
-                                                            if stopping else ""), style="bold")
+    head = Text(
+        f"agentkv bench -> {cfg.target}{scale}"
+        + ("  (stopping: waiting for in-flight requests)" if stopping else ""),
+        style="bold",
+    )
     rows = [head, t]
     if s.errors:
-        rows.append(Text("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())), style="red"))
+        rows.append(
+            Text("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())), style="red")
+        )
     return Group(*rows)
 
 
@@ -144,16 +172,23 @@ def bench_command(args: argparse.Namespace) -> int:
             target = args.target
         else:
             need = needed_model_len(traces)
-            srv = EmbeddedServer(time_scale=args.time_scale or DEFAULT_EMBEDDED_TIME_SCALE,
-                                 max_model_len=max(need, 131072), extra_args=args.serve_args or ())
+            srv = EmbeddedServer(
+                time_scale=args.time_scale or DEFAULT_EMBEDDED_TIME_SCALE,
+                max_model_len=max(need, 131072),
+                extra_args=args.serve_args or (),
+            )
             console.print(f"[dim]starting the embedded server: agentkv {' '.join(srv.argv[3:])}[/dim]")
             stack.enter_context(srv)
             target = srv.url
-            notes.append(f"target: the embedded server ({srv.description.removeprefix('agentkv serve: ')}), "
-                         f"started as: agentkv {' '.join(srv.argv[3:])}")
+            notes.append(
+                f"target: the embedded server ({srv.description.removeprefix('agentkv serve: ')}), "
+                f"started as: agentkv {' '.join(srv.argv[3:])}"
+            )
             if need > 131072:
-                notes.append(f"embedded server's max_model_len raised from the model's 131072 to {need} so that "
-                             "every trace request fits (as agentkv simulate does)")
+                notes.append(
+                    f"embedded server's max_model_len raised from the model's 131072 to {need} so that "
+                    "every trace request fits (as agentkv simulate does)"
+                )
         cfg = config_from_args(args, target)
         run = BenchRun(cfg, traces, out=out, notes=notes)
         live = None

@@ -42,9 +42,16 @@ _Get = Callable[[Summary], float | None]
 
 
 def _dist(field: str) -> list[tuple[str, str, _Get]]:
-    return [(f"{field.upper()} {stat}", "ms",
-             lambda s, f=field, st=stat: (lambda v: None if v is None else v * 1000)(getattr(getattr(s, f), st)))
-            for stat in ("mean", "p50", "p90", "p99")]
+    return [
+        (
+            f"{field.upper()} {stat}",
+            "ms",
+            lambda s, f=field, st=stat: (lambda v: None if v is None else v * 1000)(
+                getattr(getattr(s, f), st)
+            ),
+        )
+        for stat in ("mean", "p50", "p90", "p99")
+    ]
 
 
 def _tp(attr: str) -> _Get:
@@ -61,7 +68,10 @@ FIGURES: list[tuple[str, str, _Get]] = [
     ("input tok/s", "tok/s", _tp("input_tokens_per_s")),
     ("output tok/s", "tok/s", _tp("output_tokens_per_s")),
     ("requests/s", "req/s", _tp("requests_per_s")),
-    *_dist("ttft"), *_dist("tpot"), *_dist("itl"), *_dist("e2e"),
+    *_dist("ttft"),
+    *_dist("tpot"),
+    *_dist("itl"),
+    *_dist("e2e"),
     ("cache hit: reported", "%", lambda s: s.cache.reported),
     ("cache hit: server metrics", "%", lambda s: s.cache.metrics),
     ("cache hit: ceiling", "%", lambda s: s.cache.ceiling),
@@ -83,6 +93,7 @@ def compare(a: Summary, b: Summary) -> list[Row]:
 
 def config_diff(a: Summary, b: Summary) -> dict[str, tuple[object, object]]:
     """Settings whose values differ (or that only one run has), flattened one level."""
+
     def flat(c: dict) -> dict:
         out = {}
         for k, v in c.items():
@@ -135,8 +146,12 @@ def table(a: Summary, b: Summary, name_a: str, name_b: str) -> Table:
 def compare_command(args: argparse.Namespace) -> int:
     a, b = load(args.a), load(args.b)
     if args.json:
-        out = {"a": args.a, "b": args.b, "figures": compare(a, b),
-               "config_diff": {k: list(v) for k, v in config_diff(a, b).items()}}
+        out = {
+            "a": args.a,
+            "b": args.b,
+            "figures": compare(a, b),
+            "config_diff": {k: list(v) for k, v in config_diff(a, b).items()},
+        }
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
         return 0
     con = Console()

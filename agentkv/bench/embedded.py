@@ -26,8 +26,10 @@ _READY = re.compile(r"agentkv serve: (http://\S+)")
 
 def needed_model_len(traces: Sequence[Trace]) -> int:
     """The longest prompt + output of any request in `traces` (what max_model_len must hold)."""
-    return max((r.input_tokens + max(1, r.output_tokens) for t in traces for s in t.sessions()
-                for r in s.requests), default=1)
+    return max(
+        (r.input_tokens + max(1, r.output_tokens) for t in traces for s in t.sessions() for r in s.requests),
+        default=1,
+    )
 
 
 def _die_with_parent() -> None:
@@ -40,11 +42,26 @@ def _die_with_parent() -> None:
 class EmbeddedServer:
     """`with EmbeddedServer(...) as srv:` runs `agentkv serve` until the block ends; `srv.url` is its base."""
 
-    def __init__(self, *, time_scale: float = 1.0, max_model_len: int | None = None,
-                 extra_args: str | Sequence[str] = ()):
+    def __init__(
+        self,
+        *,
+        time_scale: float = 1.0,
+        max_model_len: int | None = None,
+        extra_args: str | Sequence[str] = (),
+    ):
         args = shlex.split(extra_args) if isinstance(extra_args, str) else list(extra_args)
-        self.argv = [sys.executable, "-m", "agentkv.cli", "serve", "--host", "127.0.0.1", "--port", "0",
-                     "--time-scale", f"{time_scale:g}"]
+        self.argv = [
+            sys.executable,
+            "-m",
+            "agentkv.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--time-scale",
+            f"{time_scale:g}",
+        ]
         if not any(a.startswith("--gpu") for a in args):
             self.argv += ["--gpu", DEFAULT_GPU]
         if not any(a == "--model" or a.startswith("--model=") for a in args):
@@ -60,9 +77,14 @@ class EmbeddedServer:
     def start(self) -> str:
         # output goes to a file, never an unread pipe that could fill up and stall the server
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 - closed in stop()
-        self.proc = subprocess.Popen(self.argv, stdout=self._log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
         deadline = time.monotonic() + START_TIMEOUT_S
         try:
             while time.monotonic() < deadline:
@@ -82,7 +104,9 @@ class EmbeddedServer:
         self.stop()
         lines = [ln for ln in text.strip().splitlines() if ln.strip()]
         why = lines[-1] if lines else f"no ready line within {START_TIMEOUT_S:.0f} s"
-        raise UserError(f"the embedded 'agentkv serve' did not start: {why} (command: {shlex.join(self.argv[1:])})")
+        raise UserError(
+            f"the embedded 'agentkv serve' did not start: {why} (command: {shlex.join(self.argv[1:])})"
+        )
 
     def log(self) -> str:
         """Everything the server printed so far."""

@@ -88,11 +88,19 @@ class GpuMonitor:
             if not ss:
                 continue
             a = np.asarray(ss)
-            devices.append({"index": i, "name": name, "samples": len(ss),
-                            "mem_used_gib_mean": float(a[:, 0].mean()), "mem_used_gib_max": float(a[:, 0].max()),
-                            "util_pct_mean": float(a[:, 1].mean()), "util_pct_max": float(a[:, 1].max()),
-                            "mem_bw_util_pct_mean": float(a[:, 2].mean()),
-                            "mem_bw_util_pct_max": float(a[:, 2].max())})
+            devices.append(
+                {
+                    "index": i,
+                    "name": name,
+                    "samples": len(ss),
+                    "mem_used_gib_mean": float(a[:, 0].mean()),
+                    "mem_used_gib_max": float(a[:, 0].max()),
+                    "util_pct_mean": float(a[:, 1].mean()),
+                    "util_pct_max": float(a[:, 1].max()),
+                    "mem_bw_util_pct_mean": float(a[:, 2].mean()),
+                    "mem_bw_util_pct_max": float(a[:, 2].max()),
+                }
+            )
         return {"source": "nvml", "devices": devices}
 
     def close(self) -> None:

@@ -32,8 +32,23 @@ class HttpError(Exception):
 class _Exchange:
     """One request's response: status, headers, then the body de-chunked into SSE lines."""
 
-    __slots__ = ("on_lines", "clock", "done", "state", "head", "status", "chunked", "left", "close",
-                 "cbuf", "need", "lbuf", "body", "got_bytes", "keep_body")
+    __slots__ = (
+        "on_lines",
+        "clock",
+        "done",
+        "state",
+        "head",
+        "status",
+        "chunked",
+        "left",
+        "close",
+        "cbuf",
+        "need",
+        "lbuf",
+        "body",
+        "got_bytes",
+        "keep_body",
+    )
 
     def __init__(self, on_lines: OnLines, clock: Callable[[], float], done: asyncio.Future):
         self.on_lines, self.clock, self.done = on_lines, clock, done
@@ -53,7 +68,7 @@ class _Exchange:
             end = self.head.find(b"\r\n\r\n")
             if end < 0:
                 return
-            data = data_in = self.head[end + 4:]
+            data = data_in = self.head[end + 4 :]
             self._parse_head(self.head[:end])
             self.state = _BODY
             if not self.chunked and self.left == 0:
@@ -68,7 +83,7 @@ class _Exchange:
             if data is None:
                 data = self._dechunk(data_in)
         elif self.left >= 0:
-            data = data[:self.left]
+            data = data[: self.left]
             self.left -= len(data)
         if data:
             self._body(data, now)
@@ -140,7 +155,7 @@ class _Exchange:
             except ValueError:  # a chunk extension (";name=value")
                 size = int(buf[i:j].split(b";", 1)[0], 16)
             if size == 0:  # last chunk; trailers (if any) end with an empty line
-                end = j if buf[j + 2:j + 4] == b"\r\n" else buf.find(b"\r\n\r\n", j)
+                end = j if buf[j + 2 : j + 4] == b"\r\n" else buf.find(b"\r\n\r\n", j)
                 if end < 0:
                     need = 0
                     break
@@ -226,7 +241,9 @@ class _Conn(asyncio.Protocol):
 class Http1Pool:
     """Keep-alive connections to one origin; `post_stream` sends a request and streams its SSE lines."""
 
-    def __init__(self, base: str, *, limit: int = 0, connect_timeout: float = 10.0, headers: dict | None = None):
+    def __init__(
+        self, base: str, *, limit: int = 0, connect_timeout: float = 10.0, headers: dict | None = None
+    ):
         u = urlsplit(base)
         self.host = u.hostname or "127.0.0.1"
         self.tls = u.scheme == "https"
@@ -237,8 +254,10 @@ class Http1Pool:
         self._ssl = _ssl.create_default_context() if self.tls else None
         host = self.host if self.port in (80, 443) else f"{self.host}:{self.port}"
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        self._head = (f"Host: {host}\r\nUser-Agent: agentkv-bench\r\nAccept: text/event-stream\r\n"
-                      f"Content-Type: application/json\r\n{extra}").encode("latin-1")
+        self._head = (
+            f"Host: {host}\r\nUser-Agent: agentkv-bench\r\nAccept: text/event-stream\r\n"
+            f"Content-Type: application/json\r\n{extra}"
+        ).encode("latin-1")
 
     async def _connect(self) -> _Conn:
         loop = asyncio.get_running_loop()
@@ -257,8 +276,9 @@ class Http1Pool:
                 return c
         return None
 
-    async def post_stream(self, path: str, body: bytes, on_lines: OnLines,
-                          clock: Callable[[], float]) -> tuple[int, bytes]:
+    async def post_stream(
+        self, path: str, body: bytes, on_lines: OnLines, clock: Callable[[], float]
+    ) -> tuple[int, bytes]:
         """POST `body`; the SSE `data:` lines of a 200 answer go to `on_lines`, a batch per read.
 
         Returns (status, body of a non-200 answer).
@@ -272,8 +292,11 @@ class Http1Pool:
                 conn = self._get_idle() or await self._connect()
                 ex = _Exchange(on_lines, clock, asyncio.get_running_loop().create_future())
                 conn.exchange = ex
-                conn.transport.write(b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n"
-                                     % (path.encode(), self._head, len(body)) + body)
+                conn.transport.write(
+                    b"POST %s HTTP/1.1\r\n%sContent-Length: %d\r\n\r\n"
+                    % (path.encode(), self._head, len(body))
+                    + body
+                )
                 try:
                     await ex.done
                 except HttpError:

@@ -64,8 +64,15 @@ class PromptBuilder:
     for text mode, else the built-in tokenizer (exact against `agentkv serve`, approximate elsewhere).
     """
 
-    def __init__(self, mode: str = "token-ids", tokenizer: str | None = None, *, tenant_salts: bool = False,
-                 cache_bust: bool = False, bust_marker: str | None = None):
+    def __init__(
+        self,
+        mode: str = "token-ids",
+        tokenizer: str | None = None,
+        *,
+        tenant_salts: bool = False,
+        cache_bust: bool = False,
+        bust_marker: str | None = None,
+    ):
         if mode not in ("token-ids", "text"):
             raise UserError(f"--prompt-mode: expected token-ids or text, got {mode!r}")
         if tokenizer and mode != "text":
@@ -83,11 +90,15 @@ class PromptBuilder:
             if hi <= DEFAULT_VOCAB[0]:
                 raise UserError(f"--tokenizer {tokenizer}: vocabulary of {self._hf.vocab_size} is too small")
             self.vocab = (DEFAULT_VOCAB[0], hi)
-            self.description = (f"text rendered with the tokenizer {self._hf.name} "
-                                "(lengths as the server re-tokenizes them, close to the trace's)")
+            self.description = (
+                f"text rendered with the tokenizer {self._hf.name} "
+                "(lengths as the server re-tokenizes them, close to the trace's)"
+            )
         else:
-            self.description = ("text rendered with the built-in tokenizer (exact against agentkv serve, "
-                                "approximate lengths on other servers)")
+            self.description = (
+                "text rendered with the built-in tokenizer (exact against agentkv serve, "
+                "approximate lengths on other servers)"
+            )
         if self.marker:
             self.description += f"; cache-bust marker {self.marker}"
 
@@ -143,10 +154,13 @@ class PromptBuilder:
                 tail = request_tokens(key, hs[-1:], b + rest, b, self.vocab)[b:]
             else:
                 tail = request_tokens(key, [], n, b, self.vocab)
-            parts.extend(self._render(tail[i:i + b]) for i in range(0, len(tail), b))
+            parts.extend(self._render(tail[i : i + b]) for i in range(0, len(tail), b))
         if self.marker and parts:
-            first = trace_block_tokens(key, hs[0], b, self.vocab)[:min(b, n)] if hs else \
-                request_tokens(key, [], min(b, n), b, self.vocab)
+            first = (
+                trace_block_tokens(key, hs[0], b, self.vocab)[: min(b, n)]
+                if hs
+                else request_tokens(key, [], min(b, n), b, self.vocab)
+            )
             parts[0] = self._render(self._bust(first))
         return parts
 

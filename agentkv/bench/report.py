@@ -86,9 +86,19 @@ def ttft_chart(records: list[RequestRecord]) -> Chart:
     for depth, name in ((0, "main session"), (1, "sub-agent")):
         rs = [r for r in ok if (r.depth > 0) == bool(depth)]
         if rs:
-            c.add(Series(name, [r.input_tokens for r in rs], [r.ttft * 1000 for r in rs], "dots",
-                         tips=[f"#{r.id} {r.session}: {r.input_tokens:,} in, cached {r.cached_tokens}, "
-                               f"TTFT {r.ttft * 1000:,.1f} ms" for r in rs]))
+            c.add(
+                Series(
+                    name,
+                    [r.input_tokens for r in rs],
+                    [r.ttft * 1000 for r in rs],
+                    "dots",
+                    tips=[
+                        f"#{r.id} {r.session}: {r.input_tokens:,} in, cached {r.cached_tokens}, "
+                        f"TTFT {r.ttft * 1000:,.1f} ms"
+                        for r in rs
+                    ],
+                )
+            )
     return c
 
 
@@ -98,9 +108,19 @@ def tpot_chart(records: list[RequestRecord]) -> Chart:
     if v.size:
         counts, edges = np.histogram(v, bins=min(40, max(5, int(np.sqrt(v.size)) + 1)))
         mids = ((edges[:-1] + edges[1:]) / 2).tolist()
-        c.add(Series("requests", mids, counts.astype(float).tolist(), "bars", width=float(edges[1] - edges[0]),
-                     tips=[f"{a:,.2f}-{b:,.2f} ms: {n}" for a, b, n in zip(edges[:-1], edges[1:], counts,
-                                                                          strict=True)]))
+        c.add(
+            Series(
+                "requests",
+                mids,
+                counts.astype(float).tolist(),
+                "bars",
+                width=float(edges[1] - edges[0]),
+                tips=[
+                    f"{a:,.2f}-{b:,.2f} ms: {n}"
+                    for a, b, n in zip(edges[:-1], edges[1:], counts, strict=True)
+                ],
+            )
+        )
     return c
 
 
@@ -109,17 +129,30 @@ def cache_chart(records: list[RequestRecord], s: Summary) -> Chart:
     done = sorted((r for r in records if r.ok), key=lambda r: r.end)
     rep = [r for r in done if r.cached_tokens is not None and r.input_tokens]
     if rep:
-        c.add(Series("per request (reported)", [r.end for r in rep],
-                     [100 * r.cached_tokens / r.input_tokens for r in rep], "dots",
-                     tips=[f"#{r.id}: {r.cached_tokens:,} of {r.input_tokens:,} cached" for r in rep]))
+        c.add(
+            Series(
+                "per request (reported)",
+                [r.end for r in rep],
+                [100 * r.cached_tokens / r.input_tokens for r in rep],
+                "dots",
+                tips=[f"#{r.id}: {r.cached_tokens:,} of {r.input_tokens:,} cached" for r in rep],
+            )
+        )
         cum_c = np.cumsum([r.cached_tokens for r in rep])
         cum_i = np.cumsum([r.input_tokens for r in rep])
         c.add(Series("cumulative (reported)", [r.end for r in rep], (100 * cum_c / cum_i).tolist(), "line"))
     if done:
         cum_ceil = np.cumsum([r.ceiling_tokens for r in done])
         cum_in = np.cumsum([max(1, r.input_tokens) for r in done])
-        c.add(Series("cumulative ceiling", [r.end for r in done], (100 * cum_ceil / cum_in).tolist(), "line",
-                     dash=True))
+        c.add(
+            Series(
+                "cumulative ceiling",
+                [r.end for r in done],
+                (100 * cum_ceil / cum_in).tolist(),
+                "line",
+                dash=True,
+            )
+        )
     xs, ys = [], []
     for a, b in zip(s.timeline, s.timeline[1:], strict=False):
         if None in (a.prefix_hits, a.prefix_queries, b.prefix_hits, b.prefix_queries):
@@ -135,8 +168,14 @@ def cache_chart(records: list[RequestRecord], s: Summary) -> Chart:
 
 def load_chart(s: Summary) -> Chart:
     tl = s.timeline
-    c = Chart("In-flight requests and KV usage over time", "time (s)", "requests", "KV cache usage (%)",
-              y2min=0, y2max=100)
+    c = Chart(
+        "In-flight requests and KV usage over time",
+        "time (s)",
+        "requests",
+        "KV cache usage (%)",
+        y2min=0,
+        y2max=100,
+    )
     if tl:
         ts = [p.t for p in tl]
         if any(p.running is not None for p in tl):
@@ -144,8 +183,15 @@ def load_chart(s: Summary) -> Chart:
             c.add(Series("waiting (server)", ts, [p.waiting for p in tl], "step"))
         c.add(Series("in flight (client)", ts, [p.in_flight for p in tl], "step", dash=True))
         if any(p.kv_usage is not None for p in tl):
-            c.add(Series("KV usage", ts, [None if p.kv_usage is None else 100 * p.kv_usage for p in tl],
-                         "line", right=True))
+            c.add(
+                Series(
+                    "KV usage",
+                    ts,
+                    [None if p.kv_usage is None else 100 * p.kv_usage for p in tl],
+                    "line",
+                    right=True,
+                )
+            )
     return c
 
 
@@ -161,10 +207,20 @@ def context_chart(records: list[RequestRecord]) -> Chart:
         main = [r for r in rs if r.depth == 0]
         subs = [r for r in rs if r.depth > 0]
         if main:
-            c.add(Series(key, [r.scheduled for r in main], [r.input_tokens for r in main], "line", color=color))
+            c.add(
+                Series(key, [r.scheduled for r in main], [r.input_tokens for r in main], "line", color=color)
+            )
         if subs:
-            c.add(Series(f"{key} sub-agents", [r.scheduled for r in subs], [r.input_tokens for r in subs], "dots",
-                         color=color, tips=[f"{r.session} #{r.index}: {r.input_tokens:,} tokens" for r in subs]))
+            c.add(
+                Series(
+                    f"{key} sub-agents",
+                    [r.scheduled for r in subs],
+                    [r.input_tokens for r in subs],
+                    "dots",
+                    color=color,
+                    tips=[f"{r.session} #{r.index}: {r.input_tokens:,} tokens" for r in subs],
+                )
+            )
     return c
 
 
@@ -180,53 +236,105 @@ def render_report(s: Summary, records: list[RequestRecord]) -> str:
     """The report page as one HTML string."""
     tp = s.throughput
     title = f"agentkv {s.kind}: {s.target}"
-    cards = [_card("requests ok / failed", f"{s.succeeded:,} / {s.failed:,}"),
-             _card("duration", f"{s.duration_s:,.1f} s"),
-             _card("TTFT p50 / p99", f"{_ms(s.ttft.p50)} / {_ms(s.ttft.p99)}"),
-             _card("TPOT p50 / p99", f"{_ms(s.tpot.p50)} / {_ms(s.tpot.p99)}"),
-             _card("output tok/s", f"{tp.output_tokens_per_s:,.0f}" if tp else "-"),
-             _card("input tok/s", f"{tp.input_tokens_per_s:,.0f}" if tp else "-"),
-             _card("requests/s", f"{tp.requests_per_s:,.2f}" if tp else "-"),
-             _card("cache hit: reported", _pct(s.cache.reported)),
-             _card("cache hit: server metrics", _pct(s.cache.metrics)),
-             _card("cache hit: ceiling", _pct(s.cache.ceiling))]
+    cards = [
+        _card("requests ok / failed", f"{s.succeeded:,} / {s.failed:,}"),
+        _card("duration", f"{s.duration_s:,.1f} s"),
+        _card("TTFT p50 / p99", f"{_ms(s.ttft.p50)} / {_ms(s.ttft.p99)}"),
+        _card("TPOT p50 / p99", f"{_ms(s.tpot.p50)} / {_ms(s.tpot.p99)}"),
+        _card("output tok/s", f"{tp.output_tokens_per_s:,.0f}" if tp else "-"),
+        _card("input tok/s", f"{tp.input_tokens_per_s:,.0f}" if tp else "-"),
+        _card("requests/s", f"{tp.requests_per_s:,.2f}" if tp else "-"),
+        _card("cache hit: reported", _pct(s.cache.reported)),
+        _card("cache hit: server metrics", _pct(s.cache.metrics)),
+        _card("cache hit: ceiling", _pct(s.cache.ceiling)),
+    ]
     if s.goodput:
         slo = ", ".join(f"{k} ≤ {v * 1000:g} ms" for k, v in s.goodput.slo.items())
-        cards.append(_card(f"goodput ({slo})", f"{s.goodput.fraction:.1%} ({s.goodput.requests_per_s:.2f} req/s)"))
-    parts = [f"<h1>{escape(title)}</h1>",
-             f'<div class="sub">{escape(s.created)} · agentkv {escape(s.agentkv_version)} · schema '
-             f"{escape(s.schema)}</div>"]
+        cards.append(
+            _card(f"goodput ({slo})", f"{s.goodput.fraction:.1%} ({s.goodput.requests_per_s:.2f} req/s)")
+        )
+    parts = [
+        f"<h1>{escape(title)}</h1>",
+        f'<div class="sub">{escape(s.created)} · agentkv {escape(s.agentkv_version)} · schema '
+        f"{escape(s.schema)}</div>",
+    ]
     if not s.valid:
         parts.append(f'<div class="bad"><b>INVALID RUN:</b> {escape(s.invalid_reason)}</div>')
     parts.append(f'<div class="cards">{"".join(cards)}</div>')
     if s.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in s.notes) + "</ul>")
     charts = [ttft_chart(records), tpot_chart(records), cache_chart(records, s), load_chart(s)]
-    parts.append("<h2>Plots</h2><div class=\"grid\">"
-                 + "".join(f'<div class="panel">{c.svg()}</div>' for c in charts)
-                 + f'<div class="panel">{context_chart(records).svg()}</div></div>')
-    parts.append("<h2>Latency</h2>" + _table(["metric", "mean", "p50", "p90", "p99", "max", "count"],
-                                             _dist_rows(s), sortable=False))
+    parts.append(
+        '<h2>Plots</h2><div class="grid">'
+        + "".join(f'<div class="panel">{c.svg()}</div>' for c in charts)
+        + f'<div class="panel">{context_chart(records).svg()}</div></div>'
+    )
+    parts.append(
+        "<h2>Latency</h2>"
+        + _table(["metric", "mean", "p50", "p90", "p99", "max", "count"], _dist_rows(s), sortable=False)
+    )
     if s.errors:
-        parts.append("<h2>Errors</h2>" + _table(["reason", "requests"],
-                                                [[k, v] for k, v in sorted(s.errors.items())]))
+        parts.append(
+            "<h2>Errors</h2>" + _table(["reason", "requests"], [[k, v] for k, v in sorted(s.errors.items())])
+        )
     if s.gpu:
-        rows = [[d.get("name", ""), f"{d.get('mem_used_gib_max', 0):.1f}", f"{d.get('util_pct_mean', 0):.0f}",
-                 f"{d.get('mem_bw_util_pct_mean', 0):.0f}"] for d in s.gpu.get("devices", [])]
-        parts.append("<h2>GPU (NVML)</h2>" + _table(["device", "max memory used (GiB)", "mean util (%)",
-                                                     "mean memory-bandwidth util (%)"], rows))
-    srows = [[x.session, x.trace, x.turns, x.sub_requests, (f"{x.duration_s:,.1f}", x.duration_s),
-              (f"{x.input_tokens:,}", x.input_tokens), (f"{x.output_tokens:,}", x.output_tokens),
-              (f"{x.cached_tokens:,}", x.cached_tokens), (_pct(x.hit_rate), x.hit_rate or 0),
-              (_ms(x.ttft_p50), x.ttft_p50 or 0), x.failed] for x in s.sessions]
-    parts.append("<h2>Sessions</h2>" + _table(["session tree", "trace", "turns", "sub-agent requests",
-                                               "time (s)", "input", "output", "cached", "hit rate",
-                                               "TTFT p50", "failed"], srows))
+        rows = [
+            [
+                d.get("name", ""),
+                f"{d.get('mem_used_gib_max', 0):.1f}",
+                f"{d.get('util_pct_mean', 0):.0f}",
+                f"{d.get('mem_bw_util_pct_mean', 0):.0f}",
+            ]
+            for d in s.gpu.get("devices", [])
+        ]
+        parts.append(
+            "<h2>GPU (NVML)</h2>"
+            + _table(
+                ["device", "max memory used (GiB)", "mean util (%)", "mean memory-bandwidth util (%)"], rows
+            )
+        )
+    srows = [
+        [
+            x.session,
+            x.trace,
+            x.turns,
+            x.sub_requests,
+            (f"{x.duration_s:,.1f}", x.duration_s),
+            (f"{x.input_tokens:,}", x.input_tokens),
+            (f"{x.output_tokens:,}", x.output_tokens),
+            (f"{x.cached_tokens:,}", x.cached_tokens),
+            (_pct(x.hit_rate), x.hit_rate or 0),
+            (_ms(x.ttft_p50), x.ttft_p50 or 0),
+            x.failed,
+        ]
+        for x in s.sessions
+    ]
+    parts.append(
+        "<h2>Sessions</h2>"
+        + _table(
+            [
+                "session tree",
+                "trace",
+                "turns",
+                "sub-agent requests",
+                "time (s)",
+                "input",
+                "output",
+                "cached",
+                "hit rate",
+                "TTFT p50",
+                "failed",
+            ],
+            srows,
+        )
+    )
     cfg = msgspec.json.encode(s.config).decode()
     parts.append(f"<h2>Configuration</h2><code>{escape(cfg)}</code>")
-    return (f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>'
-            f"<body>{''.join(parts)}<script>{_JS}</script></body></html>")
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>'
+        f"<body>{''.join(parts)}<script>{_JS}</script></body></html>"
+    )
 
 
 def write_report(s: Summary, records: list[RequestRecord], path: str | Path) -> Path:

@@ -81,11 +81,19 @@ class BenchResult:
 class BenchRun:
     """One run: `await run()` replays `traces` against `cfg.target` and returns records and summary."""
 
-    def __init__(self, cfg: BenchConfig, traces: Sequence[Trace], out: Path | None = None,
-                 on_tick: Callable[[BenchRun], None] | None = None, notes: Sequence[str] = (),
-                 clock: Callable[[], float] = time.perf_counter):
+    def __init__(
+        self,
+        cfg: BenchConfig,
+        traces: Sequence[Trace],
+        out: Path | None = None,
+        on_tick: Callable[[BenchRun], None] | None = None,
+        notes: Sequence[str] = (),
+        clock: Callable[[], float] = time.perf_counter,
+    ):
         if cfg.api == "chat" and cfg.prompt_mode == "token-ids":
-            raise UserError("--api chat sends text: use --prompt-mode text (token ids need --api completions)")
+            raise UserError(
+                "--api chat sends text: use --prompt-mode text (token ids need --api completions)"
+            )
         self.cfg, self.traces, self.out, self.on_tick, self.clock = cfg, list(traces), out, on_tick, clock
         if not cfg.time_scale > 0:
             raise UserError(f"--time-scale must be > 0, got {cfg.time_scale}")
@@ -93,10 +101,18 @@ class BenchRun:
         # report is then multiplied by X, so results read in the target's own seconds
         self.scale = x = cfg.time_scale
         cap = None if cfg.idle_gap_cap is None else cfg.idle_gap_cap / x
-        self.plan = ReplayPlan(self.traces, lanes=cfg.lanes, seed=cfg.seed, warm_start=cfg.warm_start,
-                               idle_gap_cap=cap, max_requests=cfg.max_requests, time_scale=1.0 / x)
-        self.prompts = PromptBuilder(cfg.prompt_mode, cfg.tokenizer, tenant_salts=cfg.tenant_salts,
-                                     cache_bust=cfg.cache_bust)
+        self.plan = ReplayPlan(
+            self.traces,
+            lanes=cfg.lanes,
+            seed=cfg.seed,
+            warm_start=cfg.warm_start,
+            idle_gap_cap=cap,
+            max_requests=cfg.max_requests,
+            time_scale=1.0 / x,
+        )
+        self.prompts = PromptBuilder(
+            cfg.prompt_mode, cfg.tokenizer, tenant_salts=cfg.tenant_salts, cache_bust=cfg.cache_bust
+        )
         self.ceiling = CeilingTracker()
         self.stats = LiveStats()
         self.records: list[RequestRecord] = []
@@ -114,8 +130,13 @@ class BenchRun:
     async def run(self) -> BenchResult:
         cfg = self.cfg
         interrupted, dropped = False, 0
-        async with BenchClient(cfg.target, api=cfg.api, timeout=cfg.timeout,
-                               max_connections=cfg.max_connections, clock=self.clock) as client:
+        async with BenchClient(
+            cfg.target,
+            api=cfg.api,
+            timeout=cfg.timeout,
+            max_connections=cfg.max_connections,
+            clock=self.clock,
+        ) as client:
             served = await client.models()
             if not self.model:
                 if not served:
@@ -159,8 +180,9 @@ class BenchRun:
             summary = self._summary(before, last if not interrupted else None, scraper, gpu, client.base)
             if interrupted:
                 why = f"stopped by an internal error ({self.crash})" if self.crash else "interrupted"
-                summary.notes.append(f"{why}: {dropped} in-flight requests dropped "
-                                     "(everything that finished is recorded)")
+                summary.notes.append(
+                    f"{why}: {dropped} in-flight requests dropped (everything that finished is recorded)"
+                )
             if gpu is not None:
                 gpu.close()
         return BenchResult(self.records, summary, interrupted)
@@ -179,14 +201,18 @@ class BenchRun:
             item = d.item
             r = item.request
             out_tokens = max(1, r.output_tokens)
-            ceil = self.ceiling.hit_tokens(self.prompts.ceiling_key(item), r.hash_ids, r.input_tokens,
-                                           item.trace.block_size)
+            ceil = self.ceiling.hit_tokens(
+                self.prompts.ceiling_key(item), r.hash_ids, r.input_tokens, item.trace.block_size
+            )
             try:
-                body = client.body(self.model, self.prompts.prompt(item), out_tokens, self.prompts.extra(item))
+                body = client.body(
+                    self.model, self.prompts.prompt(item), out_tokens, self.prompts.extra(item)
+                )
             except Exception as e:  # a prompt that cannot be built fails this request, not the run
                 now = self.clock()
-                res = StreamResult(ok=False, error="client_error", detail=f"{type(e).__name__}: {e}",
-                                   sent=now, end=now)
+                res = StreamResult(
+                    ok=False, error="client_error", detail=f"{type(e).__name__}: {e}", sent=now, end=now
+                )
             else:
                 res = await client.stream(body)
             rec = self._record(d, res, ceil, out_tokens)
@@ -213,14 +239,32 @@ class BenchRun:
         end = (res.end - t0) * x
         due = d.due * x
         return RequestRecord(
-            id=item.id, trace=item.trace.id, session=item.session_key, tree=item.tree_key, lane=item.lane,
-            depth=item.depth, index=item.index, worker=self.cfg.target, scheduled=due, sent=(res.sent - t0) * x,
-            first_token=first, end=end, ttft=None if first is None else first - due, e2e=end - due,
-            tpot=tpot, itl_max=itl_max,
+            id=item.id,
+            trace=item.trace.id,
+            session=item.session_key,
+            tree=item.tree_key,
+            lane=item.lane,
+            depth=item.depth,
+            index=item.index,
+            worker=self.cfg.target,
+            scheduled=due,
+            sent=(res.sent - t0) * x,
+            first_token=first,
+            end=end,
+            ttft=None if first is None else first - due,
+            e2e=end - due,
+            tpot=tpot,
+            itl_max=itl_max,
             input_tokens=res.prompt_tokens if res.prompt_tokens else r.input_tokens,
-            output_tokens=n, expected_output_tokens=max_tokens, cached_tokens=res.cached_tokens,
-            ceiling_tokens=ceil, ok=res.ok, error=res.error,
-            recorded_api_time=r.api_time, recorded_ttft=r.ttft)
+            output_tokens=n,
+            expected_output_tokens=max_tokens,
+            cached_tokens=res.cached_tokens,
+            ceiling_tokens=ceil,
+            ok=res.ok,
+            error=res.error,
+            recorded_api_time=r.api_time,
+            recorded_ttft=r.ttft,
+        )
 
     def _finish(self, rec: RequestRecord, res: StreamResult) -> None:
         self.records.append(rec)
@@ -253,10 +297,17 @@ class BenchRun:
         t = (self.clock() - self._t0) * self.scale
         s = snap or MetricsSnapshot()
         self.stats.kv_usage = s.kv_usage
-        self.timeline.append(Sample(t, self.plan.in_flight, s.kv_usage,
-                                    None if s.running is None else int(s.running),
-                                    None if s.waiting is None else int(s.waiting), s.prefix_hits,
-                                    s.prefix_queries))
+        self.timeline.append(
+            Sample(
+                t,
+                self.plan.in_flight,
+                s.kv_usage,
+                None if s.running is None else int(s.running),
+                None if s.waiting is None else int(s.waiting),
+                s.prefix_hits,
+                s.prefix_queries,
+            )
+        )
         if gpu is not None:
             gpu.sample()
         if self.on_tick is not None:
@@ -267,23 +318,46 @@ class BenchRun:
         cfg = self.cfg
         notes = [f"prompts: {self.prompts.description}", *self.notes]
         if self.scale != 1.0:
-            notes.append(f"time scale {self.scale:g}: the target ran {self.scale:g}x faster than real time, gaps "
-                         f"were replayed {self.scale:g}x shorter and every time is in target seconds (wall x "
-                         f"{self.scale:g}, so HTTP and client overheads count {self.scale:g}x too)")
+            notes.append(
+                f"time scale {self.scale:g}: the target ran {self.scale:g}x faster than real time, gaps "
+                f"were replayed {self.scale:g}x shorter and every time is in target seconds (wall x "
+                f"{self.scale:g}, so HTTP and client overheads count {self.scale:g}x too)"
+            )
         if before is None:
             notes.append(f"server metrics absent: {scraper.absent_reason}")
         gpu_summary = gpu.summary() if gpu is not None else None
         if gpu_summary is None:
             reason = gpu.absent_reason if gpu is not None else "disabled"
             notes.append(f"GPU monitoring absent: {reason}")
-        config = {"lanes": cfg.lanes, "seed": cfg.seed, "warm_start": cfg.warm_start,
-                  "idle_gap_cap": cfg.idle_gap_cap, "max_requests": cfg.max_requests, "duration": cfg.duration,
-                  "api": cfg.api, "prompt_mode": cfg.prompt_mode, "prompts": self.prompts.description,
-                  "tokenizer": cfg.tokenizer, "model": self.model, "slo": cfg.slo,
-                  "tenant_salts": cfg.tenant_salts, "cache_bust": self.prompts.marker, "timeout": cfg.timeout,
-                  "time_scale": cfg.time_scale, "server": self.server_info,
-                  "traces": sorted({t.id for t in self.traces})}
-        return summarize(self.records, kind="bench", target=base, config=config,
-                         itl_values=np.frombuffer(self.itl, dtype=float) if len(self.itl) else None,
-                         slo=cfg.slo or None, metrics_hit_rate=hit_rate(before, after),
-                         timeline=self.timeline, gpu=gpu_summary, notes=notes)
+        config = {
+            "lanes": cfg.lanes,
+            "seed": cfg.seed,
+            "warm_start": cfg.warm_start,
+            "idle_gap_cap": cfg.idle_gap_cap,
+            "max_requests": cfg.max_requests,
+            "duration": cfg.duration,
+            "api": cfg.api,
+            "prompt_mode": cfg.prompt_mode,
+            "prompts": self.prompts.description,
+            "tokenizer": cfg.tokenizer,
+            "model": self.model,
+            "slo": cfg.slo,
+            "tenant_salts": cfg.tenant_salts,
+            "cache_bust": self.prompts.marker,
+            "timeout": cfg.timeout,
+            "time_scale": cfg.time_scale,
+            "server": self.server_info,
+            "traces": sorted({t.id for t in self.traces}),
+        }
+        return summarize(
+            self.records,
+            kind="bench",
+            target=base,
+            config=config,
+            itl_values=np.frombuffer(self.itl, dtype=float) if len(self.itl) else None,
+            slo=cfg.slo or None,
+            metrics_hit_rate=hit_rate(before, after),
+            timeline=self.timeline,
+            gpu=gpu_summary,
+            notes=notes,
+        )

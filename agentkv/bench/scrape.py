@@ -39,7 +39,7 @@ def parse_prometheus(text: str) -> dict[str, list[float]]:
         if brace >= 0:
             name = line[:brace]
             close = line.rfind("}")
-            rest = line[close + 1:] if close > brace else ""
+            rest = line[close + 1 :] if close > brace else ""
         else:
             name, _, rest = line.partition(" ")
         parts = rest.split()
@@ -64,8 +64,9 @@ def _pick(m: dict[str, list[float]], names: tuple[str, ...], mean: bool = False)
 
 def snapshot(text: str) -> MetricsSnapshot:
     m = parse_prometheus(text)
-    return MetricsSnapshot(_pick(m, QUERIES), _pick(m, HITS), _pick(m, KV_USAGE, mean=True),
-                           _pick(m, RUNNING), _pick(m, WAITING))
+    return MetricsSnapshot(
+        _pick(m, QUERIES), _pick(m, HITS), _pick(m, KV_USAGE, mean=True), _pick(m, RUNNING), _pick(m, WAITING)
+    )
 
 
 def hit_rate(before: MetricsSnapshot | None, after: MetricsSnapshot | None) -> float | None:

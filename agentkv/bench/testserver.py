@@ -42,15 +42,21 @@ def _prompt_tokens(body: dict) -> list:
     if isinstance(p, list) and p and isinstance(p[0], list):
         p = p[0]
     if isinstance(p, str):
-        return [p[i:i + 4] for i in range(0, len(p), 4)]  # ~4 characters a token
+        return [p[i : i + 4] for i in range(0, len(p), 4)]  # ~4 characters a token
     return list(p)
 
 
 class StreamTestServer:
     """The server; `await start()` binds a free loopback port and returns its base URL."""
 
-    def __init__(self, *, model: str = "test-model", behave: Behave | None = None,
-                 max_model_len: int = 1 << 20, serial: bool = False):
+    def __init__(
+        self,
+        *,
+        model: str = "test-model",
+        behave: Behave | None = None,
+        max_model_len: int = 1 << 20,
+        serial: bool = False,
+    ):
         self.model, self.behave, self.max_model_len = model, behave, max_model_len
         self.cache: set[int] = set()
         self.queries = self.hits = 0
@@ -104,18 +110,20 @@ class StreamTestServer:
     async def _metrics(self, request: web.Request) -> web.Response:
         usage = min(1.0, len(self.cache) / 100_000)
         lbl = f'{{engine="0",model_name="{self.model}"}}'
-        text = (f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{lbl} "
-                f"{float(self.queries)}\n# TYPE vllm:prefix_cache_hits_total counter\n"
-                f"vllm:prefix_cache_hits_total{lbl} {float(self.hits)}\n"
-                f"vllm:kv_cache_usage_perc{lbl} {usage}\nvllm:num_requests_running{lbl} {float(self.running)}\n"
-                f"vllm:num_requests_waiting{lbl} {float(self.waiting)}\n")
+        text = (
+            f"# TYPE vllm:prefix_cache_queries_total counter\nvllm:prefix_cache_queries_total{lbl} "
+            f"{float(self.queries)}\n# TYPE vllm:prefix_cache_hits_total counter\n"
+            f"vllm:prefix_cache_hits_total{lbl} {float(self.hits)}\n"
+            f"vllm:kv_cache_usage_perc{lbl} {usage}\nvllm:num_requests_running{lbl} {float(self.running)}\n"
+            f"vllm:num_requests_waiting{lbl} {float(self.waiting)}\n"
+        )
         return web.Response(text=text, content_type="text/plain")
 
     def _lookup(self, tokens: list) -> int:
         """Cached prompt tokens (full blocks already seen), then remember this prompt's blocks."""
         h, hit, matching = 0, 0, True
         for i in range(0, len(tokens) - len(tokens) % BLOCK, BLOCK):
-            h = hash((h, tuple(tokens[i:i + BLOCK])))
+            h = hash((h, tuple(tokens[i : i + BLOCK])))
             if matching and h in self.cache:
                 hit += BLOCK
             else:
@@ -138,10 +146,13 @@ class StreamTestServer:
         if b.status != 200:
             return web.json_response({"error": {"message": f"injected error {b.status}"}}, status=b.status)
         if len(tokens) + max_tokens > self.max_model_len:
-            msg = (f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
-                   f"{len(tokens) + max_tokens} tokens. Please reduce the length of the messages.")
-            return web.json_response({"object": "error", "message": msg, "type": "BadRequestError",
-                                      "code": 400}, status=400)
+            msg = (
+                f"This model's maximum context length is {self.max_model_len} tokens. However, you requested "
+                f"{len(tokens) + max_tokens} tokens. Please reduce the length of the messages."
+            )
+            return web.json_response(
+                {"object": "error", "message": msg, "type": "BadRequestError", "code": 400}, status=400
+            )
         self.waiting += 1
         try:
             if self._serial is not None:
@@ -175,9 +186,15 @@ class StreamTestServer:
             if i and b.itl:
                 await asyncio.sleep(b.itl)
             choice = {"index": 0, "delta": {"content": f" t{i}"}} if chat else {"index": 0, "text": f" t{i}"}
-            await resp.write(b"data: " + msgspec.json.encode({"object": "chunk", "choices": [choice]}) + b"\n\n")
-        usage = {"prompt_tokens": len(tokens), "completion_tokens": max_tokens,
-                 "total_tokens": len(tokens) + max_tokens, "prompt_tokens_details": {"cached_tokens": cached}}
+            await resp.write(
+                b"data: " + msgspec.json.encode({"object": "chunk", "choices": [choice]}) + b"\n\n"
+            )
+        usage = {
+            "prompt_tokens": len(tokens),
+            "completion_tokens": max_tokens,
+            "total_tokens": len(tokens) + max_tokens,
+            "prompt_tokens_details": {"cached_tokens": cached},
+        }
         end = {"index": 0, "finish_reason": "length", **({"delta": {}} if chat else {"text": ""})}
         await resp.write(b"data: " + msgspec.json.encode({"choices": [end]}) + b"\n\n")
         await resp.write(b"data: " + msgspec.json.encode({"choices": [], "usage": usage}) + b"\n\n")
@@ -194,8 +211,9 @@ def main(argv: list[str] | None = None) -> None:
     a = ap.parse_args(argv)
 
     async def run() -> None:
-        srv = StreamTestServer(behave=lambda body, n: Behaviour(ttft=a.ttft, itl=a.itl),
-                               max_model_len=a.max_model_len)
+        srv = StreamTestServer(
+            behave=lambda body, n: Behaviour(ttft=a.ttft, itl=a.itl), max_model_len=a.max_model_len
+        )
         print(await srv.start(a.port), flush=True)
         await asyncio.Event().wait()
 

@@ -50,10 +50,16 @@ def points(name: str = CALIBRATION) -> list[CalPoint]:
     out = []
     for model in PROBE_MODELS:
         part = calibration(name)["parts"][model]
-        out += [CalPoint(model, "prefill", r["new"], r["past"], r["model_ms"] / 1e3)
-                for r in part["prefill"] if "model_ms" in r]
-        out += [CalPoint(model, "decode", r["batch"], r["ctx"], r["model_ms"] / 1e3)
-                for r in part["decode"] if "model_ms" in r]
+        out += [
+            CalPoint(model, "prefill", r["new"], r["past"], r["model_ms"] / 1e3)
+            for r in part["prefill"]
+            if "model_ms" in r
+        ]
+        out += [
+            CalPoint(model, "decode", r["batch"], r["ctx"], r["model_ms"] / 1e3)
+            for r in part["decode"]
+            if "model_ms" in r
+        ]
     return out
 
 
@@ -67,7 +73,9 @@ def predict(cm: CostModel, p: CalPoint) -> float:
     return cm.model.layers * layer
 
 
-def errors(coeffs: CostCoefficients | None = None, name: str = CALIBRATION) -> list[tuple[CalPoint, float, float]]:
+def errors(
+    coeffs: CostCoefficients | None = None, name: str = CALIBRATION
+) -> list[tuple[CalPoint, float, float]]:
     """(point, predicted seconds, relative error) for every point of a probe file on an H200, bf16, tp=1."""
     h200 = get_gpu("h200")
     models = {n: CostModel(h200, probe_shape(n), coeffs=coeffs) for n in PROBE_MODELS}
@@ -87,10 +95,15 @@ def summary(errs: list[tuple[CalPoint, float, float]]) -> tuple[float, float]:
 def table_markdown(coeffs: CostCoefficients | None = None, name: str = CALIBRATION) -> str:
     """The per-point fit table (Markdown) with the MAPE and worst-error line under it."""
     errs = errors(coeffs, name)
-    lines = ["| model | kind | grid point | measured ms | predicted ms | error % |", "|---|---|---|---:|---:|---:|"]
+    lines = [
+        "| model | kind | grid point | measured ms | predicted ms | error % |",
+        "|---|---|---|---:|---:|---:|",
+    ]
     for p, pred, e in errs:
         grid = f"new={p.a}, past={p.b}" if p.kind == "prefill" else f"batch={p.a}, ctx={p.b}"
-        lines.append(f"| {p.model} | {p.kind} | {grid} | {p.measured_s * 1e3:.2f} | {pred * 1e3:.2f} | {e * 100:+.1f} |")
+        lines.append(
+            f"| {p.model} | {p.kind} | {grid} | {p.measured_s * 1e3:.2f} | {pred * 1e3:.2f} | {e * 100:+.1f} |"
+        )
     mape, worst = summary(errs)
     lines.append("")
     lines.append(f"{len(errs)} points: MAPE {mape:.2f}%, worst {worst:.1f}%.")

@@ -95,8 +95,15 @@ def _pnorm(a: float, b: float, k: float) -> float:
 class CostModel:
     """Seconds of one engine step on one (GPU, model, TP, dtypes) replica; cheap enough to call every step."""
 
-    def __init__(self, gpu: GPU | str, model: ModelShape | str, tp: int = 1, kv_dtype: str = "bf16",
-                 weight_dtype: str = "bf16", coeffs: CostCoefficients | None = None):
+    def __init__(
+        self,
+        gpu: GPU | str,
+        model: ModelShape | str,
+        tp: int = 1,
+        kv_dtype: str = "bf16",
+        weight_dtype: str = "bf16",
+        coeffs: CostCoefficients | None = None,
+    ):
         self.gpu, self.model, self.tp = get_gpu(gpu), get_model(model), tp
         if kv_dtype not in KV_DTYPES:
             raise UserError(f"KV dtype '{kv_dtype}' is not one of {', '.join(KV_DTYPES)}")
@@ -149,33 +156,52 @@ class CostModel:
         """Peak non-KV working memory per rank: one layer's activations for a full token budget, fp32
         logits for one row per sequence, and a fixed 1 GiB for the CUDA context and workspaces."""
         m, r = self.model, self.rank
-        per_tok = (m.hidden * 3 + (r.heads + 2 * r.kv_heads) * m.head_dim + 3 * m.intermediate // self.tp) * ACT_BYTES
+        per_tok = (
+            m.hidden * 3 + (r.heads + 2 * r.kv_heads) * m.head_dim + 3 * m.intermediate // self.tp
+        ) * ACT_BYTES
         logits = min(max_num_seqs, max_num_batched_tokens) * -(-m.vocab // self.tp) * 4
         return max_num_batched_tokens * per_tok + logits + ACTIVATION_FIXED_BYTES
 
-    def kv_capacity_bytes(self, gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192,
-                          max_num_seqs: int = 256) -> float:
+    def kv_capacity_bytes(
+        self, gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
+    ) -> float:
         """KV cache bytes per rank: HBM x utilization - weights - activation reserve (vLLM's budget rule)."""
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise UserError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
-        free = (self.gpu.hbm_bytes * gpu_memory_utilization - self.weights_bytes
-                - self.activation_reserve_bytes(max_num_batched_tokens, max_num_seqs))
+        free = (
+            self.gpu.hbm_bytes * gpu_memory_utilization
+            - self.weights_bytes
+            - self.activation_reserve_bytes(max_num_batched_tokens, max_num_seqs)
+        )
         if free <= 0:
-            raise UserError(f"{self.model.name} (tp={self.tp}, {self.weight_dtype}) does not fit on "
-                            f"{self.gpu.name} at gpu_memory_utilization={gpu_memory_utilization}")
+            raise UserError(
+                f"{self.model.name} (tp={self.tp}, {self.weight_dtype}) does not fit on "
+                f"{self.gpu.name} at gpu_memory_utilization={gpu_memory_utilization}"
+            )
         return free
 
     # -- times --------------------------------------------------------------------------------
     def decode_roofline(self, batch: int, ctx: int) -> float:
         """Lower bound of a decode step: all weights read (layers + lm_head) and all KV read, at full BW."""
-        return (self._layers * (self._w + batch * ctx * self._kv_tok) + self._lm_w)
+        return self._layers * (self._w + batch * ctx * self._kv_tok) + self._lm_w
 
-    def layer_time_agg(self, new_tokens: int, past_tokens: int, self_pairs: float, past_pairs: float,
-                       any_past: bool, n_decode: int, decode_ctx_sum: int, decode_ctx_max: int) -> float:
+    def layer_time_agg(
+        self,
+        new_tokens: int,
+        past_tokens: int,
+        self_pairs: float,
+        past_pairs: float,
+        any_past: bool,
+        n_decode: int,
+        decode_ctx_sum: int,
+        decode_ctx_max: int,
+    ) -> float:
         """One decoder layer on one rank (what the calibration probe timed) from batch aggregates."""
         t = new_tokens + n_decode
         lin = _pnorm(self._w, t * self._flop_tok, self._k)
-        attn = self_pairs * self._self_pair + past_pairs * self._past_pair + (self._setup if any_past else 0.0)
+        attn = (
+            self_pairs * self._self_pair + past_pairs * self._past_pair + (self._setup if any_past else 0.0)
+        )
         kv = (new_tokens + past_tokens) * self._kv_tok
         if n_decode:
             d_bw, d_stream = decode_ctx_sum * self._kv_tok, decode_ctx_max * self._stream_tok
@@ -183,16 +209,33 @@ class CostModel:
         comm = t * self._ar_tok + self._ar_lat if t else 0.0
         return _pnorm(lin + attn + kv + comm, self._floor, self._fk)
 
-    def step_time_agg(self, new_tokens: int, past_tokens: int, self_pairs: float, past_pairs: float,
-                      any_past: bool, n_prefill: int, n_decode: int, decode_ctx_sum: int,
-                      decode_ctx_max: int) -> float:
+    def step_time_agg(
+        self,
+        new_tokens: int,
+        past_tokens: int,
+        self_pairs: float,
+        past_pairs: float,
+        any_past: bool,
+        n_prefill: int,
+        n_decode: int,
+        decode_ctx_sum: int,
+        decode_ctx_max: int,
+    ) -> float:
         """A whole step from aggregates: `new_tokens`/`past_tokens` summed over prefill pieces,
         `self_pairs` = sum n(n+1)/2, `past_pairs` = sum new x past, decode contexts summed and maxed."""
         rows = n_prefill + n_decode
         if rows == 0:
             return 0.0
-        layer = self.layer_time_agg(new_tokens, past_tokens, self_pairs, past_pairs, any_past,
-                                    n_decode, decode_ctx_sum, decode_ctx_max)
+        layer = self.layer_time_agg(
+            new_tokens,
+            past_tokens,
+            self_pairs,
+            past_pairs,
+            any_past,
+            n_decode,
+            decode_ctx_sum,
+            decode_ctx_max,
+        )
         lm = _pnorm(self._lm_w, rows * self._lm_row, self._k)
         gather = rows * self._gather_row + self._gather_lat
         return self._layers * layer + lm + gather
@@ -221,9 +264,20 @@ class CostModel:
             self_pairs += n * (n + 1) * 0.5
             past_pairs += n * p
         nd = len(decodes)
-        return self.step_time_agg(new, past, self_pairs, past_pairs, past > 0, len(prefills), nd,
-                                  sum(decodes) if nd else 0, max(decodes) if nd else 0)
+        return self.step_time_agg(
+            new,
+            past,
+            self_pairs,
+            past_pairs,
+            past > 0,
+            len(prefills),
+            nd,
+            sum(decodes) if nd else 0,
+            max(decodes) if nd else 0,
+        )
 
     def __repr__(self) -> str:
-        return (f"CostModel({self.gpu.name}, {self.model.name}, tp={self.tp}, kv={self.kv_dtype}, "
-                f"weights={self.weight_dtype})")
+        return (
+            f"CostModel({self.gpu.name}, {self.model.name}, tp={self.tp}, kv={self.kv_dtype}, "
+            f"weights={self.weight_dtype})"
+        )

@@ -71,9 +71,15 @@ class EngineStats:
 class Engine:
     """One simulated serving replica: `add_request`, `step`, `abort`, with vLLM-like counters."""
 
-    def __init__(self, config: EngineConfig | None = None, clock=None, *,
-                 on_event: Callable[[KVEvent], None] | None = None, record_tokens: bool = False,
-                 itl_sink: list[float] | None = None):
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        clock=None,
+        *,
+        on_event: Callable[[KVEvent], None] | None = None,
+        record_tokens: bool = False,
+        itl_sink: list[float] | None = None,
+    ):
         from agentkv.engine.clock import VirtualClock
 
         self.config = cfg = config or EngineConfig()
@@ -88,17 +94,22 @@ class Engine:
         if cfg.num_gpu_blocks_override is not None:
             num_blocks = cfg.num_gpu_blocks_override
         else:
-            capacity = self.cost.kv_capacity_bytes(cfg.gpu_memory_utilization, cfg.max_num_batched_tokens,
-                                                   cfg.max_num_seqs)
+            capacity = self.cost.kv_capacity_bytes(
+                cfg.gpu_memory_utilization, cfg.max_num_batched_tokens, cfg.max_num_seqs
+            )
             if capacity <= 0:
-                raise UserError(f"{shape.name} does not fit on {self.cost.gpu.name} x{cfg.tensor_parallel_size} "
-                                f"at --gpu-memory-utilization {cfg.gpu_memory_utilization}: no memory left for KV")
+                raise UserError(
+                    f"{shape.name} does not fit on {self.cost.gpu.name} x{cfg.tensor_parallel_size} "
+                    f"at --gpu-memory-utilization {cfg.gpu_memory_utilization}: no memory left for KV"
+                )
             num_blocks = int(capacity // block_bytes)
         usable = num_blocks - 1  # vLLM's BlockPool keeps one null block out of the free queue for good
         if usable * cfg.block_size < min(self.max_model_len, cfg.max_num_batched_tokens):
-            raise UserError(f"the KV cache holds {max(0, usable) * cfg.block_size} tokens ({num_blocks} blocks "
-                            f"less vLLM's null block), fewer than one batch or --max-model-len "
-                            f"({self.max_model_len}); lower --max-model-len or give more memory")
+            raise UserError(
+                f"the KV cache holds {max(0, usable) * cfg.block_size} tokens ({num_blocks} blocks "
+                f"less vLLM's null block), fewer than one batch or --max-model-len "
+                f"({self.max_model_len}); lower --max-model-len or give more memory"
+            )
         self.num_gpu_blocks = num_blocks  # as vLLM reports it (cache_config_info), null block included
         self.block_bytes = block_bytes
         lower = None
@@ -108,8 +119,9 @@ class Engine:
         if cfg.kv_disk_size > 0:
             specs.append(TierSpec("DISK", capacity_bytes=int(cfg.kv_disk_size * GIB)))
         if specs:
-            lower = TierStack(specs, block_bytes, block_size=cfg.block_size, num_layers=shape.layers,
-                              on_event=on_event)
+            lower = TierStack(
+                specs, block_bytes, block_size=cfg.block_size, num_layers=shape.layers, on_event=on_event
+            )
         self.pool = BlockPool(usable, cfg.block_size, cfg.eviction_policy, on_event=on_event, lower=lower)
         self.scheduler = Scheduler(cfg, self.pool)
         self.hasher = make_hasher(cfg.hash_algo, cfg.seed if cfg.hash_algo == "xxhash" else None)
@@ -118,11 +130,20 @@ class Engine:
         self._session_blocks: dict[object, np.ndarray] = {}  # session -> its last turn's blocks
 
     # -- requests ------------------------------------------------------------------------------
-    def add_request(self, request_id: str, *, max_tokens: int, prompt_len: int | None = None,
-                    token_ids: Sequence[int] | None = None, block_hashes: list[int] | None = None,
-                    cache_salt: str | None = None, session_id: object = None,
-                    user_data: object = None, arrival: float | None = None,
-                    hash_array: np.ndarray | None = None) -> EngineRequest:
+    def add_request(
+        self,
+        request_id: str,
+        *,
+        max_tokens: int,
+        prompt_len: int | None = None,
+        token_ids: Sequence[int] | None = None,
+        block_hashes: list[int] | None = None,
+        cache_salt: str | None = None,
+        session_id: object = None,
+        user_data: object = None,
+        arrival: float | None = None,
+        hash_array: np.ndarray | None = None,
+    ) -> EngineRequest:
         """Queue a request: token ids (hashed here, salted per tenant) or a length with hashes."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
@@ -135,12 +156,22 @@ class Engine:
         if max_tokens < 1:
             raise ValueError("max_tokens must be >= 1")
         if prompt_len + max_tokens > self.max_model_len:
-            raise ValueError(f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds "
-                             f"max_model_len ({self.max_model_len})")
+            raise ValueError(
+                f"prompt ({prompt_len} tokens) + max_tokens ({max_tokens}) exceeds "
+                f"max_model_len ({self.max_model_len})"
+            )
         now = self.clock.now() if arrival is None else arrival
-        req = EngineRequest(request_id, prompt_len, max_tokens, block_hashes or [], now,
-                            session_id=session_id, token_ids=token_ids, record_tokens=self.record_tokens,
-                            user_data=user_data)
+        req = EngineRequest(
+            request_id,
+            prompt_len,
+            max_tokens,
+            block_hashes or [],
+            now,
+            session_id=session_id,
+            token_ids=token_ids,
+            record_tokens=self.record_tokens,
+            user_data=user_data,
+        )
         if hash_array is not None and session_id is not None:
             req.hash_array = hash_array
             req.hint = self._session_blocks.get(session_id)

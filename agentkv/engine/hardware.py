@@ -50,8 +50,12 @@ class GPU:
 
     def tflops(self, dtype: str) -> float:
         """Dense TFLOP/s for GEMMs whose weights are `dtype` (bf16/fp16 share a rate)."""
-        rate = {"bf16": self.bf16_tflops, "fp16": self.bf16_tflops, "fp8": self.fp8_tflops,
-                "fp4": self.fp4_tflops}.get(dtype)
+        rate = {
+            "bf16": self.bf16_tflops,
+            "fp16": self.bf16_tflops,
+            "fp8": self.fp8_tflops,
+            "fp4": self.fp4_tflops,
+        }.get(dtype)
         if dtype not in DTYPE_BYTES:
             raise UserError(f"weight dtype '{dtype}' is not one of {', '.join(DTYPE_BYTES)}")
         if rate is None:
@@ -63,14 +67,46 @@ GPUS: tuple[GPU, ...] = (
     GPU("H100 SXM", 80, 3.35, 989, 1979, None, 64, 450, 700, ("h100", "h100-sxm")),
     GPU("H200 SXM", 141, 4.8, 989, 1979, None, 64, 450, 700, ("h200", "h200-sxm")),
     GPU("B200", 180, 8.0, 2250, 4500, 9000, 64, 900, 1000, ("b200", "b200-hgx"), "180 GB usable"),
-    GPU("GB200", 186, 8.0, 2500, 5000, 10000, 450, 900, 1200, ("gb200", "gb200-nvl72"),
-        "host link is NVLink-C2C, 900 GB/s bidirectional per Grace shared by its 2 GPUs"),
+    GPU(
+        "GB200",
+        186,
+        8.0,
+        2500,
+        5000,
+        10000,
+        450,
+        900,
+        1200,
+        ("gb200", "gb200-nvl72"),
+        "host link is NVLink-C2C, 900 GB/s bidirectional per Grace shared by its 2 GPUs",
+    ),
     GPU("B300", 268, 8.0, 2250, 4500, 13500, 128, 900, 1100, ("b300", "b300-hgx"), "268 GB usable; PCIe 6"),
-    GPU("GB300", 288, 8.0, 2500, 5000, 15000, 450, 900, 1400, ("gb300", "gb300-nvl72"),
-        "host link is NVLink-C2C, shared by the 2 GPUs of a Grace"),
-    GPU("Rubin VR200", 288, 22.0, 4000, None, 50000, 900, 1800, 2050,
+    GPU(
+        "GB300",
+        288,
+        8.0,
+        2500,
+        5000,
+        15000,
+        450,
+        900,
+        1400,
+        ("gb300", "gb300-nvl72"),
+        "host link is NVLink-C2C, shared by the 2 GPUs of a Grace",
+    ),
+    GPU(
+        "Rubin VR200",
+        288,
+        22.0,
+        4000,
+        None,
+        50000,
+        900,
+        1800,
+        2050,
         ("rubin", "vr200", "vera-rubin", "rubin-vr200", "vr200-nvl72"),
-        "preliminary: 22 TB/s (earlier 13), ~4,000 bf16 TFLOP/s, fp8 unpublished, 1,800-2,300 W (midpoint)"),
+        "preliminary: 22 TB/s (earlier 13), ~4,000 bf16 TFLOP/s, fp8 unpublished, 1,800-2,300 W (midpoint)",
+    ),
     GPU("MI300X", 192, 5.3, 1307, 2615, None, 64, 448, 750, ("mi300x", "mi300")),
     GPU("MI325X", 256, 6.0, 1307, 2615, None, 64, 448, 1000, ("mi325x", "mi325")),
     GPU("MI355X", 288, 8.0, 2516, 5033, 10066, 64, 576, 1400, ("mi355x", "mi355")),
@@ -93,7 +129,9 @@ def get_gpu(name: str | GPU) -> GPU:
     return gpu
 
 
-def ring_allreduce_s(nbytes: float, tp: int, link_gbps: float, latency_s: float = ALLREDUCE_LATENCY_S) -> float:
+def ring_allreduce_s(
+    nbytes: float, tp: int, link_gbps: float, latency_s: float = ALLREDUCE_LATENCY_S
+) -> float:
     """Ring all-reduce of `nbytes` over `tp` ranks: 2 (tp-1)/tp x bytes / link bandwidth + latency."""
     if tp <= 1:
         return 0.0
@@ -134,8 +172,9 @@ class ModelShape:
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise UserError(f"model '{self.name}': {f} must be a positive integer, got {v!r}")
         if self.heads % self.kv_heads:
-            raise UserError(f"model '{self.name}': heads ({self.heads}) must be a multiple of "
-                            f"kv_heads ({self.kv_heads})")
+            raise UserError(
+                f"model '{self.name}': heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads})"
+            )
 
     @property
     def layer_params(self) -> int:
@@ -166,8 +205,9 @@ class ModelShape:
         if self.heads % tp:
             raise UserError(f"model '{self.name}': {self.heads} attention heads do not split over tp={tp}")
         if self.kv_heads % tp and tp % self.kv_heads:
-            raise UserError(f"model '{self.name}': {self.kv_heads} KV heads neither split over "
-                            f"nor replicate to tp={tp}")
+            raise UserError(
+                f"model '{self.name}': {self.kv_heads} KV heads neither split over nor replicate to tp={tp}"
+            )
         heads, kv = self.heads // tp, max(1, self.kv_heads // tp)
         h, d = self.hidden, self.head_dim
         layer = h * (heads + 2 * kv) * d + heads * d * h + 3 * h * self.intermediate // tp
@@ -191,7 +231,9 @@ class ModelShape:
             cfg = cfg["text_config"]  # multimodal wrappers keep the decoder here
         for moe in ("num_experts", "num_local_experts", "n_routed_experts"):
             if (cfg.get(moe) or 0) > 1:
-                raise UserError(f"{f}: field '{moe}': mixture-of-experts models are not supported (dense only)")
+                raise UserError(
+                    f"{f}: field '{moe}': mixture-of-experts models are not supported (dense only)"
+                )
 
         def need(field: str, default: int | None = None) -> int:
             v = cfg.get(field, default)
@@ -205,9 +247,18 @@ class ModelShape:
         kv = need("num_key_value_heads", heads)
         head_dim = need("head_dim", hidden // heads if hidden % heads == 0 else None)
         name = str(cfg.get("_name_or_path") or (p.name if p.is_dir() else f.parent.name) or f.stem)
-        return cls(name, layers, hidden, heads, kv, head_dim, need("intermediate_size"), need("vocab_size"),
-                   bool(cfg.get("tie_word_embeddings", False)),
-                   max_position=need("max_position_embeddings", 131072))
+        return cls(
+            name,
+            layers,
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            need("intermediate_size"),
+            need("vocab_size"),
+            bool(cfg.get("tie_word_embeddings", False)),
+            max_position=need("max_position_embeddings", 131072),
+        )
 
 
 def _check_dtype(dtype: str, allowed) -> str:
@@ -217,10 +268,30 @@ def _check_dtype(dtype: str, allowed) -> str:
 
 
 MODELS: tuple[ModelShape, ...] = (
-    ModelShape("Llama-3.1-8B", 32, 4096, 32, 8, 128, 14336, 128256, False,
-               ("llama3-8b", "llama-3-8b", "llama3.1-8b", "meta-llama-3.1-8b")),
-    ModelShape("Llama-3.1-70B", 80, 8192, 64, 8, 128, 28672, 128256, False,
-               ("llama3-70b", "llama-3-70b", "llama3.1-70b", "meta-llama-3.1-70b")),
+    ModelShape(
+        "Llama-3.1-8B",
+        32,
+        4096,
+        32,
+        8,
+        128,
+        14336,
+        128256,
+        False,
+        ("llama3-8b", "llama-3-8b", "llama3.1-8b", "meta-llama-3.1-8b"),
+    ),
+    ModelShape(
+        "Llama-3.1-70B",
+        80,
+        8192,
+        64,
+        8,
+        128,
+        28672,
+        128256,
+        False,
+        ("llama3-70b", "llama-3-70b", "llama3.1-70b", "meta-llama-3.1-70b"),
+    ),
     ModelShape("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, False, ("qwen3-32b",), 40960),
 )
 _MODEL_INDEX = {_key(a): m for m in MODELS for a in (m.name, *m.aliases)}
@@ -240,5 +311,7 @@ def get_model(name: str | Path | ModelShape) -> ModelShape:
         return m
     if Path(name).exists():
         return ModelShape.from_hf_config(name)
-    raise UserError(f"unknown model '{name}'; choose one of: {', '.join(model_names())}, "
-                    "or give the path of a Hugging Face config.json")
+    raise UserError(
+        f"unknown model '{name}'; choose one of: {', '.join(model_names())}, "
+        "or give the path of a Hugging Face config.json"
+    )

@@ -20,15 +20,48 @@ class EngineRequest:
     """
 
     __slots__ = (
-        "request_id", "prompt_len", "max_tokens", "block_hashes", "token_ids", "session_id",
-        "arrival", "status", "num_computed", "num_output", "num_cached_tokens", "num_lower_tokens",
-        "lower_tier_tokens", "num_preemptions", "first_scheduled", "first_token", "finished_at",
-        "last_token", "itl_max", "token_times", "finish_reason", "promote_s", "user_data", "_looked_up", "_evictions", "hash_array", "hint",
+        "request_id",
+        "prompt_len",
+        "max_tokens",
+        "block_hashes",
+        "token_ids",
+        "session_id",
+        "arrival",
+        "status",
+        "num_computed",
+        "num_output",
+        "num_cached_tokens",
+        "num_lower_tokens",
+        "lower_tier_tokens",
+        "num_preemptions",
+        "first_scheduled",
+        "first_token",
+        "finished_at",
+        "last_token",
+        "itl_max",
+        "token_times",
+        "finish_reason",
+        "promote_s",
+        "user_data",
+        "_looked_up",
+        "_evictions",
+        "hash_array",
+        "hint",
     )
 
-    def __init__(self, request_id: str, prompt_len: int, max_tokens: int, block_hashes: list[int],
-                 arrival: float, *, session_id: object = None, token_ids=None, record_tokens: bool = False,
-                 user_data: object = None):
+    def __init__(
+        self,
+        request_id: str,
+        prompt_len: int,
+        max_tokens: int,
+        block_hashes: list[int],
+        arrival: float,
+        *,
+        session_id: object = None,
+        token_ids=None,
+        record_tokens: bool = False,
+        user_data: object = None,
+    ):
         self.request_id = request_id
         self.prompt_len = prompt_len
         self.max_tokens = max_tokens
@@ -67,5 +100,7 @@ class EngineRequest:
         return self.num_tokens - self.num_computed > 1 or self.num_computed < self.prompt_len
 
     def __repr__(self) -> str:
-        return (f"EngineRequest({self.request_id!r}, prompt={self.prompt_len}, out={self.num_output}/"
-                f"{self.max_tokens}, computed={self.num_computed}, {self.status.name})")
+        return (
+            f"EngineRequest({self.request_id!r}, prompt={self.prompt_len}, out={self.num_output}/"
+            f"{self.max_tokens}, computed={self.num_computed}, {self.status.name})"
+        )

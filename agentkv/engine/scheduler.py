@@ -44,8 +44,9 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.num_tokens - req.num_computed, budget)
-            while not pool.allocate_slots(req.request_id, n, req.block_hashes, req.num_computed,
-                                          token_ids=req.token_ids):
+            while not pool.allocate_slots(
+                req.request_id, n, req.block_hashes, req.num_computed, token_ids=req.token_ids
+            ):
                 victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
@@ -66,9 +67,15 @@ class Scheduler:
                 self._lookup(req)  # again on every try: blocks found last step may be gone
                 n = min(req.num_tokens - req.num_computed - req.num_lower_tokens, budget)
                 nl = req.num_lower_tokens // pool.block_size
-                if not pool.allocate_slots(req.request_id, n, req.block_hashes, req.num_computed,
-                                           num_lower_blocks=nl, session_id=req.session_id,
-                                           token_ids=req.token_ids):  # BlockStored carries the tokens
+                if not pool.allocate_slots(
+                    req.request_id,
+                    n,
+                    req.block_hashes,
+                    req.num_computed,
+                    num_lower_blocks=nl,
+                    session_id=req.session_id,
+                    token_ids=req.token_ids,
+                ):  # BlockStored carries the tokens
                     break
                 self.waiting.popleft()
                 if nl:
@@ -89,15 +96,19 @@ class Scheduler:
         pool = self.pool
         bs = pool.block_size
         first_try = not req._looked_up
-        if (not first_try and req._evictions == pool.stats.evicted
-                and (pool.lower is None or pool.lower.write_mode == "write_back")):
+        if (
+            not first_try
+            and req._evictions == pool.stats.evicted
+            and (pool.lower is None or pool.lower.write_mode == "write_back")
+        ):
             return  # a retry, and nothing was evicted since (tiers change only then): same prefix
         req._looked_up = True
         req._evictions = pool.stats.evicted
         if not self.config.enable_prefix_caching:
             return
-        n_gpu = pool.get_computed_blocks(req.block_hashes, req.num_tokens, count=first_try, hint=req.hint,
-                                         hash_array=req.hash_array)
+        n_gpu = pool.get_computed_blocks(
+            req.block_hashes, req.num_tokens, count=first_try, hint=req.hint, hash_array=req.hash_array
+        )
         req.num_computed = n_gpu * bs
         limit = (req.num_tokens - 1) // bs
         lower: list[str] = []

@@ -28,8 +28,15 @@ from agentkv.kv.tiers import TierSpec, TierStack
 from agentkv.trace.model import Trace
 from agentkv.units import parse_capacity
 
-KV_DTYPES = {"auto": "bf16", "bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16", "fp8": "fp8",
-             "fp8_e4m3": "fp8", "fp8_e5m2": "fp8"}
+KV_DTYPES = {
+    "auto": "bf16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+}
 
 
 class CellResult(msgspec.Struct, kw_only=True):
@@ -101,9 +108,15 @@ def _items(text: str, flag: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def make_grid(capacity: str = "100GB", block_size: str = "16", policy: str | None = None,
-              model: str = "llama3-8b", kv_cache_dtype: str = "auto", cpu: str | None = None,
-              concurrency: int | None = None) -> Grid:
+def make_grid(
+    capacity: str = "100GB",
+    block_size: str = "16",
+    policy: str | None = None,
+    model: str = "llama3-8b",
+    kv_cache_dtype: str = "auto",
+    cpu: str | None = None,
+    concurrency: int | None = None,
+) -> Grid:
     """Parse the command's flags (comma lists) into a `Grid`; UserError naming the flag on bad input."""
     from agentkv.engine.hardware import get_model
 
@@ -135,14 +148,27 @@ def make_grid(capacity: str = "100GB", block_size: str = "16", policy: str | Non
     for label, nbytes in caps:
         for bs in sizes:
             if nbytes < bs * per_token:
-                raise UserError(f"--capacity: {label} holds no block of {bs} tokens of {shape.name} "
-                                f"{dtype} KV ({bs * per_token:,} bytes a block)")
+                raise UserError(
+                    f"--capacity: {label} holds no block of {bs} tokens of {shape.name} "
+                    f"{dtype} KV ({bs * per_token:,} bytes a block)"
+                )
     if cpu_spec is not None and cpu_spec[1] < max(sizes) * per_token:
-        raise UserError(f"--cpu: {cpu} holds no block of {max(sizes)} tokens ({max(sizes) * per_token:,} bytes)")
+        raise UserError(
+            f"--cpu: {cpu} holds no block of {max(sizes)} tokens ({max(sizes) * per_token:,} bytes)"
+        )
     if concurrency is not None and concurrency < 1:
         raise UserError(f"--concurrency: must be at least 1, got {concurrency}")
-    return Grid(tuple(caps), tuple(sizes), tuple(pols), shape.name, dtype, per_token, shape.layers,
-                cpu_spec, concurrency)
+    return Grid(
+        tuple(caps),
+        tuple(sizes),
+        tuple(pols),
+        shape.name,
+        dtype,
+        per_token,
+        shape.layers,
+        cpu_spec,
+        concurrency,
+    )
 
 
 def replay_tiered(pool: BlockPool, requests: Sequence[BlockRequest]) -> tuple[int, int, int, int]:
@@ -166,8 +192,10 @@ def replay_tiered(pool: BlockPool, requests: Sequence[BlockRequest]) -> tuple[in
         limit = max(0, min(len(hs), (r.input_tokens - 1) // bs))
         total = r.input_tokens + r.output_tokens
         k = min(limit - n, room - (-(-total // bs) - n))
-        m = len(pool.match_lower(hs[:n + k], n)) if k > 0 else 0
-        if pool.allocate_slots(rid, total - (n + m) * bs, hs, n * bs, num_lower_blocks=m, session_id=r.session):
+        m = len(pool.match_lower(hs[: n + k], n)) if k > 0 else 0
+        if pool.allocate_slots(
+            rid, total - (n + m) * bs, hs, n * bs, num_lower_blocks=m, session_id=r.session
+        ):
             lower_hits += m * bs
             pool.free(rid)
         else:
@@ -190,13 +218,22 @@ def fitting(requests: Sequence[BlockRequest], num_blocks: int, block_size: int) 
     last = {r.session: i for i, r in enumerate(fit)}
     for i, r in enumerate(fit):
         if (last[r.session] == i) != r.last:
-            fit[i] = BlockRequest(r.time, r.end, r.session, r.hashes, r.input_tokens, r.output_tokens, r.stop,
-                                  last[r.session] == i)
+            fit[i] = BlockRequest(
+                r.time,
+                r.end,
+                r.session,
+                r.hashes,
+                r.input_tokens,
+                r.output_tokens,
+                r.stop,
+                last[r.session] == i,
+            )
     return fit
 
 
-def run_cell(grid: Grid, requests: Sequence[BlockRequest], block_size: int, capacity: tuple[str, int],
-             policy: str) -> CellResult:
+def run_cell(
+    grid: Grid, requests: Sequence[BlockRequest], block_size: int, capacity: tuple[str, int], policy: str
+) -> CellResult:
     """Replay `requests` through a fresh pool of `capacity` with `policy` (and the grid's CPU tier)."""
     t0 = time.perf_counter()
     label, nbytes = capacity
@@ -207,8 +244,12 @@ def run_cell(grid: Grid, requests: Sequence[BlockRequest], block_size: int, capa
     evictor = make_policy(policy, accesses=[r.hashes for r in fit] if policy == "belady" else None)
     lower = None
     if grid.cpu is not None:
-        lower = TierStack([TierSpec("CPU", capacity_bytes=grid.cpu[1])], block_bytes, block_size=block_size,
-                          num_layers=grid.num_layers)
+        lower = TierStack(
+            [TierSpec("CPU", capacity_bytes=grid.cpu[1])],
+            block_bytes,
+            block_size=block_size,
+            num_layers=grid.num_layers,
+        )
     pool = BlockPool(num_blocks, block_size, evictor, lower=lower)
     if lower is None:
         res = replay(pool, fit, hints=True)
@@ -220,10 +261,20 @@ def run_cell(grid: Grid, requests: Sequence[BlockRequest], block_size: int, capa
     if failed:  # cannot happen one request at a time; a failed lookup would count hits it never got
         raise RuntimeError(f"{failed} requests failed to allocate in an otherwise empty pool")
     hits = gpu + below
-    return CellResult(block_size=block_size, capacity=label, capacity_bytes=nbytes, num_blocks=num_blocks,
-                      policy=policy, hit_rate=hits / queries if queries else 0.0, hit_tokens=hits,
-                      query_tokens=queries, tier_hit_tokens=tiers, too_big=len(requests) - len(fit),
-                      evicted=pool.stats.evicted, seconds=time.perf_counter() - t0)
+    return CellResult(
+        block_size=block_size,
+        capacity=label,
+        capacity_bytes=nbytes,
+        num_blocks=num_blocks,
+        policy=policy,
+        hit_rate=hits / queries if queries else 0.0,
+        hit_tokens=hits,
+        query_tokens=queries,
+        tier_hit_tokens=tiers,
+        too_big=len(requests) - len(fit),
+        evicted=pool.stats.evicted,
+        seconds=time.perf_counter() - t0,
+    )
 
 
 # the accesses per block size, set before forking so that worker processes inherit them
@@ -244,8 +295,13 @@ def default_jobs() -> int:
     return max(1, min(4, n))
 
 
-def analyze(traces: Sequence[Trace], grid: Grid, *, jobs: int = 1,
-            progress: Callable[[int, int, str], None] | None = None) -> Analysis:
+def analyze(
+    traces: Sequence[Trace],
+    grid: Grid,
+    *,
+    jobs: int = 1,
+    progress: Callable[[int, int, str], None] | None = None,
+) -> Analysis:
     """Run every cell of `grid` on `traces`; `progress(done, total, what)` after each cell."""
     t0 = time.perf_counter()
     if not any(t.num_requests for t in traces):
@@ -291,9 +347,20 @@ def analyze(traces: Sequence[Trace], grid: Grid, *, jobs: int = 1,
         order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
         results.sort(key=lambda r: order[(r.block_size, r.capacity, r.policy)])
     return Analysis(
-        model=grid.model, kv_cache_dtype=grid.kv_dtype, kv_bytes_per_token=grid.kv_bytes_per_token,
-        traces=len(traces), requests=len(arrived), input_tokens=sum(a.request.input_tokens for a in arrived),
-        order="concurrency" if grid.concurrency else "timestamps", concurrency=grid.concurrency,
-        cpu=grid.cpu[0] if grid.cpu else None, cpu_bytes=grid.cpu[1] if grid.cpu else None,
-        capacities=[c[0] for c in grid.capacities], block_sizes=list(grid.block_sizes),
-        policies=list(grid.policies), ceilings=ceilings, results=results, seconds=time.perf_counter() - t0)
+        model=grid.model,
+        kv_cache_dtype=grid.kv_dtype,
+        kv_bytes_per_token=grid.kv_bytes_per_token,
+        traces=len(traces),
+        requests=len(arrived),
+        input_tokens=sum(a.request.input_tokens for a in arrived),
+        order="concurrency" if grid.concurrency else "timestamps",
+        concurrency=grid.concurrency,
+        cpu=grid.cpu[0] if grid.cpu else None,
+        cpu_bytes=grid.cpu[1] if grid.cpu else None,
+        capacities=[c[0] for c in grid.capacities],
+        block_sizes=list(grid.block_sizes),
+        policies=list(grid.policies),
+        ceilings=ceilings,
+        results=results,
+        seconds=time.perf_counter() - t0,
+    )

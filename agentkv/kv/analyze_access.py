@@ -39,8 +39,10 @@ def check_block_size(traces: Sequence[Trace], block_size: int) -> None:
         raise UserError(f"--block-size: must be a positive number of tokens, got {block_size}")
     for t in traces:
         if t.block_size % block_size and block_size % t.block_size:
-            raise UserError(f"--block-size: {block_size} neither divides nor is a multiple of the block size "
-                            f"{t.block_size} of trace {t.id} ({t.source or 'in memory'})")
+            raise UserError(
+                f"--block-size: {block_size} neither divides nor is a multiple of the block size "
+                f"{t.block_size} of trace {t.id} ({t.source or 'in memory'})"
+            )
 
 
 def _space(trace: Trace, run: str) -> str:
@@ -73,8 +75,14 @@ def arrivals(traces: Sequence[Trace], concurrency: int | None = None) -> list[Ar
         plan = ReplayPlan(traces, lanes=concurrency, idle_gap_cap=None)
         for sp in simulate_schedule(plan, lambda item: item.request.api_time or 0.0):
             it = sp.item
-            a = Arrival(sp.start, sp.end, _space(it.trace, it.tree_key), _lane(it.tree_key, it.session.id, it.request),
-                        it.trace, it.request)
+            a = Arrival(
+                sp.start,
+                sp.end,
+                _space(it.trace, it.tree_key),
+                _lane(it.tree_key, it.session.id, it.request),
+                it.trace,
+                it.request,
+            )
             out.append((sp.start, it.id, 0, a))
     out.sort(key=lambda x: x[:3])
     return [x[3] for x in out]
@@ -107,11 +115,15 @@ def block_accesses(arrivals: Sequence[Arrival], block_size: int) -> list[BlockRe
                 best, shared = c, prev[1]
         hashes = shared[:best] + keys[best:].tolist() if shared is not None else keys.tolist()
         by_lane[a.lane] = by_space[a.space] = (keys, hashes)
-        out.append(BlockRequest(a.start, a.end, a.lane, hashes, r.input_tokens, r.output_tokens, r.stop, False))
+        out.append(
+            BlockRequest(a.start, a.end, a.lane, hashes, r.input_tokens, r.output_tokens, r.stop, False)
+        )
     last = {r.session: i for i, r in enumerate(out)}
     for i in last.values():
         r = out[i]
-        out[i] = BlockRequest(r.time, r.end, r.session, r.hashes, r.input_tokens, r.output_tokens, r.stop, True)
+        out[i] = BlockRequest(
+            r.time, r.end, r.session, r.hashes, r.input_tokens, r.output_tokens, r.stop, True
+        )
     return out
 
 

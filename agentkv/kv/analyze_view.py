@@ -21,9 +21,11 @@ from agentkv.errors import UserError
 from agentkv.kv.analyze import Analysis, CellResult, analyze, default_jobs, make_grid
 
 PLOT_SUFFIXES = (".html", ".svg")
-_STYLE = ("svg.chart text{font-size:11px;fill:#374151;font-family:system-ui,sans-serif}"
-          "svg.chart .title{font-size:13px;font-weight:600}svg.chart .label{font-size:12px}"
-          "svg.chart .plot{fill:#fff;stroke:#d1d5db}svg.chart .grid{stroke:#eef0f3}")
+_STYLE = (
+    "svg.chart text{font-size:11px;fill:#374151;font-family:system-ui,sans-serif}"
+    "svg.chart .title{font-size:13px;font-weight:600}svg.chart .label{font-size:12px}"
+    "svg.chart .plot{fill:#fff;stroke:#d1d5db}svg.chart .grid{stroke:#eef0f3}"
+)
 
 
 def _pct(x: float) -> str:
@@ -45,8 +47,10 @@ def tables(a: Analysis) -> list[Table]:
     tiers = a.cpu is not None
     out = []
     for bs in a.block_sizes:
-        t = Table(title=f"Token hit rate, block size {bs}" + (f", with a {a.cpu} CPU tier" if tiers else ""),
-                  title_justify="left")
+        t = Table(
+            title=f"Token hit rate, block size {bs}" + (f", with a {a.cpu} CPU tier" if tiers else ""),
+            title_justify="left",
+        )
         t.add_column("policy")
         for cap in a.capacities:
             r = cells.get((bs, cap, a.policies[0]))
@@ -55,7 +59,9 @@ def tables(a: Analysis) -> list[Table]:
                 head += f"\n[yellow]{r.too_big} too big[/yellow]"
             t.add_column(head, justify="right")
         online = [p for p in a.policies if p != "belady"]
-        best = {cap: max((cells[(bs, cap, p)].hit_rate for p in online), default=None) for cap in a.capacities}
+        best = {
+            cap: max((cells[(bs, cap, p)].hit_rate for p in online), default=None) for cap in a.capacities
+        }
         for p in online:
             row = []
             for cap in a.capacities:
@@ -65,23 +71,32 @@ def tables(a: Analysis) -> list[Table]:
             t.add_row(p, *row)
         if "belady" in a.policies:
             t.add_section()
-            t.add_row("belady (offline optimum)", *(_cell_text(cells[(bs, cap, "belady")], tiers)
-                                                     for cap in a.capacities))
+            t.add_row(
+                "belady (offline optimum)",
+                *(_cell_text(cells[(bs, cap, "belady")], tiers) for cap in a.capacities),
+            )
         t.add_row("unbounded cache (ceiling)", *([_pct(ceilings[bs].hit_rate)] * len(a.capacities)))
         out.append(t)
     return out
 
 
 def render(a: Analysis, console: Console) -> None:
-    order = "every session from t=0, by its own timestamps" if a.order == "timestamps" else \
-        f"{a.concurrency} sessions at a time"
-    console.print(f"{a.traces} traces, {a.requests:,} requests, {a.input_tokens:,} input tokens; "
-                  f"{a.model} {a.kv_cache_dtype} KV, {a.kv_bytes_per_token:,} bytes a token; {order}")
+    order = (
+        "every session from t=0, by its own timestamps"
+        if a.order == "timestamps"
+        else f"{a.concurrency} sessions at a time"
+    )
+    console.print(
+        f"{a.traces} traces, {a.requests:,} requests, {a.input_tokens:,} input tokens; "
+        f"{a.model} {a.kv_cache_dtype} KV, {a.kv_bytes_per_token:,} bytes a token; {order}"
+    )
     for t in tables(a):
         console.print(t)
     if any(r.too_big for r in a.results):
-        console.print("[yellow]too big: requests larger than the whole pool; not replayed, their input tokens "
-                      "count as misses[/yellow]")
+        console.print(
+            "[yellow]too big: requests larger than the whole pool; not replayed, their input tokens "
+            "count as misses[/yellow]"
+        )
     console.print(f"[dim]{len(a.results)} replays in {a.seconds:.1f} s[/dim]")
 
 
@@ -92,18 +107,40 @@ def charts(a: Analysis) -> list[str]:
     out = []
     ceilings = {c.block_size: c for c in a.ceilings}
     for bs in a.block_sizes:
-        ch = Chart(f"Token hit rate vs KV capacity, block size {bs} ({a.model} {a.kv_cache_dtype})",
-                   "KV capacity (GB)", "token hit rate (%)", width=720, height=360, ymin=0.0, ymax=100.0)
+        ch = Chart(
+            f"Token hit rate vs KV capacity, block size {bs} ({a.model} {a.kv_cache_dtype})",
+            "KV capacity (GB)",
+            "token hit rate (%)",
+            width=720,
+            height=360,
+            ymin=0.0,
+            ymax=100.0,
+        )
         rows = sorted((r for r in a.results if r.block_size == bs), key=lambda r: r.capacity_bytes)
         kind = "line" if len(a.capacities) > 1 else "dots"
         xs_all = sorted({r.capacity_bytes / 1e9 for r in rows})
         for p in a.policies:
             pts = [r for r in rows if r.policy == p]
-            ch.add(Series(p, [r.capacity_bytes / 1e9 for r in pts], [100 * r.hit_rate for r in pts], kind,
-                          tips=[f"{p} at {r.capacity}: {_pct(r.hit_rate)}" for r in pts]))
+            ch.add(
+                Series(
+                    p,
+                    [r.capacity_bytes / 1e9 for r in pts],
+                    [100 * r.hit_rate for r in pts],
+                    kind,
+                    tips=[f"{p} at {r.capacity}: {_pct(r.hit_rate)}" for r in pts],
+                )
+            )
         c = ceilings[bs]
-        ch.add(Series("unbounded", xs_all, [100 * c.hit_rate] * len(xs_all), kind, color="#111827",
-                      tips=[f"unbounded cache: {_pct(c.hit_rate)}"] * len(xs_all)))
+        ch.add(
+            Series(
+                "unbounded",
+                xs_all,
+                [100 * c.hit_rate] * len(xs_all),
+                kind,
+                color="#111827",
+                tips=[f"unbounded cache: {_pct(c.hit_rate)}"] * len(xs_all),
+            )
+        )
         out.append(ch.svg())
     return out
 
@@ -114,14 +151,19 @@ def write_plot(a: Analysis, path: Path) -> None:
     if path.suffix.lower() == ".svg":
         h = 360
         body = "".join(f'<g transform="translate(0 {i * h})">{s}</g>' for i, s in enumerate(svgs))
-        text = (f'<svg xmlns="http://www.w3.org/2000/svg" width="720" height="{h * len(svgs)}" '
-                f'viewBox="0 0 720 {h * len(svgs)}"><style>{_STYLE}</style>{body}</svg>\n')
+        text = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="720" height="{h * len(svgs)}" '
+            f'viewBox="0 0 720 {h * len(svgs)}"><style>{_STYLE}</style>{body}</svg>\n'
+        )
     else:
         title = f"agentkv cache analyze: {a.traces} traces, {a.model}"
-        text = (f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
-                f"<style>body{{font-family:system-ui,sans-serif;margin:24px}}{_STYLE}</style></head><body>"
-                f"<h1 style='font-size:20px'>{escape(title)}</h1>"
-                + "".join(f"<div>{s}</div>" for s in svgs) + "</body></html>\n")
+        text = (
+            f"<!doctype html><html><head><meta charset='utf-8'><title>{escape(title)}</title>"
+            f"<style>body{{font-family:system-ui,sans-serif;margin:24px}}{_STYLE}</style></head><body>"
+            f"<h1 style='font-size:20px'>{escape(title)}</h1>"
+            + "".join(f"<div>{s}</div>" for s in svgs)
+            + "</body></html>\n"
+        )
     try:
         path.write_text(text)
     except OSError as e:
@@ -134,23 +176,42 @@ def analyze_command(args: argparse.Namespace) -> int:
 
     plot = Path(args.plot) if args.plot else None
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
-        raise UserError(f"--plot: {plot} must end in .html or .svg (a self-contained chart; no PNG, so no "
-                        "plotting library is needed)")
+        raise UserError(
+            f"--plot: {plot} must end in .html or .svg (a self-contained chart; no PNG, so no "
+            "plotting library is needed)"
+        )
     jobs = args.jobs if args.jobs is not None else default_jobs()
     if jobs < 1:
         raise UserError(f"--jobs: must be at least 1, got {jobs}")
-    grid = make_grid(args.capacity, args.block_size, args.policy, args.model, args.kv_cache_dtype, args.cpu,
-                     args.concurrency)
+    grid = make_grid(
+        args.capacity,
+        args.block_size,
+        args.policy,
+        args.model,
+        args.kv_cache_dtype,
+        args.cpu,
+        args.concurrency,
+    )
     traces = load_paths(args.paths or bundled_sample(), args.format)
     err = Console(stderr=True)
     if args.quiet or not err.is_terminal:
         result = analyze(traces, grid, jobs=jobs)
     else:
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=err, transient=True) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
             task = bar.add_task("preparing accesses", total=None)
-            result = analyze(traces, grid, jobs=jobs,
-                             progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what))
+            result = analyze(
+                traces,
+                grid,
+                jobs=jobs,
+                progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
+            )
     if plot is not None:
         write_plot(result, plot)
     if args.json:

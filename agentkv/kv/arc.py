@@ -35,8 +35,9 @@ class ARC(Evictor):
     def blocks(self) -> list[int]:
         return [*self.t1, *self.t2]
 
-    def on_cached(self, blocks: list[int], start: int, parent: int | None,
-                  block_hashes: Sequence[int] = ()) -> None:
+    def on_cached(
+        self, blocks: list[int], start: int, parent: int | None, block_hashes: Sequence[int] = ()
+    ) -> None:
         bh, cls, b1, b2 = self.pool.block_hash, self._cls, self.b1, self.b2
         for b in blocks:
             h = bh[b]

@@ -94,8 +94,10 @@ class Belady(Evictor):
             raise ValueError(f"belady: lookup #{i} is past the end of the given access sequence")
         lo, hi = self._offsets[i], self._offsets[i + 1]
         if hi - lo != len(block_hashes):
-            raise ValueError(f"belady: lookup #{i} has {len(block_hashes)} hashes, the access "
-                             f"sequence has {hi - lo}: the replay diverged from it")
+            raise ValueError(
+                f"belady: lookup #{i} has {len(block_hashes)} hashes, the access "
+                f"sequence has {hi - lo}: the replay diverged from it"
+            )
         self._lo.pop(id(block_hashes), None)
         self._lo[id(block_hashes)] = lo
         if len(self._lo) > 4096:  # forget the oldest lookups
@@ -104,8 +106,9 @@ class Belady(Evictor):
             self._bpos[hits] = np.arange(lo, lo + len(hits))
         self._step = i + 1
 
-    def on_cached(self, blocks: list[int], start: int, parent: int | None,
-                  block_hashes: Sequence[int] = ()) -> None:
+    def on_cached(
+        self, blocks: list[int], start: int, parent: int | None, block_hashes: Sequence[int] = ()
+    ) -> None:
         lo = self._lo.get(id(block_hashes))
         if lo is None:
             raise ValueError("belady: blocks cached for a request that was never looked up")
@@ -131,7 +134,7 @@ class Belady(Evictor):
             self._bpos[stale] = p
             key[stale] = np.where(p >= 0, self._keys[p], self._never)
             stale = stale[key[stale] < floor]
-        top = np.argpartition(key, len(key) - n)[len(key) - n:] if n < len(key) else np.arange(len(key))
+        top = np.argpartition(key, len(key) - n)[len(key) - n :] if n < len(key) else np.arange(len(key))
         top = top[np.argsort(-key[top], kind="stable")]
         key[top] = -1
         self._n -= n

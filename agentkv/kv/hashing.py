@@ -86,21 +86,39 @@ class Hasher(ABC):
     algo: str
 
     @abstractmethod
-    def chain(self, tokens: Tokens, block_size: int, *, parent: Parent | None = None,
-              cache_salt: str | None = None, lora_name: str | None = None) -> BlockChain:
+    def chain(
+        self,
+        tokens: Tokens,
+        block_size: int,
+        *,
+        parent: Parent | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> BlockChain:
         """Hash the full blocks of `tokens` after `parent` (None: start of a sequence)."""
 
-    def hashes(self, tokens: Tokens, block_size: int, *, parent: Parent | None = None,
-               cache_salt: str | None = None, lora_name: str | None = None) -> list[int]:
+    def hashes(
+        self,
+        tokens: Tokens,
+        block_size: int,
+        *,
+        parent: Parent | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> list[int]:
         """64-bit keys of the full blocks of `tokens` (the trailing partial block is not hashed)."""
-        return self.chain(tokens, block_size, parent=parent, cache_salt=cache_salt,
-                          lora_name=lora_name).keys
+        return self.chain(tokens, block_size, parent=parent, cache_salt=cache_salt, lora_name=lora_name).keys
 
-    def sequence(self, block_size: int, *, parent: Parent | None = None,
-                 cache_salt: str | None = None, lora_name: str | None = None) -> SequenceHasher:
+    def sequence(
+        self,
+        block_size: int,
+        *,
+        parent: Parent | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> SequenceHasher:
         """An incremental hasher for one growing sequence (prompt, then decoded tokens)."""
-        return SequenceHasher(self, block_size, parent=parent, cache_salt=cache_salt,
-                              lora_name=lora_name)
+        return SequenceHasher(self, block_size, parent=parent, cache_salt=cache_salt, lora_name=lora_name)
 
 
 class XxHasher(Hasher):
@@ -128,11 +146,19 @@ class XxHasher(Hasher):
     def lora_key(self, lora_name: str | None) -> int:
         return _xxh(b"agentkv-lora\0" + lora_name.encode("utf-8"), self.seed) if lora_name else 0
 
-    def chain(self, tokens: Tokens, block_size: int, *, parent: Parent | None = None,
-              cache_salt: str | None = None, lora_name: str | None = None) -> BlockChain:
+    def chain(
+        self,
+        tokens: Tokens,
+        block_size: int,
+        *,
+        parent: Parent | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> BlockChain:
         _check_block_size(block_size)
-        if parent is not None and (isinstance(parent, bool) or not isinstance(parent, int)
-                                   or not 0 <= parent <= MASK64):
+        if parent is not None and (
+            isinstance(parent, bool) or not isinstance(parent, int) or not 0 <= parent <= MASK64
+        ):
             raise TypeError(f"xxhash parent must be a 64-bit unsigned int, got {parent!r}")
         arr = as_token_array(tokens)
         n = len(arr) // block_size
@@ -146,11 +172,11 @@ class XxHasher(Hasher):
         append = keys.append
         if lk:
             for off in range(0, n * step, step):
-                h = _xxh(mv[off: off + step], h ^ lk)
+                h = _xxh(mv[off : off + step], h ^ lk)
                 append(h)
         else:
             for off in range(0, n * step, step):
-                h = _xxh(mv[off: off + step], h)
+                h = _xxh(mv[off : off + step], h)
                 append(h)
         return BlockChain(keys, h)
 
@@ -216,13 +242,22 @@ class VllmHasher(Hasher):
             keys.append(("cache_salt", cache_salt) if self.tagged else cache_salt)
         return tuple(keys) if keys else None
 
-    def block_hashes(self, tokens: Tokens, block_size: int, cache_salt: str | None = None,
-                     lora_name: str | None = None, *, parent: bytes | None = None) -> list[bytes]:
+    def block_hashes(
+        self,
+        tokens: Tokens,
+        block_size: int,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        *,
+        parent: bytes | None = None,
+    ) -> list[bytes]:
         """The full 32-byte digests of the full blocks of `tokens` (vLLM's `BlockHash`es)."""
         _check_block_size(block_size)
         if parent is not None and not isinstance(parent, bytes):
-            raise TypeError(f"a vLLM parent is the previous block's 32-byte digest, got {type(parent).__name__}"
-                            " (a 64-bit event hash cannot be extended; pass BlockChain.tail)")
+            raise TypeError(
+                f"a vLLM parent is the previous block's 32-byte digest, got {type(parent).__name__}"
+                " (a 64-bit event hash cannot be extended; pass BlockChain.tail)"
+            )
         toks = tokens.tolist() if isinstance(tokens, np.ndarray) else tokens
         n = len(toks) // block_size
         first_extra = self.extra_keys(not parent, cache_salt, lora_name)
@@ -231,19 +266,34 @@ class VllmHasher(Hasher):
         ser, sha = self._ser, hashlib.sha256
         out: list[bytes] = []
         for i in range(n):
-            block = tuple(toks[i * block_size: (i + 1) * block_size])
+            block = tuple(toks[i * block_size : (i + 1) * block_size])
             h = sha(ser((h, block, first_extra if i == 0 else rest_extra))).digest()
             out.append(h)
         return out
 
-    def event_hashes(self, tokens: Tokens, block_size: int, cache_salt: str | None = None,
-                     lora_name: str | None = None, *, parent: bytes | None = None) -> list[int]:
+    def event_hashes(
+        self,
+        tokens: Tokens,
+        block_size: int,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+        *,
+        parent: bytes | None = None,
+    ) -> list[int]:
         """The 64-bit `block_hashes` vLLM's KV events carry for these blocks."""
-        return [event_hash(d) for d in self.block_hashes(tokens, block_size, cache_salt, lora_name,
-                                                         parent=parent)]
+        return [
+            event_hash(d) for d in self.block_hashes(tokens, block_size, cache_salt, lora_name, parent=parent)
+        ]
 
-    def chain(self, tokens: Tokens, block_size: int, *, parent: Parent | None = None,
-              cache_salt: str | None = None, lora_name: str | None = None) -> BlockChain:
+    def chain(
+        self,
+        tokens: Tokens,
+        block_size: int,
+        *,
+        parent: Parent | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ) -> BlockChain:
         digests = self.block_hashes(tokens, block_size, cache_salt, lora_name, parent=parent)  # type: ignore[arg-type]
         return BlockChain([event_hash(d) for d in digests], digests[-1] if digests else parent)
 
@@ -263,8 +313,15 @@ class SequenceHasher:
     parent of the next block. Equal to one-shot hashing of the whole sequence.
     """
 
-    def __init__(self, hasher: Hasher, block_size: int, *, parent: Parent | None = None,
-                 cache_salt: str | None = None, lora_name: str | None = None):
+    def __init__(
+        self,
+        hasher: Hasher,
+        block_size: int,
+        *,
+        parent: Parent | None = None,
+        cache_salt: str | None = None,
+        lora_name: str | None = None,
+    ):
         _check_block_size(block_size)
         self.hasher, self.block_size = hasher, block_size
         self.cache_salt, self.lora_name = cache_salt, lora_name
@@ -284,8 +341,13 @@ class SequenceHasher:
         buf = np.concatenate((as_token_array(self._pending), new)) if self._pending else new
         full = len(buf) // self.block_size * self.block_size
         self._pending = buf[full:].tolist()
-        ch = self.hasher.chain(buf[:full], self.block_size, parent=self.tail,
-                               cache_salt=self.cache_salt, lora_name=self.lora_name)
+        ch = self.hasher.chain(
+            buf[:full],
+            self.block_size,
+            parent=self.tail,
+            cache_salt=self.cache_salt,
+            lora_name=self.lora_name,
+        )
         self.tail = ch.tail
         self.keys.extend(ch.keys)
         return ch.keys
@@ -306,11 +368,18 @@ def make_hasher(algo: str = "xxhash", seed: int | str | None = None) -> Hasher:
 DEFAULT_HASHER = XxHasher()
 
 
-def block_hashes(tokens: Tokens, block_size: int, *, parent: int | None = None,
-                 cache_salt: str | None = None, lora_name: str | None = None) -> list[int]:
+def block_hashes(
+    tokens: Tokens,
+    block_size: int,
+    *,
+    parent: int | None = None,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+) -> list[int]:
     """Fast (xxhash) 64-bit hashes of the full blocks of `tokens`; pass `parent` to continue."""
-    return DEFAULT_HASHER.hashes(tokens, block_size, parent=parent, cache_salt=cache_salt,
-                                 lora_name=lora_name)
+    return DEFAULT_HASHER.hashes(
+        tokens, block_size, parent=parent, cache_salt=cache_salt, lora_name=lora_name
+    )
 
 
 from agentkv.kv.trace_tokens import (  # noqa: E402  (re-exported: one import path for hashing)
@@ -322,7 +391,20 @@ from agentkv.kv.trace_tokens import (  # noqa: E402  (re-exported: one import pa
 )
 
 __all__ = [
-    "ALGOS", "DEFAULT_HASHER", "DEFAULT_VOCAB", "BlockChain", "Hasher", "SequenceHasher", "VllmHasher",
-    "XxHasher", "as_token_array", "block_hashes", "chain_keys", "event_hash", "make_hasher",
-    "request_tokens", "trace_block_tokens", "trace_key",
+    "ALGOS",
+    "DEFAULT_HASHER",
+    "DEFAULT_VOCAB",
+    "BlockChain",
+    "Hasher",
+    "SequenceHasher",
+    "VllmHasher",
+    "XxHasher",
+    "as_token_array",
+    "block_hashes",
+    "chain_keys",
+    "event_hash",
+    "make_hasher",
+    "request_tokens",
+    "trace_block_tokens",
+    "trace_key",
 ]

@@ -70,8 +70,9 @@ class Evictor:
         return self.pop_victims(1)[0]
 
     # hints: no-ops unless a policy uses them
-    def on_cached(self, blocks: list[int], start: int, parent: int | None,
-                  block_hashes: Sequence[int] = ()) -> None:
+    def on_cached(
+        self, blocks: list[int], start: int, parent: int | None, block_hashes: Sequence[int] = ()
+    ) -> None:
         """`blocks` got hashes: positions start.. of the request's `block_hashes`; `parent` precedes them."""
 
     def on_lookup(self, block_hashes: Sequence[int], hits: Sequence[int]) -> None:
@@ -226,8 +227,9 @@ class LFU(Evictor):
     def blocks(self) -> list[int]:
         return [b for bk in self._buckets.values() for b in bk]
 
-    def on_cached(self, blocks: list[int], start: int, parent: int | None,
-                  block_hashes: Sequence[int] = ()) -> None:
+    def on_cached(
+        self, blocks: list[int], start: int, parent: int | None, block_hashes: Sequence[int] = ()
+    ) -> None:
         freq = self._freq
         for b in blocks:
             freq[b] = 1
@@ -303,8 +305,9 @@ class RadixLRU(Evictor):
     def blocks(self) -> list[int]:
         return [b for b, k in enumerate(self._key) if k is not None]
 
-    def on_cached(self, blocks: list[int], start: int, parent: int | None,
-                  block_hashes: Sequence[int] = ()) -> None:
+    def on_cached(
+        self, blocks: list[int], start: int, parent: int | None, block_hashes: Sequence[int] = ()
+    ) -> None:
         par, pgen, gen, nchild = self._parent, self._pgen, self._gen, self._nchild
         prev = -1 if parent is None else parent
         for b in blocks:
@@ -337,7 +340,14 @@ class RadixLRU(Evictor):
         self._n -= len(blocks)
 
     def pop_victims(self, n: int) -> list[int]:
-        key, nchild, heap, par, gen, pgen = self._key, self._nchild, self._heap, self._parent, self._gen, self._pgen
+        key, nchild, heap, par, gen, pgen = (
+            self._key,
+            self._nchild,
+            self._heap,
+            self._parent,
+            self._gen,
+            self._pgen,
+        )
         out: list[int] = []
         while len(out) < n:
             if heap:

@@ -34,6 +34,7 @@ from agentkv.kv.sizing import kv_bytes_per_token, num_blocks_for
 
 __all__ = ["BlockPool", "LowerTier", "PoolStats", "kv_bytes_per_token", "num_blocks_for"]
 
+
 class LowerTier(Protocol):
     """What the pool calls on the tiers below the GPU (agentkv.kv.tiers.TierStack implements it)."""
 
@@ -71,9 +72,16 @@ class BlockPool:
     the GPU: it is told of stores and evictions, and `allocate_slots` promotes from it.
     """
 
-    def __init__(self, num_blocks: int, block_size: int = 16, policy: str | Evictor = "lru", *,
-                 on_event: Callable[[KVEvent], None] | None = None, record_events: bool = False,
-                 lower: LowerTier | None = None) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int = 16,
+        policy: str | Evictor = "lru",
+        *,
+        on_event: Callable[[KVEvent], None] | None = None,
+        record_events: bool = False,
+        lower: LowerTier | None = None,
+    ) -> None:
         if num_blocks <= 0 or block_size <= 0:
             raise ValueError(f"num_blocks and block_size must be positive, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
@@ -101,9 +109,15 @@ class BlockPool:
         self._probe: tuple[Sequence[int], list[int] | np.ndarray] | None = None
 
     # -- the scheduler's verbs -------------------------------------------------------------------
-    def get_computed_blocks(self, block_hashes: Sequence[int], num_tokens: int | None = None, *,
-                            count: bool = True, hint: np.ndarray | None = None,
-                            hash_array: np.ndarray | None = None) -> int:
+    def get_computed_blocks(
+        self,
+        block_hashes: Sequence[int],
+        num_tokens: int | None = None,
+        *,
+        count: bool = True,
+        hint: np.ndarray | None = None,
+        hash_array: np.ndarray | None = None,
+    ) -> int:
         """Number of leading blocks of `block_hashes` cached on the GPU (a query: nothing is pinned).
 
         With `num_tokens` (the prompt length), at most `(num_tokens - 1) // block_size` blocks
@@ -139,9 +153,17 @@ class BlockPool:
         """Tier names of the longest run of `block_hashes[start:]` held below the GPU ([] without tiers)."""
         return self.lower.match(block_hashes, start) if self.lower is not None else []
 
-    def allocate_slots(self, request_id: str, num_new_tokens: int, block_hashes: Sequence[int] = (),
-                       num_computed_tokens: int = 0, *, num_lower_blocks: int = 0,
-                       session_id: object = None, token_ids: Sequence[int] | None = None) -> bool:
+    def allocate_slots(
+        self,
+        request_id: str,
+        num_new_tokens: int,
+        block_hashes: Sequence[int] = (),
+        num_computed_tokens: int = 0,
+        *,
+        num_lower_blocks: int = 0,
+        session_id: object = None,
+        token_ids: Sequence[int] | None = None,
+    ) -> bool:
         """Make room for `num_new_tokens` more tokens of a request; False (nothing changed) if full.
 
         First call for a request: its first `num_computed_tokens // block_size` blocks are prefix
@@ -155,13 +177,17 @@ class BlockPool:
         blocks = self._req_blocks.get(request_id)
         if blocks is None:
             if num_computed_tokens % bs:
-                raise ValueError(f"request {request_id}: num_computed_tokens {num_computed_tokens} "
-                                 f"is not a multiple of block_size {bs} on its first allocation")
+                raise ValueError(
+                    f"request {request_id}: num_computed_tokens {num_computed_tokens} "
+                    f"is not a multiple of block_size {bs} on its first allocation"
+                )
             nc = num_computed_tokens // bs
             nl = num_lower_blocks
             if nl and (self.lower is None or nc + nl > len(block_hashes)):
-                raise ValueError(f"request {request_id}: {nl} lower-tier blocks but "
-                                 f"{'no lower tiers' if self.lower is None else 'too few block hashes'}")
+                raise ValueError(
+                    f"request {request_id}: {nl} lower-tier blocks but "
+                    f"{'no lower tiers' if self.lower is None else 'too few block hashes'}"
+                )
             hit = self._prefix_blocks(block_hashes, nc, request_id)
             total = num_computed_tokens + nl * bs + num_new_tokens
             free_hits = hit[ref[hit] == 0]
@@ -171,7 +197,7 @@ class BlockPool:
                 return False
             self.last_promote_s = 0.0
             if nl:  # before taking blocks: the evictions that make room may push these out of the tier
-                self.last_promote_s = self.lower.promote(block_hashes[nc:nc + nl])
+                self.last_promote_s = self.lower.promote(block_hashes[nc : nc + nl])
                 self.stats.lower_blocks += nl
                 self.stats.promote_s += self.last_promote_s
             if len(free_hits):
@@ -211,7 +237,7 @@ class BlockPool:
         freed_cached = freed_cached[ref[freed_cached] == 0]  # shared blocks stay with their other users
         freed_empty = freed_empty[ref[freed_empty] == 0]
         m, k = self._n_empty, len(freed_empty)
-        self._empty[m:m + k] = freed_empty
+        self._empty[m : m + k] = freed_empty
         self._n_empty = m + k
         if len(freed_cached):
             self.policy.add_many(self._ids(freed_cached), session)
@@ -292,7 +318,7 @@ class BlockPool:
             hi = min(limit, lo + step)
             chunk = list(map(get, block_hashes[lo:hi]))
             if None in chunk:
-                found += chunk[:chunk.index(None)]
+                found += chunk[: chunk.index(None)]
                 return found
             found += chunk
             lo, step = hi, step * 4
@@ -306,8 +332,10 @@ class BlockPool:
         else:
             found = self._lookup(block_hashes, n)
             if len(found) < n:
-                raise ValueError(f"request {request_id}: block {len(found)} of its computed prefix is not "
-                                 "cached (call get_computed_blocks right before allocate_slots)")
+                raise ValueError(
+                    f"request {request_id}: block {len(found)} of its computed prefix is not "
+                    "cached (call get_computed_blocks right before allocate_slots)"
+                )
         if isinstance(found, np.ndarray):
             return found.astype(np.int64)  # a copy: block tables never alias
         return np.fromiter(found, np.int64, n)
@@ -320,7 +348,7 @@ class BlockPool:
         """`n` blocks for fresh content (ref set to 1): empty blocks first, then evicted victims."""
         m = self._n_empty
         if n <= m:
-            new = self._empty[m - n:m][::-1].copy()
+            new = self._empty[m - n : m][::-1].copy()
             self._n_empty = m - n
         else:
             victims = np.asarray(self.policy.pop_victims(n - m), dtype=np.int64)
@@ -365,8 +393,15 @@ class BlockPool:
             for h in gone:
                 self.lower.on_gpu_evict(h)
 
-    def _cache(self, request_id: str, blocks: np.ndarray, block_hashes: Sequence[int], lo: int, hi: int,
-               token_ids: Sequence[int] | None) -> None:
+    def _cache(
+        self,
+        request_id: str,
+        blocks: np.ndarray,
+        block_hashes: Sequence[int],
+        lo: int,
+        hi: int,
+        token_ids: Sequence[int] | None,
+    ) -> None:
         """Give blocks[lo:hi] (full now) their hashes. As vLLM, a hash cached already (a fully
         cached prompt recomputes its last block; a prefix evicted and recomputed) gets this block as
         another copy: stored and announced like any block, found by lookups once its elders are gone."""
@@ -393,10 +428,17 @@ class BlockPool:
         self.policy.on_cached(seg_blocks, lo, parent, block_hashes)
         self.stats.stored += len(seg_blocks)
         if self._emit is not None:
-            seg = token_ids[lo * self.block_size:hi * self.block_size] if token_ids is not None else []
+            seg = token_ids[lo * self.block_size : hi * self.block_size] if token_ids is not None else []
             toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)  # plain ints for msgpack
-            self._emit(BlockStored(block_hashes=seg_hashes, parent_block_hash=block_hashes[lo - 1] if lo else None,
-                                   token_ids=toks, block_size=self.block_size, medium="GPU"))
+            self._emit(
+                BlockStored(
+                    block_hashes=seg_hashes,
+                    parent_block_hash=block_hashes[lo - 1] if lo else None,
+                    token_ids=toks,
+                    block_size=self.block_size,
+                    medium="GPU",
+                )
+            )
         if self.lower is not None:
             for h in seg_hashes:
                 self.lower.on_gpu_store(h)
@@ -409,7 +451,7 @@ class BlockPool:
             counts[blocks] += 1
             assert self._req_hashed[rid] <= len(blocks), rid
         assert (counts == self.ref).all(), "ref counts differ from the requests' block tables"
-        empty_list = self._empty[:self._n_empty].tolist()
+        empty_list = self._empty[: self._n_empty].tolist()
         empty, evictable = set(empty_list), {int(b) for b in self.policy.blocks()}
         assert len(empty) == len(empty_list), "a block is twice in the empty stack"
         assert len(evictable) == len(self.policy), "policy size differs from its blocks"
@@ -429,6 +471,8 @@ class BlockPool:
             assert all(self.block_hash[b] == h for b in others), f"a copy of {h} holds another hash"
         if self._mirror:
             firsts = set(self.cached.values())
-            assert self._has.tolist() == [b in firsts for b in range(self.num_blocks)], "hash mirror out of step"
+            assert self._has.tolist() == [b in firsts for b in range(self.num_blocks)], (
+                "hash mirror out of step"
+            )
             assert all(int(self._bh[b]) == h for h, b in self.cached.items()), "hash mirror value differs"
         self.policy.check()

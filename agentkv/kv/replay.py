@@ -49,9 +49,23 @@ def block_requests(traces: Sequence[Trace]) -> list[BlockRequest]:
             r = tr.request
             hashes = list(map(to_hash.__getitem__, r.hash_ids))
             end = tr.time + (r.api_time or 0.0)
-            items.append((tr.time, ti, k, BlockRequest(
-                tr.time, end, lanes[k], hashes, r.input_tokens, r.output_tokens, r.stop,
-                last_of[lanes[k]] == k)))
+            items.append(
+                (
+                    tr.time,
+                    ti,
+                    k,
+                    BlockRequest(
+                        tr.time,
+                        end,
+                        lanes[k],
+                        hashes,
+                        r.input_tokens,
+                        r.output_tokens,
+                        r.stop,
+                        last_of[lanes[k]] == k,
+                    ),
+                )
+            )
     items.sort(key=lambda x: x[:3])
     return [x[3] for x in items]
 
@@ -76,8 +90,9 @@ class ReplayResult:
         return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
 
 
-def replay(pool: BlockPool, requests: Sequence[BlockRequest], *, hints: bool = True,
-           lookup_hints: bool = False) -> ReplayResult:
+def replay(
+    pool: BlockPool, requests: Sequence[BlockRequest], *, hints: bool = True, lookup_hints: bool = False
+) -> ReplayResult:
     """Run each request through the pool in order: lookup, allocate prompt + output, free.
 
     With `hints`, sessions are reported resumed on arrival, paused at their end (reason: the

@@ -51,8 +51,14 @@ class SessionAware(StampedEvictor):
 
     name = "session"
 
-    def __init__(self, default_gaps: dict[str, float] | None = None, default_gap: float = 60.0,
-                 alpha: float = 0.3, use_end_hints: bool = True, stale_first: bool = True) -> None:
+    def __init__(
+        self,
+        default_gaps: dict[str, float] | None = None,
+        default_gap: float = 60.0,
+        alpha: float = 0.3,
+        use_end_hints: bool = True,
+        stale_first: bool = True,
+    ) -> None:
         self.default_gaps = dict(DEFAULT_GAPS if default_gaps is None else default_gaps)
         self.default_gap = default_gap
         self.alpha = alpha
@@ -64,7 +70,9 @@ class SessionAware(StampedEvictor):
 
     def clear(self) -> None:
         self._reset_stamps()
-        self._owner = np.full(self.pool.num_blocks, -2, dtype=np.int64)  # group of its user; -1: stale, -2: none
+        self._owner = np.full(
+            self.pool.num_blocks, -2, dtype=np.int64
+        )  # group of its user; -1: stale, -2: none
         self._gid: dict[object, int] = {}  # session -> group index (kept while the pool lives)
         self._gsession: list[object] = []
         self._queues: dict[int, ChunkQueue] = {}  # groups with free blocks
@@ -178,8 +186,9 @@ class SessionAware(StampedEvictor):
         if q.queued > 4 * self._count[g] + 1024:
             q.compact(self._live)
 
-    def on_cached(self, blocks: list[int], start: int, parent: int | None,
-                  block_hashes: Sequence[int] = ()) -> None:
+    def on_cached(
+        self, blocks: list[int], start: int, parent: int | None, block_hashes: Sequence[int] = ()
+    ) -> None:
         self._owner[blocks] = -2  # new content: no user yet
 
     def remove_many(self, blocks: np.ndarray) -> None:

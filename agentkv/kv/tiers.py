@@ -124,13 +124,19 @@ class TierStack:
         link: LinkModel | None = None,
     ) -> None:
         if block_bytes <= 0 or num_layers <= 0:
-            raise UserError(f"tiers: block_bytes and num_layers must be positive, got {block_bytes}, {num_layers}")
+            raise UserError(
+                f"tiers: block_bytes and num_layers must be positive, got {block_bytes}, {num_layers}"
+            )
         if write_mode not in WRITE_MODES:
             raise UserError(f"tiers: write_mode must be one of {', '.join(WRITE_MODES)}, got {write_mode!r}")
         if policy not in POLICIES:
             raise UserError(f"tiers: policy must be one of {', '.join(POLICIES)}, got {policy!r}")
         names = [s.name for s in specs]
-        if any(n not in MEDIA for n in names) or len(set(names)) != len(names) or names != sorted(names, key=MEDIA.index):
+        if (
+            any(n not in MEDIA for n in names)
+            or len(set(names)) != len(names)
+            or names != sorted(names, key=MEDIA.index)
+        ):
             raise UserError(f"tiers: expected CPU and/or DISK, each once, in that order; got {names}")
         self.block_bytes = block_bytes
         self.chunk_bytes = chunk_bytes if chunk_bytes is not None else max(1, block_bytes // num_layers)
@@ -294,7 +300,9 @@ class TierStack:
         tier.blocks[block_hash] = None
         tier.counters.stored_blocks += 1
         if self.on_event is not None:
-            self.on_event(BlockStored(block_hashes=[block_hash], block_size=self.block_size, medium=tier.name))
+            self.on_event(
+                BlockStored(block_hashes=[block_hash], block_size=self.block_size, medium=tier.name)
+            )
 
     def _demote(self, level: int, block_hash: int) -> None:
         """Move a victim into tier `level` (a DISK write), or drop it past the last tier."""

@@ -92,15 +92,21 @@ def _check(block_size: int, vocab: tuple[int, int]) -> None:
         raise ValueError(f"vocab must be (lo, hi) with 0 <= lo < hi <= 2**31, got {vocab!r}")
 
 
-def trace_block_tokens(trace_id: str | int, hash_id: int, block_size: int,
-                       vocab: tuple[int, int] = DEFAULT_VOCAB) -> np.ndarray:
+def trace_block_tokens(
+    trace_id: str | int, hash_id: int, block_size: int, vocab: tuple[int, int] = DEFAULT_VOCAB
+) -> np.ndarray:
     """The `block_size` int32 token ids of trace block `hash_id` (deterministic, in [lo, hi))."""
     _check(block_size, vocab)
     return _tokens(_slot_bases(trace_key(trace_id), [hash_id], 1), block_size, vocab)[0]
 
 
-def request_tokens(trace_id: str | int, hash_ids: Sequence[int] | np.ndarray, input_tokens: int,
-                   block_size: int, vocab: tuple[int, int] = DEFAULT_VOCAB) -> np.ndarray:
+def request_tokens(
+    trace_id: str | int,
+    hash_ids: Sequence[int] | np.ndarray,
+    input_tokens: int,
+    block_size: int,
+    vocab: tuple[int, int] = DEFAULT_VOCAB,
+) -> np.ndarray:
     """A request's prompt: its trace blocks' tokens concatenated, cut to `input_tokens`.
 
     Tokens past the blocks `hash_ids` cover are filler derived from the last block, so two
@@ -129,8 +135,13 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
     return rp[:n], ri[:n]
 
 
-def chain_keys(trace_key: int | str, hash_ids: Sequence[int] | np.ndarray, trace_block_size: int,
-               block_size: int, input_tokens: int) -> np.ndarray:
+def chain_keys(
+    trace_key: int | str,
+    hash_ids: Sequence[int] | np.ndarray,
+    trace_block_size: int,
+    block_size: int,
+    input_tokens: int,
+) -> np.ndarray:
     """Chained uint64 keys of a request's full engine blocks of `block_size`, without tokens.
 
     Contract: with `request_tokens(trace_key, hash_ids, input_tokens, trace_block_size)` as the

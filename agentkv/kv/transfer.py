@@ -36,7 +36,9 @@ class LinkModel:
         if not self.chunk_bytes or len(self.chunk_bytes) != len(self.bandwidth_Bps):
             raise UserError("link model: need one bandwidth per chunk size, at least one point")
         if list(self.chunk_bytes) != sorted(set(self.chunk_bytes)) or self.chunk_bytes[0] <= 0:
-            raise UserError(f"link model: chunk sizes must be positive and increasing, got {self.chunk_bytes}")
+            raise UserError(
+                f"link model: chunk sizes must be positive and increasing, got {self.chunk_bytes}"
+            )
         if any(not (b > 0 and math.isfinite(b)) for b in self.bandwidth_Bps):
             raise UserError(f"link model: bandwidths must be positive, got {self.bandwidth_Bps}")
         if self.min_copy_s < 0:

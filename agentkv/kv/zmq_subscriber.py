@@ -124,8 +124,13 @@ class _Tracker:
                 raise MalformedFrame(f"replay reply of {len(frames)} frames")
             if seq_frame == END_SEQ:
                 return _END
-            return Received(parse_seq(seq_frame), parse_payload(payload), bytes(topic), replayed=True,
-                            payload=bytes(payload))
+            return Received(
+                parse_seq(seq_frame),
+                parse_payload(payload),
+                bytes(topic),
+                replayed=True,
+                payload=bytes(payload),
+            )
         except MalformedFrame:
             self.stats.malformed += 1
             return None
@@ -137,7 +142,9 @@ class _Tracker:
             out.append(item)
         return item is _END
 
-    def handle(self, frames: Sequence[bytes], can_replay: bool) -> Generator[int, list[Received], list[Received]]:
+    def handle(
+        self, frames: Sequence[bytes], can_replay: bool
+    ) -> Generator[int, list[Received], list[Received]]:
         """One live message, sans I/O: yields each replay start seq it needs (the caller sends back
         the replies) and returns the batches to deliver, in order."""
         r = self.decode(frames)
@@ -173,8 +180,17 @@ class _Tracker:
 class _Base:
     """Socket setup shared by both subscribers: SUB bound or connected, topic filter, HWM."""
 
-    def _setup(self, ctx: zmq.Context, endpoint: str, replay_endpoint: str | None, topic: str,
-               bind: bool | None, start_seq: int | None, replay_timeout: float, rcvhwm: int) -> None:
+    def _setup(
+        self,
+        ctx: zmq.Context,
+        endpoint: str,
+        replay_endpoint: str | None,
+        topic: str,
+        bind: bool | None,
+        start_seq: int | None,
+        replay_timeout: float,
+        rcvhwm: int,
+    ) -> None:
         self._ctx = ctx
         self.replay_endpoint = replay_endpoint
         self.replay_timeout = replay_timeout
@@ -222,9 +238,17 @@ class ZmqEventSubscriber(_Base):
     seq checked too, so batches missed before it are replayed.
     """
 
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
-                 bind: bool | None = None, start_seq: int | None = None, replay_timeout: float = 1.0,
-                 rcvhwm: int = 100_000) -> None:
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        *,
+        topic: str = "",
+        bind: bool | None = None,
+        start_seq: int | None = None,
+        replay_timeout: float = 1.0,
+        rcvhwm: int = 100_000,
+    ) -> None:
         self._setup(zmq.Context(), endpoint, replay_endpoint, topic, bind, start_seq, replay_timeout, rcvhwm)
 
     def recv(self, timeout: float | None = None) -> Received | None:
@@ -297,11 +321,20 @@ class ZmqEventSubscriber(_Base):
 class AsyncZmqEventSubscriber(_Base):
     """The same subscriber for an asyncio router (zmq.asyncio): `await recv()`, `async for`."""
 
-    def __init__(self, endpoint: str, replay_endpoint: str | None = None, *, topic: str = "",
-                 bind: bool | None = None, start_seq: int | None = None, replay_timeout: float = 1.0,
-                 rcvhwm: int = 100_000) -> None:
-        self._setup(zmq.asyncio.Context(), endpoint, replay_endpoint, topic, bind, start_seq,
-                    replay_timeout, rcvhwm)
+    def __init__(
+        self,
+        endpoint: str,
+        replay_endpoint: str | None = None,
+        *,
+        topic: str = "",
+        bind: bool | None = None,
+        start_seq: int | None = None,
+        replay_timeout: float = 1.0,
+        rcvhwm: int = 100_000,
+    ) -> None:
+        self._setup(
+            zmq.asyncio.Context(), endpoint, replay_endpoint, topic, bind, start_seq, replay_timeout, rcvhwm
+        )
 
     async def recv(self, timeout: float | None = None) -> Received | None:
         """The next batch in sequence order, or None after `timeout` seconds."""

@@ -161,23 +161,42 @@ def session_rollups(records: list[RequestRecord]) -> list[SessionRollup]:
         cached = sum(r.cached_tokens or 0 for r in rs)
         has_cache = any(r.cached_tokens is not None for r in rs)
         ttfts = [r.ttft for r in rs if r.ttft is not None]
-        out.append(SessionRollup(
-            session=sess, trace=trace, turns=sum(1 for r in rs if r.depth == 0),
-            sub_requests=sum(1 for r in rs if r.depth > 0),
-            duration_s=max(r.end for r in rs) - min(r.scheduled for r in rs),
-            input_tokens=inp, output_tokens=sum(r.output_tokens for r in rs), cached_tokens=cached,
-            hit_rate=(cached / inp if inp and has_cache else None),
-            ttft_p50=float(np.median(ttfts)) if ttfts else None,
-            failed=sum(1 for r in rs if not r.ok)))
+        out.append(
+            SessionRollup(
+                session=sess,
+                trace=trace,
+                turns=sum(1 for r in rs if r.depth == 0),
+                sub_requests=sum(1 for r in rs if r.depth > 0),
+                duration_s=max(r.end for r in rs) - min(r.scheduled for r in rs),
+                input_tokens=inp,
+                output_tokens=sum(r.output_tokens for r in rs),
+                cached_tokens=cached,
+                hit_rate=(cached / inp if inp and has_cache else None),
+                ttft_p50=float(np.median(ttfts)) if ttfts else None,
+                failed=sum(1 for r in rs if not r.ok),
+            )
+        )
     return out
 
 
-def summarize(records: list[RequestRecord], *, kind: str, target: str = "", config: dict | None = None,
-              duration_s: float | None = None, itl_values=None, slo: dict[str, float] | None = None,
-              metrics_hit_rate: float | None = None, timeline: list[Sample] | None = None,
-              gpus: int | None = None, power_w: float | None = None, gpu: dict | None = None,
-              preemptions: int = 0, by_tier: dict[str, float] | None = None,
-              notes: list[str] | None = None) -> Summary:
+def summarize(
+    records: list[RequestRecord],
+    *,
+    kind: str,
+    target: str = "",
+    config: dict | None = None,
+    duration_s: float | None = None,
+    itl_values=None,
+    slo: dict[str, float] | None = None,
+    metrics_hit_rate: float | None = None,
+    timeline: list[Sample] | None = None,
+    gpus: int | None = None,
+    power_w: float | None = None,
+    gpu: dict | None = None,
+    preemptions: int = 0,
+    by_tier: dict[str, float] | None = None,
+    notes: list[str] | None = None,
+) -> Summary:
     """Build the summary of one run; `duration_s` defaults to first scheduled -> last end."""
     ok = [r for r in records if r.ok]
     if duration_s is None:
@@ -198,20 +217,37 @@ def summarize(records: list[RequestRecord], *, kind: str, target: str = "", conf
     reported = [r for r in ok if r.cached_tokens is not None]
     ceiling_in = sum(r.input_tokens for r in records)
     cache = CacheHits(
-        reported=(sum(r.cached_tokens for r in reported) / sum(r.input_tokens for r in reported)
-                  if reported and sum(r.input_tokens for r in reported) else None),
+        reported=(
+            sum(r.cached_tokens for r in reported) / sum(r.input_tokens for r in reported)
+            if reported and sum(r.input_tokens for r in reported)
+            else None
+        ),
         metrics=metrics_hit_rate,
         ceiling=(sum(r.ceiling_tokens for r in records) / ceiling_in) if ceiling_in else None,
         by_tier=by_tier or {},
     )
     s = Summary(
-        kind=kind, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), target=target,
-        config=config or {}, requests=len(records), succeeded=len(ok), failed=len(records) - len(ok),
-        errors=dict(errors), duration_s=duration_s,
-        ttft=Dist.of(r.ttft for r in ok), tpot=Dist.of(r.tpot for r in ok),
+        kind=kind,
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        target=target,
+        config=config or {},
+        requests=len(records),
+        succeeded=len(ok),
+        failed=len(records) - len(ok),
+        errors=dict(errors),
+        duration_s=duration_s,
+        ttft=Dist.of(r.ttft for r in ok),
+        tpot=Dist.of(r.tpot for r in ok),
         itl=Dist.of(itl_values if itl_values is not None else (r.itl_max for r in ok)),
-        e2e=Dist.of(r.e2e for r in ok), input_tokens=inp, output_tokens=out, throughput=tp, cache=cache,
-        preemptions=preemptions, sessions=session_rollups(records), timeline=timeline or [], gpu=gpu,
+        e2e=Dist.of(r.e2e for r in ok),
+        input_tokens=inp,
+        output_tokens=out,
+        throughput=tp,
+        cache=cache,
+        preemptions=preemptions,
+        sessions=session_rollups(records),
+        timeline=timeline or [],
+        gpu=gpu,
         notes=list(notes or []),
     )
     if slo:
@@ -220,8 +256,10 @@ def summarize(records: list[RequestRecord], *, kind: str, target: str = "", conf
     overflow = errors.get("context_overflow", 0)
     if records and overflow / len(records) > OVERFLOW_LIMIT:
         s.valid = False
-        s.invalid_reason = (f"context overflow on {overflow} of {len(records)} requests "
-                            f"({overflow / len(records):.1%} > {OVERFLOW_LIMIT:.0%})")
+        s.invalid_reason = (
+            f"context overflow on {overflow} of {len(records)} requests "
+            f"({overflow / len(records):.1%} > {OVERFLOW_LIMIT:.0%})"
+        )
     return s
 
 

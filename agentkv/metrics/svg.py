@@ -11,8 +11,18 @@ from dataclasses import dataclass, field
 from html import escape
 
 MAX_POINTS = 4000
-PALETTE = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#ca8a04", "#db2777",
-           "#4b5563", "#65a30d")
+PALETTE = (
+    "#2563eb",
+    "#dc2626",
+    "#16a34a",
+    "#9333ea",
+    "#ea580c",
+    "#0891b2",
+    "#ca8a04",
+    "#db2777",
+    "#4b5563",
+    "#65a30d",
+)
 
 
 def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
@@ -91,13 +101,17 @@ class Chart:
         legend, rows = self._legend(left, pw)
         top = 32 + 14 * rows
         ph = h - top - bottom
-        out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" '
-               f'width="{w}" height="{h}" role="img" aria-label="{escape(self.title)}">',
-               f'<text x="{w / 2}" y="18" class="title" text-anchor="middle">{escape(self.title)}</text>']
+        out = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" '
+            f'width="{w}" height="{h}" role="img" aria-label="{escape(self.title)}">',
+            f'<text x="{w / 2}" y="18" class="title" text-anchor="middle">{escape(self.title)}</text>',
+        ]
         xs = [x for s in self.series for x in s.xs if x is not None and math.isfinite(x)]
         yl, yr = self._range(False), self._range(True)
         if not xs or (yl is None and yr is None):
-            out.append(f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle" class="empty">no data</text></svg>')
+            out.append(
+                f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle" class="empty">no data</text></svg>'
+            )
             return "".join(out)
         bar_pad = max((s.width for s in self.series if s.kind == "bars"), default=0.0) / 2
         xlo, xhi = min(xs) - bar_pad, max(xs) + bar_pad
@@ -114,8 +128,10 @@ class Chart:
 
         out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="plot"/>')
         for x in xt:
-            out.append(f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" class="grid"/>'
-                       f'<text x="{sx(x):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt(x)}</text>')
+            out.append(
+                f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" class="grid"/>'
+                f'<text x="{sx(x):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt(x)}</text>'
+            )
         scales = {}
         for side, rng in ((False, yl), (True, yr)):
             if rng is None:
@@ -126,15 +142,23 @@ class Chart:
                 if side:
                     out.append(f'<text x="{left + pw + 6}" y="{sy(y) + 4:.1f}">{fmt(y)}</text>')
                 else:
-                    out.append(f'<line x1="{left}" x2="{left + pw}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" class="grid"/>'
-                               f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{fmt(y)}</text>')
-        out.append(f'<text x="{left + pw / 2}" y="{h - 6}" text-anchor="middle" class="label">'
-                   f'{escape(self.xlabel)}</text>')
-        out.append(f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" text-anchor="middle" '
-                   f'class="label">{escape(self.ylabel)}</text>')
+                    out.append(
+                        f'<line x1="{left}" x2="{left + pw}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" class="grid"/>'
+                        f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{fmt(y)}</text>'
+                    )
+        out.append(
+            f'<text x="{left + pw / 2}" y="{h - 6}" text-anchor="middle" class="label">'
+            f"{escape(self.xlabel)}</text>"
+        )
+        out.append(
+            f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" text-anchor="middle" '
+            f'class="label">{escape(self.ylabel)}</text>'
+        )
         if self.y2label and True in scales:
-            out.append(f'<text transform="translate({w - 10} {top + ph / 2}) rotate(90)" text-anchor="middle" '
-                       f'class="label">{escape(self.y2label)}</text>')
+            out.append(
+                f'<text transform="translate({w - 10} {top + ph / 2}) rotate(90)" text-anchor="middle" '
+                f'class="label">{escape(self.y2label)}</text>'
+            )
         for s in self.series:
             sy = scales.get(s.right) or scales.get(not s.right)
             out.append(_draw(s, sx, sy, top + ph))
@@ -152,8 +176,10 @@ class Chart:
             if x + span > left + pw and x > left + 4:
                 x, row = left + 4, row + 1
             y = 26 + 14 * row
-            parts.append(f'<g class="legend"><rect x="{x:.0f}" y="{y}" width="10" height="10" fill="{s.color}"/>'
-                         f'<text x="{x + 14:.0f}" y="{y + 9}">{escape(s.name)}</text></g>')
+            parts.append(
+                f'<g class="legend"><rect x="{x:.0f}" y="{y}" width="10" height="10" fill="{s.color}"/>'
+                f'<text x="{x + 14:.0f}" y="{y + 9}">{escape(s.name)}</text></g>'
+            )
             x += span + 10
         return "".join(parts), row + 1
 
@@ -167,8 +193,11 @@ def _thin(s: Series) -> list[int]:
 
 
 def _draw(s: Series, sx, sy, base: float) -> str:
-    idx = [i for i in _thin(s) if s.xs[i] is not None and s.ys[i] is not None
-           and math.isfinite(s.xs[i]) and math.isfinite(s.ys[i])]
+    idx = [
+        i
+        for i in _thin(s)
+        if s.xs[i] is not None and s.ys[i] is not None and math.isfinite(s.xs[i]) and math.isfinite(s.ys[i])
+    ]
     if not idx:
         return ""
     c = s.color
@@ -184,8 +213,10 @@ def _draw(s: Series, sx, sy, base: float) -> str:
             x0, x1 = sx(s.xs[i] - s.width / 2), sx(s.xs[i] + s.width / 2)
             y = sy(s.ys[i])
             tip = f"<title>{escape(s.tips[i])}</title>" if s.tips else ""
-            bars.append(f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(0.5, x1 - x0 - 1):.1f}" '
-                        f'height="{max(0.0, base - y):.1f}">{tip}</rect>')
+            bars.append(
+                f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(0.5, x1 - x0 - 1):.1f}" '
+                f'height="{max(0.0, base - y):.1f}">{tip}</rect>'
+            )
         return f'<g fill="{c}" fill-opacity="0.8">{"".join(bars)}</g>'
     pts = []
     prev_y = None
@@ -196,5 +227,7 @@ def _draw(s: Series, sx, sy, base: float) -> str:
         pts.append(f"{x:.1f},{y:.1f}")
         prev_y = y
     dash = ' stroke-dasharray="5 4"' if s.dash else ""
-    return (f'<polyline fill="none" stroke="{c}" stroke-width="1.8"{dash} points="{" ".join(pts)}">'
-            f"<title>{escape(s.name)}</title></polyline>")
+    return (
+        f'<polyline fill="none" stroke="{c}" stroke-width="1.8"{dash} points="{" ".join(pts)}">'
+        f"<title>{escape(s.name)}</title></polyline>"
+    )

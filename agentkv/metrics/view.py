@@ -78,8 +78,17 @@ def sessions_table(s: Summary, top: int = 20) -> Table:
     for col in ("turns", "sub", "time s", "input", "output", "hit", "TTFT p50 ms", "fail"):
         t.add_column(col, justify="right")
     for x in rows:
-        t.add_row(x.session, f"{x.turns:,}", f"{x.sub_requests:,}", num(x.duration_s, 1), short(x.input_tokens),
-                  short(x.output_tokens), pct(x.hit_rate), ms(x.ttft_p50), f"{x.failed:,}")
+        t.add_row(
+            x.session,
+            f"{x.turns:,}",
+            f"{x.sub_requests:,}",
+            num(x.duration_s, 1),
+            short(x.input_tokens),
+            short(x.output_tokens),
+            pct(x.hit_rate),
+            ms(x.ttft_p50),
+            f"{x.failed:,}",
+        )
     return t
 
 

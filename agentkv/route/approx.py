@@ -18,8 +18,9 @@ from agentkv.route.index import GPU, BlockIndex, Match
 class ApproxIndex:
     """Per-tenant predicted block sets, kept to `capacity` blocks per worker and `ttl` seconds."""
 
-    def __init__(self, capacity: int = 65_536, ttl: float = 300.0,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, capacity: int = 65_536, ttl: float = 300.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         if capacity < 1 or ttl <= 0:
             raise ValueError(f"capacity must be >= 1 and ttl > 0, got {capacity}, {ttl}")
         self.capacity, self.ttl, self.clock = capacity, ttl, clock

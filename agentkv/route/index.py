@@ -173,12 +173,14 @@ class BlockIndex:
 
     def workers(self) -> list[int]:
         """Workers that hold at least one block."""
-        return sorted({w for w, s in self._gpu.items() if s}
-                      | {w for w, t in self._lower.items() if any(t.values())})
+        return sorted(
+            {w for w, s in self._gpu.items() if s} | {w for w, t in self._lower.items() if any(t.values())}
+        )
 
     def __contains__(self, block_hash: int) -> bool:
         return any(block_hash in s for s in self._gpu.values()) or any(
-            block_hash in s for t in self._lower.values() for s in t.values())
+            block_hash in s for t in self._lower.values() for s in t.values()
+        )
 
 
 DEFAULT_TENANT = ""
@@ -196,8 +198,9 @@ class TenantIndex:
     A removal is applied to every tenant's sets for that worker (a C-level set difference each).
     """
 
-    def __init__(self, salts: dict[str, str] | None = None, max_roots: int = 1 << 20,
-                 max_blocks: int | None = None) -> None:
+    def __init__(
+        self, salts: dict[str, str] | None = None, max_roots: int = 1 << 20, max_blocks: int | None = None
+    ) -> None:
         self.indexes: dict[str, BlockIndex] = {DEFAULT_TENANT: BlockIndex()}
         self.max_blocks = max_blocks  # per worker, all tenants and tiers: stores past it are dropped
         self.overflow = 0  # blocks dropped for that bound
@@ -245,10 +248,15 @@ class TenantIndex:
     def apply(self, worker: int, event: KVEvent) -> None:
         """Apply one KV event from `worker` to the index of the tenant it belongs to."""
         if isinstance(event, BlockStored):
-            if self.max_blocks is not None and self.blocks(worker) + len(event.block_hashes) > self.max_blocks:
+            if (
+                self.max_blocks is not None
+                and self.blocks(worker) + len(event.block_hashes) > self.max_blocks
+            ):
                 self.overflow += len(event.block_hashes)
                 return
-            self.index(self.tenant_of(worker, event)).store(worker, event.block_hashes, tier_name(event.medium))
+            self.index(self.tenant_of(worker, event)).store(
+                worker, event.block_hashes, tier_name(event.medium)
+            )
         elif isinstance(event, BlockRemoved):
             tier = tier_name(event.medium)
             for idx in self.indexes.values():

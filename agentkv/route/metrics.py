@@ -66,29 +66,58 @@ def render_metrics(router: Router) -> str:
     per = [
         ("worker_up", "gauge", "1 while the worker is in rotation.", lambda w: int(w.healthy)),
         ("worker_requests_total", "counter", "Requests sent to the worker.", lambda w: w.requests),
-        ("worker_failures_total", "counter", "Requests that failed there before their first byte.",
-         lambda w: w.failures),
-        ("worker_first_byte_timeouts_total", "counter", "Requests retried elsewhere after --first-byte-timeout.",
-         lambda w: w.first_byte_timeouts),
+        (
+            "worker_failures_total",
+            "counter",
+            "Requests that failed there before their first byte.",
+            lambda w: w.failures,
+        ),
+        (
+            "worker_first_byte_timeouts_total",
+            "counter",
+            "Requests retried elsewhere after --first-byte-timeout.",
+            lambda w: w.first_byte_timeouts,
+        ),
         ("worker_in_flight", "gauge", "Requests in flight (router accounting).", lambda w: w.in_flight),
-        ("worker_in_flight_tokens", "gauge", "Prompt + max output tokens of requests streaming (the kv_aware load term).", lambda w: w.in_flight_tokens),
-        ("worker_scraped_active", "gauge", "Running + waiting from the worker's /metrics.",
-         lambda w: w.scraped_active),
-        ("worker_indexed_blocks", "gauge", "Blocks the router believes the worker caches.",
-         lambda w: router.index.blocks(w.slot) if w.mode == "event" else router.approx.blocks(w.slot)),
+        (
+            "worker_in_flight_tokens",
+            "gauge",
+            "Prompt + max output tokens of requests streaming (the kv_aware load term).",
+            lambda w: w.in_flight_tokens,
+        ),
+        (
+            "worker_scraped_active",
+            "gauge",
+            "Running + waiting from the worker's /metrics.",
+            lambda w: w.scraped_active,
+        ),
+        (
+            "worker_indexed_blocks",
+            "gauge",
+            "Blocks the router believes the worker caches.",
+            lambda w: router.index.blocks(w.slot) if w.mode == "event" else router.approx.blocks(w.slot),
+        ),
         ("worker_events_total", "counter", "KV events applied.", lambda w: w.events_applied),
-        ("worker_event_resyncs_total", "counter", "Sequence gaps and publisher restarts handled.",
-         lambda w: w.resyncs),
+        (
+            "worker_event_resyncs_total",
+            "counter",
+            "Sequence gaps and publisher restarts handled.",
+            lambda w: w.resyncs,
+        ),
     ]
     for name, kind, doc, get in per:
         out.append(f"# HELP agentkv_router_{name} {doc}")
         out.append(f"# TYPE agentkv_router_{name} {kind}")
         for w in router.pool.workers:
             out.append(f'agentkv_router_{name}{{worker="{w.slot}",url="{_esc(w.spec.url)}"}} {get(w)}')
-    out.append("# HELP agentkv_router_worker_mode How the router knows the worker's cache: event or approximate.")
+    out.append(
+        "# HELP agentkv_router_worker_mode How the router knows the worker's cache: event or approximate."
+    )
     out.append("# TYPE agentkv_router_worker_mode gauge")
     for w in router.pool.workers:
-        out.append(f'agentkv_router_worker_mode{{worker="{w.slot}",url="{_esc(w.spec.url)}",mode="{w.mode}"}} 1')
+        out.append(
+            f'agentkv_router_worker_mode{{worker="{w.slot}",url="{_esc(w.spec.url)}",mode="{w.mode}"}} 1'
+        )
     for w in router.pool.workers:
         sub = w.subscriber
         if sub is not None:

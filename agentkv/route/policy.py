@@ -109,8 +109,17 @@ class KvAware(Policy):
 
     name = "kv_aware"
 
-    def __init__(self, seed: int = 0, weight: float = KV_WEIGHT, tier_credit: float = 0.5, temperature: float = 0.0,
-                 affinity: float = 0.0, overload: float = 2.0, slack: int = 4, max_sessions: int = 1 << 17):
+    def __init__(
+        self,
+        seed: int = 0,
+        weight: float = KV_WEIGHT,
+        tier_credit: float = 0.5,
+        temperature: float = 0.0,
+        affinity: float = 0.0,
+        overload: float = 2.0,
+        slack: int = 4,
+        max_sessions: int = 1 << 17,
+    ):
         self.weight, self.tier_credit, self.temperature = weight, tier_credit, temperature
         self.affinity, self.overload, self.slack, self.max_sessions = affinity, overload, slack, max_sessions
         self._rng = random.Random(seed)
@@ -131,7 +140,12 @@ class KvAware(Policy):
         i = self._pick(costs)
         if self.affinity > 0 and req.session:
             home = self._home.pop(req.session, None)
-            if home is not None and home < len(workers) and home != i and costs[home] <= costs[i] + self.affinity:
+            if (
+                home is not None
+                and home < len(workers)
+                and home != i
+                and costs[home] <= costs[i] + self.affinity
+            ):
                 loads = [w.active_requests() for w in workers]
                 if loads[home] <= self.overload * sum(loads) / len(loads) + self.slack:
                     i = home

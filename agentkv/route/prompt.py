@@ -71,8 +71,14 @@ class Tokenizer:
             content = m.get("content")
             if isinstance(content, list):
                 content = "\n".join(p.get("text") or "" for p in content if isinstance(p, dict))
-            rendered.append({"role": m.get("role", ""), "content": content, "name": m.get("name"),
-                             "tool_calls": m.get("tool_calls")})
+            rendered.append(
+                {
+                    "role": m.get("role", ""),
+                    "content": content,
+                    "name": m.get("name"),
+                    "tool_calls": m.get("tool_calls"),
+                }
+            )
         return encode(apply_chat_template(rendered, add_generation_prompt=add_generation_prompt))
 
 
@@ -81,8 +87,10 @@ def _load_hf(spec: str):
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
-        raise UserError(f"--tokenizer {spec}: no tokenizer.json there (give the file, a folder holding it, "
-                        "or 'builtin' for agentkv serve workers)")
+        raise UserError(
+            f"--tokenizer {spec}: no tokenizer.json there (give the file, a folder holding it, "
+            "or 'builtin' for agentkv serve workers)"
+        )
     try:
         from tokenizers import Tokenizer as HfTokenizer
     except ImportError:
@@ -134,8 +142,10 @@ class RequestHasher:
             return Hashed(self.hasher.hashes(ids, self.block_size, cache_salt=salt), len(ids), True)
         if not self._warned:
             self._warned = True
-            log.warning("text prompt without a tokenizer for it: approximate text-prefix matching "
-                        "(pass --tokenizer builtin for agentkv serve workers, or a tokenizer.json)")
+            log.warning(
+                "text prompt without a tokenizer for it: approximate text-prefix matching "
+                "(pass --tokenizer builtin for agentkv serve workers, or a tokenizer.json)"
+            )
         text = _text_of(body, chat)
         data = text.encode("utf-8", "surrogatepass")
         step = self.block_size * TEXT_CHARS_PER_TOKEN  # bytes per block: one int32 "token" per 4

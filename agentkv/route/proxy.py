@@ -80,11 +80,19 @@ class Router:
         self.tenants = Tenants.from_file(cfg.api_keys, router_secret(cfg.secret) if cfg.api_keys else b"")
         self.index = TenantIndex(salts=self.tenants.salts(), max_blocks=cfg.max_index_blocks)
         self.approx = ApproxIndex(cfg.approx_capacity, cfg.approx_ttl)
-        self.hasher = RequestHasher(make_hasher(cfg.hash_algo, cfg.hash_seed), cfg.block_size,
-                                    Tokenizer(cfg.tokenizer))
-        self.pool = WorkerPool(cfg.workers, self.index, cfg.block_size, approximate=cfg.approximate,
-                               health_interval=cfg.health_interval, scrape_interval=cfg.scrape_interval,
-                               on_membership=self._new_policy, forget=self.approx.clear_worker)
+        self.hasher = RequestHasher(
+            make_hasher(cfg.hash_algo, cfg.hash_seed), cfg.block_size, Tokenizer(cfg.tokenizer)
+        )
+        self.pool = WorkerPool(
+            cfg.workers,
+            self.index,
+            cfg.block_size,
+            approximate=cfg.approximate,
+            health_interval=cfg.health_interval,
+            scrape_interval=cfg.scrape_interval,
+            on_membership=self._new_policy,
+            forget=self.approx.clear_worker,
+        )
         self.stats = RouterStats()
         self.policy = self._make_policy()
         self.session: aiohttp.ClientSession | None = None
@@ -104,8 +112,12 @@ class Router:
         without affinity, or least_loaded in place of the stateful others."""
         if self.cfg.policy != "kv_aware":
             return make_policy("least_loaded" if retry else self.cfg.policy)
-        return make_policy("kv_aware", weight=self.cfg.kv_weight, temperature=self.cfg.temperature,
-                           affinity=0.0 if retry else self.cfg.affinity)
+        return make_policy(
+            "kv_aware",
+            weight=self.cfg.kv_weight,
+            temperature=self.cfg.temperature,
+            affinity=0.0 if retry else self.cfg.affinity,
+        )
 
     def _new_policy(self) -> None:
         """Workers came or went: policy state indexes the healthy list, so start it afresh."""
@@ -113,8 +125,11 @@ class Router:
 
     async def _startup(self, app: web.Application) -> None:
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=75, ttl_dns_cache=None)
-        self.session = aiohttp.ClientSession(connector=connector, auto_decompress=False,
-                                             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5))
+        self.session = aiohttp.ClientSession(
+            connector=connector,
+            auto_decompress=False,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
+        )
         await self.pool.start(self.session)
         if self.tenants.open:
             log.info("no --api-keys: requests are not authenticated and client cache_salt passes through")
@@ -142,8 +157,11 @@ class Router:
         n = self._streams.get(tenant.id, 0)
         if n >= limit:
             self.stats.throttled += 1
-            return _error(429, f"too many concurrent requests for this API key's tenant (limit {limit})",
-                          "RateLimitError")
+            return _error(
+                429,
+                f"too many concurrent requests for this API key's tenant (limit {limit})",
+                "RateLimitError",
+            )
         self._streams[tenant.id] = n + 1
         try:
             return await self._generate(request, chat)
@@ -159,8 +177,12 @@ class Router:
         tenants), to compare with the worker's own `/debug/kv_blocks`; no hash is revealed."""
         with self.pool.lock:
             held = {str(w.slot): self.index.held(w.slot) for w in self.pool.workers if w.mode == "event"}
-        return web.json_response({"workers": {k: block_digest(v) for k, v in held.items()},
-                                  "index_overflow_blocks": self.index.overflow})
+        return web.json_response(
+            {
+                "workers": {k: block_digest(v) for k, v in held.items()},
+                "index_overflow_blocks": self.index.overflow,
+            }
+        )
 
     async def models(self, request: web.Request) -> web.StreamResponse:
         if self.tenants.authenticate(request.headers) is None:
@@ -176,14 +198,17 @@ class Router:
 
     async def health(self, request: web.Request) -> web.Response:
         up = [w.slot for w in self.pool.workers if w.healthy]
-        return web.json_response({"status": "ok" if up else "no healthy worker", "healthy_workers": up},
-                                 status=200 if up else 503)
+        return web.json_response(
+            {"status": "ok" if up else "no healthy worker", "healthy_workers": up}, status=200 if up else 503
+        )
 
     async def metrics(self, request: web.Request) -> web.Response:
         return web.Response(text=render_metrics(self), content_type="text/plain", charset="utf-8")
 
     # -- routing ---------------------------------------------------------------------------------
-    def choose(self, tenant: str, body: dict, chat: bool, session: str, exclude: set[int]) -> tuple[Worker, int]:
+    def choose(
+        self, tenant: str, body: dict, chat: bool, session: str, exclude: set[int]
+    ) -> tuple[Worker, int]:
         """The worker for this request (healthy, not in `exclude`) and its predicted cached blocks."""
         t0 = time.perf_counter()
         salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
@@ -191,8 +216,14 @@ class Router:
         views = [w for w in self.pool.workers if w.healthy and w.slot not in exclude]
         with self.pool.lock:
             if h.exact:
-                ev = self.index.find_matches(tenant, h.hashes) if any(w.mode == "event" for w in views) else {}
-                ap = self.approx.find_matches(tenant, h.hashes) if any(w.mode != "event" for w in views) else {}
+                ev = (
+                    self.index.find_matches(tenant, h.hashes) if any(w.mode == "event" for w in views) else {}
+                )
+                ap = (
+                    self.approx.find_matches(tenant, h.hashes)
+                    if any(w.mode != "event" for w in views)
+                    else {}
+                )
                 for w in views:
                     w.match = (ev if w.mode == "event" else ap).get(w.slot, _NO_MATCH)
             else:
@@ -263,8 +294,9 @@ class Router:
                 load.finish()
             return resp
 
-    async def _forward(self, request: web.Request, w: Worker, path: str, payload: bytes,
-                       headers: dict, load: Load) -> web.StreamResponse:
+    async def _forward(
+        self, request: web.Request, w: Worker, path: str, payload: bytes, headers: dict, load: Load
+    ) -> web.StreamResponse:
         """POST to `w` and stream its answer back; raise _Retry if it failed before its first byte
         (from which on the request counts as `w`'s KV load): an error, a retryable status, no byte
         within --first-byte-timeout, or the worker taken out of rotation meanwhile."""
@@ -278,14 +310,16 @@ class Router:
                 if upstream.status in _RETRY_STATUS:
                     raise _Retry(f"HTTP {upstream.status}")
                 first = await upstream.content.readany()
-        except (_CONNECT_ERRORS + (_Retry,)) as e:
+        except _CONNECT_ERRORS + (_Retry,) as e:
             if upstream is not None:
                 upstream.release()
             if isinstance(e, _Retry):
                 raise
             if deadline.expired():
                 if not w.healthy:
-                    raise _Retry("taken out of rotation while the request waited for its first byte") from None
+                    raise _Retry(
+                        "taken out of rotation while the request waited for its first byte"
+                    ) from None
                 w.first_byte_timeouts += 1
                 raise _Retry(f"no first byte within --first-byte-timeout {limit:g}s") from None
             raise _Retry(type(e).__name__, dead=isinstance(e, aiohttp.ClientConnectorError)) from None
@@ -326,8 +360,13 @@ class _Retry(Exception):
 def run_router(cfg: RouterConfig) -> None:
     """Serve until interrupted."""
     router = Router(cfg)
-    log.info("agentkv route on http://%s:%d, policy %s, %d workers", cfg.host, cfg.port, cfg.policy,
-             len(cfg.workers))
+    log.info(
+        "agentkv route on http://%s:%d, policy %s, %d workers",
+        cfg.host,
+        cfg.port,
+        cfg.policy,
+        len(cfg.workers),
+    )
     loop_factory = None
     try:  # uvloop when present: about a third less CPU per proxied request
         import uvloop
@@ -336,5 +375,11 @@ def run_router(cfg: RouterConfig) -> None:
     except ImportError:
         pass
     # run_app closes the loop it is given (an asyncio.Runner around it would close it twice)
-    web.run_app(router.app, host=cfg.host, port=cfg.port, print=None, access_log=None,
-                loop=(loop_factory or asyncio.new_event_loop)())
+    web.run_app(
+        router.app,
+        host=cfg.host,
+        port=cfg.port,
+        print=None,
+        access_log=None,
+        loop=(loop_factory or asyncio.new_event_loop)(),
+    )

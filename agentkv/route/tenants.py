@@ -65,7 +65,9 @@ def parse_api_keys(path: str | Path) -> dict[str, str]:
         else:
             for i, rec in enumerate(data):
                 if not isinstance(rec, dict) or "key" not in rec or "tenant" not in rec:
-                    raise UserError(f"--api-keys {p}: record {i + 1}: expected an object with 'key' and 'tenant'")
+                    raise UserError(
+                        f"--api-keys {p}: record {i + 1}: expected an object with 'key' and 'tenant'"
+                    )
                 pairs.append((f"record {i + 1}", rec["key"], rec["tenant"]))
     else:
         for n, line in enumerate(text.splitlines(), 1):
@@ -74,7 +76,9 @@ def parse_api_keys(path: str | Path) -> dict[str, str]:
                 continue
             parts = line.split()
             if len(parts) != 2:
-                raise UserError(f"--api-keys {p}: line {n}: expected '<key> <tenant>', got {len(parts)} fields")
+                raise UserError(
+                    f"--api-keys {p}: line {n}: expected '<key> <tenant>', got {len(parts)} fields"
+                )
             pairs.append((f"line {n}", parts[0], parts[1]))
     keys: dict[str, str] = {}
     for where, key, tenant in pairs:
@@ -93,9 +97,11 @@ def router_secret(value: str | None = None) -> bytes:
     value = value if value is not None else os.environ.get(SECRET_ENV)
     if value:
         return value.encode("utf-8")
-    log.warning("no router secret given (--router-secret or $%s): using a random one, so tenant "
-                "cache salts, and the engines' cached prefixes they key, do not survive a router restart",
-                SECRET_ENV)
+    log.warning(
+        "no router secret given (--router-secret or $%s): using a random one, so tenant "
+        "cache salts, and the engines' cached prefixes they key, do not survive a router restart",
+        SECRET_ENV,
+    )
     return secrets.token_bytes(32)
 
 

@@ -47,7 +47,9 @@ def parse_worker(spec: str) -> WorkerSpec:
     events, _, replay = ev.partition(",")
     for name, ep in (("events", events), ("replay", replay)):
         if ep and not ep.startswith(("tcp://", "ipc://", "inproc://")):
-            raise UserError(f"--worker {spec!r}: the {name} endpoint must be a ZMQ address like tcp://HOST:PORT")
+            raise UserError(
+                f"--worker {spec!r}: the {name} endpoint must be a ZMQ address like tcp://HOST:PORT"
+            )
     return WorkerSpec(url, events or None, replay or None)
 
 
@@ -116,9 +118,18 @@ SLOW_LIMIT = 3  # health-check timeouts in a row before a worker is taken out
 class WorkerPool:
     """All workers, their event consumers, health checks and metric scrapes (one asyncio loop)."""
 
-    def __init__(self, specs: Sequence[WorkerSpec], index: TenantIndex, block_size: int, *,
-                 approximate: bool = False, health_interval: float = 1.0, scrape_interval: float = 2.0,
-                 on_membership: Callable[[], None] | None = None, forget: Callable[[int], None] | None = None):
+    def __init__(
+        self,
+        specs: Sequence[WorkerSpec],
+        index: TenantIndex,
+        block_size: int,
+        *,
+        approximate: bool = False,
+        health_interval: float = 1.0,
+        scrape_interval: float = 2.0,
+        on_membership: Callable[[], None] | None = None,
+        forget: Callable[[int], None] | None = None,
+    ):
         if not specs:
             raise UserError("agentkv route: give at least one --worker")
         self.workers = [Worker(i, s, block_size, approximate) for i, s in enumerate(specs)]
@@ -136,8 +147,13 @@ class WorkerPool:
     async def start(self, session: aiohttp.ClientSession) -> None:
         self.session = session
         for w in self.workers:
-            log.info("worker %d %s: %s mode%s", w.slot, w.spec.url, w.mode,
-                     f" (events {w.spec.events}, replay {w.spec.replay or 'none'})" if w.mode == "event" else "")
+            log.info(
+                "worker %d %s: %s mode%s",
+                w.slot,
+                w.spec.url,
+                w.mode,
+                f" (events {w.spec.events}, replay {w.spec.replay or 'none'})" if w.mode == "event" else "",
+            )
             if w.mode == "event":
                 self._subscribe(w)
         self._tasks.append(asyncio.create_task(self._health_loop(), name="route-health"))
@@ -157,8 +173,9 @@ class WorkerPool:
     def _subscribe(self, w: Worker) -> None:
         w.subscriber = ZmqEventSubscriber(w.spec.events, w.spec.replay, start_seq=0)
         w.stop = threading.Event()
-        w.thread = threading.Thread(target=self._consume, args=(w, w.subscriber, w.stop),
-                                    name=f"route-events-{w.slot}", daemon=True)
+        w.thread = threading.Thread(
+            target=self._consume, args=(w, w.subscriber, w.stop), name=f"route-events-{w.slot}", daemon=True
+        )
         w.thread.start()
 
     async def _unsubscribe(self, w: Worker) -> None:
@@ -242,7 +259,9 @@ class WorkerPool:
         with self.lock:
             dropped = self.index.clear_worker(w.slot)
         self.forget(w.slot)
-        log.warning("worker %d %s out of rotation (%s); %d indexed blocks dropped", w.slot, w.spec.url, why, dropped)
+        log.warning(
+            "worker %d %s out of rotation (%s); %d indexed blocks dropped", w.slot, w.spec.url, why, dropped
+        )
         await self._unsubscribe(w)
         self.on_membership()
 
@@ -253,8 +272,11 @@ class WorkerPool:
         self.forget(w.slot)
         if w.mode == "event":
             self._subscribe(w)
-        log.info("worker %d %s back in rotation; index rebuilt from its replay buffer or from scratch",
-                 w.slot, w.spec.url)
+        log.info(
+            "worker %d %s back in rotation; index rebuilt from its replay buffer or from scratch",
+            w.slot,
+            w.spec.url,
+        )
         self.on_membership()
 
     async def _scrape_loop(self) -> None:
@@ -283,4 +305,3 @@ def parse_load(text: str) -> float:
             with contextlib.suppress(ValueError, IndexError):
                 total += float(line.rsplit(" ", 1)[1])
     return total
-

@@ -12,10 +12,19 @@ from agentkv.security.sidechannel import AttackConfig, SideChannelReport, side_c
 
 
 def config_from_args(args: argparse.Namespace) -> AttackConfig:
-    cfg = AttackConfig(target=args.target, via_router=args.via_router, victim_key=args.api_key,
-                       attacker_key=args.attacker_key, trials=args.trials, prefix_tokens=args.prefix_tokens,
-                       calibration=args.calibration, seed=args.seed, confidence=args.confidence,
-                       model=args.model, timeout=args.timeout)
+    cfg = AttackConfig(
+        target=args.target,
+        via_router=args.via_router,
+        victim_key=args.api_key,
+        attacker_key=args.attacker_key,
+        trials=args.trials,
+        prefix_tokens=args.prefix_tokens,
+        calibration=args.calibration,
+        seed=args.seed,
+        confidence=args.confidence,
+        model=args.model,
+        timeout=args.timeout,
+    )
     cfg.check()
     return cfg
 
@@ -24,20 +33,33 @@ def report_table(r: SideChannelReport) -> Table:
     """One row per signal: AUC and accuracy with their intervals, the medians each class showed."""
     level = f"{r.confidence:.0%} CI"
     how = "via agentkv route, victim and attacker in different tenants" if r.via_router else "shared cache"
-    t = Table(title=f"prefix-cache timing attack on {r.target} ({how}): {r.trials} trials, "
-                    f"{r.prefix_tokens}-token prefixes")
+    t = Table(
+        title=f"prefix-cache timing attack on {r.target} ({how}): {r.trials} trials, "
+        f"{r.prefix_tokens}-token prefixes"
+    )
     for col in ("signal", "ROC AUC", level, "accuracy", level, "victim prefix", "fresh prefix", "threshold"):
         t.add_column(col, justify="left" if col == "signal" else "right")
     for s in r.signals:
         unit = " ms" if s.signal == "ttft" else " tok"
-        t.add_row(s.signal, f"{s.auc.value:.3f}", f"[{s.auc.low:.3f}, {s.auc.high:.3f}]",
-                  f"{s.accuracy.value:.1%}", f"[{s.accuracy.low:.1%}, {s.accuracy.high:.1%}]",
-                  f"{s.median_positive:,.1f}{unit}", f"{s.median_negative:,.1f}{unit}",
-                  f"{'<' if s.signal == 'ttft' else '>'} {s.threshold:,.1f}{unit}")
-    verdict = ("LEAKS: the attacker tells the victim's prefixes from fresh ones" if r.leaks else
-               "no leak detected: every AUC interval holds 0.5 (chance)")
-    t.caption = (f"medians per class; attacker's own calibration: uncached {r.calibration_cold_ms:,.1f} ms, cached "
-                 f"{r.calibration_warm_ms:,.1f} ms TTFT; {verdict}; {r.wall_seconds:,.0f} s")
+        t.add_row(
+            s.signal,
+            f"{s.auc.value:.3f}",
+            f"[{s.auc.low:.3f}, {s.auc.high:.3f}]",
+            f"{s.accuracy.value:.1%}",
+            f"[{s.accuracy.low:.1%}, {s.accuracy.high:.1%}]",
+            f"{s.median_positive:,.1f}{unit}",
+            f"{s.median_negative:,.1f}{unit}",
+            f"{'<' if s.signal == 'ttft' else '>'} {s.threshold:,.1f}{unit}",
+        )
+    verdict = (
+        "LEAKS: the attacker tells the victim's prefixes from fresh ones"
+        if r.leaks
+        else "no leak detected: every AUC interval holds 0.5 (chance)"
+    )
+    t.caption = (
+        f"medians per class; attacker's own calibration: uncached {r.calibration_cold_ms:,.1f} ms, cached "
+        f"{r.calibration_warm_ms:,.1f} ms TTFT; {verdict}; {r.wall_seconds:,.0f} s"
+    )
     return t
 
 

@@ -58,7 +58,9 @@ class AttackConfig:
             raise UserError(f"--timeout must be a finite number of seconds > 0, got {self.timeout}")
         if self.via_router:
             if not self.victim_key or not self.attacker_key:
-                raise UserError("--via-router needs --api-key (the victim's) and --attacker-key (another tenant's)")
+                raise UserError(
+                    "--via-router needs --api-key (the victim's) and --attacker-key (another tenant's)"
+                )
             if self.victim_key == self.attacker_key:
                 raise UserError("--api-key and --attacker-key must differ: the attack is across tenants")
 
@@ -111,8 +113,15 @@ class SideChannelReport:
 class _Client:
     """Sends one-token completions as one client (API key), timing the first streamed token."""
 
-    def __init__(self, session: aiohttp.ClientSession, base: str, key: str | None, model: str | None,
-                 who: str, timeout: float) -> None:
+    def __init__(
+        self,
+        session: aiohttp.ClientSession,
+        base: str,
+        key: str | None,
+        model: str | None,
+        who: str,
+        timeout: float,
+    ) -> None:
         self.session, self.base, self.model, self.who = session, base, model, who
         self.headers = {"Content-Type": "application/json"}
         if key:
@@ -121,8 +130,9 @@ class _Client:
 
     async def models(self) -> list[str]:
         try:
-            async with self.session.get(self.base + "/v1/models", headers=self.headers,
-                                        timeout=self.timeout) as r:
+            async with self.session.get(
+                self.base + "/v1/models", headers=self.headers, timeout=self.timeout
+            ) as r:
                 if r.status != 200:
                     raise _http_error(self.who, "GET /v1/models", r.status, await r.read())
                 data = await r.json(content_type=None)
@@ -135,8 +145,13 @@ class _Client:
 
     async def complete(self, prompt: list[int]) -> tuple[float, int | None]:
         """(seconds to the first token, cached_tokens or None) of a streamed one-token completion."""
-        body: dict = {"prompt": prompt, "max_tokens": 1, "stream": True, "temperature": 0.0,
-                      "stream_options": {"include_usage": True}}
+        body: dict = {
+            "prompt": prompt,
+            "max_tokens": 1,
+            "stream": True,
+            "temperature": 0.0,
+            "stream_options": {"include_usage": True},
+        }
         if self.model:
             body["model"] = self.model
         data = msgspec.json.encode(body)
@@ -144,8 +159,9 @@ class _Client:
         first = None
         try:
             t0 = time.perf_counter()
-            async with self.session.post(self.base + "/v1/completions", data=data, headers=self.headers,
-                                         timeout=self.timeout) as r:
+            async with self.session.post(
+                self.base + "/v1/completions", data=data, headers=self.headers, timeout=self.timeout
+            ) as r:
                 if r.status != 200:
                     raise _http_error(self.who, "POST /v1/completions", r.status, await r.read())
                 async for line in r.content:
@@ -186,15 +202,28 @@ def analyse(probes: list[Probe], cold: list[float], warm: list[float], level: fl
     neg = [p for p in probes if not p.victim_prefix]
     threshold = (statistics.median(cold) + statistics.median(warm)) / 2
     right = sum((p.ttft < threshold) == p.victim_prefix for p in probes)
-    out = [SignalResult("ttft", auc_delong([-p.ttft for p in pos], [-p.ttft for p in neg], level),
-                        wilson(right, len(probes), level), threshold * 1000,
-                        _median_ms([p.ttft for p in pos]), _median_ms([p.ttft for p in neg]))]
+    out = [
+        SignalResult(
+            "ttft",
+            auc_delong([-p.ttft for p in pos], [-p.ttft for p in neg], level),
+            wilson(right, len(probes), level),
+            threshold * 1000,
+            _median_ms([p.ttft for p in pos]),
+            _median_ms([p.ttft for p in neg]),
+        )
+    ]
     if all(p.cached_tokens is not None for p in probes):
         right = sum((p.cached_tokens > 0) == p.victim_prefix for p in probes)
-        out.append(SignalResult(
-            "cached_tokens", auc_delong([p.cached_tokens for p in pos], [p.cached_tokens for p in neg], level),
-            wilson(right, len(probes), level), 0.5, statistics.median(p.cached_tokens for p in pos),
-            statistics.median(p.cached_tokens for p in neg)))
+        out.append(
+            SignalResult(
+                "cached_tokens",
+                auc_delong([p.cached_tokens for p in pos], [p.cached_tokens for p in neg], level),
+                wilson(right, len(probes), level),
+                0.5,
+                statistics.median(p.cached_tokens for p in pos),
+                statistics.median(p.cached_tokens for p in neg),
+            )
+        )
     return out
 
 
@@ -234,8 +263,16 @@ async def run_attack(cfg: AttackConfig, on_trial=None) -> SideChannelReport:
             probes.append(Probe(label, ttft, cached))
             if on_trial is not None:
                 on_trial(i + 1, cfg.trials)
-    report = SideChannelReport(cfg.target, cfg.via_router, cfg.trials, cfg.prefix_tokens, cfg.confidence,
-                               _median_ms(cold), _median_ms(warm), analyse(probes, cold, warm, cfg.confidence))
+    report = SideChannelReport(
+        cfg.target,
+        cfg.via_router,
+        cfg.trials,
+        cfg.prefix_tokens,
+        cfg.confidence,
+        _median_ms(cold),
+        _median_ms(warm),
+        analyse(probes, cold, warm, cfg.confidence),
+    )
     report.wall_seconds = time.perf_counter() - t_start
     return report
 

@@ -74,8 +74,12 @@ class Server:
         self.model_name = opts.served_model_name or config.model
         self.publisher: ZmqEventPublisher | None = None
         if opts.kv_events_endpoint:
-            self.publisher = ZmqEventPublisher(opts.kv_events_endpoint, opts.kv_events_replay_endpoint,
-                                               topic=opts.kv_events_topic, data_parallel_rank=0)
+            self.publisher = ZmqEventPublisher(
+                opts.kv_events_endpoint,
+                opts.kv_events_replay_endpoint,
+                topic=opts.kv_events_topic,
+                data_parallel_rank=0,
+            )
         try:
             self.runner = EngineRunner(config, time_scale=opts.time_scale, publisher=self.publisher)
         except BaseException:
@@ -86,8 +90,12 @@ class Server:
         self.runner.on_step = self.metrics.on_step
         self.runner.on_finish = self.metrics.on_finish
         eng = self.runner.engine
-        self.limits = Limits((self.model_name, config.model), eng.max_model_len, eng.model_shape.vocab,
-                             default_chat_tokens=opts.default_max_tokens)
+        self.limits = Limits(
+            (self.model_name, config.model),
+            eng.max_model_len,
+            eng.model_shape.vocab,
+            default_chat_tokens=opts.default_max_tokens,
+        )
         warm_up()  # build the tokenizer's tables now, not during the first request
         logging.getLogger("aiohttp.server").addFilter(_quiet_probes)  # idempotent: a filter is added once
         self.app = self._make_app()
@@ -108,7 +116,9 @@ class Server:
             await self.runner.stop()
             from agentkv.errors import UserError
 
-            raise UserError(f"cannot listen on {self.options.host}:{self.options.port}: {e.strerror}") from None
+            raise UserError(
+                f"cannot listen on {self.options.host}:{self.options.port}: {e.strerror}"
+            ) from None
         self._site_runner = runner
         self.port = runner.addresses[0][1]
         self.runner.start()
@@ -151,8 +161,9 @@ class Server:
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._generate(request, parse_chat, "chatcmpl")
 
-    async def _generate(self, request: web.Request, parse: Callable[[bytes, Limits], GenRequest],
-                        prefix: str) -> web.StreamResponse:
+    async def _generate(
+        self, request: web.Request, parse: Callable[[bytes, Limits], GenRequest], prefix: str
+    ) -> web.StreamResponse:
         try:
             body = await self._body(request)
             if len(body) < OFFLOAD_BYTES:
@@ -176,17 +187,20 @@ class Server:
                 _, done = await stream.take()
             n = stream.sent
             if stream.aborted:
-                return self._error(request, RequestError("the server is shutting down", None, 503,
-                                                         "ServiceUnavailableError"))
+                return self._error(
+                    request, RequestError("the server is shutting down", None, 503, "ServiceUnavailableError")
+                )
             return web.Response(body=full_response(rid, gen, n, stream.cached_tokens), content_type=JSON)
         finally:
             if not stream.finished:
                 self.runner.abort(rid)  # the client went away (cancelled) or a write failed
 
-    async def _stream(self, request: web.Request, rid: str, gen: GenRequest,
-                      stream: RequestStream) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
-                                           "Cache-Control": "no-cache"})
+    async def _stream(
+        self, request: web.Request, rid: str, gen: GenRequest, stream: RequestStream
+    ) -> web.StreamResponse:
+        resp = web.StreamResponse(
+            headers={"Content-Type": "text/event-stream; charset=utf-8", "Cache-Control": "no-cache"}
+        )
         await resp.prepare(request)
         writer = ChunkWriter(rid, gen)
         try:
@@ -210,19 +224,32 @@ class Server:
     async def _body(self, request: web.Request) -> bytes:
         limit = self.options.max_body_bytes
         if request.content_length is not None and request.content_length > limit:
-            raise RequestError(f"request body of {request.content_length} bytes exceeds the {limit}-byte limit",
-                               None, 413, "RequestEntityTooLarge")
+            raise RequestError(
+                f"request body of {request.content_length} bytes exceeds the {limit}-byte limit",
+                None,
+                413,
+                "RequestEntityTooLarge",
+            )
         try:
             return await request.read()
         except web.HTTPRequestEntityTooLarge:
-            raise RequestError(f"request body exceeds the {limit}-byte limit", None, 413,
-                               "RequestEntityTooLarge") from None
+            raise RequestError(
+                f"request body exceeds the {limit}-byte limit", None, 413, "RequestEntityTooLarge"
+            ) from None
 
     def _error(self, request: web.Request, e: RequestError) -> web.Response:
-        log.info("%s %s -> %d %s (param %s): %s", request.method, request.path, e.status, e.err_type, e.param,
-                 e.message)
-        return web.Response(body=error_body(e.message, e.err_type, e.status, e.param), status=e.status,
-                            content_type=JSON)
+        log.info(
+            "%s %s -> %d %s (param %s): %s",
+            request.method,
+            request.path,
+            e.status,
+            e.err_type,
+            e.param,
+            e.message,
+        )
+        return web.Response(
+            body=error_body(e.message, e.err_type, e.status, e.param), status=e.status, content_type=JSON
+        )
 
     # -- small endpoints --------------------------------------------------------------------------
     async def _health(self, request: web.Request) -> web.Response:
@@ -235,9 +262,16 @@ class Server:
         return web.Response(body=self.metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
     async def _models(self, request: web.Request) -> web.Response:
-        card = {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "agentkv",
-                "root": self.config.model, "parent": None, "max_model_len": self.limits.max_model_len,
-                "permission": []}
+        card = {
+            "id": self.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "agentkv",
+            "root": self.config.model,
+            "parent": None,
+            "max_model_len": self.limits.max_model_len,
+            "permission": [],
+        }
         return web.Response(body=_enc.encode({"object": "list", "data": [card]}), content_type=JSON)
 
     async def _debug_kv_blocks(self, request: web.Request) -> web.Response:
@@ -249,21 +283,38 @@ class Server:
         """sglang-router probes this: the server's settings, in sglang's key names where it has them."""
         eng = self.runner.engine
         cfg = self.config
-        info = {"model_path": self.config.model, "served_model_name": self.model_name,
-                "tokenizer_path": None, "skip_tokenizer_init": True, "tp_size": cfg.tensor_parallel_size,
-                "dp_size": 1, "page_size": cfg.block_size, "context_length": self.limits.max_model_len,
-                "max_total_num_tokens": eng.num_gpu_blocks * cfg.block_size,
-                "max_running_requests": cfg.max_num_seqs, "chunked_prefill_size": cfg.max_num_batched_tokens,
-                "gpu": cfg.gpu, "time_scale": self.options.time_scale,
-                "kv_events_endpoint": self.publisher.endpoint if self.publisher else None,
-                "version": __version__, "engine": "agentkv"}
+        info = {
+            "model_path": self.config.model,
+            "served_model_name": self.model_name,
+            "tokenizer_path": None,
+            "skip_tokenizer_init": True,
+            "tp_size": cfg.tensor_parallel_size,
+            "dp_size": 1,
+            "page_size": cfg.block_size,
+            "context_length": self.limits.max_model_len,
+            "max_total_num_tokens": eng.num_gpu_blocks * cfg.block_size,
+            "max_running_requests": cfg.max_num_seqs,
+            "chunked_prefill_size": cfg.max_num_batched_tokens,
+            "gpu": cfg.gpu,
+            "time_scale": self.options.time_scale,
+            "kv_events_endpoint": self.publisher.endpoint if self.publisher else None,
+            "version": __version__,
+            "engine": "agentkv",
+        }
         return web.Response(body=_enc.encode(info), content_type=JSON)
 
     async def _model_info(self, request: web.Request) -> web.Response:
-        info = {"model_path": self.config.model, "tokenizer_path": None, "is_generation": True,
-                "served_model_name": self.model_name, "max_model_len": self.limits.max_model_len,
-                "vocab_size": self.limits.vocab_size, "has_image_understanding": False,
-                "has_audio_understanding": False, "preferred_sampling_params": None}
+        info = {
+            "model_path": self.config.model,
+            "tokenizer_path": None,
+            "is_generation": True,
+            "served_model_name": self.model_name,
+            "max_model_len": self.limits.max_model_len,
+            "vocab_size": self.limits.vocab_size,
+            "has_image_understanding": False,
+            "has_audio_understanding": False,
+            "preferred_sampling_params": None,
+        }
         return web.Response(body=_enc.encode(info), content_type=JSON)
 
     async def _tokenize(self, request: web.Request) -> web.Response:
@@ -284,8 +335,14 @@ class Server:
         except RequestError as e:
             return self._error(request, e)
         except (TypeError, ValueError):  # a message of an unexpected shape (e.g. tool_calls not a list)
-            return self._error(request, RequestError("messages: each must be an object with a string role, "
-                                                     "string content and a list of tool_calls", "messages"))
+            return self._error(
+                request,
+                RequestError(
+                    "messages: each must be an object with a string role, "
+                    "string content and a list of tool_calls",
+                    "messages",
+                ),
+            )
         body = {"count": len(ids), "max_model_len": self.limits.max_model_len, "tokens": ids}
         return web.Response(body=_enc.encode(body), content_type=JSON)
 

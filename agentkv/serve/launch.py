@@ -58,10 +58,17 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         raise UserError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
-    return ServeOptions(host=args.host, port=args.port, time_scale=args.time_scale,
-                        served_model_name=args.served_model_name, kv_events_endpoint=endpoint,
-                        kv_events_replay_endpoint=replay, kv_events_topic=topic, max_body_bytes=max_body,
-                        default_max_tokens=args.default_max_tokens)
+    return ServeOptions(
+        host=args.host,
+        port=args.port,
+        time_scale=args.time_scale,
+        served_model_name=args.served_model_name,
+        kv_events_endpoint=endpoint,
+        kv_events_replay_endpoint=replay,
+        kv_events_topic=topic,
+        max_body_bytes=max_body,
+        default_max_tokens=args.default_max_tokens,
+    )
 
 
 def shift_endpoint(endpoint: str | None, i: int, flag: str) -> str | None:
@@ -70,7 +77,9 @@ def shift_endpoint(endpoint: str | None, i: int, flag: str) -> str | None:
         return endpoint
     m = _TCP_PORT.match(endpoint)
     if m is None:
-        raise UserError(f"{flag} {endpoint}: with --workers > 1 it must be tcp://HOST:PORT (ports go up by one)")
+        raise UserError(
+            f"{flag} {endpoint}: with --workers > 1 it must be tcp://HOST:PORT (ports go up by one)"
+        )
     return f"{m.group(1)}{int(m.group(2)) + i}"
 
 
@@ -80,19 +89,27 @@ def worker_options(opts: ServeOptions, n: int) -> list[ServeOptions]:
         raise UserError("--workers > 1 needs an explicit --port (workers use consecutive ports)")
     if opts.port + n - 1 > 65535:
         raise UserError(f"--port {opts.port} + {n} workers runs past port 65535")
-    out = [dataclasses.replace(
-        opts, port=opts.port + i,
-        kv_events_endpoint=shift_endpoint(opts.kv_events_endpoint, i, "--kv-events-endpoint"),
-        kv_events_replay_endpoint=shift_endpoint(opts.kv_events_replay_endpoint, i, "--kv-events-replay-endpoint"))
-        for i in range(n)]
+    out = [
+        dataclasses.replace(
+            opts,
+            port=opts.port + i,
+            kv_events_endpoint=shift_endpoint(opts.kv_events_endpoint, i, "--kv-events-endpoint"),
+            kv_events_replay_endpoint=shift_endpoint(
+                opts.kv_events_replay_endpoint, i, "--kv-events-replay-endpoint"
+            ),
+        )
+        for i in range(n)
+    ]
     used: dict[str, str] = {}
     for i, o in enumerate(out):
         for e in (o.kv_events_endpoint, o.kv_events_replay_endpoint):
             if e is not None:
                 port = e.rsplit(":", 1)[-1]
                 if port in used and used[port] != e:
-                    raise UserError(f"worker {i}: event port {port} is also used by {used[port]}; "
-                                    "space the --kv-events-endpoint and --kv-events-replay-endpoint ports apart")
+                    raise UserError(
+                        f"worker {i}: event port {port} is also used by {used[port]}; "
+                        "space the --kv-events-endpoint and --kv-events-replay-endpoint ports apart"
+                    )
                 used[port] = e
     return out
 
@@ -101,7 +118,9 @@ def serve_command(args: argparse.Namespace) -> int:
     """Entry point of `agentkv serve`."""
     from agentkv.cli import engine_config_from_args
 
-    logging.basicConfig(level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(message)s")
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(message)s"
+    )
     config = engine_config_from_args(args)
     opts = options_from_args(args)
     if args.workers < 1:
@@ -121,8 +140,7 @@ def _describe(server, index: int | None = None) -> str:
     return line
 
 
-def run_one(config: EngineConfig, opts: ServeOptions, *, index: int | None = None,
-            ready=None) -> int:
+def run_one(config: EngineConfig, opts: ServeOptions, *, index: int | None = None, ready=None) -> int:
     """Serve in this process until SIGINT/SIGTERM; `ready(line)` (default: print) once listening."""
     from agentkv.serve.app import Server, serve_until_stopped
 
@@ -170,8 +188,10 @@ def run_workers(config: EngineConfig, options: list[ServeOptions]) -> int:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     level = logging.getLogger().level
-    procs = [ctx.Process(target=_worker_main, args=(config, o, i, level, q), name=f"agentkv-worker-{i}")
-             for i, o in enumerate(options)]
+    procs = [
+        ctx.Process(target=_worker_main, args=(config, o, i, level, q), name=f"agentkv-worker-{i}")
+        for i, o in enumerate(options)
+    ]
     stopping = False
 
     def on_signal(signum, frame) -> None:
@@ -190,8 +210,12 @@ def run_workers(config: EngineConfig, options: list[ServeOptions]) -> int:
             except queue.Empty:
                 dead = [i for i, p in enumerate(procs) if not p.is_alive()]
                 if dead:
-                    print(f"agentkv serve: worker {dead[0]} exited (code {procs[dead[0]].exitcode}); "
-                          "stopping the others", file=sys.stderr, flush=True)
+                    print(
+                        f"agentkv serve: worker {dead[0]} exited (code {procs[dead[0]].exitcode}); "
+                        "stopping the others",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                     rc = 1
                     break
                 continue

@@ -27,12 +27,74 @@ disable_created_metrics()  # no `_created` series, as vLLM's exposition
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 GIB = 1 << 30
 # vLLM v1's buckets (vllm/v1/metrics/loggers.py)
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-                20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
-               20.0, 40.0, 80.0)
-E2E_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
-               240.0, 480.0, 960.0, 1920.0, 7680.0)
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+E2E_BUCKETS = (
+    0.3,
+    0.5,
+    0.8,
+    1.0,
+    1.5,
+    2.0,
+    2.5,
+    5.0,
+    10.0,
+    15.0,
+    20.0,
+    30.0,
+    40.0,
+    50.0,
+    60.0,
+    120.0,
+    240.0,
+    480.0,
+    960.0,
+    1920.0,
+    7680.0,
+)
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -49,10 +111,15 @@ class ServerMetrics:
         def hist(name: str, doc: str, buckets: tuple[float, ...]):
             return Histogram(name, doc, names, buckets=buckets, registry=self.registry).labels(*vals)
 
-        self.ttft = hist("vllm:time_to_first_token_seconds", "Time to first token (engine seconds).", TTFT_BUCKETS)
-        self.itl = hist("vllm:inter_token_latency_seconds", "Inter-token latency (engine seconds).", ITL_BUCKETS)
-        self.e2e = hist("vllm:e2e_request_latency_seconds", "End-to-end request latency (engine seconds).",
-                        E2E_BUCKETS)
+        self.ttft = hist(
+            "vllm:time_to_first_token_seconds", "Time to first token (engine seconds).", TTFT_BUCKETS
+        )
+        self.itl = hist(
+            "vllm:inter_token_latency_seconds", "Inter-token latency (engine seconds).", ITL_BUCKETS
+        )
+        self.e2e = hist(
+            "vllm:e2e_request_latency_seconds", "End-to-end request latency (engine seconds).", E2E_BUCKETS
+        )
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.finished = dict.fromkeys(FINISH_REASONS, 0)
@@ -102,18 +169,24 @@ class _EngineCollector(Collector):
             g.add_metric(vals, value)
             return g
 
-        yield counter("vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", eng.prefix_cache_queries)
+        yield counter(
+            "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", eng.prefix_cache_queries
+        )
         yield counter("vllm:prefix_cache_hits", "Prefix cache hits, in tokens.", eng.prefix_cache_hits)
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = 100 percent).", eng.kv_usage)
         yield gauge("vllm:num_requests_running", "Requests in model execution batches.", eng.num_running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", eng.num_waiting)
         yield counter("vllm:num_preemptions", "Cumulative preemptions.", eng.scheduler.num_preemptions)
-        yield counter("vllm:prompt_tokens", "Prefill tokens processed (whole prompts, cached included).",
-                      m.prompt_tokens)
+        yield counter(
+            "vllm:prompt_tokens",
+            "Prefill tokens processed (whole prompts, cached included).",
+            m.prompt_tokens,
+        )
         yield counter("vllm:generation_tokens", "Generation tokens processed.", m.generation_tokens)
 
-        ok = CounterMetricFamily("vllm:request_success", "Finished requests, by finish reason.",
-                                 labels=[*names, "finished_reason"])
+        ok = CounterMetricFamily(
+            "vllm:request_success", "Finished requests, by finish reason.", labels=[*names, "finished_reason"]
+        )
         for reason, n in m.finished.items():
             ok.add_metric([*vals, reason], n)
         yield ok
@@ -121,30 +194,39 @@ class _EngineCollector(Collector):
         cfg = eng.config
         cpu_blocks = int(cfg.kv_offloading_size * GIB // eng.block_bytes) if cfg.kv_offloading_size else 0
         info = {
-            "block_size": str(cfg.block_size), "cache_dtype": cfg.kv_cache_dtype,
+            "block_size": str(cfg.block_size),
+            "cache_dtype": cfg.kv_cache_dtype,
             "enable_prefix_caching": str(cfg.enable_prefix_caching),
             "gpu_memory_utilization": str(cfg.gpu_memory_utilization),
-            "num_gpu_blocks": str(eng.num_gpu_blocks), "num_cpu_blocks": str(cpu_blocks),
+            "num_gpu_blocks": str(eng.num_gpu_blocks),
+            "num_cpu_blocks": str(cpu_blocks),
             "prefix_caching_hash_algo": cfg.hash_algo,
         }
-        g = GaugeMetricFamily("vllm:cache_config_info", "Information of the cache config.",
-                              labels=[*info, "engine"])
+        g = GaugeMetricFamily(
+            "vllm:cache_config_info", "Information of the cache config.", labels=[*info, "engine"]
+        )
         g.add_metric([*info.values(), m.labels["engine"]], 1.0)
         yield g
 
-        tiers = CounterMetricFamily("agentkv:prefix_cache_hits_by_tier",
-                                    "Prefix cache hits by the tier that held them, in tokens.",
-                                    labels=[*names, "medium"])
+        tiers = CounterMetricFamily(
+            "agentkv:prefix_cache_hits_by_tier",
+            "Prefix cache hits by the tier that held them, in tokens.",
+            labels=[*names, "medium"],
+        )
         tiers.add_metric([*vals, "GPU"], eng.prefix_cache_hits)
         for medium in ("CPU", "DISK"):
             tiers.add_metric([*vals, medium], eng.scheduler.lower_tier_tokens.get(medium, 0))
         yield tiers
-        yield counter("agentkv:engine_catchup_seconds",
-                      "Engine seconds skipped because the server fell behind --time-scale.", runner.jumped_s)
+        yield counter(
+            "agentkv:engine_catchup_seconds",
+            "Engine seconds skipped because the server fell behind --time-scale.",
+            runner.jumped_s,
+        )
         pub = runner.publisher
         if pub is not None:
-            ev = CounterMetricFamily("agentkv:kv_event_batches", "KV event batches, by outcome.",
-                                     labels=[*names, "outcome"])
+            ev = CounterMetricFamily(
+                "agentkv:kv_event_batches", "KV event batches, by outcome.", labels=[*names, "outcome"]
+            )
             ev.add_metric([*vals, "sent"], pub.stats.sent)
             ev.add_metric([*vals, "dropped"], pub.stats.dropped)
             yield ev

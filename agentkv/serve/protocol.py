@@ -24,8 +24,9 @@ _PATH = re.compile(r"at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
 class RequestError(Exception):
     """A request the server refuses: HTTP status, message, offending parameter, OpenAI error type."""
 
-    def __init__(self, message: str, param: str | None = None, status: int = 400,
-                 err_type: str = "BadRequestError") -> None:
+    def __init__(
+        self, message: str, param: str | None = None, status: int = 400, err_type: str = "BadRequestError"
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
@@ -155,8 +156,9 @@ def parse_completion(body: bytes, limits: Limits) -> GenRequest:
         elif not prompt:
             raise RequestError("the prompt is empty", "prompt")
         else:
-            raise RequestError("prompt must be a string, a list of token ids, or a one-element list of either",
-                               "prompt")
+            raise RequestError(
+                "prompt must be a string, a list of token ids, or a one-element list of either", "prompt"
+            )
         _check_ids(ids, limits.vocab_size)
     else:
         ids = _text_ids(prompt)
@@ -171,8 +173,10 @@ def parse_chat(body: bytes, limits: Limits) -> GenRequest:
     if not req.messages:
         raise RequestError("messages must not be empty", "messages")
     if req.add_generation_prompt and req.continue_final_message:
-        raise RequestError("cannot set both continue_final_message and add_generation_prompt to true",
-                           "continue_final_message")
+        raise RequestError(
+            "cannot set both continue_final_message and add_generation_prompt to true",
+            "continue_final_message",
+        )
     rendered = []
     for i, m in enumerate(req.messages):
         if m.role not in ROLES:
@@ -182,8 +186,9 @@ def parse_chat(body: bytes, limits: Limits) -> GenRequest:
             texts = []
             for part in content:
                 if part.type != "text" or part.text is None:
-                    raise RequestError(f"messages[{i}]: only content parts of type 'text' are supported",
-                                       "messages")
+                    raise RequestError(
+                        f"messages[{i}]: only content parts of type 'text' are supported", "messages"
+                    )
                 texts.append(part.text)
             content = "\n".join(texts)
         rendered.append({"role": m.role, "content": content, "name": m.name, "tool_calls": m.tool_calls})
@@ -221,8 +226,14 @@ def check_cache_salt(salt: str | None) -> None:
         raise RequestError("cache_salt must not contain '@', '/', '\\' or NUL", "cache_salt")
 
 
-def _finish(req: _Common, kind: Literal["completion", "chat"], ids: list[int], max_tokens: int | None,
-            default_tokens: int, limits: Limits) -> GenRequest:
+def _finish(
+    req: _Common,
+    kind: Literal["completion", "chat"],
+    ids: list[int],
+    max_tokens: int | None,
+    default_tokens: int,
+    limits: Limits,
+) -> GenRequest:
     """Checks both endpoints share (model, n, stream options, salt, lengths); the GenRequest."""
     model = limits.served_names[0]
     if req.model is not None and req.model not in limits.served_names:
@@ -238,19 +249,32 @@ def _finish(req: _Common, kind: Literal["completion", "chat"], ids: list[int], m
     n_prompt = len(ids)
     max_len = limits.max_model_len
     if n_prompt >= max_len:
-        raise RequestError(f"This model's maximum context length is {max_len} tokens. However, your request "
-                           f"has {n_prompt} input tokens. Please reduce the length of the input.", "prompt")
+        raise RequestError(
+            f"This model's maximum context length is {max_len} tokens. However, your request "
+            f"has {n_prompt} input tokens. Please reduce the length of the input.",
+            "prompt",
+        )
     if max_tokens is None:
         max_tokens = min(default_tokens, max_len - n_prompt)
     elif max_tokens < 1:
         raise RequestError(f"max_tokens must be at least 1, got {max_tokens}.", "max_tokens")
     elif n_prompt + max_tokens > max_len:
-        raise RequestError(f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
-                           f"maximum context length is {max_len} tokens and your request has {n_prompt} input "
-                           f"tokens ({max_tokens} > {max_len} - {n_prompt}).", "max_tokens")
+        raise RequestError(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's "
+            f"maximum context length is {max_len} tokens and your request has {n_prompt} input "
+            f"tokens ({max_tokens} > {max_len} - {n_prompt}).",
+            "max_tokens",
+        )
     opts = req.stream_options
     session = None if req.session_id is None else str(req.session_id)
-    return GenRequest(kind, model, ids, max_tokens, stream,
-                      include_usage=bool(opts and opts.include_usage),
-                      continuous_usage=bool(opts and opts.continuous_usage_stats),
-                      cache_salt=req.cache_salt, session_id=session)
+    return GenRequest(
+        kind,
+        model,
+        ids,
+        max_tokens,
+        stream,
+        include_usage=bool(opts and opts.include_usage),
+        continuous_usage=bool(opts and opts.continuous_usage_stats),
+        cache_salt=req.cache_salt,
+        session_id=session,
+    )

@@ -15,8 +15,12 @@ DONE = b"data: [DONE]\n\n"
 
 def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None) -> dict:
     """OpenAI usage, with `prompt_tokens_details.cached_tokens` (vLLM: prefix-cache hits)."""
-    u = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-         "completion_tokens": completion_tokens, "prompt_tokens_details": None}
+    u = {
+        "prompt_tokens": prompt_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "completion_tokens": completion_tokens,
+        "prompt_tokens_details": None,
+    }
     if cached_tokens is not None:
         u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return u
@@ -41,8 +45,10 @@ class ChunkWriter:
         self.chat = gen.kind == "chat"
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         created = int(time.time()) if created is None else created
-        self.head = (f'data: {{"id":"{request_id}","object":"{obj}","created":{created},'
-                     f'"model":{_enc.encode(gen.model).decode()},"choices":[').encode()
+        self.head = (
+            f'data: {{"id":"{request_id}","object":"{obj}","created":{created},'
+            f'"model":{_enc.encode(gen.model).decode()},"choices":['
+        ).encode()
         self._role_sent = False
         self.prompt_tokens = len(gen.prompt_ids)
         self.continuous = gen.continuous_usage
@@ -58,30 +64,65 @@ class ChunkWriter:
             out = b""
             if not self._role_sent:
                 self._role_sent = True
-                out = (self.head + b'{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
-                       b'"finish_reason":null}' + tail)
-            return (out + self.head + b'{"index":0,"delta":{"content":' + text + b'},"logprobs":null,'
-                    b'"finish_reason":' + fin + b"}" + tail)
-        return (self.head + b'{"index":0,"text":' + text + b',"logprobs":null,"finish_reason":' + fin
-                + b',"stop_reason":null}' + tail)
+                out = (
+                    self.head + b'{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,'
+                    b'"finish_reason":null}' + tail
+                )
+            return (
+                out + self.head + b'{"index":0,"delta":{"content":' + text + b'},"logprobs":null,'
+                b'"finish_reason":' + fin + b"}" + tail
+            )
+        return (
+            self.head
+            + b'{"index":0,"text":'
+            + text
+            + b',"logprobs":null,"finish_reason":'
+            + fin
+            + b',"stop_reason":null}'
+            + tail
+        )
 
     def usage_chunk(self, completion_tokens: int, cached_tokens: int) -> bytes:
         """The final chunk of `stream_options.include_usage`: no choices, the usage."""
-        return self.head + b'],"usage":' + _enc.encode(usage(self.prompt_tokens, completion_tokens,
-                                                             cached_tokens)) + b"}\n\n"
+        return (
+            self.head
+            + b'],"usage":'
+            + _enc.encode(usage(self.prompt_tokens, completion_tokens, cached_tokens))
+            + b"}\n\n"
+        )
 
 
-def full_response(request_id: str, gen: GenRequest, n_out: int, cached_tokens: int,
-                  finish_reason: str = "length") -> bytes:
+def full_response(
+    request_id: str, gen: GenRequest, n_out: int, cached_tokens: int, finish_reason: str = "length"
+) -> bytes:
     """The non-streaming body of a completion or chat completion."""
     text = text_of(0, n_out)
     if gen.kind == "chat":
-        choice = {"index": 0, "message": {"role": "assistant", "content": text, "tool_calls": []},
-                  "logprobs": None, "finish_reason": finish_reason, "stop_reason": None}
+        choice = {
+            "index": 0,
+            "message": {"role": "assistant", "content": text, "tool_calls": []},
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+        }
         obj = "chat.completion"
     else:
-        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason,
-                  "stop_reason": None, "prompt_logprobs": None}
+        choice = {
+            "index": 0,
+            "text": text,
+            "logprobs": None,
+            "finish_reason": finish_reason,
+            "stop_reason": None,
+            "prompt_logprobs": None,
+        }
         obj = "text_completion"
-    return _enc.encode({"id": request_id, "object": obj, "created": int(time.time()), "model": gen.model,
-                        "choices": [choice], "usage": usage(len(gen.prompt_ids), n_out, cached_tokens)})
+    return _enc.encode(
+        {
+            "id": request_id,
+            "object": obj,
+            "created": int(time.time()),
+            "model": gen.model,
+            "choices": [choice],
+            "usage": usage(len(gen.prompt_ids), n_out, cached_tokens),
+        }
+    )

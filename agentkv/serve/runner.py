@@ -74,17 +74,23 @@ class RequestStream:
 class EngineRunner:
     """Owns one Engine on a real-time timeline; `submit` / `abort` from handlers, `start` / `stop` the loop."""
 
-    def __init__(self, config: EngineConfig, *, time_scale: float = 1.0,
-                 publisher: ZmqEventPublisher | None = None,
-                 on_step: Callable[[StepResult, list[float]], None] | None = None,
-                 on_finish: Callable[[EngineRequest, str], None] | None = None) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        *,
+        time_scale: float = 1.0,
+        publisher: ZmqEventPublisher | None = None,
+        on_step: Callable[[StepResult, list[float]], None] | None = None,
+        on_finish: Callable[[EngineRequest, str], None] | None = None,
+    ) -> None:
         self.real = RealClock(time_scale)
         self.clock = VirtualClock(self.real.now())
         self.publisher = publisher
         self._events: list[KVEvent] = []
         self._itl: list[float] = []
-        self.engine = Engine(config, self.clock, on_event=self._events.append if publisher else None,
-                             itl_sink=self._itl)
+        self.engine = Engine(
+            config, self.clock, on_event=self._events.append if publisher else None, itl_sink=self._itl
+        )
         self.on_step = on_step
         self.on_finish = on_finish
         self.slack = SLACK_WALL_S * time_scale
@@ -102,8 +108,13 @@ class EngineRunner:
         if gen.session_id is not None:  # a hint for session-aware eviction policies
             self.engine.pool.session_resumed(gen.session_id, self.clock.now())
         stream.engine_req = self.engine.add_request(
-            request_id, max_tokens=gen.max_tokens, token_ids=gen.prompt_ids, cache_salt=gen.cache_salt,
-            session_id=gen.session_id, user_data=stream)
+            request_id,
+            max_tokens=gen.max_tokens,
+            token_ids=gen.prompt_ids,
+            cache_salt=gen.cache_salt,
+            session_id=gen.session_id,
+            user_data=stream,
+        )
         self.streams[request_id] = stream
         self._wake.set()
         return stream

@@ -101,12 +101,15 @@ class SimResult:
 
 
 def _max_len_for(traces: Sequence[Trace]) -> int:
-    return max((r.input_tokens + max(1, r.output_tokens) for t in traces for s in t.sessions()
-                for r in s.requests), default=1)
+    return max(
+        (r.input_tokens + max(1, r.output_tokens) for t in traces for s in t.sessions() for r in s.requests),
+        default=1,
+    )
 
 
-def simulate(traces: Sequence[Trace], cfg: SimConfig,
-             progress: Callable[[int, int], None] | None = None) -> SimResult:
+def simulate(
+    traces: Sequence[Trace], cfg: SimConfig, progress: Callable[[int, int], None] | None = None
+) -> SimResult:
     """Replay `traces` on `cfg.workers` simulated engines; returns records and the summary."""
     wall0 = time.perf_counter()
     notes: list[str] = []
@@ -115,14 +118,24 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
     if probe is not None:
         need = _max_len_for(traces)
         if need > probe.max_model_len:
-            notes.append(f"max_model_len raised from the model's {probe.max_model_len} to {need} "
-                         "so that every trace request fits (pass --max-model-len to cap it)")
+            notes.append(
+                f"max_model_len raised from the model's {probe.max_model_len} to {need} "
+                "so that every trace request fits (pass --max-model-len to cap it)"
+            )
             ecfg = EngineConfig(**{**asdict(ecfg), "max_model_len": need})
     itl: list[float] = []
     workers = [SimWorker(i, Engine(ecfg, itl_sink=itl)) for i in range(cfg.workers)]
-    policy = make_policy(cfg.router, seed=cfg.seed, **({"weight": cfg.kv_weight} if cfg.router == "kv_aware" else {}))
-    plan = ReplayPlan(traces, lanes=cfg.lanes, seed=cfg.seed, warm_start=cfg.warm_start,
-                      idle_gap_cap=cfg.idle_gap_cap, max_requests=cfg.max_requests)
+    policy = make_policy(
+        cfg.router, seed=cfg.seed, **({"weight": cfg.kv_weight} if cfg.router == "kv_aware" else {})
+    )
+    plan = ReplayPlan(
+        traces,
+        lanes=cfg.lanes,
+        seed=cfg.seed,
+        warm_start=cfg.warm_start,
+        idle_gap_cap=cfg.idle_gap_cap,
+        max_requests=cfg.max_requests,
+    )
     bs = ecfg.block_size
     ceiling = CeilingTracker()
     records: list[RequestRecord] = []
@@ -194,11 +207,26 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
         ceil_tok = ceiling.hit_tokens(tkey, r.hash_ids, r.input_tokens, item.trace.block_size)
         out_tokens = max(1, r.output_tokens)
         if r.input_tokens + out_tokens > max_len or r.input_tokens < 1:
-            records.append(RequestRecord(
-                id=item.id, trace=item.trace.id, session=item.session_key, tree=item.tree_key, lane=item.lane,
-                depth=item.depth, index=item.index, scheduled=d.due, sent=d.due, end=now, e2e=now - d.due,
-                input_tokens=r.input_tokens, expected_output_tokens=out_tokens, ceiling_tokens=ceil_tok,
-                ok=False, error="context_overflow" if r.input_tokens >= 1 else "empty_prompt"))
+            records.append(
+                RequestRecord(
+                    id=item.id,
+                    trace=item.trace.id,
+                    session=item.session_key,
+                    tree=item.tree_key,
+                    lane=item.lane,
+                    depth=item.depth,
+                    index=item.index,
+                    scheduled=d.due,
+                    sent=d.due,
+                    end=now,
+                    e2e=now - d.due,
+                    input_tokens=r.input_tokens,
+                    expected_output_tokens=out_tokens,
+                    ceiling_tokens=ceil_tok,
+                    ok=False,
+                    error="context_overflow" if r.input_tokens >= 1 else "empty_prompt",
+                )
+            )
             plan.complete(item.id, now, False)
             return
         key_array = chain_keys(tkey, r.hash_ids, item.trace.block_size, bs, r.input_tokens)
@@ -206,8 +234,15 @@ def simulate(traces: Sequence[Trace], cfg: SimConfig,
         i = policy.choose(RouteRequest(keys, r.input_tokens, item.tree_key, bs), workers)
         w = workers[i]
         rid = str(item.id)
-        w.engine.add_request(rid, max_tokens=out_tokens, prompt_len=r.input_tokens, block_hashes=keys,
-                             session_id=item.tree_key, arrival=now, hash_array=key_array)
+        w.engine.add_request(
+            rid,
+            max_tokens=out_tokens,
+            prompt_len=r.input_tokens,
+            block_hashes=keys,
+            session_id=item.tree_key,
+            arrival=now,
+            hash_array=key_array,
+        )
         dispatched[rid] = (d, i, ceil_tok)
         if w.burst is not None:
             cut_burst(w, now)
@@ -249,21 +284,44 @@ def _record(d: Dispatch, req, worker: int, ceil_tok: int) -> RequestRecord:
     ft, end = req.first_token, req.finished_at
     cached = {"GPU": req.num_cached_tokens, **req.lower_tier_tokens}
     return RequestRecord(
-        id=item.id, trace=item.trace.id, session=item.session_key, tree=item.tree_key, lane=item.lane,
-        depth=item.depth, index=item.index, worker=str(worker), scheduled=d.due, sent=d.due,
-        first_token=ft, end=end, ttft=ft - d.due, e2e=end - d.due,
+        id=item.id,
+        trace=item.trace.id,
+        session=item.session_key,
+        tree=item.tree_key,
+        lane=item.lane,
+        depth=item.depth,
+        index=item.index,
+        worker=str(worker),
+        scheduled=d.due,
+        sent=d.due,
+        first_token=ft,
+        end=end,
+        ttft=ft - d.due,
+        e2e=end - d.due,
         tpot=(end - ft) / (req.num_output - 1) if req.num_output > 1 else None,
         itl_max=req.itl_max if req.num_output > 1 else None,
-        input_tokens=req.prompt_len, output_tokens=req.num_output, expected_output_tokens=req.max_tokens,
-        cached_tokens=req.num_cached_tokens + sum(req.lower_tier_tokens.values()), cached_by_tier=cached,
-        ceiling_tokens=ceil_tok, queue_s=(req.first_scheduled - req.arrival) if req.first_scheduled else None,
-        preemptions=req.num_preemptions, recorded_api_time=r.api_time, recorded_ttft=r.ttft)
+        input_tokens=req.prompt_len,
+        output_tokens=req.num_output,
+        expected_output_tokens=req.max_tokens,
+        cached_tokens=req.num_cached_tokens + sum(req.lower_tier_tokens.values()),
+        cached_by_tier=cached,
+        ceiling_tokens=ceil_tok,
+        queue_s=(req.first_scheduled - req.arrival) if req.first_scheduled else None,
+        preemptions=req.num_preemptions,
+        recorded_api_time=r.api_time,
+        recorded_ttft=r.ttft,
+    )
 
 
 def _sample(t: float, plan: ReplayPlan, workers: list[SimWorker]) -> Sample:
     usage = sum(w.engine.kv_usage for w in workers) / len(workers)
-    return Sample(t, plan.in_flight, usage, sum(w.engine.num_running for w in workers),
-                  sum(w.engine.num_waiting for w in workers))
+    return Sample(
+        t,
+        plan.in_flight,
+        usage,
+        sum(w.engine.num_running for w in workers),
+        sum(w.engine.num_waiting for w in workers),
+    )
 
 
 def _summarize(records, cfg: SimConfig, ecfg: EngineConfig, workers, timeline, itl, notes) -> Summary:
@@ -276,14 +334,31 @@ def _summarize(records, cfg: SimConfig, ecfg: EngineConfig, workers, timeline, i
             by_tier[tier] = by_tier.get(tier, 0) + n
     by_tier = {k: v / ok_in for k, v in by_tier.items()}
     gpu = get_gpu(ecfg.gpu)
-    config = {"engine": asdict(ecfg), "workers": cfg.workers, "lanes": cfg.lanes, "router": cfg.router,
-              "kv_weight": cfg.kv_weight if cfg.router == "kv_aware" else None,
-              "seed": cfg.seed, "warm_start": cfg.warm_start, "idle_gap_cap": cfg.idle_gap_cap,
-              "max_requests": cfg.max_requests, "duration": cfg.duration,
-              "num_gpu_blocks": workers[0].engine.num_gpu_blocks}
+    config = {
+        "engine": asdict(ecfg),
+        "workers": cfg.workers,
+        "lanes": cfg.lanes,
+        "router": cfg.router,
+        "kv_weight": cfg.kv_weight if cfg.router == "kv_aware" else None,
+        "seed": cfg.seed,
+        "warm_start": cfg.warm_start,
+        "idle_gap_cap": cfg.idle_gap_cap,
+        "max_requests": cfg.max_requests,
+        "duration": cfg.duration,
+        "num_gpu_blocks": workers[0].engine.num_gpu_blocks,
+    }
     target = f"simulated {cfg.workers}x {gpu.name} (tp={ecfg.tensor_parallel_size}) {ecfg.model}"
     return summarize(
-        records, kind="simulate", target=target, config=config, itl_values=itl,
-        metrics_hit_rate=hits / queries if queries else None, timeline=timeline,
-        gpus=cfg.workers * ecfg.tensor_parallel_size, power_w=gpu.power_w,
-        preemptions=sum(w.engine.scheduler.num_preemptions for w in workers), by_tier=by_tier, notes=notes)
+        records,
+        kind="simulate",
+        target=target,
+        config=config,
+        itl_values=itl,
+        metrics_hit_rate=hits / queries if queries else None,
+        timeline=timeline,
+        gpus=cfg.workers * ecfg.tensor_parallel_size,
+        power_w=gpu.power_w,
+        preemptions=sum(w.engine.scheduler.num_preemptions for w in workers),
+        by_tier=by_tier,
+        notes=notes,
+    )

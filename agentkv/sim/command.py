@@ -36,11 +36,23 @@ def sim_config_from_args(args: argparse.Namespace) -> SimConfig:
         raise UserError("--workers and --lanes must be >= 1")
     if not args.kv_weight >= 0:
         raise UserError(f"--kv-weight must be >= 0, got {args.kv_weight}")
-    cap = None if str(args.idle_gap_cap).lower() in ("none", "off") else parse_duration(args.idle_gap_cap, "--idle-gap-cap")
+    cap = (
+        None
+        if str(args.idle_gap_cap).lower() in ("none", "off")
+        else parse_duration(args.idle_gap_cap, "--idle-gap-cap")
+    )
     return SimConfig(
-        engine=engine_config_from_args(args), workers=args.workers, lanes=args.lanes, router=args.router,
-        kv_weight=args.kv_weight, seed=args.seed, warm_start=args.warm_start, idle_gap_cap=cap, max_requests=args.max_requests,
-        duration=parse_duration(args.duration, "--duration") if args.duration else None)
+        engine=engine_config_from_args(args),
+        workers=args.workers,
+        lanes=args.lanes,
+        router=args.router,
+        kv_weight=args.kv_weight,
+        seed=args.seed,
+        warm_start=args.warm_start,
+        idle_gap_cap=cap,
+        max_requests=args.max_requests,
+        duration=parse_duration(args.duration, "--duration") if args.duration else None,
+    )
 
 
 def parse_sweep(specs: list[str], args: argparse.Namespace) -> list[dict[str, str]]:
@@ -52,10 +64,15 @@ def parse_sweep(specs: list[str], args: argparse.Namespace) -> list[dict[str, st
         if not sep or not vals:
             raise UserError(f"--sweep: expected KEY=V1,V2,..., got {spec!r}")
         if not hasattr(args, key) or key in ("sweep", "paths", "func", "out", "json", "format", "quiet"):
-            raise UserError(f"--sweep: unknown setting '{key}' (use a simulate flag name, e.g. lanes, "
-                            "cpu_offload, gpu_memory_utilization, router, gpu)")
+            raise UserError(
+                f"--sweep: unknown setting '{key}' (use a simulate flag name, e.g. lanes, "
+                "cpu_offload, gpu_memory_utilization, router, gpu)"
+            )
         axes.append((key, [v.strip() for v in vals.split(",") if v.strip()]))
-    return [dict(zip([k for k, _ in axes], combo, strict=True)) for combo in itertools.product(*[v for _, v in axes])]
+    return [
+        dict(zip([k for k, _ in axes], combo, strict=True))
+        for combo in itertools.product(*[v for _, v in axes])
+    ]
 
 
 def _apply(args: argparse.Namespace, overrides: dict[str, str]) -> argparse.Namespace:
@@ -98,8 +115,14 @@ def simulate_command(args: argparse.Namespace) -> int:
     if args.quiet or not sys.stderr.isatty():
         res = simulate(traces, cfg)
     else:
-        with Progress(TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as bar:
+        with Progress(
+            TextColumn("simulating"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=console,
+            transient=True,
+        ) as bar:
             task = bar.add_task("sim", total=None)
             res = simulate(traces, cfg, progress=lambda d, t: bar.update(task, completed=d, total=t))
     if args.out:
@@ -108,9 +131,11 @@ def simulate_command(args: argparse.Namespace) -> int:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(res.summary), indent=2).decode() + "\n")
     else:
         print_summary(res.summary, Console())
-        Console().print(f"[dim]simulated {res.sim_s:,.0f} s in {res.wall_s:,.1f} s of wall time "
-                        f"({res.sim_s / max(res.wall_s, 1e-9):,.0f}x real time, "
-                        f"{len(res.records) / max(res.wall_s, 1e-9):,.0f} requests per wall second)[/dim]")
+        Console().print(
+            f"[dim]simulated {res.sim_s:,.0f} s in {res.wall_s:,.1f} s of wall time "
+            f"({res.sim_s / max(res.wall_s, 1e-9):,.0f}x real time, "
+            f"{len(res.records) / max(res.wall_s, 1e-9):,.0f} requests per wall second)[/dim]"
+        )
     return 0
 
 
@@ -135,15 +160,32 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
     keys = list(grid[0])
     for k in keys:
         table.add_column(k)
-    for col in ("TTFT p50", "TTFT p99", "TPOT p50", "hit rate", "CPU hits", "out tok/s", "out tok/s/GPU",
-                "preempt", "failed"):
+    for col in (
+        "TTFT p50",
+        "TTFT p99",
+        "TPOT p50",
+        "hit rate",
+        "CPU hits",
+        "out tok/s",
+        "out tok/s/GPU",
+        "preempt",
+        "failed",
+    ):
         table.add_column(col, justify="right")
     for overrides, s, _, _ in results:
         tp = s.throughput
-        table.add_row(*[overrides[k] for k in keys], ms(s.ttft.p50), ms(s.ttft.p99), ms(s.tpot.p50),
-                      pct(s.cache.reported), pct(s.cache.by_tier.get("CPU")),
-                      num(tp.output_tokens_per_s if tp else None),
-                      num(tp.output_tokens_per_s_per_gpu if tp else None), f"{s.preemptions:,}", f"{s.failed:,}")
+        table.add_row(
+            *[overrides[k] for k in keys],
+            ms(s.ttft.p50),
+            ms(s.ttft.p99),
+            ms(s.tpot.p50),
+            pct(s.cache.reported),
+            pct(s.cache.by_tier.get("CPU")),
+            num(tp.output_tokens_per_s if tp else None),
+            num(tp.output_tokens_per_s_per_gpu if tp else None),
+            f"{s.preemptions:,}",
+            f"{s.failed:,}",
+        )
     if args.json:
         out = [{"overrides": o, "summary": msgspec.to_builtins(s)} for o, s, _, _ in results]
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
@@ -156,4 +198,3 @@ def _sweep(args: argparse.Namespace, console: Console) -> int:
             name = "-".join(f"{k}={v}" for k, v in overrides.items()).replace("/", "_") or str(i)
             write_summary(s, out / f"summary-{name}.json")
     return 0
-

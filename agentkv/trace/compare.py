@@ -63,12 +63,15 @@ def rows(real: Totals, synth: Totals) -> list[Row]:
 
 def markdown(table: list[Row]) -> str:
     """The rows as a Markdown table."""
+
     def fmt(x: float) -> str:
         return f"{x:.4f}" if abs(x) < 1 else f"{x:,.1f}" if abs(x) < 100 else f"{x:,.0f}"
 
     lines = ["| statistic | real | synthetic | tolerance | within |", "|---|---:|---:|---:|:---:|"]
-    lines += [f"| {r.name} | {fmt(r.real)} | {fmt(r.synth)} | {r.tolerance} | {'yes' if r.ok else 'NO'} |"
-              for r in table]
+    lines += [
+        f"| {r.name} | {fmt(r.real)} | {fmt(r.synth)} | {r.tolerance} | {'yes' if r.ok else 'NO'} |"
+        for r in table
+    ]
     return "\n".join(lines)
 
 
@@ -85,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     real = compute(load_paths(args.paths)).total
     synth = compute(synthesize(args.sessions, args.seed)).total
     table = rows(real, synth)
-    print(f"real: {real.traces} traces, {real.requests} requests; synthetic: {synth.traces} sessions "
-          f"(seed {args.seed}), {synth.requests} requests\n")
+    print(
+        f"real: {real.traces} traces, {real.requests} requests; synthetic: {synth.traces} sessions "
+        f"(seed {args.seed}), {synth.requests} requests\n"
+    )
     print(markdown(table))
     return 0 if all(r.ok for r in table) else 1
 

@@ -64,7 +64,9 @@ class Session(msgspec.Struct, kw_only=True):
     tool_tokens: int = 0
     duration: float | None = None  # recorded duration of a sub-agent (s), when known
     total_tokens: int | None = None  # a sub-agent's reported token total (AgentX `total_tokens`), when known
-    tool_use_count: int | None = None  # a sub-agent's reported tool calls (AgentX `tool_use_count`), when known
+    tool_use_count: int | None = (
+        None  # a sub-agent's reported tool calls (AgentX `tool_use_count`), when known
+    )
 
     def walk(self, offset: float = 0.0, depth: int = 0) -> Iterator[tuple[float, int, Session]]:
         """Yield (absolute start, depth, session) for this session and every descendant."""

@@ -74,7 +74,9 @@ class _Info:
                 self.loose.append((c, scale * max(0.0, sub.t)))
             else:
                 a = rs[j]
-                self.anchored.setdefault(j, []).append((c, scale * max(0.0, sub.t - a.t - (a.api_time or 0.0))))
+                self.anchored.setdefault(j, []).append(
+                    (c, scale * max(0.0, sub.t - a.t - (a.api_time or 0.0)))
+                )
             end = sub.t + _length(sub)
             gate = next((i for i in range(j + 1, len(rs)) if rs[i].t >= end), None)
             if gate is not None and _sends(sub):  # a sub-agent that sends nothing holds nothing up
@@ -108,13 +110,45 @@ class _Tree:
 class _Run:
     """One live session: at most one request armed or in flight, plus its sub-agents' state."""
 
-    __slots__ = ("tree", "session", "info", "parent", "cidx", "depth", "key", "next", "n", "busy",
-                 "live", "cdone", "waiting", "gkey", "hkey", "hseq", "started", "resumed")
+    __slots__ = (
+        "tree",
+        "session",
+        "info",
+        "parent",
+        "cidx",
+        "depth",
+        "key",
+        "next",
+        "n",
+        "busy",
+        "live",
+        "cdone",
+        "waiting",
+        "gkey",
+        "hkey",
+        "hseq",
+        "started",
+        "resumed",
+    )
 
-    def __init__(self, tree: _Tree, session: Session, info: _Info, parent: _Run | None, cidx: int,
-                 depth: int, skip: int = 0):
+    def __init__(
+        self,
+        tree: _Tree,
+        session: Session,
+        info: _Info,
+        parent: _Run | None,
+        cidx: int,
+        depth: int,
+        skip: int = 0,
+    ):
         self.tree, self.session, self.info, self.parent, self.cidx, self.depth = (
-            tree, session, info, parent, cidx, depth)
+            tree,
+            session,
+            info,
+            parent,
+            cidx,
+            depth,
+        )
         self.key = f"{session.id}#{tree.replay}"
         self.next, self.n, self.busy = skip, len(session.requests), False
         # a warm-start skip drops the sub-agents anchored to skipped requests (or to the start)
@@ -148,7 +182,9 @@ def _check(name: str, v: float | None, lo: float, *, allow_none: bool = True, st
         return
     bad = v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v)
     if bad or v < lo or (strict and v == lo):
-        raise UserError(f"replay plan: {name} must be a finite number {'>' if strict else '>='} {lo}, got {v!r}")
+        raise UserError(
+            f"replay plan: {name} must be a finite number {'>' if strict else '>='} {lo}, got {v!r}"
+        )
 
 
 class ReplayPlan:
@@ -157,14 +193,25 @@ class ReplayPlan:
     Times are whatever clock the driver uses (seconds). The plan never reads a clock itself.
     """
 
-    def __init__(self, traces: Iterable[Trace], *, lanes: int = 16, seed: int = 0, shuffle: bool = False,
-                 cycle: bool = False, max_requests: int | None = None, warm_start: bool = False,
-                 idle_gap_cap: float | None = 10.0, lane_idle_gap_cap: float | None = None,
-                 time_scale: float = 1.0):
+    def __init__(
+        self,
+        traces: Iterable[Trace],
+        *,
+        lanes: int = 16,
+        seed: int = 0,
+        shuffle: bool = False,
+        cycle: bool = False,
+        max_requests: int | None = None,
+        warm_start: bool = False,
+        idle_gap_cap: float | None = 10.0,
+        lane_idle_gap_cap: float | None = None,
+        time_scale: float = 1.0,
+    ):
         if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
             raise UserError(f"replay plan: lanes must be an integer >= 1, got {lanes!r}")
-        if max_requests is not None and (isinstance(max_requests, bool) or not isinstance(max_requests, int)
-                                         or max_requests < 1):
+        if max_requests is not None and (
+            isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1
+        ):
             raise UserError(f"replay plan: max_requests must be an integer >= 1, got {max_requests!r}")
         _check("idle_gap_cap", idle_gap_cap, 0.0)
         _check("lane_idle_gap_cap", lane_idle_gap_cap, 0.0)
@@ -173,14 +220,20 @@ class ReplayPlan:
         stamped: list[Trace] = []
         for t in traces:
             if t.replay not in ("session", "timestamp"):
-                raise UserError(f"{t.source or t.id}: trace {t.id}: replay must be 'session' or "
-                                f"'timestamp', got {t.replay!r}")
+                raise UserError(
+                    f"{t.source or t.id}: trace {t.id}: replay must be 'session' or "
+                    f"'timestamp', got {t.replay!r}"
+                )
             if t.num_requests:
                 (stamped if t.replay == "timestamp" else self.traces).append(t)
         if not self.traces and not stamped:
             raise UserError("replay plan: the traces hold no requests to replay")
         self.lanes, self.cycle, self.max_requests, self.warm_start = lanes, cycle, max_requests, warm_start
-        self.idle_gap_cap, self.lane_idle_gap_cap, self.time_scale = idle_gap_cap, lane_idle_gap_cap, time_scale
+        self.idle_gap_cap, self.lane_idle_gap_cap, self.time_scale = (
+            idle_gap_cap,
+            lane_idle_gap_cap,
+            time_scale,
+        )
         self._order_rng = random.Random(f"agentkv-plan-order-{seed}")
         self._warm_rng = random.Random(f"agentkv-plan-warm-{seed}")
         self._shuffle = shuffle
@@ -240,8 +293,19 @@ class ReplayPlan:
             else:
                 i, tree = obj.next, obj.tree
                 obj.next, obj.busy = i + 1, True
-                item = PlanItem(self.released, tree.lane, tree.trace, tree.replay, obj.session,
-                                obj.session.requests[i], i, obj.depth, obj.key, tree.key, obj.resumed)
+                item = PlanItem(
+                    self.released,
+                    tree.lane,
+                    tree.trace,
+                    tree.replay,
+                    obj.session,
+                    obj.session.requests[i],
+                    i,
+                    obj.depth,
+                    obj.key,
+                    tree.key,
+                    obj.resumed,
+                )
                 obj.resumed = False
                 tree.inflight += 1
             inflight[item.id] = obj
@@ -406,8 +470,14 @@ class ReplayPlan:
             self._offset += due - now - self.idle_gap_cap
 
 
-def simulate_schedule(plan: ReplayPlan, service_time: Callable[[PlanItem], float], *, start: float = 0.0,
-                      until: float | None = None, ok: Callable[[PlanItem], bool] | None = None) -> list[Span]:
+def simulate_schedule(
+    plan: ReplayPlan,
+    service_time: Callable[[PlanItem], float],
+    *,
+    start: float = 0.0,
+    until: float | None = None,
+    ok: Callable[[PlanItem], bool] | None = None,
+) -> list[Span]:
     """Run `plan` on a virtual clock where each item takes `service_time(item)` with no queueing.
 
     The reference driver: returns every released item with its (start, end), in release order.

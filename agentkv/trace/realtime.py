@@ -14,8 +14,13 @@ from collections.abc import Awaitable, Callable
 from agentkv.trace.plan import Dispatch, ReplayPlan
 
 
-async def drive(plan: ReplayPlan, send: Callable[[Dispatch], Awaitable[bool]], *,
-                clock: Callable[[], float] = time.monotonic, until: float | None = None) -> None:
+async def drive(
+    plan: ReplayPlan,
+    send: Callable[[Dispatch], Awaitable[bool]],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    until: float | None = None,
+) -> None:
     """Run `plan` to completion: `await send(dispatch)` for each item at its due time.
 
     `send` returns True on success; False or an exception marks the item failed (the session still

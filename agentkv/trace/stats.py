@@ -116,7 +116,9 @@ def cache_hits(requests: Sequence[Request], block_size: int) -> np.ndarray:
         ids = np.fromiter(itertools.chain.from_iterable(r.hash_ids for r in requests), np.int64, total)
     except OverflowError:  # ids past 2**63 (unsigned 64-bit hashes): renumber them in first-seen order
         index: dict[int, int] = {}
-        ids = np.fromiter((index.setdefault(h, len(index)) for r in requests for h in r.hash_ids), np.int64, total)
+        ids = np.fromiter(
+            (index.setdefault(h, len(index)) for r in requests for h in r.hash_ids), np.int64, total
+        )
     top = int(ids.max())
     if top > 8 * total + (1 << 20):  # sparse ids (e.g. 64-bit hashes): renumber densely first
         ids = np.unique(ids, return_inverse=True)[1].astype(np.int64)
@@ -149,10 +151,20 @@ def trace_hits(traces: Sequence[Trace]) -> list[int]:
     for members in shared.values():
         sizes = {traces[i].block_size for i in members}
         if len(sizes) > 1:
-            raise TraceError(traces[members[0]].source, None, "block_size",
-                             f"traces sharing global hash ids disagree on block size: {sorted(sizes)}")
-        merged = sorted(((x.time, k, j, x.request) for k, i in enumerate(members)
-                         for j, x in enumerate(traces[i].timeline())), key=lambda e: e[:3])
+            raise TraceError(
+                traces[members[0]].source,
+                None,
+                "block_size",
+                f"traces sharing global hash ids disagree on block size: {sorted(sizes)}",
+            )
+        merged = sorted(
+            (
+                (x.time, k, j, x.request)
+                for k, i in enumerate(members)
+                for j, x in enumerate(traces[i].timeline())
+            ),
+            key=lambda e: e[:3],
+        )
         per_req = cache_hits([e[3] for e in merged], sizes.pop())
         for e, h in zip(merged, per_req.tolist(), strict=True):
             hits[members[e[1]]] += h
@@ -188,16 +200,31 @@ def _trace_stats(tr: Trace, hit_tokens: int) -> tuple[TraceStats, _Samples]:
     total_in = int(inputs.sum())
     root = tr.session.requests
     st = TraceStats(
-        id=tr.id, source=tr.source, format=tr.format, block_size=tr.block_size,
-        hash_id_scope=tr.hash_id_scope, requests=len(timeline), sessions=len(sessions),
-        subagents=len(sessions) - 1, root_requests=len(root),
-        side_calls=sum(x.request.kind == "s" for x in timeline), compactions=compactions,
+        id=tr.id,
+        source=tr.source,
+        format=tr.format,
+        block_size=tr.block_size,
+        hash_id_scope=tr.hash_id_scope,
+        requests=len(timeline),
+        sessions=len(sessions),
+        subagents=len(sessions) - 1,
+        root_requests=len(root),
+        side_calls=sum(x.request.kind == "s" for x in timeline),
+        compactions=compactions,
         first_input=root[0].input_tokens if root else 0,
-        input_tokens=total_in, output_tokens=int(outputs.sum()), hit_tokens=hit_tokens,
-        ceiling=hit_tokens / total_in if total_in else 0.0, duration=duration,
-        input=Dist.of(inputs), output=Dist.of(outputs), growth=Dist.of(growth), gap=Dist.of(gaps),
+        input_tokens=total_in,
+        output_tokens=int(outputs.sum()),
+        hit_tokens=hit_tokens,
+        ceiling=hit_tokens / total_in if total_in else 0.0,
+        duration=duration,
+        input=Dist.of(inputs),
+        output=Dist.of(outputs),
+        growth=Dist.of(growth),
+        gap=Dist.of(gaps),
     )
-    return st, _Samples(inputs, outputs, np.asarray(growth, dtype=np.int64), np.asarray(gaps, dtype=np.float64))
+    return st, _Samples(
+        inputs, outputs, np.asarray(growth, dtype=np.int64), np.asarray(gaps, dtype=np.float64)
+    )
 
 
 def compute(traces: Sequence[Trace]) -> StatsReport:
@@ -214,17 +241,30 @@ def compute(traces: Sequence[Trace]) -> StatsReport:
         return sum(getattr(r, field) for r in rows)
 
     total_in, total_hit = total("input_tokens"), total("hit_tokens")
-    return StatsReport(rows, Totals(
-        traces=len(rows), requests=total("requests"), sessions=total("sessions"),
-        subagents=total("subagents"), side_calls=total("side_calls"), compactions=total("compactions"),
-        input_tokens=total_in, output_tokens=total("output_tokens"), hit_tokens=total_hit,
-        ceiling=total_hit / total_in if total_in else 0.0, duration=float(sum(r.duration for r in rows)),
-        input=pool("input"), output=pool("output"), growth=pool("growth"), gap=pool("gap"),
-        requests_per_trace=Dist.of(r.requests for r in rows),
-        root_requests_per_trace=Dist.of(r.root_requests for r in rows),
-        first_input=Dist.of(r.first_input for r in rows if r.root_requests),
-        trace_duration=Dist.of(r.duration for r in rows),
-    ))
+    return StatsReport(
+        rows,
+        Totals(
+            traces=len(rows),
+            requests=total("requests"),
+            sessions=total("sessions"),
+            subagents=total("subagents"),
+            side_calls=total("side_calls"),
+            compactions=total("compactions"),
+            input_tokens=total_in,
+            output_tokens=total("output_tokens"),
+            hit_tokens=total_hit,
+            ceiling=total_hit / total_in if total_in else 0.0,
+            duration=float(sum(r.duration for r in rows)),
+            input=pool("input"),
+            output=pool("output"),
+            growth=pool("growth"),
+            gap=pool("gap"),
+            requests_per_trace=Dist.of(r.requests for r in rows),
+            root_requests_per_trace=Dist.of(r.root_requests for r in rows),
+            first_input=Dist.of(r.first_input for r in rows if r.root_requests),
+            trace_duration=Dist.of(r.duration for r in rows),
+        ),
+    )
 
 
 def ceiling(traces: Sequence[Trace]) -> float:

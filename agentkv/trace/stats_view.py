@@ -16,8 +16,9 @@ def bundled_traces() -> list[Trace]:
 
     files = bundled_sample()
     if not files:
-        raise UserError("no PATH given and no bundled sample in agentkv/data/traces; pass trace files or "
-                        "directories")
+        raise UserError(
+            "no PATH given and no bundled sample in agentkv/data/traces; pass trace files or directories"
+        )
     return load_paths(files)
 
 
@@ -41,8 +42,19 @@ def secs(x: float) -> str:
     return f"{h}h{m:02d}m"
 
 
-_COLS = ("trace", "reqs", "sub", "in p50", "in max", "out p50", "grow p50", "gap p50", "duration",
-         "input", "ceiling")
+_COLS = (
+    "trace",
+    "reqs",
+    "sub",
+    "in p50",
+    "in max",
+    "out p50",
+    "grow p50",
+    "gap p50",
+    "duration",
+    "input",
+    "ceiling",
+)
 
 
 def _p50(d: Dist, fmt=None) -> str:
@@ -51,8 +63,19 @@ def _p50(d: Dist, fmt=None) -> str:
 
 
 def _row(r: TraceStats) -> list[str]:
-    return [r.id, str(r.requests), str(r.subagents), _p50(r.input), num(r.input.max), _p50(r.output),
-            _p50(r.growth), _p50(r.gap, secs), secs(r.duration), num(r.input_tokens), f"{r.ceiling:.4f}"]
+    return [
+        r.id,
+        str(r.requests),
+        str(r.subagents),
+        _p50(r.input),
+        num(r.input.max),
+        _p50(r.output),
+        _p50(r.growth),
+        _p50(r.gap, secs),
+        secs(r.duration),
+        num(r.input_tokens),
+        f"{r.ceiling:.4f}",
+    ]
 
 
 def trace_table(report: StatsReport, top: int = 10) -> Table:
@@ -68,9 +91,20 @@ def trace_table(report: StatsReport, top: int = 10) -> Table:
         t.add_row(f"(+{len(rows) - len(shown)} more)", *[""] * (len(_COLS) - 1))
     tot = report.total
     t.add_section()
-    t.add_row(f"total ({tot.traces})", str(tot.requests), str(tot.subagents), _p50(tot.input),
-              num(tot.input.max), _p50(tot.output), _p50(tot.growth), _p50(tot.gap, secs),
-              secs(tot.duration), num(tot.input_tokens), f"{tot.ceiling:.4f}", style="bold")
+    t.add_row(
+        f"total ({tot.traces})",
+        str(tot.requests),
+        str(tot.subagents),
+        _p50(tot.input),
+        num(tot.input.max),
+        _p50(tot.output),
+        _p50(tot.growth),
+        _p50(tot.gap, secs),
+        secs(tot.duration),
+        num(tot.input_tokens),
+        f"{tot.ceiling:.4f}",
+        style="bold",
+    )
     return t
 
 
@@ -81,18 +115,24 @@ def totals_table(report: StatsReport) -> Table:
     for c in ("quantity", "count", "p50", "p90", "p99", "mean", "max"):
         t.add_column(c, justify="left" if c == "quantity" else "right", no_wrap=True)
     dists: list[tuple[str, Dist, bool]] = [
-        ("input tokens / request", tot.input, False), ("output tokens / request", tot.output, False),
-        ("context growth / turn", tot.growth, False), ("think/tool gap", tot.gap, True),
-        ("first input / trace", tot.first_input, False), ("requests / trace", tot.requests_per_trace, False),
-        ("duration / trace", tot.trace_duration, True)]
+        ("input tokens / request", tot.input, False),
+        ("output tokens / request", tot.output, False),
+        ("context growth / turn", tot.growth, False),
+        ("think/tool gap", tot.gap, True),
+        ("first input / trace", tot.first_input, False),
+        ("requests / trace", tot.requests_per_trace, False),
+        ("duration / trace", tot.trace_duration, True),
+    ]
     for name, d, is_time in dists:
         f = secs if is_time else num
         cells = [f(x) for x in (d.p50, d.p90, d.p99, d.mean, d.max)] if d.count else ["-"] * 5
         t.add_row(name, str(d.count), *cells)
-    t.caption = (f"{tot.traces} traces, {tot.requests} requests, {tot.sessions} sessions "
-                 f"({tot.subagents} sub-agents), {tot.side_calls} side calls, {tot.compactions} compactions, "
-                 f"{num(tot.input_tokens)} input / {num(tot.output_tokens)} output tokens; "
-                 f"prefix-cache hit ceiling {tot.ceiling:.5f}")
+    t.caption = (
+        f"{tot.traces} traces, {tot.requests} requests, {tot.sessions} sessions "
+        f"({tot.subagents} sub-agents), {tot.side_calls} side calls, {tot.compactions} compactions, "
+        f"{num(tot.input_tokens)} input / {num(tot.output_tokens)} output tokens; "
+        f"prefix-cache hit ceiling {tot.ceiling:.5f}"
+    )
     t.caption_justify = "left"
     return t
 

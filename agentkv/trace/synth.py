@@ -88,7 +88,7 @@ class _Ids:
 def _blocks(chain: list[int], keep: int, tokens: int, ids: _Ids, bs: int) -> tuple[list[int], list[int]]:
     """Hash ids of a `tokens`-long input keeping `chain[:keep]`, and the new chain of full blocks."""
     full = tokens // bs
-    kept = chain[:min(keep, full)]
+    kept = chain[: min(keep, full)]
     chain = kept + ids.new(full - len(kept))
     return chain + (ids.new(1) if tokens % bs else []), chain
 
@@ -114,23 +114,38 @@ class _Gen:
     def _stop(self, side_session: bool) -> str:
         u, c = self.rng.random(), self.cfg
         if side_session:
-            return "" if u < c.side_quiet_share else "end_turn" if u < c.side_quiet_share + 0.06 else "tool_use"
-        return "end_turn" if u < c.end_turn_share else "" if u < c.end_turn_share + c.quiet_share else "tool_use"
+            return (
+                "" if u < c.side_quiet_share else "end_turn" if u < c.side_quiet_share + 0.06 else "tool_use"
+            )
+        return (
+            "end_turn" if u < c.end_turn_share else "" if u < c.end_turn_share + c.quiet_share else "tool_use"
+        )
 
     def _gap(self, stop: str, sub: bool) -> float:
         c = self.cfg
         if sub:
             return self._secs(c.sub_gap)
-        return self._secs(c.gap_tool if stop == "tool_use" else c.gap_user if stop == "end_turn" else c.gap_quiet)
+        return self._secs(
+            c.gap_tool if stop == "tool_use" else c.gap_user if stop == "end_turn" else c.gap_quiet
+        )
 
-    def _request(self, t: float, n_in: int, hash_ids: list[int], kind: str, stop: str, gap: float,
-                 after: str) -> Request:
+    def _request(
+        self, t: float, n_in: int, hash_ids: list[int], kind: str, stop: str, gap: float, after: str
+    ) -> Request:
         out = self._tok(self.cfg.side_output if kind == "s" else self.cfg.output)
-        return Request(t=round(t, 3), input_tokens=n_in, output_tokens=out, hash_ids=hash_ids,
-                       think_time=gap, model=self.cfg.model, kind=kind, stop=stop,
-                       api_time=self._api(n_in, out),
-                       input_types=["tool_result"] if after == "tool_use" else ["text"],
-                       output_types=["text", "tool_use"] if stop == "tool_use" else ["text"])
+        return Request(
+            t=round(t, 3),
+            input_tokens=n_in,
+            output_tokens=out,
+            hash_ids=hash_ids,
+            think_time=gap,
+            model=self.cfg.model,
+            kind=kind,
+            stop=stop,
+            api_time=self._api(n_in, out),
+            input_types=["tool_result"] if after == "tool_use" else ["text"],
+            output_types=["text", "tool_use"] if stop == "tool_use" else ["text"],
+        )
 
     def root(self, sid: str) -> Session:
         """The main agent: its turns, compactions, side calls and sub-agent bursts."""
@@ -192,8 +207,9 @@ class _Gen:
             system, tools = self._tok(c.sub_system_tokens), self._tok(c.sub_tool_tokens)
             self.sub_prefix = (system, tools, self.ids.new((system + tools) // c.block_size))
         system, tools, prefix = self.sub_prefix
-        s = Session(id=sid, t=at, agent_type="Explore", status="completed", system_tokens=system,
-                    tool_tokens=tools)
+        s = Session(
+            id=sid, t=at, agent_type="Explore", status="completed", system_tokens=system, tool_tokens=tools
+        )
         n_in, chain, t, gap, after = system + tools + self._tok(c.sub_first_user), prefix, 0.0, 0.0, ""
         turns = min(c.max_turns, self._tok(c.sub_turns, lo=2))
         for k in range(turns):
@@ -248,6 +264,8 @@ def synth_command(args) -> int:
     traces = synthesize(args.sessions, args.seed)
     paths = write_traces(traces, args.output, gz=args.gzip)
     tot = compute(traces).total
-    print(f"wrote {len(paths)} traces to {args.output}: {tot.requests} requests, {tot.subagents} sub-agents, "
-          f"{tot.input_tokens:,} input tokens, prefix-cache hit ceiling {tot.ceiling:.4f}")
+    print(
+        f"wrote {len(paths)} traces to {args.output}: {tot.requests} requests, {tot.subagents} sub-agents, "
+        f"{tot.input_tokens:,} input tokens, prefix-cache hit ceiling {tot.ceiling:.4f}"
+    )
     return 0

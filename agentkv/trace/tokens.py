@@ -68,7 +68,7 @@ def _parse(word: str) -> int:
     """Inverse of `_spell` for a pseudo-word."""
     n = 0
     for i in range(0, len(word), 2):
-        n = n * _BASE + _SYL_INDEX[word[i:i + 2]] + 1
+        n = n * _BASE + _SYL_INDEX[word[i : i + 2]] + 1
     return n - 1
 
 
@@ -86,7 +86,7 @@ def _encode_word(word: str) -> tuple[int, ...]:
             if _PSEUDO.fullmatch(piece):
                 ids.append(_parse(piece))
             else:
-                ids.extend(_hash_piece(piece[i:i + _CHUNK]) for i in range(0, len(piece), _CHUNK))
+                ids.extend(_hash_piece(piece[i : i + _CHUNK]) for i in range(0, len(piece), _CHUNK))
         else:
             ids.append(_hash_piece(piece))
     return tuple(ids)
@@ -171,14 +171,32 @@ def write_hf_tokenizer(directory: str | Path) -> Path:
     vocab = {w: i for i, w in enumerate(words)}
     vocab[UNK] = VOCAB_SIZE
     spec = {
-        "version": "1.0", "truncation": None, "padding": None,
-        "added_tokens": [{"id": VOCAB_SIZE, "content": UNK, "single_word": False, "lstrip": False,
-                          "rstrip": False, "normalized": False, "special": True}],
-        "normalizer": None, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": None,
-        "decoder": None, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": UNK},
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [
+            {
+                "id": VOCAB_SIZE,
+                "content": UNK,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": True,
+            }
+        ],
+        "normalizer": None,
+        "pre_tokenizer": {"type": "WhitespaceSplit"},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": vocab, "unk_token": UNK},
     }
     (out / "tokenizer.json").write_text(json.dumps(spec, separators=(",", ":")), encoding="utf-8")
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "unk_token": UNK, "model_max_length": 1 << 20,
-              "clean_up_tokenization_spaces": False}
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": UNK,
+        "model_max_length": 1 << 20,
+        "clean_up_tokenization_spaces": False,
+    }
     (out / "tokenizer_config.json").write_text(json.dumps(config, indent=1), encoding="utf-8")
     return out

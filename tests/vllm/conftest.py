@@ -41,7 +41,9 @@ SERVERS = {"main": MAIN, "peer": MAIN, "evict": EVICT}
 
 def _servers(item) -> list[str]:
     names = getattr(item, "fixturenames", ())
-    picked = getattr(getattr(item, "callspec", None), "params", {}).get("server") if "server" in names else None
+    picked = (
+        getattr(getattr(item, "callspec", None), "params", {}).get("server") if "server" in names else None
+    )
     return [n for n in SERVERS if f"{n}_server" in names or n == picked]
 
 
@@ -139,8 +141,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         return
     env = STATE.env
     how = "installed now" if env.installed_now else "reused"
-    tr.write_line(f"vLLM suite RAN against vLLM {env.version} (CPU build, {env.python.parent.parent}, {how}; "
-                  f"provisioning {env.provision_s:.0f} s)")
+    tr.write_line(
+        f"vLLM suite RAN against vLLM {env.version} (CPU build, {env.python.parent.parent}, {how}; "
+        f"provisioning {env.provision_s:.0f} s)"
+    )
     if STATE.pool is not None and STATE.pool.started:
         starts = ", ".join(f"{n} {s:.0f} s" for n, s in STATE.pool.started)
         tr.write_line(f"servers started: {starts}; suite wall time {time.monotonic() - STATE.t0:.0f} s")

@@ -20,8 +20,11 @@ pytestmark = pytest.mark.vllm
 def test_bench_hits_match_usage_metrics_and_theory(main_server, trimmed_trace, tmp_path, figures):
     (trace,) = load_paths([trimmed_trace])
     cfg = main_server.cache_config()
-    assert (cfg["block_size"], cfg["enable_prefix_caching"], cfg["prefix_caching_hash_algo"]) == \
-        (str(BLOCK_SIZE), "True", "sha256")
+    assert (cfg["block_size"], cfg["enable_prefix_caching"], cfg["prefix_caching_hash_algo"]) == (
+        str(BLOCK_SIZE),
+        "True",
+        "sha256",
+    )
     run = bench(main_server, trimmed_trace, tmp_path / "bench")
     recs = run.records
     assert len(recs) == trace.num_requests == 57
@@ -47,4 +50,5 @@ def test_bench_hits_match_usage_metrics_and_theory(main_server, trimmed_trace, t
         f"{int(cfg['num_gpu_blocks']):,} blocks, {len(recs)} requests, {run.prompt_tokens:,} prompt tokens; cached (usage) {run.cached_tokens:,} = "
         f"prefix_cache_hits delta {run.hits_delta:,.0f}; theoretical {ceiling:,} "
         f"(hit rate {run.hit_rate:.2%} vs {ceiling / run.prompt_tokens:.2%}); "
-        f"TTFT p50 {run.summary['ttft']['p50'] * 1000:.0f} ms")
+        f"TTFT p50 {run.summary['ttft']['p50'] * 1000:.0f} ms"
+    )

@@ -37,4 +37,5 @@ def test_simulator_hit_rate_matches_live_vllm(evict_server, vllm_env, trimmed_tr
     figures["fidelity (evicting)"] = (
         f"{n} requests, {EVICT_BLOCKS} blocks of 32 (one of them vLLM's null block): live vLLM hit rate "
         f"{live_rate:.4%}, agentkv simulate {sim_rate:.4%} (diff {100 * (sim_rate - live_rate):+.2f} pt); "
-        f"unbounded ceiling {ceiling:.2%}")
+        f"unbounded ceiling {ceiling:.2%}"
+    )

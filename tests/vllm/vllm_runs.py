@@ -17,8 +17,9 @@ HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total
 
 def agentkv(*args: str, timeout: float = 600) -> str:
     """`agentkv ARGS` in a subprocess; its stdout, or an assertion error carrying its stderr."""
-    p = subprocess.run([sys.executable, "-m", "agentkv.cli", *args], capture_output=True, text=True,
-                       timeout=timeout)
+    p = subprocess.run(
+        [sys.executable, "-m", "agentkv.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
     assert p.returncode == 0, f"agentkv {' '.join(args)} exited {p.returncode}:\n{p.stderr[-3000:]}"
     return p.stdout
 
@@ -48,16 +49,49 @@ class BenchRun:
 def bench(server: VllmServer, trace: Path, out: Path, *extra: str) -> BenchRun:
     """Replay `trace` on one lane against `server` to the end; counters scraped around the run."""
     before = server.metrics()
-    agentkv("bench", str(trace), "--target", server.url, "--lanes", "1", "--duration", "none",
-            "--cache-bust", "--out", str(out), "--quiet", "--no-report", *extra)
+    agentkv(
+        "bench",
+        str(trace),
+        "--target",
+        server.url,
+        "--lanes",
+        "1",
+        "--duration",
+        "none",
+        "--cache-bust",
+        "--out",
+        str(out),
+        "--quiet",
+        "--no-report",
+        *extra,
+    )
     after = server.metrics()
-    return BenchRun(read_records(out / "requests.jsonl"), json.loads((out / "summary.json").read_text()),
-                    after[HITS] - before[HITS], after[QUERIES] - before[QUERIES])
+    return BenchRun(
+        read_records(out / "requests.jsonl"),
+        json.loads((out / "summary.json").read_text()),
+        after[HITS] - before[HITS],
+        after[QUERIES] - before[QUERIES],
+    )
 
 
 def simulate(trace: Path, num_blocks: int, max_requests: int, model_dir: Path) -> dict:
     """`agentkv simulate` of `trace` on one engine shaped like the live one; the summary as JSON."""
-    out = agentkv("simulate", str(trace), "--model", str(model_dir), "--block-size", str(BLOCK_SIZE),
-                  "--num-gpu-blocks-override", str(num_blocks), "--max-model-len", str(MAX_MODEL_LEN),
-                  "--lanes", "1", "--max-requests", str(max_requests), "--json", "--quiet")
+    out = agentkv(
+        "simulate",
+        str(trace),
+        "--model",
+        str(model_dir),
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--num-gpu-blocks-override",
+        str(num_blocks),
+        "--max-model-len",
+        str(MAX_MODEL_LEN),
+        "--lanes",
+        "1",
+        "--max-requests",
+        str(max_requests),
+        "--json",
+        "--quiet",
+    )
     return json.loads(out)

@@ -50,8 +50,9 @@ class ServerSpec:
 
 MAIN = ServerSpec()  # vLLM's defaults: sha256, PYTHONHASHSEED unset; vLLM binds its event socket
 EVICT_BLOCKS = 320  # ~10,000 tokens: two agents' contexts (~210 blocks each) do not both fit
-EVICT = ServerSpec(hash_algo="sha256_cbor", python_hash_seed="4242", num_gpu_blocks=EVICT_BLOCKS,
-                   bind_events=False)
+EVICT = ServerSpec(
+    hash_algo="sha256_cbor", python_hash_seed="4242", num_gpu_blocks=EVICT_BLOCKS, bind_events=False
+)
 
 
 @dataclass
@@ -84,26 +85,62 @@ class VllmServer:
 
     def argv(self) -> list[str]:
         host = "*" if self.spec.bind_events else "127.0.0.1"
-        kv_events = {"enable_kv_cache_events": True, "publisher": "zmq", "topic": "kv-events",
-                     "endpoint": f"tcp://{host}:{self.events_port}", "replay_endpoint": self.replay}
-        argv = [str(self.env.python), "-m", "vllm.entrypoints.openai.api_server",
-                "--host", "127.0.0.1", "--port", str(self.port), "--model", str(self.env.model_dir),
-                "--served-model-name", MODEL_NAME, "--load-format", "dummy", "--dtype", "bfloat16",
-                "--block-size", str(BLOCK_SIZE), "--max-model-len", str(MAX_MODEL_LEN),
-                "--enable-prefix-caching", "--prefix-caching-hash-algo", self.spec.hash_algo,
-                "--enable-prompt-tokens-details", "--kv-events-config", json.dumps(kv_events),
-                "--enforce-eager", "--distributed-executor-backend", "uni",
-                "--disable-uvicorn-access-log", *self.spec.extra]
+        kv_events = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "topic": "kv-events",
+            "endpoint": f"tcp://{host}:{self.events_port}",
+            "replay_endpoint": self.replay,
+        }
+        argv = [
+            str(self.env.python),
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--model",
+            str(self.env.model_dir),
+            "--served-model-name",
+            MODEL_NAME,
+            "--load-format",
+            "dummy",
+            "--dtype",
+            "bfloat16",
+            "--block-size",
+            str(BLOCK_SIZE),
+            "--max-model-len",
+            str(MAX_MODEL_LEN),
+            "--enable-prefix-caching",
+            "--prefix-caching-hash-algo",
+            self.spec.hash_algo,
+            "--enable-prompt-tokens-details",
+            "--kv-events-config",
+            json.dumps(kv_events),
+            "--enforce-eager",
+            "--distributed-executor-backend",
+            "uni",
+            "--disable-uvicorn-access-log",
+            *self.spec.extra,
+        ]
         if self.spec.num_gpu_blocks is not None:
             argv += ["--num-gpu-blocks-override", str(self.spec.num_gpu_blocks)]
         return argv
 
     def environ(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith(("VLLM_", "PYTHONHASHSEED"))}
-        env.update(VLLM_CPU_KVCACHE_SPACE="1", VLLM_CPU_OMP_THREADS_BIND="nobind", HF_HUB_OFFLINE="1",
-                   TRANSFORMERS_OFFLINE="1", VLLM_NO_USAGE_STATS="1", DO_NOT_TRACK="1",
-                   OMP_NUM_THREADS="1", VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                   VLLM_SERVER_DEV_MODE="1")  # dev mode: POST /reset_prefix_cache
+        env.update(
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_CPU_OMP_THREADS_BIND="nobind",
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            OMP_NUM_THREADS="1",
+            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            VLLM_SERVER_DEV_MODE="1",
+        )  # dev mode: POST /reset_prefix_cache
         env.update(self.spec.env)
         if self.spec.python_hash_seed is not None:
             env["PYTHONHASHSEED"] = self.spec.python_hash_seed
@@ -114,8 +151,14 @@ class VllmServer:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._log = (self.log_dir / f"{self.name}.log").open("ab")
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(self.argv(), env=self.environ(), stdin=subprocess.DEVNULL,
-                                     stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(
+            self.argv(),
+            env=self.environ(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         try:
             self._wait_healthy(t0 + timeout)
         except BaseException:
@@ -127,8 +170,10 @@ class VllmServer:
     def _wait_healthy(self, deadline: float) -> None:
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"vLLM ({self.name}) exited with {self.proc.returncode} during start-up:\n"
-                                   f"{self.log_tail()}")
+                raise RuntimeError(
+                    f"vLLM ({self.name}) exited with {self.proc.returncode} during start-up:\n"
+                    f"{self.log_tail()}"
+                )
             try:
                 with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
                     if r.status == 200:
@@ -140,7 +185,9 @@ class VllmServer:
 
     def log_tail(self, lines: int = 30) -> str:
         try:
-            return "\n".join((self.log_dir / f"{self.name}.log").read_text(errors="replace").splitlines()[-lines:])
+            return "\n".join(
+                (self.log_dir / f"{self.name}.log").read_text(errors="replace").splitlines()[-lines:]
+            )
         except OSError:
             return "(no log)"
 
@@ -160,8 +207,11 @@ class VllmServer:
     def complete(self, prompt: list[int], max_tokens: int = 1, **extra) -> dict:
         """One non-streamed completion of token ids; returns the response JSON."""
         body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **extra}
-        req = urllib.request.Request(self.url + "/v1/completions", data=json.dumps(body).encode(),
-                                     headers={"Content-Type": "application/json"})
+        req = urllib.request.Request(
+            self.url + "/v1/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(req, timeout=120) as r:
             return json.loads(r.read())
 
@@ -180,7 +230,7 @@ class VllmServer:
         """The labels of `vllm:cache_config_info` (block_size, num_gpu_blocks, prefix_caching_hash_algo, ...)."""
         for line in self._metrics_text().splitlines():
             if line.startswith("vllm:cache_config_info{"):
-                labels = line[line.index("{") + 1: line.rindex("}")]
+                labels = line[line.index("{") + 1 : line.rindex("}")]
                 return dict(re.findall(r'(\w+)="([^"]*)"', labels))
         raise AssertionError("vllm:cache_config_info is missing from /metrics")
 

@@ -28,8 +28,13 @@ MAX_OUTPUT = 8
 MAX_MODEL_LEN = 8192
 
 
-def scaled_requests(src: Trace, scale: int = SCALE, max_output: int = MAX_OUTPUT,
-                    id_offset: int = 0, max_len: int = MAX_MODEL_LEN) -> list[Request]:
+def scaled_requests(
+    src: Trace,
+    scale: int = SCALE,
+    max_output: int = MAX_OUTPUT,
+    id_offset: int = 0,
+    max_len: int = MAX_MODEL_LEN,
+) -> list[Request]:
     """The main session's requests with lengths / `scale`, hash ids + `id_offset`, outputs capped."""
     if src.block_size % scale:
         raise ValueError(f"{src.id}: block size {src.block_size} is not divisible by {scale}")
@@ -39,8 +44,17 @@ def scaled_requests(src: Trace, scale: int = SCALE, max_output: int = MAX_OUTPUT
         n_out = max(1, min(r.output_tokens, max_output))
         if n_in + n_out > max_len:
             raise ValueError(f"{src.id}: a request of {n_in} + {n_out} tokens does not fit {max_len}")
-        out.append(Request(t=0.0, input_tokens=n_in, output_tokens=n_out,
-                           hash_ids=[h + id_offset for h in r.hash_ids], model=r.model, kind=r.kind, stop=r.stop))
+        out.append(
+            Request(
+                t=0.0,
+                input_tokens=n_in,
+                output_tokens=n_out,
+                hash_ids=[h + id_offset for h in r.hash_ids],
+                model=r.model,
+                kind=r.kind,
+                stop=r.stop,
+            )
+        )
     return out
 
 
@@ -52,8 +66,12 @@ def interleaved_trace(sources: list[Trace], scale: int = SCALE, max_output: int 
         offset += max((h for r in src.session.requests for h in r.hash_ids), default=-1) + 1
     turns = [r for group in zip_longest(*runs) for r in group if r is not None]
     name = "+".join(s.id for s in sources)
-    return Trace(id=f"{name}-x{scale}", block_size=sources[0].block_size // scale,
-                 session=Session(id=name, requests=turns), format="agentx")
+    return Trace(
+        id=f"{name}-x{scale}",
+        block_size=sources[0].block_size // scale,
+        session=Session(id=name, requests=turns),
+        format="agentx",
+    )
 
 
 def write_trimmed(shared: Path, out: Path, names: tuple[str, ...] = SOURCES) -> Path:

@@ -45,8 +45,9 @@ def detect(path: Path, data: bytes) -> str:
     for fmt in FORMATS:
         if _module(fmt).sniff(path, head):
             return fmt
-    raise TraceError(str(path), None, None,
-                     f"unknown trace format (expected one of: {', '.join(FORMATS)}); pass --format")
+    raise TraceError(
+        str(path), None, None, f"unknown trace format (expected one of: {', '.join(FORMATS)}); pass --format"
+    )
 
 
 def _expand(path: Path) -> list[Path]:
@@ -54,7 +55,9 @@ def _expand(path: Path) -> list[Path]:
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.name.endswith(_SUFFIXES))
         files = _module("claude_code").drop_companions(files)  # sub-agents are read with their session
         if not files:
-            raise TraceError(str(path), None, None, f"directory holds no trace files ({', '.join(_SUFFIXES)})")
+            raise TraceError(
+                str(path), None, None, f"directory holds no trace files ({', '.join(_SUFFIXES)})"
+            )
         return files
     return [path]
 
@@ -66,7 +69,9 @@ def load(path: str | Path, fmt: str = "auto") -> list[Trace]:
     if fmt == "auto":
         fmt = detect(path, data)
     elif fmt not in FORMATS:
-        raise TraceError(str(path), None, None, f"unknown format '{fmt}' (expected one of: {', '.join(FORMATS)})")
+        raise TraceError(
+            str(path), None, None, f"unknown format '{fmt}' (expected one of: {', '.join(FORMATS)})"
+        )
     return _module(fmt).read(path, data)
 
 

@@ -30,8 +30,9 @@ def _lower(msg: str) -> str:
     return msg[:1].lower() + msg[1:] if msg else msg
 
 
-def from_msgspec(path: str, e: msgspec.DecodeError,
-                 record: str | int | None = None, top: str | None = None) -> TraceError:
+def from_msgspec(
+    path: str, e: msgspec.DecodeError, record: str | int | None = None, top: str | None = None
+) -> TraceError:
     """A `TraceError` for a msgspec error: JSON syntax (field unknown) or schema (field named).
 
     `record` names the record when the caller knows it (a JSONL line); otherwise the deepest

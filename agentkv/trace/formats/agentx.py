@@ -83,12 +83,26 @@ def _request(path: str, bs: int, it: _Item, rec: str) -> Request:
     n_in = _count(path, rec, "in", it.in_)
     limit = -(-n_in // bs)
     if len(it.hash_ids) > limit:
-        raise TraceError(path, rec, "hash_ids", f"{len(it.hash_ids)} blocks but 'in' = {n_in} tokens implies "
-                                                f"at most {limit} blocks of {bs}")
-    return Request(t=it.t, input_tokens=n_in, output_tokens=_count(path, rec, "out", it.out),
-                   hash_ids=it.hash_ids, think_time=it.think_time or 0.0, model=it.model, kind=it.type,
-                   stop=it.stop or "", api_time=it.api_time, ttft=it.ttft,
-                   input_types=it.input_types, output_types=it.output_types)
+        raise TraceError(
+            path,
+            rec,
+            "hash_ids",
+            f"{len(it.hash_ids)} blocks but 'in' = {n_in} tokens implies at most {limit} blocks of {bs}",
+        )
+    return Request(
+        t=it.t,
+        input_tokens=n_in,
+        output_tokens=_count(path, rec, "out", it.out),
+        hash_ids=it.hash_ids,
+        think_time=it.think_time or 0.0,
+        model=it.model,
+        kind=it.type,
+        stop=it.stop or "",
+        api_time=it.api_time,
+        ttft=it.ttft,
+        input_types=it.input_types,
+        output_types=it.output_types,
+    )
 
 
 def _session(path: str, bs: int, src: _Item | _Doc, sid: str, prefix: str, t: float) -> Session:
@@ -113,7 +127,9 @@ def _session(path: str, bs: int, src: _Item | _Doc, sid: str, prefix: str, t: fl
             spawn = max(0.0, round(it.t - it.duration_ms / 1000.0, 6)) if it.duration_ms is not None else it.t
             s.subagents.append(_session(path, bs, it, f"{sid}/{agent}", rec + ".", spawn))
         else:
-            raise TraceError(path, rec, "type", f"unknown request type {it.type!r} (expected 'n', 's' or 'subagent')")
+            raise TraceError(
+                path, rec, "type", f"unknown request type {it.type!r} (expected 'n', 's' or 'subagent')"
+            )
     s.subagents.sort(key=lambda a: (a.t, _end_t(a)))  # the model keeps sub-agents in spawn order
     return s
 
@@ -127,8 +143,17 @@ def read(path: Path, data: bytes) -> list[Trace]:
         raise TraceError(str(path), None, None, "invalid JSON: nested too deeply") from None
     tid = str(doc.id) if doc.id not in (None, "") else path.name.split(".")[0]
     root = _session(str(path), doc.block_size, doc, tid, "", 0.0)
-    return [Trace(id=tid, block_size=doc.block_size, session=root, hash_id_scope=doc.hash_id_scope,
-                  source=str(path), format="agentx", replay=doc.replay)]
+    return [
+        Trace(
+            id=tid,
+            block_size=doc.block_size,
+            session=root,
+            hash_id_scope=doc.hash_id_scope,
+            source=str(path),
+            format="agentx",
+            replay=doc.replay,
+        )
+    ]
 
 
 # ---------------------------------------------------------------------------------------------- writer
@@ -143,15 +168,30 @@ def _ms(seconds: float) -> int | float:
     (as ms / 1000) to the same float, when one exists."""
     x = seconds * 1000.0
     near = [x, math.nextafter(x, math.inf), math.nextafter(x, -math.inf)]
-    for c in (round(x), round(x, 3), *near, math.nextafter(near[1], math.inf), math.nextafter(near[2], -math.inf)):
+    for c in (
+        round(x),
+        round(x, 3),
+        *near,
+        math.nextafter(near[1], math.inf),
+        math.nextafter(near[2], -math.inf),
+    ):
         if c / 1000.0 == seconds:
             return c
     return x
 
 
 def _request_doc(r: Request) -> dict:
-    d = {"t": r.t, "type": r.kind, "model": r.model, "in": r.input_tokens, "out": r.output_tokens,
-         "hash_ids": r.hash_ids, "input_types": r.input_types, "output_types": r.output_types, "stop": r.stop}
+    d = {
+        "t": r.t,
+        "type": r.kind,
+        "model": r.model,
+        "in": r.input_tokens,
+        "out": r.output_tokens,
+        "hash_ids": r.hash_ids,
+        "input_types": r.input_types,
+        "output_types": r.output_types,
+        "stop": r.stop,
+    }
     if r.api_time is not None:
         d["api_time"] = r.api_time
     if r.ttft is not None:
@@ -179,7 +219,7 @@ def _end_t(s: Session) -> float:
 
 
 def _subagent_doc(s: Session, parent_id: str) -> dict:
-    agent = s.id[len(parent_id) + 1:] if s.id.startswith(parent_id + "/") else s.id
+    agent = s.id[len(parent_id) + 1 :] if s.id.startswith(parent_id + "/") else s.id
     d: dict = {"t": _end_t(s), "type": "subagent", "agent_id": agent, "subagent_type": s.agent_type}
     if s.duration is not None:
         d["duration_ms"] = _ms(s.duration)
@@ -187,8 +227,13 @@ def _subagent_doc(s: Session, parent_id: str) -> dict:
         d["total_tokens"] = s.total_tokens
     if s.tool_use_count is not None:
         d["tool_use_count"] = s.tool_use_count
-    d.update(status=s.status, requests=_items(s), models=_models(s.requests),
-             tool_tokens=s.tool_tokens, system_tokens=s.system_tokens)
+    d.update(
+        status=s.status,
+        requests=_items(s),
+        models=_models(s.requests),
+        tool_tokens=s.tool_tokens,
+        system_tokens=s.system_tokens,
+    )
     return d
 
 
@@ -204,16 +249,28 @@ def to_agentx(trace: Trace) -> dict:
     for s in (root, *subs):
         for i, r in enumerate(s.requests):
             if r.kind not in ("n", "s"):
-                raise TraceError(trace.source or trace.id, f"session {s.id} request {i}", "kind",
-                                 f"{r.kind!r} cannot be saved as AgentX (expected 'n' or 's')")
+                raise TraceError(
+                    trace.source or trace.id,
+                    f"session {s.id} request {i}",
+                    "kind",
+                    f"{r.kind!r} cannot be saved as AgentX (expected 'n' or 's')",
+                )
     parent, sub = _tokens([root]), _tokens(subs)
-    doc: dict = {"id": trace.id, "models": _models(root.requests), "block_size": trace.block_size,
-                 "hash_id_scope": trace.hash_id_scope}
+    doc: dict = {
+        "id": trace.id,
+        "models": _models(root.requests),
+        "block_size": trace.block_size,
+        "hash_id_scope": trace.hash_id_scope,
+    }
     if trace.replay != "session":
         doc["replay"] = trace.replay  # an extension: Mooncake traces replay by arrival time
     doc.update(tool_tokens=root.tool_tokens, system_tokens=root.system_tokens, requests=_items(root))
-    doc["totals"] = {"parent_tokens": parent, "subagent_tokens": sub,
-                     "combined_tokens": {k: parent[k] + sub[k] for k in parent}, "subagent_count": len(subs)}
+    doc["totals"] = {
+        "parent_tokens": parent,
+        "subagent_tokens": sub,
+        "combined_tokens": {k: parent[k] + sub[k] for k in parent},
+        "subagent_count": len(subs),
+    }
     return doc
 
 

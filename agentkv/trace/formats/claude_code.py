@@ -29,8 +29,19 @@ log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 64
 # Record types that carry no API call; skipped without a warning.
-_SKIPPED = frozenset({"summary", "file-history-snapshot", "queue-operation", "progress", "pr-link",
-                      "permission-mode", "attachment", "ai-title", "custom-title"})
+_SKIPPED = frozenset(
+    {
+        "summary",
+        "file-history-snapshot",
+        "queue-operation",
+        "progress",
+        "pr-link",
+        "permission-mode",
+        "attachment",
+        "ai-title",
+        "custom-title",
+    }
+)
 _USED = frozenset({"user", "assistant", "system"})
 _SUFFIXES = (".jsonl", ".jsonl.gz")
 
@@ -139,8 +150,14 @@ class _Stream:
     def assistant(self, key: str, msg: _Message, ts: float) -> None:
         call = self.calls.get(key)
         if call is None:
-            call = _Call(first=ts, end=ts, trigger=self._pending_ts, prev_end=self._last_end,
-                         reset=self._reset, in_types=sorted(self._pending))
+            call = _Call(
+                first=ts,
+                end=ts,
+                trigger=self._pending_ts,
+                prev_end=self._last_end,
+                reset=self._reset,
+                in_types=sorted(self._pending),
+            )
             self.calls[key] = call
             self._pending.clear()
             self._pending_ts, self._reset = None, False
@@ -174,8 +191,9 @@ def _time(path: Path, line: int, s: str | None) -> float | None:
     try:
         return datetime.fromisoformat(s).timestamp()
     except ValueError:
-        raise TraceError(str(path), f"line {line}", "timestamp",
-                         f"expected an ISO 8601 time, got {s!r:.40}") from None
+        raise TraceError(
+            str(path), f"line {line}", "timestamp", f"expected an ISO 8601 time, got {s!r:.40}"
+        ) from None
 
 
 class _Parsed:
@@ -218,8 +236,12 @@ def _parse(path: Path, data: bytes, inline: bool) -> _Parsed:
             raise TraceError(str(path), f"line {n}", None, f"expected a JSON object, got {type(d).__name__}")
         kind = d.get("type")
         if not isinstance(kind, str):
-            raise TraceError(str(path), f"line {n}", "type",
-                             "missing" if kind is None else f"expected a string, got {kind!r:.40}")
+            raise TraceError(
+                str(path),
+                f"line {n}",
+                "type",
+                "missing" if kind is None else f"expected a string, got {kind!r:.40}",
+            )
         if kind not in _USED:
             if kind not in _SKIPPED:
                 out.unknown[kind] += 1
@@ -270,7 +292,9 @@ def _warn(path: Path, p: _Parsed) -> None:
     if p.unknown:
         many = len(p.unknown) > 1
         kinds = ", ".join(f"{k!r} x{c}" if many else repr(k) for k, c in p.unknown.most_common())
-        parts.append(f"skipped {_n(p.unknown.total(), 'record')} of unknown type{'s' if many else ''} {kinds}")
+        parts.append(
+            f"skipped {_n(p.unknown.total(), 'record')} of unknown type{'s' if many else ''} {kinds}"
+        )
     if p.synthetic:
         parts.append(f"skipped {_n(p.synthetic, 'synthetic assistant record')} (no API call)")
     if p.no_usage:
@@ -290,23 +314,32 @@ def _session(stream: _Stream, sid: str, ids: _Ids, base: list[int]) -> Session:
         n_in = c.input_tokens
         hash_ids = ids.chain(prev, n_in, c.usage.cache_read_input_tokens or 0)
         prev = hash_ids
-        s.requests.append(Request(
-            t=round(c.start - start, 3),
-            input_tokens=n_in,
-            output_tokens=c.usage.output_tokens,
-            hash_ids=hash_ids,
-            think_time=round(max(0.0, c.start - c.prev_end), 3) if c.prev_end is not None else 0.0,
-            model=c.model,
-            stop=c.stop,
-            api_time=round(max(0.0, c.end - c.start), 3) if c.trigger is not None else None,
-            input_types=c.in_types,
-            output_types=sorted(c.out_types),
-        ))
+        s.requests.append(
+            Request(
+                t=round(c.start - start, 3),
+                input_tokens=n_in,
+                output_tokens=c.usage.output_tokens,
+                hash_ids=hash_ids,
+                think_time=round(max(0.0, c.start - c.prev_end), 3) if c.prev_end is not None else 0.0,
+                model=c.model,
+                stop=c.stop,
+                api_time=round(max(0.0, c.end - c.start), 3) if c.trigger is not None else None,
+                input_types=c.in_types,
+                output_types=sorted(c.out_types),
+            )
+        )
     return s
 
 
-def _subagent(stream: _Stream, sid: str, parent_start: float, ids: _Ids, base: list[int],
-              agent_type: str, result: dict | None) -> Session:
+def _subagent(
+    stream: _Stream,
+    sid: str,
+    parent_start: float,
+    ids: _Ids,
+    base: list[int],
+    agent_type: str,
+    result: dict | None,
+) -> Session:
     s = _session(stream, sid, ids, base)
     s.t = round(max(0.0, (stream.first_ts or parent_start) - parent_start), 3)
     s.agent_type = agent_type
@@ -373,10 +406,19 @@ def read(path: Path, data: bytes) -> list[Trace]:
     base = root.requests[0].hash_ids if root.requests else []
     subs.sort(key=lambda x: x[0].first_ts or parent_start)
     for st, sid, agent_id, agent_type in subs:
-        root.subagents.append(_subagent(st, sid, parent_start, ids, base, agent_type,
-                                        main.agent_results.get(agent_id)))
-    return [Trace(id=tid, block_size=BLOCK_SIZE, session=root, hash_id_scope="local",
-                  source=str(path), format="claude_code")]
+        root.subagents.append(
+            _subagent(st, sid, parent_start, ids, base, agent_type, main.agent_results.get(agent_id))
+        )
+    return [
+        Trace(
+            id=tid,
+            block_size=BLOCK_SIZE,
+            session=root,
+            hash_id_scope="local",
+            source=str(path),
+            format="claude_code",
+        )
+    ]
 
 
 def sniff(path: Path, head: bytes) -> bool:

@@ -23,11 +23,18 @@ def output_paths(traces: list[Trace], out: str | Path, gzip: bool = False) -> li
     out = Path(out)
     if out.name.endswith(_FILE_SUFFIXES) and not out.is_dir():
         if len(traces) != 1:
-            raise TraceError(str(out), None, None, f"{len(traces)} traces need a directory for -o, not a file name")
+            raise TraceError(
+                str(out), None, None, f"{len(traces)} traces need a directory for -o, not a file name"
+            )
         return [out]
     if out.exists() and not out.is_dir():
-        raise TraceError(str(out), None, None, "exists and is not a directory (name a .json or .json.gz file "
-                                               "for one trace, or a directory for many)")
+        raise TraceError(
+            str(out),
+            None,
+            None,
+            "exists and is not a directory (name a .json or .json.gz file "
+            "for one trace, or a directory for many)",
+        )
     suffix = ".json.gz" if gzip else ".json"
     paths, used = [], set()
     for t in traces:
@@ -41,8 +48,9 @@ def output_paths(traces: list[Trace], out: str | Path, gzip: bool = False) -> li
     return paths
 
 
-def convert(inputs: list[str | Path], out: str | Path, fmt: str = "auto",
-            gzip: bool = False) -> list[tuple[Trace, Path]]:
+def convert(
+    inputs: list[str | Path], out: str | Path, fmt: str = "auto", gzip: bool = False
+) -> list[tuple[Trace, Path]]:
     """Read `inputs` (files or directories) and write each trace as AgentX; returns (trace, path) pairs."""
     traces = load_paths(inputs, fmt)
     paths = output_paths(traces, out, gzip)
@@ -53,7 +61,9 @@ def convert(inputs: list[str | Path], out: str | Path, fmt: str = "auto",
     try:
         paths[0].parent.mkdir(parents=True, exist_ok=True)  # every path shares this folder
     except OSError as e:
-        raise TraceError(str(paths[0].parent), None, None, f"cannot create directory: {e.strerror or e}") from None
+        raise TraceError(
+            str(paths[0].parent), None, None, f"cannot create directory: {e.strerror or e}"
+        ) from None
     for t, p in zip(traces, paths, strict=True):
         write_agentx(t, p)
     return list(zip(traces, paths, strict=True))

@@ -48,13 +48,32 @@ def read(path: Path, data: bytes, block_size: int | None = None) -> list[Trace]:
             raise from_msgspec(str(path), e, record=n) from None
         limit = -(-row.input_length // bs)
         if len(row.hash_ids) > limit:
-            raise TraceError(str(path), n, "hash_ids",
-                             f"{len(row.hash_ids)} blocks but input_length = {row.input_length} tokens "
-                             f"implies at most {limit} blocks of {bs}")
-        requests.append(Request(t=row.timestamp / 1000.0, input_tokens=row.input_length,
-                                output_tokens=row.output_length, hash_ids=row.hash_ids))
+            raise TraceError(
+                str(path),
+                n,
+                "hash_ids",
+                f"{len(row.hash_ids)} blocks but input_length = {row.input_length} tokens "
+                f"implies at most {limit} blocks of {bs}",
+            )
+        requests.append(
+            Request(
+                t=row.timestamp / 1000.0,
+                input_tokens=row.input_length,
+                output_tokens=row.output_length,
+                hash_ids=row.hash_ids,
+            )
+        )
     if not requests:
         raise TraceError(str(path), None, None, "no requests (the file holds no JSON lines)")
     tid = path.name.split(".")[0]
-    return [Trace(id=tid, block_size=bs, session=Session(id=tid, requests=requests),
-                  hash_id_scope="global", source=str(path), format="mooncake", replay="timestamp")]
+    return [
+        Trace(
+            id=tid,
+            block_size=bs,
+            session=Session(id=tid, requests=requests),
+            hash_id_scope="global",
+            source=str(path),
+            format="mooncake",
+            replay="timestamp",
+        )
+    ]
