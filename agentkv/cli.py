@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from agentkv import __version__
 from agentkv.errors import UserError
-from agentkv.route import KV_WEIGHT, POLICIES
+from agentkv.placement import KV_WEIGHT, POLICIES
 
 Handler = Callable[[argparse.Namespace], int | None]
 # "auto" + agentkv.trace.formats.FORMATS, written out: importing the readers would slow `agentkv --help`
@@ -514,7 +514,7 @@ def _cache_commands(sub: argparse._SubParsersAction) -> None:
         "--plot", default=None, metavar="OUT", help="write a hit rate vs capacity chart (.html or .svg)"
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.set_defaults(func=_lazy("agentkv.kv.analyze_view:analyze_command"))
+    p.set_defaults(func=_lazy("agentkv.cache.view:analyze_command"))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -14,11 +14,11 @@ import os
 import time
 from pathlib import Path
 
-from agentkv.kv.analyze import fitting, make_grid
-from agentkv.kv.analyze_access import arrivals, block_accesses
-from agentkv.kv.policies import make_policy
+from agentkv.cache.analyze import fitting, make_grid
+from agentkv.cache.replay import replay
+from agentkv.kv.eviction import make_policy
 from agentkv.kv.pool import BlockPool
-from agentkv.kv.replay import replay
+from agentkv.trace.accesses import arrivals, block_accesses
 from agentkv.trace.formats import load_paths
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -15,10 +15,8 @@ from agentkv.kv.hashing import (
     VllmHasher,
     XxHasher,
     block_hashes,
-    chain_keys,
-    request_tokens,
-    trace_key,
 )
+from agentkv.trace.blocks import chain_keys, request_tokens, trace_key
 
 
 def main() -> None:

@@ -27,8 +27,8 @@ from collections import OrderedDict
 from pathlib import Path
 
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
-from agentkv.kv.hashing import chain_keys
 from agentkv.route.index import BlockIndex, TenantIndex
+from agentkv.trace.blocks import chain_keys
 from agentkv.trace.formats import load
 
 DESIGNS = ("sets (BlockIndex)", "tenants (TenantIndex)", "dict+bitmask", "radix tree")

@@ -19,11 +19,12 @@ import os
 import time
 from pathlib import Path
 
-from agentkv.kv.belady import Belady
-from agentkv.kv.policies import POLICIES, make_policy
+from agentkv.cache.replay import replay
+from agentkv.kv.eviction import POLICIES, make_policy
+from agentkv.kv.eviction.belady import Belady
+from agentkv.kv.eviction.session import SessionAware
 from agentkv.kv.pool import BlockPool, num_blocks_for
-from agentkv.kv.replay import block_requests, replay
-from agentkv.kv.session_policy import SessionAware
+from agentkv.trace.accesses import block_requests
 from agentkv.trace.formats import load_paths
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -277,7 +277,7 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
 def simulate_rows(routers: list[str], args: argparse.Namespace) -> list[str]:
     """The same comparison in `agentkv simulate` (virtual clock: exact H200 timing), as table lines."""
     from agentkv.engine.config import EngineConfig
-    from agentkv.route.policy import KV_WEIGHT
+    from agentkv.placement.policy import KV_WEIGHT
     from agentkv.sim.cluster import SimConfig, simulate
     from agentkv.trace.formats import load_paths
 

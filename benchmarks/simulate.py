@@ -33,7 +33,7 @@ import numpy as np
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
-from agentkv.route.policy import make_policy
+from agentkv.placement.policy import make_policy
 from agentkv.sim.cluster import SimConfig, SimResult, simulate
 from agentkv.trace.formats import load_paths
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import statistics
 import time
 
+from agentkv.events.publisher import ZmqEventPublisher
+from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.kv.events import BlockStored
-from agentkv.kv.zmq_events import ZmqEventPublisher
-from agentkv.kv.zmq_subscriber import ZmqEventSubscriber
 
 N = 20_000
 

@@ -6,12 +6,12 @@ import json
 
 import pytest
 
+from agentkv.cache.analyze import analyze, fitting, make_grid
+from agentkv.cache.view import write_plot
 from agentkv.cli import main
 from agentkv.errors import UserError
-from agentkv.kv.analyze import analyze, fitting, make_grid
-from agentkv.kv.analyze_access import arrivals, block_accesses, ceiling_tokens
-from agentkv.kv.analyze_view import write_plot
-from agentkv.kv.policies import POLICIES
+from agentkv.kv.eviction import POLICIES
+from agentkv.trace.accesses import arrivals, block_accesses, ceiling_tokens
 from agentkv.trace.formats import bundled_sample, load_paths
 from agentkv.trace.stats import ceiling
 

@@ -16,9 +16,9 @@ from fuzzutil import byte_mutation, count, fuzz_settings, json_mutation, note, r
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentkv.events.publisher import seq_bytes
+from agentkv.events.subscriber import Received, ZmqEventSubscriber, _Tracker
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, EventBatch, encode_batch
-from agentkv.kv.zmq_events import seq_bytes
-from agentkv.kv.zmq_subscriber import Received, ZmqEventSubscriber, _Tracker
 from agentkv.route.index import TenantIndex
 
 SALTS = {"salt-a": "tenant-a", "salt-b": "tenant-b"}

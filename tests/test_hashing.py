@@ -23,13 +23,10 @@ from agentkv.kv.hashing import (
     XxHasher,
     as_token_array,
     block_hashes,
-    chain_keys,
     event_hash,
     make_hasher,
-    request_tokens,
-    trace_block_tokens,
-    trace_key,
 )
+from agentkv.trace.blocks import chain_keys, request_tokens, trace_block_tokens, trace_key
 
 # ../shared/vllm/README.md: observed on a live vLLM 0.32.0, PYTHONHASHSEED unset, block size 32.
 PROMPT = list(range(1, 65))
@@ -50,7 +47,8 @@ def _common(a, b) -> int:
 
 _CHILD = """
 import hashlib, json
-from agentkv.kv.hashing import VllmHasher, request_tokens
+from agentkv.kv.hashing import VllmHasher
+from agentkv.trace.blocks import request_tokens
 prompt = list(range(1, 65))
 print(json.dumps({
     "sha256": VllmHasher("sha256").event_hashes(prompt, 32),

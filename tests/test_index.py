@@ -9,10 +9,10 @@ from collections import Counter
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentkv.events.publisher import ZmqEventPublisher
+from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
 from agentkv.kv.hashing import make_hasher
-from agentkv.kv.zmq_events import ZmqEventPublisher
-from agentkv.kv.zmq_subscriber import ZmqEventSubscriber
 from agentkv.route.index import DEFAULT_TENANT, GPU, BlockIndex, Match, TenantIndex, tier_name
 
 

@@ -7,13 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from agentkv.kv.arc import ARC
-from agentkv.kv.belady import Belady, next_use_keys
+from agentkv.cache.replay import replay
 from agentkv.kv.events import BlockRemoved
-from agentkv.kv.policies import POLICIES, RadixLRU, make_policy
+from agentkv.kv.eviction import POLICIES, RadixLRU, make_policy
+from agentkv.kv.eviction.arc import ARC
+from agentkv.kv.eviction.belady import Belady, next_use_keys
+from agentkv.kv.eviction.session import SessionAware
 from agentkv.kv.pool import BlockPool
-from agentkv.kv.replay import block_requests, replay
-from agentkv.kv.session_policy import SessionAware
+from agentkv.trace.accesses import block_requests
 from agentkv.trace.formats import load_paths
 
 BS = 4

@@ -9,8 +9,8 @@ import threading
 import aiohttp
 import zmq
 
+from agentkv.events.publisher import END_SEQ, seq_bytes
 from agentkv.kv.events import BlockStored, EventBatch, encode_batch
-from agentkv.kv.zmq_events import END_SEQ, seq_bytes
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.workers import WorkerPool, WorkerSpec, parse_load, parse_worker
 

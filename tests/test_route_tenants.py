@@ -10,9 +10,9 @@ import pytest
 
 from agentkv.errors import UserError
 from agentkv.kv.hashing import make_hasher
+from agentkv.placement.policy import KvAware, RouteRequest
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.index import Match
-from agentkv.route.policy import KvAware, RouteRequest
 from agentkv.route.prompt import RequestHasher, Tokenizer
 from agentkv.route.tenants import ANONYMOUS, Tenants, parse_api_keys, tenant_salt
 from agentkv.trace.tokens import apply_chat_template, encode

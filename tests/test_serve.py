@@ -12,8 +12,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from agentkv.engine.config import EngineConfig
+from agentkv.events.subscriber import AsyncZmqEventSubscriber
 from agentkv.kv.events import BlockRemoved, BlockStored
-from agentkv.kv.zmq_subscriber import AsyncZmqEventSubscriber
 from agentkv.serve.app import ServeOptions, Server
 from agentkv.trace.tokens import decode, encode, output_ids
 

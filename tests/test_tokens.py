@@ -5,8 +5,8 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agentkv.kv.trace_tokens import DEFAULT_VOCAB
 from agentkv.trace import tokens as T
+from agentkv.trace.blocks import DEFAULT_VOCAB
 
 
 @settings(max_examples=300, deadline=None)

@@ -14,6 +14,8 @@ import pytest
 import zmq
 
 from agentkv.errors import UserError
+from agentkv.events.publisher import END_SEQ, DropOldestQueue, ZmqEventPublisher, seq_bytes, should_bind
+from agentkv.events.subscriber import AsyncZmqEventSubscriber, ZmqEventSubscriber
 from agentkv.kv.events import (
     AllBlocksCleared,
     BlockRemoved,
@@ -22,8 +24,6 @@ from agentkv.kv.events import (
     decode_batch,
     encode_batch,
 )
-from agentkv.kv.zmq_events import END_SEQ, DropOldestQueue, ZmqEventPublisher, seq_bytes, should_bind
-from agentkv.kv.zmq_subscriber import AsyncZmqEventSubscriber, ZmqEventSubscriber
 
 T = 5.0  # generous bound for any single wait; never reached when things work
 ANY = "tcp://127.0.0.1:*"

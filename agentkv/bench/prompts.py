@@ -1,6 +1,6 @@
 """Trace requests -> exact prompts: token ids per trace block, or those blocks rendered as text.
 
-Every trace block maps to its deterministic token block (`agentkv.kv.trace_tokens`), so two
+Every trace block maps to its deterministic token block (`agentkv.trace.blocks`), so two
 requests share a prompt prefix exactly where the trace says they share blocks. Text mode
 renders block by block (cached), so shared blocks give byte-identical text prefixes.
 """
@@ -14,7 +14,7 @@ import msgspec
 import numpy as np
 
 from agentkv.errors import UserError
-from agentkv.kv.trace_tokens import DEFAULT_VOCAB, request_tokens, trace_block_tokens
+from agentkv.trace.blocks import DEFAULT_VOCAB, request_tokens, trace_block_tokens
 from agentkv.trace.plan import PlanItem
 
 _enc = msgspec.json.encode

@@ -382,18 +382,9 @@ def block_hashes(
     )
 
 
-from agentkv.kv.trace_tokens import (  # noqa: E402  (re-exported: one import path for hashing)
-    DEFAULT_VOCAB,
-    chain_keys,
-    request_tokens,
-    trace_block_tokens,
-    trace_key,
-)
-
 __all__ = [
     "ALGOS",
     "DEFAULT_HASHER",
-    "DEFAULT_VOCAB",
     "BlockChain",
     "Hasher",
     "SequenceHasher",
@@ -401,10 +392,6 @@ __all__ = [
     "XxHasher",
     "as_token_array",
     "block_hashes",
-    "chain_keys",
     "event_hash",
     "make_hasher",
-    "request_tokens",
-    "trace_block_tokens",
-    "trace_key",
 ]

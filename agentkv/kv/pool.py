@@ -29,7 +29,7 @@ from typing import Protocol
 import numpy as np
 
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from agentkv.kv.policies import Evictor, make_policy
+from agentkv.kv.eviction import Evictor, make_policy
 from agentkv.kv.sizing import kv_bytes_per_token, num_blocks_for
 
 __all__ = ["BlockPool", "LowerTier", "PoolStats", "kv_bytes_per_token", "num_blocks_for"]
@@ -66,7 +66,7 @@ def _cdiv(a: int, b: int) -> int:
 class BlockPool:
     """Fixed-size KV blocks with reference counts, a prefix cache and a pluggable eviction policy.
 
-    `policy` is a name from `agentkv.kv.policies.POLICIES` or an `Evictor` (e.g. `Belady`).
+    `policy` is a name from `agentkv.kv.eviction.POLICIES` or an `Evictor` (e.g. `Belady`).
     Events (BlockStored/BlockRemoved/AllBlocksCleared, medium "GPU") go to `on_event` when given,
     else are buffered for `take_events()` when `record_events`. `lower` is a tier stack below
     the GPU: it is told of stores and evictions, and `allocate_slots` promotes from it.

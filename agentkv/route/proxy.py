@@ -22,10 +22,10 @@ from aiohttp import web
 
 from agentkv.kv.digest import block_digest
 from agentkv.kv.hashing import make_hasher
+from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.metrics import RouterStats, render_metrics
-from agentkv.route.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.prompt import RequestHasher, Tokenizer
 from agentkv.route.tenants import Tenants, router_secret
 from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec

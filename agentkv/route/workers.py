@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from agentkv.errors import UserError
-from agentkv.kv.zmq_subscriber import ZmqEventSubscriber
+from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.route.index import Match, TenantIndex
 
 log = logging.getLogger("agentkv.route")

@@ -22,8 +22,8 @@ from aiohttp.http_exceptions import BadHttpMessage
 
 from agentkv import __version__
 from agentkv.engine.config import EngineConfig
+from agentkv.events.publisher import DEFAULT_TOPIC, ZmqEventPublisher
 from agentkv.kv.digest import block_digest
-from agentkv.kv.zmq_events import DEFAULT_TOPIC, ZmqEventPublisher
 from agentkv.serve.metrics import CONTENT_TYPE, ServerMetrics
 from agentkv.serve.protocol import GenRequest, Limits, RequestError, parse_chat, parse_completion
 from agentkv.serve.responses import DONE, ChunkWriter, error_body, full_response

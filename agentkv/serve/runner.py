@@ -21,8 +21,8 @@ from agentkv.engine.clock import RealClock, VirtualClock
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine, StepResult
 from agentkv.engine.request import EngineRequest
+from agentkv.events.publisher import ZmqEventPublisher
 from agentkv.kv.events import EventBatch, KVEvent
-from agentkv.kv.zmq_events import ZmqEventPublisher
 from agentkv.serve.protocol import GenRequest
 
 log = logging.getLogger("agentkv.serve")

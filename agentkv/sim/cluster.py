@@ -17,10 +17,10 @@ from dataclasses import asdict, dataclass, field
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import DecodeBurst, Engine, StepResult
 from agentkv.engine.hardware import get_gpu
-from agentkv.kv.hashing import chain_keys
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Sample, Summary, summarize
-from agentkv.route.policy import KV_WEIGHT, RouteRequest, make_policy
+from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
+from agentkv.trace.blocks import chain_keys
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
 from agentkv.trace.stats import CeilingTracker

@@ -14,9 +14,9 @@ import time
 import pytest
 from vllm_server import EVICT_BLOCKS
 
+from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.kv.events import BlockStored
 from agentkv.kv.hashing import VllmHasher, make_hasher
-from agentkv.kv.zmq_subscriber import ZmqEventSubscriber
 
 pytestmark = pytest.mark.vllm
 

@@ -23,8 +23,15 @@ from dataclasses import dataclass, field, replace
 import zmq
 import zmq.asyncio
 
+from agentkv.events.publisher import (
+    END_SEQ,
+    MalformedFrame,
+    parse_message,
+    parse_payload,
+    parse_seq,
+    seq_bytes,
+)
 from agentkv.kv.events import EventBatch
-from agentkv.kv.zmq_events import END_SEQ, MalformedFrame, parse_message, parse_payload, parse_seq, seq_bytes
 
 
 @dataclass(frozen=True, slots=True)

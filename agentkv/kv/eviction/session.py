@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from agentkv.kv.policies import ChunkQueue, StampedEvictor
+from agentkv.kv.eviction.base import ChunkQueue, StampedEvictor
 
 DEFAULT_GAPS = {"tool_use": 10.0, "end_turn": 120.0}
 

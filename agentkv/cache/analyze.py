@@ -1,6 +1,6 @@
 """`agentkv cache analyze`: token hit rate of each eviction policy over a grid of capacities and block sizes.
 
-The traces' block accesses (agentkv.kv.analyze_access) are replayed through a `BlockPool` per
+The traces' block accesses (agentkv.trace.accesses) are replayed through a `BlockPool` per
 (block size, capacity, policy) cell: lookup, allocate prompt + output, free, one request at a
 time, so capacity is pure cache room. Belady's offline optimum and the unbounded cache are the
 reference rows: no policy beats the unbounded cache, and Belady is the practical ceiling at a
@@ -19,12 +19,12 @@ from dataclasses import dataclass
 
 import msgspec
 
+from agentkv.cache.replay import replay
 from agentkv.errors import UserError
-from agentkv.kv.analyze_access import arrivals, block_accesses, ceiling_tokens, check_block_size
-from agentkv.kv.policies import POLICIES, make_policy
+from agentkv.kv.eviction import POLICIES, make_policy
 from agentkv.kv.pool import BlockPool
-from agentkv.kv.replay import BlockRequest, replay
 from agentkv.kv.tiers import TierSpec, TierStack
+from agentkv.trace.accesses import BlockRequest, arrivals, block_accesses, ceiling_tokens, check_block_size
 from agentkv.trace.model import Trace
 from agentkv.units import parse_capacity
 

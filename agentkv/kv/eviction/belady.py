@@ -15,7 +15,7 @@ from itertools import chain
 
 import numpy as np
 
-from agentkv.kv.policies import Evictor
+from agentkv.kv.eviction.base import Evictor
 
 _DEPTH_BITS = 20
 

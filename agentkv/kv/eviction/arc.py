@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 
-from agentkv.kv.policies import Evictor
+from agentkv.kv.eviction.base import Evictor
 
 
 class ARC(Evictor):

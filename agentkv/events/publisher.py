@@ -5,7 +5,7 @@ The PUB side binds when the endpoint contains `*` or `::` or is ipc/inproc, else
 the subscriber binds), as vLLM does. The replay ROUTER always binds: a DEALER sends
 `[b"", start_seq]` and gets `[b"", topic, seq, payload]` for every buffered batch from start_seq,
 then `[b"", b"", 0xff*8, b""]` (observed on vLLM 0.32; ../shared/vllm/README.md).
-The subscriber side lives in `agentkv.kv.zmq_subscriber`.
+The subscriber side lives in `agentkv.events.subscriber`.
 """
 
 from __future__ import annotations

@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from agentkv.cache.analyze import Analysis, CellResult, analyze, default_jobs, make_grid
 from agentkv.errors import UserError
-from agentkv.kv.analyze import Analysis, CellResult, analyze, default_jobs, make_grid
 
 PLOT_SUFFIXES = (".html", ".svg")
 _STYLE = (

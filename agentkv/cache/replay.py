@@ -1,8 +1,7 @@
-"""Replay the block accesses of traces through a `BlockPool`: lookup, allocate, free per request.
+"""Replay block accesses through a `BlockPool`: lookup, allocate, free per request.
 
-Requests of all traces are interleaved by arrival time (every trace starts at 0); hash ids are
-made unique per trace and spread over 64 bits like real block hashes. Used by
-benchmarks/kv_pool.py and the tests to compare eviction policies on the same accesses.
+Used by `cache analyze`, benchmarks/kv_pool.py and the tests to compare eviction policies on the
+same accesses (agentkv.trace.accesses makes them from traces).
 """
 
 from __future__ import annotations
@@ -14,60 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv.kv.pool import BlockPool
-from agentkv.trace.model import Trace
-
-_MIX = 0x9E3779B97F4A7C15  # odd: multiplication mod 2**64 is a bijection, so ids stay unique
-
-
-@dataclass(frozen=True, slots=True)
-class BlockRequest:
-    """One request's block accesses: when it arrives and ends, its session and its block hashes."""
-
-    time: float
-    end: float
-    session: str  # "trace:session", plus "/side" for side calls (kind "s"): a lane of its own
-    hashes: list[int]
-    input_tokens: int
-    output_tokens: int
-    stop: str
-    last: bool  # the lane's last request
-
-
-def block_requests(traces: Sequence[Trace]) -> list[BlockRequest]:
-    """All traces' requests in arrival order, hash ids mapped to `mix((trace_index << 32) | id)`."""
-    items: list[tuple[float, int, int, BlockRequest]] = []
-    for ti, trace in enumerate(traces):
-        timeline = trace.timeline()
-        lanes = [f"{ti}:{tr.session.id}{'/side' if tr.request.kind == 's' else ''}" for tr in timeline]
-        last_of = {lane: k for k, lane in enumerate(lanes)}
-        # one int object per distinct id, shared by every request that repeats it (memory, speed)
-        uniq = sorted({h for tr in timeline for h in tr.request.hash_ids})
-        with np.errstate(over="ignore"):
-            mixed = ((np.asarray(uniq, dtype=np.uint64) | np.uint64(ti << 32)) * np.uint64(_MIX)).tolist()
-        to_hash = dict(zip(uniq, mixed, strict=True))
-        for k, tr in enumerate(timeline):
-            r = tr.request
-            hashes = list(map(to_hash.__getitem__, r.hash_ids))
-            end = tr.time + (r.api_time or 0.0)
-            items.append(
-                (
-                    tr.time,
-                    ti,
-                    k,
-                    BlockRequest(
-                        tr.time,
-                        end,
-                        lanes[k],
-                        hashes,
-                        r.input_tokens,
-                        r.output_tokens,
-                        r.stop,
-                        last_of[lanes[k]] == k,
-                    ),
-                )
-            )
-    items.sort(key=lambda x: x[:3])
-    return [x[3] for x in items]
+from agentkv.trace.accesses import BlockRequest
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentkv.errors import UserError
-from agentkv.route import KV_WEIGHT, POLICIES
+from agentkv.placement import KV_WEIGHT, POLICIES
 
 
 @dataclass(slots=True)

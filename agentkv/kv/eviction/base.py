@@ -1,0 +1,171 @@
+"""The evictor interface and the stamp/chunk-queue bookkeeping the array evictors share.
+
+An `Evictor` holds exactly the free blocks that still carry cached content. The pool adds a
+request's cached blocks when it frees them (tail first), removes them when a lookup hits them
+again, and asks for victims when no empty block is left. Hints (`on_cached`, `on_lookup`,
+`session_*`) are no-ops here; ARC, the session policy and Belady use them. Blocks are plain
+ints; per-block state is kept in lists or numpy arrays.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from agentkv.kv.pool import BlockPool
+
+MASK32 = (1 << 32) - 1
+
+
+class Evictor:
+    """Orders free cached blocks and picks victims; one instance serves one pool (see `bind`)."""
+
+    name = "evictor"
+    arrays = False  # True: add/remove/pop take and give numpy int arrays instead of lists
+
+    def bind(self, pool: BlockPool) -> None:
+        """Attach to `pool` (its `ref`, `block_hash` and `num_blocks` are readable) and start empty."""
+        self.pool = pool
+        self.clear()
+
+    def clear(self) -> None:
+        raise NotImplementedError
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def blocks(self) -> list[int]:
+        """The evictable blocks (any order); for invariant checks."""
+        raise NotImplementedError
+
+    def add_many(self, blocks: list[int], session: object = None) -> None:
+        """Blocks just freed by a request of `session`, in the pool's preference order (tail first)."""
+        raise NotImplementedError
+
+    def remove_many(self, blocks: list[int]) -> None:
+        """Free cached blocks hit again by a lookup: they leave the evictor (the pool pins them)."""
+        raise NotImplementedError
+
+    def pop_victims(self, n: int) -> list[int]:
+        """Take `n` blocks out, best victim first (`n <= len(self)`); the pool drops their content."""
+        raise NotImplementedError
+
+    def check(self) -> None:
+        """Assert internal consistency (tests)."""
+
+    # single-block forms of the three verbs
+    def add(self, block: int, session: object = None) -> None:
+        self.add_many([block], session)
+
+    def remove(self, block: int) -> None:
+        self.remove_many([block])
+
+    def victim(self) -> int:
+        return self.pop_victims(1)[0]
+
+    # hints: no-ops unless a policy uses them
+    def on_cached(
+        self, blocks: list[int], start: int, parent: int | None, block_hashes: Sequence[int] = ()
+    ) -> None:
+        """`blocks` got hashes: positions start.. of the request's `block_hashes`; `parent` precedes them."""
+
+    def on_lookup(self, block_hashes: Sequence[int], hits: Sequence[int]) -> None:
+        """A request looked up its prefix and found `hits` cached (once per `get_computed_blocks`)."""
+
+    def session_paused(self, session: object, now: float, reason: str) -> None:
+        """A session's request ended at `now`, waiting on a tool ("tool_use") or on its user."""
+
+    def session_resumed(self, session: object, now: float) -> None:
+        """A session's next request arrived at `now`."""
+
+    def session_ended(self, session: object, now: float | None) -> None:
+        """A session will send no more requests."""
+
+
+class ChunkQueue:
+    """A FIFO of `(blocks, stamps)` numpy chunks with lazy deletion, popped a window at a time.
+
+    An entry is live iff `live(blocks, stamps)` says so (its stamp is still the block's latest
+    and the block still free), so taking a block out of the middle costs nothing.
+    """
+
+    __slots__ = ("q", "queued")
+
+    def __init__(self) -> None:
+        self.q: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self.queued = 0
+
+    def push(self, blocks: np.ndarray, stamps: np.ndarray) -> None:
+        self.q.append((blocks, stamps))
+        self.queued += len(blocks)
+
+    def pop(self, need: int, live) -> list[np.ndarray]:
+        """Up to `need` live blocks, oldest first (fewer only when the queue runs dry)."""
+        q = self.q
+        out: list[np.ndarray] = []
+        while need and q:  # a window of the oldest chunk, so a pop costs O(taken + stale)
+            bl, st = q[0]
+            w = min(len(bl), 2 * need + 64)
+            ok = live(bl[:w], st[:w])
+            idx = np.flatnonzero(ok)
+            cut = int(idx[need - 1]) + 1 if len(idx) >= need else w
+            take = bl[:cut][ok[:cut]]
+            if cut < len(bl):
+                q[0] = (bl[cut:], st[cut:])
+            else:
+                q.popleft()
+            self.queued -= cut
+            out.append(take)
+            need -= len(take)
+        return out
+
+    def compact(self, live) -> None:
+        """Drop the stale entries (one pass, in bulk)."""
+        if not self.q:
+            return
+        bl = np.concatenate([c[0] for c in self.q])
+        st = np.concatenate([c[1] for c in self.q])
+        ok = live(bl, st)
+        self.q = deque([(bl[ok], st[ok])])
+        self.queued = int(ok.sum())
+
+    def live_blocks(self, live) -> list[int]:
+        return [int(b) for bl, st in self.q for b in bl[live(bl, st)]]
+
+
+class StampedEvictor(Evictor):
+    """Bookkeeping shared by the array evictors (LRU, session): each free stamps its blocks from a
+    clock, queues hold (blocks, stamps) chunks, and an entry is live while its stamp is the block's
+    latest and the block is unused; a hit costs nothing, stale entries are filtered when popped."""
+
+    arrays = True
+
+    def _reset_stamps(self) -> None:
+        self._stamp = np.zeros(self.pool.num_blocks, dtype=np.int64)  # latest free stamp of each block
+        self._clock = 1
+        self._n = 0
+
+    def __len__(self) -> int:
+        return self._n
+
+    def _live(self, blocks: np.ndarray, stamps: np.ndarray) -> np.ndarray:
+        return (self._stamp[blocks] == stamps) & (self.pool.ref[blocks] == 0)
+
+    def _stamps(self, blocks: np.ndarray) -> np.ndarray:
+        """Fresh stamps for `blocks`, recorded first: their older queue entries retire."""
+        k = len(blocks)
+        stamps = np.arange(self._clock, self._clock + k, dtype=np.int64)
+        self._clock += k
+        self._stamp[blocks] = stamps
+        return stamps
+
+    def _evicted(self, out: list[np.ndarray], n: int) -> np.ndarray:
+        """The `n` victims popped as chunks `out`, their stamps cleared."""
+        victims = np.concatenate(out) if len(out) != 1 else out[0]
+        self._stamp[victims] = 0
+        self._n -= n
+        return victims
