@@ -212,7 +212,7 @@ def run_ceiling(port: int, streams: int, tokens: int, seconds: float = 5.0) -> d
 
 def run_ours(url: str, streams: int, turns: int, tokens: int, loop: str) -> dict:
     """One bench run (every stream a session of `turns` back-to-back requests) on this process's CPU."""
-    from agentkv.bench.command import _run_loop
+    from agentkv.bench.live import run_loop as _run_loop
     from agentkv.bench.runner import BenchConfig, BenchRun
 
     cfg = BenchConfig(

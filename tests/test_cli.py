@@ -26,7 +26,7 @@ def test_missing_file_is_one_line_error():
 
 
 def test_format_choices_are_the_readers():
-    from agentkv.cli import TRACE_FORMATS
+    from agentkv.trace.command import TRACE_FORMATS
     from agentkv.trace.formats import FORMATS
 
     assert ("auto", *FORMATS) == TRACE_FORMATS

@@ -9,9 +9,10 @@ import pytest
 
 from agentkv.cache.replay import replay
 from agentkv.kv.events import BlockRemoved
-from agentkv.kv.eviction import POLICIES, RadixLRU, make_policy
+from agentkv.kv.eviction import POLICIES, make_policy
 from agentkv.kv.eviction.arc import ARC
 from agentkv.kv.eviction.belady import Belady, next_use_keys
+from agentkv.kv.eviction.radix import RadixLRU
 from agentkv.kv.eviction.session import SessionAware
 from agentkv.kv.pool import BlockPool
 from agentkv.trace.accesses import block_requests

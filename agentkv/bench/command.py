@@ -1,35 +1,138 @@
-"""`agentkv bench`: flags -> BenchConfig, the embedded server when no --target, live progress, outputs.
+"""`agentkv bench` (and `agentkv compare`): flags -> BenchConfig, the embedded server when no
+--target, live progress, outputs.
 
 Outputs in --out: requests.jsonl (appended as requests finish), summary.json (the schema
 `agentkv simulate` writes) and report.html. The summary is written even after Ctrl-C.
+Import-light at module level: the CLI builds every parser.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
-import signal
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import msgspec
-import numpy as np
-from rich.console import Console, Group
-from rich.live import Live
-from rich.table import Table
-from rich.text import Text
-
-from agentkv.bench.args import DEFAULT_EMBEDDED_TIME_SCALE
-from agentkv.bench.runner import BenchConfig, BenchResult, BenchRun
 from agentkv.errors import UserError
-from agentkv.metrics.summary import parse_slo, write_summary
-from agentkv.metrics.view import print_summary, sessions_table
+from agentkv.trace.command import add_trace_args
 from agentkv.units import parse_duration
+
+if TYPE_CHECKING:
+    from agentkv.bench.runner import BenchConfig
+
+DEFAULT_EMBEDDED_TIME_SCALE = 10.0
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`agentkv bench` and `agentkv compare`."""
+    p = sub.add_parser(
+        "bench",
+        help="replay agentic sessions against an OpenAI-compatible server; "
+        "requests.jsonl, summary.json and report.html (default: the embedded agentkv serve)",
+    )
+    add_bench_args(p)
+    p.set_defaults(func=bench_command)
+    p = sub.add_parser("compare", help="two run summaries (bench or simulate) side by side, with differences")
+    p.add_argument("a", metavar="A", help="summary.json or a run folder")
+    p.add_argument("b", metavar="B", help="summary.json or a run folder")
+    p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.set_defaults(func=compare_command)
+
+
+def add_bench_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `agentkv bench`."""
+    add_trace_args(p)
+    p.add_argument(
+        "--target",
+        default=None,
+        metavar="URL",
+        help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (default: start agentkv serve, "
+        "a simulated H200 with Llama-3.1-8B, on a free loopback port)",
+    )
+    p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
+    p.add_argument(
+        "--duration",
+        default="60s",
+        help="stop releasing requests after this wall time, then let in-flight ones end; "
+        "'none' runs the traces out (default 60s)",
+    )
+    p.add_argument(
+        "--max-requests", type=int, default=None, metavar="N", help="stop after releasing N requests"
+    )
+    p.add_argument("--api", default="completions", choices=["completions", "chat"])
+    p.add_argument(
+        "--prompt-mode",
+        default=None,
+        choices=["token-ids", "text"],
+        help="token ids (exact lengths; completions only) or text (default: token-ids, text for chat)",
+    )
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH",
+        help="text mode: tokenizer.json or a HF folder to render blocks with (default: built-in)",
+    )
+    p.add_argument(
+        "--model", default=None, metavar="NAME", help="model name in requests (default: the target's first)"
+    )
+    p.add_argument("--slo", default=None, metavar="SPEC", help="goodput SLOs, e.g. ttft=2s,tpot=50ms")
+    p.add_argument("--out", default=None, metavar="DIR", help="output folder (default out/bench-<time>)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument(
+        "--warm-start", action="store_true", help="start each lane's first trace at a random point"
+    )
+    p.add_argument(
+        "--idle-gap-cap", default="10s", help="longest gap while nothing is in flight (default 10s)"
+    )
+    p.add_argument(
+        "--tenant-salts",
+        action="store_true",
+        help="send each session tree's own cache_salt (tenants never share cache)",
+    )
+    p.add_argument(
+        "--cache-bust",
+        action="store_true",
+        help="mark this run's prompts so nothing cached by an earlier run is reused",
+    )
+    p.add_argument("--timeout", default="300s", help="per-request time limit (default 300s)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=None,
+        metavar="X",
+        help="target seconds per wall second: the embedded server runs X times faster, gaps shrink "
+        f"X times and results are reported in target seconds (default {DEFAULT_EMBEDDED_TIME_SCALE:g} "
+        "for the embedded server, 1 with --target)",
+    )
+    p.add_argument(
+        "--serve-args",
+        default=None,
+        metavar="ARGS",
+        help="extra flags for the embedded agentkv serve, e.g. '--gpu h100 --cpu-offload 256GB'",
+    )
+    p.add_argument("--sample-every", default="1s", help="time-series sampling period (default 1s)")
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=0,
+        metavar="N",
+        help="cap on open connections (default 0: one per concurrent request)",
+    )
+    p.add_argument(
+        "--loop",
+        default="auto",
+        choices=["auto", "uvloop", "asyncio"],
+        help="event loop (default auto: uvloop when installed)",
+    )
+    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    p.add_argument("--quiet", "-q", action="store_true", help="no live progress display")
 
 
 def _duration(text: str | None, flag: str) -> float | None:
+    """A duration flag in seconds; None for none/off/0."""
     if text is None or str(text).lower() in ("none", "off", "0"):
         return None
     v = parse_duration(text, flag)
@@ -39,6 +142,10 @@ def _duration(text: str | None, flag: str) -> float | None:
 
 
 def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
+    """The BenchConfig of the flags, against `target` (durations and SLOs parsed)."""
+    from agentkv.bench.runner import BenchConfig
+    from agentkv.metrics.summary import parse_slo
+
     if args.lanes < 1:
         raise UserError(f"--lanes must be >= 1, got {args.lanes}")
     if args.max_requests is not None and args.max_requests < 1:
@@ -71,88 +178,6 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
     )
 
 
-def _progress(run: BenchRun) -> Group:
-    """The live panel: progress counters, throughput so far and the recent TTFT."""
-    s, cfg = run.stats, run.cfg
-    wall = time.time() - s.started if s.started else 0.0
-    t = Table.grid(padding=(0, 2))
-    for _ in range(4):
-        t.add_column()
-    ttft = np.median(s.recent_ttft) * 1000 if s.recent_ttft else None
-    hit = s.cached_tokens / s.input_tokens if s.input_tokens else None
-    left = f" / {cfg.duration:.0f}s" if cfg.duration else ""
-    t.add_row("elapsed", f"{wall:,.0f}s{left}", "released", f"{s.released:,}")
-    t.add_row("finished", f"{s.finished:,} ({s.failed:,} failed)", "in flight", f"{s.in_flight:,}")
-    t.add_row(
-        "output tok/s",
-        f"{s.output_tokens / max(wall * run.scale, 1e-9):,.0f}",
-        "TTFT p50 (recent)",
-        "-" if ttft is None else f"{ttft:,.0f} ms",
-    )
-    t.add_row(
-        "cache hit (reported)",
-        "-" if hit is None else f"{hit:.1%}",
-        "KV usage",
-        "-" if s.kv_usage is None else f"{s.kv_usage:.1%}",
-    )
-    stopping = cfg.duration is not None and wall >= cfg.duration
-    scale = f"  (time scale {run.scale:g}: rates and latencies in target seconds)" if run.scale != 1 else ""
-    head = Text(
-        f"agentkv bench -> {cfg.target}{scale}"
-        + ("  (stopping: waiting for in-flight requests)" if stopping else ""),
-        style="bold",
-    )
-    rows = [head, t]
-    if s.errors:
-        rows.append(
-            Text("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())), style="red")
-        )
-    return Group(*rows)
-
-
-def _run_loop(coro, loop: str):
-    """Run `coro` on uvloop when asked (or when `auto` and it is installed), else asyncio's loop."""
-    factory = None
-    if loop in ("auto", "uvloop"):
-        try:
-            import uvloop
-
-            factory = uvloop.new_event_loop
-        except ImportError:
-            if loop == "uvloop":
-                raise UserError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
-    with asyncio.Runner(loop_factory=factory) as runner:
-        return runner.run(_stoppable(coro))
-
-
-async def _stoppable(coro):
-    """Run `coro`; the first SIGINT or SIGTERM cancels it (the run keeps what finished and writes
-    its summary), a second stops at once. Installed on the loop itself, so it works under uvloop
-    and when the shell started us with SIGINT ignored (a background job: `agentkv bench ... &`)."""
-    loop, task = asyncio.get_running_loop(), asyncio.current_task()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    hits = 0
-
-    def on_signal() -> None:
-        nonlocal hits
-        hits += 1
-        if hits > 1:
-            raise KeyboardInterrupt
-        task.cancel()
-
-    for sig in signals:
-        loop.add_signal_handler(sig, on_signal)
-    try:
-        return await coro
-    except asyncio.CancelledError:
-        if hits:  # stopped before the run could catch it (still connecting): a plain interrupt
-            raise KeyboardInterrupt from None
-        raise
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)
-
-
 def _load(args: argparse.Namespace):
     from agentkv.trace.formats import bundled_sample, load_paths
 
@@ -161,7 +186,15 @@ def _load(args: argparse.Namespace):
 
 def bench_command(args: argparse.Namespace) -> int:
     """Entry point of `agentkv bench`."""
+    import msgspec
+    from rich.console import Console
+    from rich.live import Live
+
     from agentkv.bench.embedded import EmbeddedServer, needed_model_len
+    from agentkv.bench.live import progress_panel, run_loop
+    from agentkv.bench.runner import BenchResult, BenchRun
+    from agentkv.metrics.summary import write_summary
+    from agentkv.metrics.view import print_summary, sessions_table
 
     traces = _load(args)
     out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -193,10 +226,10 @@ def bench_command(args: argparse.Namespace) -> int:
         run = BenchRun(cfg, traces, out=out, notes=notes)
         live = None
         if not args.quiet and console.is_terminal:
-            live = Live(_progress(run), console=console, auto_refresh=False, transient=True)
-            run.on_tick = lambda r: live.update(_progress(r), refresh=True)
+            live = Live(progress_panel(run), console=console, auto_refresh=False, transient=True)
+            run.on_tick = lambda r: live.update(progress_panel(r), refresh=True)
             stack.enter_context(live)
-        result: BenchResult = _run_loop(run.run(), args.loop)
+        result: BenchResult = run_loop(run.run(), args.loop)
     write_summary(result.summary, out / "summary.json")
     if not args.no_report:
         from agentkv.bench.report import write_report
@@ -215,3 +248,10 @@ def bench_command(args: argparse.Namespace) -> int:
         console.print(f"agentkv: error: the run stopped early: {run.crash} (outputs written)", markup=False)
         return 1
     return 130 if result.interrupted else 0
+
+
+def compare_command(args: argparse.Namespace) -> int:
+    """Entry point of `agentkv compare`."""
+    from agentkv.bench.compare import compare_runs
+
+    return compare_runs(args)

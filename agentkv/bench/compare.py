@@ -143,7 +143,8 @@ def table(a: Summary, b: Summary, name_a: str, name_b: str) -> Table:
     return t
 
 
-def compare_command(args: argparse.Namespace) -> int:
+def compare_runs(args: argparse.Namespace) -> int:
+    """Print (or write as JSON) the comparison of the two runs the flags name."""
     a, b = load(args.a), load(args.b)
     if args.json:
         out = {

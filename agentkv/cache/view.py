@@ -7,17 +7,13 @@ for one picture.
 
 from __future__ import annotations
 
-import argparse
-import sys
 from html import escape
 from pathlib import Path
 
-import msgspec
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from agentkv.cache.analyze import Analysis, CellResult, analyze, default_jobs, make_grid
+from agentkv.cache.analyze import Analysis, CellResult
 from agentkv.errors import UserError
 
 PLOT_SUFFIXES = (".html", ".svg")
@@ -168,57 +164,3 @@ def write_plot(a: Analysis, path: Path) -> None:
         path.write_text(text)
     except OSError as e:
         raise UserError(f"--plot: cannot write {path}: {e.strerror or e}") from None
-
-
-def analyze_command(args: argparse.Namespace) -> int:
-    """`agentkv cache analyze`: load the traces (or the bundled sample), run the grid, print and plot."""
-    from agentkv.trace.formats import bundled_sample, load_paths
-
-    plot = Path(args.plot) if args.plot else None
-    if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
-        raise UserError(
-            f"--plot: {plot} must end in .html or .svg (a self-contained chart; no PNG, so no "
-            "plotting library is needed)"
-        )
-    jobs = args.jobs if args.jobs is not None else default_jobs()
-    if jobs < 1:
-        raise UserError(f"--jobs: must be at least 1, got {jobs}")
-    grid = make_grid(
-        args.capacity,
-        args.block_size,
-        args.policy,
-        args.model,
-        args.kv_cache_dtype,
-        args.cpu,
-        args.concurrency,
-    )
-    traces = load_paths(args.paths or bundled_sample(), args.format)
-    err = Console(stderr=True)
-    if args.quiet or not err.is_terminal:
-        result = analyze(traces, grid, jobs=jobs)
-    else:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("preparing accesses", total=None)
-            result = analyze(
-                traces,
-                grid,
-                jobs=jobs,
-                progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
-            )
-    if plot is not None:
-        write_plot(result, plot)
-    if args.json:
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(result), indent=2).decode() + "\n")
-    else:
-        console = Console()
-        render(result, console)
-        if plot is not None:
-            console.print(f"chart: {plot}")
-    return 0

@@ -1,11 +1,15 @@
-"""Engine settings under vLLM's flag names, validated once so every later part can trust them."""
+"""Engine settings under vLLM's flag names: the flags, and their validation once, so every later
+part can trust them (shared by simulate and serve)."""
 
 from __future__ import annotations
 
+import argparse
 import math
 from dataclasses import dataclass
 
 from agentkv.errors import UserError
+from agentkv.kv import HASH_ALGOS
+from agentkv.kv.eviction import ENGINE_POLICIES
 
 KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
@@ -56,8 +60,85 @@ class EngineConfig:
                 raise bad(flag, f"must be a finite size >= 0, got {v}")
         if self.num_gpu_blocks_override is not None and self.num_gpu_blocks_override < 1:
             raise bad("num_gpu_blocks_override", "must be >= 1")
+        if self.eviction_policy not in ENGINE_POLICIES:
+            raise bad(
+                "eviction_policy", f"'{self.eviction_policy}' is not one of {', '.join(ENGINE_POLICIES)}"
+            )
+        if self.hash_algo not in HASH_ALGOS:
+            raise bad("prefix_caching_hash_algo", f"'{self.hash_algo}' is not one of {', '.join(HASH_ALGOS)}")
 
     @property
     def kv_dtype(self) -> str:
         """The KV element type the cost model understands: 'bf16' or 'fp8'."""
         return "fp8" if self.kv_cache_dtype.startswith("fp8") else "bf16"
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EngineConfig:
+        """The config of the flags `add_engine_args` defines (sizes parsed, then validated)."""
+        from agentkv.units import parse_capacity
+
+        gib = float(1 << 30)
+        offload = args.kv_offloading_size
+        if args.cpu_offload:
+            offload = parse_capacity(args.cpu_offload, "--cpu-offload") / gib
+        disk = parse_capacity(args.disk_offload, "--disk-offload") / gib if args.disk_offload else 0.0
+        return cls(
+            gpu=args.gpu,
+            model=args.model,
+            tensor_parallel_size=args.tensor_parallel_size,
+            block_size=args.block_size,
+            kv_cache_dtype=args.kv_cache_dtype,
+            max_model_len=args.max_model_len,
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enable_prefix_caching=args.enable_prefix_caching,
+            max_num_seqs=args.max_num_seqs,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            kv_offloading_size=offload,
+            kv_disk_size=disk,
+            num_gpu_blocks_override=args.num_gpu_blocks_override,
+            eviction_policy=args.eviction_policy,
+            hash_algo=args.hash_algo,
+        )
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """The engine's knobs, under vLLM's flag names where vLLM has one (simulate and serve)."""
+    g = p.add_argument_group("engine (vLLM flag names)")
+    g.add_argument("--gpu", default="h200", help="accelerator from the catalogue (default h200)")
+    g.add_argument(
+        "--model",
+        default="llama3-8b",
+        help="model shape: llama3-8b, llama3-70b, qwen3-32b, or a HF config.json / folder",
+    )
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
+    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
+    g.add_argument("--max-num-seqs", type=int, default=256)
+    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument(
+        "--kv-offloading-size",
+        type=float,
+        default=0.0,
+        metavar="GIB",
+        help="CPU memory for KV offload, in GiB (vLLM's flag)",
+    )
+    g.add_argument(
+        "--cpu-offload",
+        default=None,
+        metavar="SIZE",
+        help="CPU offload tier as a size, e.g. 512GB (same as --kv-offloading-size)",
+    )
+    g.add_argument(
+        "--disk-offload", default=None, metavar="SIZE", help="SSD tier below the CPU tier, e.g. 2TB"
+    )
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    g.add_argument(
+        "--eviction-policy",
+        default="lru",
+        choices=ENGINE_POLICIES,
+        help=f"{', '.join(ENGINE_POLICIES)} (default lru)",
+    )
+    g.add_argument("--prefix-caching-hash-algo", dest="hash_algo", default="xxhash", choices=HASH_ALGOS)

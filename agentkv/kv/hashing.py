@@ -29,8 +29,9 @@ import numpy as np
 import xxhash
 
 from agentkv.errors import UserError
+from agentkv.kv import HASH_ALGOS
 
-ALGOS = ("xxhash", "sha256", "sha256_cbor")
+ALGOS = HASH_ALGOS
 MASK64 = (1 << 64) - 1
 
 Parent = int | bytes

@@ -29,7 +29,8 @@ from typing import Protocol
 import numpy as np
 
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from agentkv.kv.eviction import Evictor, make_policy
+from agentkv.kv.eviction import make_policy
+from agentkv.kv.eviction.base import Evictor
 from agentkv.kv.sizing import kv_bytes_per_token, num_blocks_for
 
 __all__ = ["BlockPool", "LowerTier", "PoolStats", "kv_bytes_per_token", "num_blocks_for"]

@@ -6,12 +6,132 @@ import argparse
 import logging
 
 from agentkv.errors import UserError
-from agentkv.route.proxy import RouterConfig, run_router
-from agentkv.route.workers import parse_worker
+from agentkv.kv import HASH_ALGOS
+from agentkv.placement import POLICIES, add_kv_weight_arg
 
 
-def config_from_args(args: argparse.Namespace) -> RouterConfig:
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The flags of `agentkv route`."""
+    p = sub.add_parser("route", help="OpenAI-compatible router: KV-aware, session-aware, tenant-isolated")
+    p.add_argument(
+        "--worker",
+        action="append",
+        default=[],
+        metavar="URL[=EVENTS[,REPLAY]]",
+        required=True,
+        help="an engine and, if it publishes KV events, its ZMQ event (and replay) endpoint, e.g. "
+        "http://127.0.0.1:8001=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558 (repeatable)",
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--policy", default="kv_aware", choices=POLICIES)
+    p.add_argument("--block-size", type=int, default=16, help="the engines' KV block size (default 16)")
+    p.add_argument(
+        "--hash-algo",
+        default="xxhash",
+        choices=HASH_ALGOS,
+        help="the engines' prefix-caching hash (vLLM: sha256; agentkv serve: its --prefix-caching-hash-algo)",
+    )
+    p.add_argument("--hash-seed", default=None, help="the engines' hash seed (vLLM: PYTHONHASHSEED)")
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        metavar="PATH|builtin",
+        help="tokenize text prompts as the engines do: a HF tokenizer.json (or its folder), or "
+        "'builtin' for agentkv serve; without it text is matched approximately",
+    )
+    p.add_argument(
+        "--approximate",
+        action="store_true",
+        help="ignore KV events: predict each worker's cache from the router's own decisions",
+    )
+    p.add_argument(
+        "--approx-capacity",
+        type=int,
+        default=65_536,
+        metavar="BLOCKS",
+        help="approximate mode: blocks assumed cached per worker (default 65,536)",
+    )
+    p.add_argument(
+        "--approx-ttl",
+        type=float,
+        default=300.0,
+        metavar="S",
+        help="approximate mode: seconds a routed prefix is assumed cached (default 300)",
+    )
+    p.add_argument(
+        "--api-keys",
+        default=None,
+        metavar="FILE",
+        help="API keys -> tenants (JSON {key: tenant} or '<key> <tenant>' lines; see docs/route.md)",
+    )
+    p.add_argument(
+        "--router-secret",
+        default=None,
+        metavar="S",
+        help="HMAC secret for tenant cache salts (default $AGENTKV_ROUTER_SECRET, else random)",
+    )
+    add_kv_weight_arg(p)
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="kv_aware: softmax sampling temperature (0: argmin)"
+    )
+    p.add_argument(
+        "--affinity",
+        type=float,
+        default=8.0,
+        metavar="BLOCKS",
+        help="kv_aware: a session (x-session-id) keeps its worker while within this many blocks "
+        "of the best cost and not overloaded (default 8; 0 turns it off)",
+    )
+    p.add_argument(
+        "--health-interval",
+        type=float,
+        default=1.0,
+        metavar="S",
+        help="seconds between /health checks of each worker (default 1)",
+    )
+    p.add_argument(
+        "--first-byte-timeout",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="seconds a worker may take to send a request's first byte before the request is "
+        "retried on another worker (default 0: no limit; a worker taken out of rotation "
+        "releases its waiting requests either way)",
+    )
+    p.add_argument(
+        "--scrape-interval",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds between /metrics scrapes of each worker (0: off)",
+    )
+    p.add_argument(
+        "--max-body-size", default="256MiB", metavar="SIZE", help="largest request body (default 256MiB)"
+    )
+    p.add_argument(
+        "--max-streams-per-tenant",
+        type=int,
+        default=1024,
+        metavar="N",
+        help="concurrent requests per tenant; more get 429 (default 1024; 0: no limit)",
+    )
+    p.add_argument(
+        "--max-index-blocks",
+        type=int,
+        default=1 << 22,
+        metavar="N",
+        help="blocks indexed per worker; stores past it are dropped and counted (default 4,194,304)",
+    )
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=route_command)
+
+
+def config_from_args(args: argparse.Namespace):
     """Validate the flags of `agentkv route` into a RouterConfig."""
+    from agentkv.route.proxy import RouterConfig
+    from agentkv.route.workers import parse_worker
+
     if args.block_size < 1:
         raise UserError(f"--block-size must be >= 1, got {args.block_size}")
     if args.approx_capacity < 1 or not args.approx_ttl > 0:
@@ -69,5 +189,7 @@ def config_from_args(args: argparse.Namespace) -> RouterConfig:
 
 def route_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from agentkv.route.proxy import run_router
+
     run_router(config_from_args(args))
     return 0

@@ -4,14 +4,59 @@ from __future__ import annotations
 
 import argparse
 import json
+from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.table import Table
+if TYPE_CHECKING:
+    from rich.table import Table
 
-from agentkv.security.sidechannel import AttackConfig, SideChannelReport, side_channel
+    from agentkv.security.sidechannel import AttackConfig, SideChannelReport
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The flags of `agentkv security side-channel`."""
+    sec = sub.add_parser("security", help="attacks that test agentkv's isolation promises")
+    ssub = sec.add_subparsers(dest="security_cmd", required=True, metavar="COMMAND")
+    p = ssub.add_parser(
+        "side-channel", help="prefix-cache timing attack: can one client see another's prefixes?"
+    )
+    p.add_argument(
+        "--target", required=True, metavar="URL", help="agentkv serve, agentkv route, or any OpenAI server"
+    )
+    p.add_argument(
+        "--via-router",
+        action="store_true",
+        help="the target is agentkv route: victim and attacker use different tenants' keys",
+    )
+    p.add_argument("--api-key", default=None, metavar="K", help="the victim's API key")
+    p.add_argument(
+        "--attacker-key", default=None, metavar="K2", help="the attacker's API key (another tenant)"
+    )
+    p.add_argument("--trials", type=int, default=100, metavar="N", help="victim/probe rounds (default 100)")
+    p.add_argument(
+        "--prefix-tokens", type=int, default=4096, metavar="N", help="secret prefix length (default 4096)"
+    )
+    p.add_argument(
+        "--calibration",
+        type=int,
+        default=6,
+        metavar="N",
+        help="the attacker's own cold/warm prompt pairs that set its threshold (default 6)",
+    )
+    p.add_argument(
+        "--confidence", type=float, default=0.95, help="confidence level of the intervals (default 0.95)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--model", default=None, help="model name in requests (default: the target's first)")
+    p.add_argument(
+        "--timeout", type=float, default=60.0, metavar="S", help="per-request time limit (default 60)"
+    )
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.set_defaults(func=side_channel_command)
 
 
 def config_from_args(args: argparse.Namespace) -> AttackConfig:
+    from agentkv.security.sidechannel import AttackConfig
+
     cfg = AttackConfig(
         target=args.target,
         via_router=args.via_router,
@@ -31,6 +76,8 @@ def config_from_args(args: argparse.Namespace) -> AttackConfig:
 
 def report_table(r: SideChannelReport) -> Table:
     """One row per signal: AUC and accuracy with their intervals, the medians each class showed."""
+    from rich.table import Table
+
     level = f"{r.confidence:.0%} CI"
     how = "via agentkv route, victim and attacker in different tenants" if r.via_router else "shared cache"
     t = Table(
@@ -65,6 +112,10 @@ def report_table(r: SideChannelReport) -> Table:
 
 def side_channel_command(args: argparse.Namespace) -> int:
     """Run the attack and print the report; exit 0 either way (the verdict is in the output)."""
+    from rich.console import Console
+
+    from agentkv.security.sidechannel import side_channel
+
     cfg = config_from_args(args)
     con = Console(stderr=True)
     if args.json:

@@ -8,13 +8,10 @@ all: SIGTERM, a grace period, then SIGKILL. Children also die with the parent (P
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import logging
-import math
 import multiprocessing as mp
 import queue
 import re
@@ -28,47 +25,6 @@ from agentkv.serve.app import ServeOptions
 
 _TCP_PORT = re.compile(r"^(tcp://.+:)(\d+)$")
 GRACE_S = 10.0
-
-
-def options_from_args(args: argparse.Namespace) -> ServeOptions:
-    """ServeOptions from the CLI flags (vLLM's `--kv-events-config` JSON or agentkv's own flags)."""
-    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
-        raise UserError(f"--time-scale must be a finite number > 0, got {args.time_scale}")
-    if args.max_body_size is not None:
-        from agentkv.units import parse_capacity
-
-        max_body = parse_capacity(args.max_body_size, "--max-body-size")
-    else:
-        max_body = 32 << 20
-    if max_body < 1024:
-        raise UserError(f"--max-body-size must be at least 1KiB, got {args.max_body_size}")
-    endpoint, replay, topic = args.kv_events_endpoint, args.kv_events_replay_endpoint, args.kv_events_topic
-    if args.kv_events_config:
-        try:
-            cfg = json.loads(args.kv_events_config)
-        except json.JSONDecodeError as e:
-            raise UserError(f"--kv-events-config: not valid JSON ({e.msg})") from None
-        if not isinstance(cfg, dict):
-            raise UserError("--kv-events-config: expected a JSON object")
-        if cfg.get("enable_kv_cache_events", True) and cfg.get("publisher", "zmq") == "zmq":
-            endpoint = endpoint or cfg.get("endpoint", "tcp://*:5557")
-            replay = replay or cfg.get("replay_endpoint")
-            topic = cfg.get("topic") or topic
-    if args.default_max_tokens < 1:
-        raise UserError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
-    if not 0 <= args.port <= 65535:
-        raise UserError(f"--port must be in 0..65535, got {args.port}")
-    return ServeOptions(
-        host=args.host,
-        port=args.port,
-        time_scale=args.time_scale,
-        served_model_name=args.served_model_name,
-        kv_events_endpoint=endpoint,
-        kv_events_replay_endpoint=replay,
-        kv_events_topic=topic,
-        max_body_bytes=max_body,
-        default_max_tokens=args.default_max_tokens,
-    )
 
 
 def shift_endpoint(endpoint: str | None, i: int, flag: str) -> str | None:
@@ -112,22 +68,6 @@ def worker_options(opts: ServeOptions, n: int) -> list[ServeOptions]:
                     )
                 used[port] = e
     return out
-
-
-def serve_command(args: argparse.Namespace) -> int:
-    """Entry point of `agentkv serve`."""
-    from agentkv.cli import engine_config_from_args
-
-    logging.basicConfig(
-        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(message)s"
-    )
-    config = engine_config_from_args(args)
-    opts = options_from_args(args)
-    if args.workers < 1:
-        raise UserError(f"--workers must be >= 1, got {args.workers}")
-    if args.workers == 1:
-        return run_one(config, opts)
-    return run_workers(config, worker_options(opts, args.workers))
 
 
 def _describe(server, index: int | None = None) -> str:

@@ -17,8 +17,10 @@ from dataclasses import asdict, dataclass, field
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import DecodeBurst, Engine, StepResult
 from agentkv.engine.hardware import get_gpu
+from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Sample, Summary, summarize
+from agentkv.placement import POLICIES
 from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.trace.blocks import chain_keys
 from agentkv.trace.model import Trace
@@ -44,6 +46,14 @@ class SimConfig:
     duration: float | None = None  # simulated seconds after which no new request is released
     sample_every: float = 1.0  # simulated seconds between timeline samples
     bursts: bool = True  # run pure-decode stretches as one event (same results, far fewer events)
+
+    def __post_init__(self) -> None:
+        if self.workers < 1 or self.lanes < 1:
+            raise UserError("--workers and --lanes must be >= 1")
+        if not self.kv_weight >= 0:
+            raise UserError(f"--kv-weight must be >= 0, got {self.kv_weight}")
+        if self.router not in POLICIES:
+            raise UserError(f"--router: '{self.router}' is not one of {', '.join(POLICIES)}")
 
 
 class SimWorker:

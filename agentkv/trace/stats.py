@@ -273,24 +273,6 @@ def ceiling(traces: Sequence[Trace]) -> float:
     return sum(trace_hits(traces)) / total_in if total_in else 0.0
 
 
-def stats_command(args) -> int:
-    """`agentkv trace stats`: load the paths (or the bundled sample), print tables or JSON."""
-    from agentkv.errors import UserError
-    from agentkv.trace.formats import load_paths
-    from agentkv.trace.stats_view import bundled_traces, render
-
-    top = getattr(args, "top", 10)
-    if top < 1:
-        raise UserError(f"--top must be at least 1, got {top}")
-    traces = load_paths(args.paths, args.format) if args.paths else bundled_traces()
-    report = compute(traces)
-    if args.json:
-        print(msgspec.json.format(msgspec.json.encode(report).decode(), indent=2))
-    else:
-        render(report, top=top)
-    return 0
-
-
 class CeilingTracker:
     """`cache_hits` one request at a time, in replay order: what an unbounded cache would serve.
 

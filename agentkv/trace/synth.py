@@ -252,20 +252,3 @@ def write_traces(traces: list[Trace], out: str | Path, gz: bool = False) -> list
         raise UserError(f"{folder}: cannot create output directory: {e.strerror or e}") from None
     suffix = ".json.gz" if gz else ".json"
     return [write_agentx(tr, folder / f"{tr.id}{suffix}") for tr in traces]
-
-
-def synth_command(args) -> int:
-    """`agentkv trace synth`: write the sessions and print one line about them."""
-    from agentkv.errors import UserError
-    from agentkv.trace.stats import compute
-
-    if args.sessions < 1:
-        raise UserError(f"--sessions must be at least 1, got {args.sessions}")
-    traces = synthesize(args.sessions, args.seed)
-    paths = write_traces(traces, args.output, gz=args.gzip)
-    tot = compute(traces).total
-    print(
-        f"wrote {len(paths)} traces to {args.output}: {tot.requests} requests, {tot.subagents} sub-agents, "
-        f"{tot.input_tokens:,} input tokens, prefix-cache hit ceiling {tot.ceiling:.4f}"
-    )
-    return 0

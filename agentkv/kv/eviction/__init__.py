@@ -1,51 +1,44 @@
 """Eviction policies over a pool's free cached blocks, one module each; `make_policy` by name.
 
-Adding a policy: a module here with an `Evictor` subclass, its name in `POLICIES` (and in
-`ENGINE_POLICIES` if it needs no knowledge of the future), and a branch in `make_policy`.
+Kept import-light (the CLI lists the names): a policy's module is imported when it is made.
+Adding a policy: a module here with an `Evictor` subclass and one line in `_CLASSES` (and in
+`ENGINE_POLICIES` unless it needs to know the future, as Belady does).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from agentkv.kv.eviction.base import ChunkQueue, Evictor, StampedEvictor
-from agentkv.kv.eviction.lfu import LFU
-from agentkv.kv.eviction.lru import LRU
-from agentkv.kv.eviction.radix import RadixLRU
+if TYPE_CHECKING:
+    from agentkv.kv.eviction.base import Evictor
 
-__all__ = [
-    "ENGINE_POLICIES",
-    "POLICIES",
-    "ChunkQueue",
-    "Evictor",
-    "LFU",
-    "LRU",
-    "RadixLRU",
-    "StampedEvictor",
-    "make_policy",
-]
+_CLASSES = {
+    "lru": "lru:LRU",
+    "lfu": "lfu:LFU",
+    "radix": "radix:RadixLRU",
+    "arc": "arc:ARC",
+    "session": "session:SessionAware",
+    "belady": "belady:Belady",
+}
+POLICIES = tuple(_CLASSES)
+ENGINE_POLICIES = tuple(p for p in POLICIES if p != "belady")  # belady needs the future: offline only
 
-POLICIES = ("lru", "lfu", "radix", "arc", "session", "belady")
-ENGINE_POLICIES = ("lru", "lfu", "radix", "arc", "session")  # belady needs the future: offline only
+
+def policy_class(name: str) -> type[Evictor]:
+    """The `Evictor` subclass of a policy name (ValueError for an unknown one)."""
+    if name not in _CLASSES:
+        raise ValueError(f"unknown eviction policy {name!r} (expected one of: {', '.join(POLICIES)})")
+    module, _, cls = _CLASSES[name].partition(":")
+    return getattr(importlib.import_module(f"agentkv.kv.eviction.{module}"), cls)
 
 
 def make_policy(name: str, *, accesses: Iterable[Sequence[int]] | None = None, **kwargs) -> Evictor:
     """A policy by name (one of POLICIES); "belady" needs the whole future `accesses` sequence."""
+    cls = policy_class(name)
     if name == "belady":
-        from agentkv.kv.eviction.belady import Belady
-
         if accesses is None:
             raise ValueError("the belady policy needs the access sequence (accesses=...)")
-        return Belady(accesses)
-    if name == "session":
-        from agentkv.kv.eviction.session import SessionAware
-
-        return SessionAware(**kwargs)
-    if name == "arc":
-        from agentkv.kv.eviction.arc import ARC
-
-        return ARC(**kwargs)
-    classes = {"lru": LRU, "lfu": LFU, "radix": RadixLRU}
-    if name not in classes:
-        raise ValueError(f"unknown eviction policy {name!r} (expected one of: {', '.join(POLICIES)})")
-    return classes[name](**kwargs)
+        return cls(accesses)
+    return cls(**kwargs)

@@ -1,0 +1,130 @@
+"""`agentkv cache analyze`: flags, then the grid run with a progress bar, tables, JSON or a chart."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from agentkv.errors import UserError
+from agentkv.trace.command import add_trace_args
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """`agentkv cache ...`: offline analysis of the KV cache on traces."""
+    cache = sub.add_parser(
+        "cache", help="offline KV-cache analysis of traces (eviction policies, capacities)"
+    )
+    csub = cache.add_subparsers(dest="cache_cmd", required=True, metavar="COMMAND")
+    p = csub.add_parser(
+        "analyze",
+        help="token hit rate per (capacity, block size, eviction policy), with "
+        "Belady's optimum and the unbounded-cache ceiling",
+    )
+    add_trace_args(p)
+    p.add_argument(
+        "--capacity",
+        default="100GB",
+        metavar="SIZES",
+        help="GPU KV capacities, comma-separated, e.g. 50GB,100GB,200GB (default 100GB)",
+    )
+    p.add_argument(
+        "--model",
+        default="llama3-8b",
+        help="model shape for KV bytes per token: llama3-8b, llama3-70b, qwen3-32b, or a HF config.json",
+    )
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8 (default auto)")
+    p.add_argument(
+        "--block-size",
+        default="16",
+        metavar="SIZES",
+        help="block sizes in tokens, comma-separated, e.g. 16,64 (default 16)",
+    )
+    p.add_argument(
+        "--policy",
+        default=None,
+        metavar="NAMES",
+        help="eviction policies, comma-separated: lru, lfu, radix, arc, session, belady (default all)",
+    )
+    p.add_argument("--cpu", default=None, metavar="SIZE", help="a CPU tier below the GPU, e.g. 512GB")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N sessions at a time, the next starting when one ends (default: all from t=0)",
+    )
+    p.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        default=None,
+        metavar="N",
+        help="worker processes for the grid (default: usable cores, at most 4)",
+    )
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument(
+        "--plot", default=None, metavar="OUT", help="write a hit rate vs capacity chart (.html or .svg)"
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=analyze_command)
+
+
+def analyze_command(args: argparse.Namespace) -> int:
+    """`agentkv cache analyze`: load the traces (or the bundled sample), run the grid, print and plot."""
+    import msgspec
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentkv.cache.analyze import analyze, default_jobs, make_grid
+    from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
+    from agentkv.trace.formats import bundled_sample, load_paths
+
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
+        raise UserError(
+            f"--plot: {plot} must end in .html or .svg (a self-contained chart; no PNG, so no "
+            "plotting library is needed)"
+        )
+    jobs = args.jobs if args.jobs is not None else default_jobs()
+    if jobs < 1:
+        raise UserError(f"--jobs: must be at least 1, got {jobs}")
+    grid = make_grid(
+        args.capacity,
+        args.block_size,
+        args.policy,
+        args.model,
+        args.kv_cache_dtype,
+        args.cpu,
+        args.concurrency,
+    )
+    traces = load_paths(args.paths or bundled_sample(), args.format)
+    err = Console(stderr=True)
+    if args.quiet or not err.is_terminal:
+        result = analyze(traces, grid, jobs=jobs)
+    else:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task("preparing accesses", total=None)
+            result = analyze(
+                traces,
+                grid,
+                jobs=jobs,
+                progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
+            )
+    if plot is not None:
+        write_plot(result, plot)
+    if args.json:
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(result), indent=2).decode() + "\n")
+    else:
+        console = Console()
+        render(result, console)
+        if plot is not None:
+            console.print(f"chart: {plot}")
+    return 0

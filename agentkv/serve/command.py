@@ -1,0 +1,133 @@
+"""`agentkv serve`: flags -> engine config and server options -> one server or N workers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+from typing import TYPE_CHECKING
+
+from agentkv.engine.config import EngineConfig, add_engine_args
+from agentkv.errors import UserError
+
+if TYPE_CHECKING:
+    from agentkv.serve.app import ServeOptions
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    """The flags of `agentkv serve`: server, KV events, and the engine's (vLLM names)."""
+    p = sub.add_parser(
+        "serve", help="an OpenAI-compatible server (vLLM's API, metrics and KV events) on the engine"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000; 0 picks a free one)")
+    p.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="engine seconds per wall second: 10 runs the simulated GPU ten times faster (default 1)",
+    )
+    p.add_argument(
+        "--served-model-name", default=None, metavar="NAME", help="model name in the API (default --model)"
+    )
+    p.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        metavar="ZMQ",
+        help="publish KV events here, e.g. tcp://*:5557 (binds on '*', else connects, as vLLM)",
+    )
+    p.add_argument(
+        "--kv-events-replay-endpoint",
+        default=None,
+        metavar="ZMQ",
+        help="replay ROUTER socket for missed event batches, e.g. tcp://*:5558",
+    )
+    p.add_argument(
+        "--kv-events-topic", default="kv-events", help="ZMQ topic of event messages (default kv-events)"
+    )
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s form: {"endpoint": ..., "replay_endpoint": ..., "topic": ...}',
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="engines to start, on consecutive ports and event endpoints (default 1)",
+    )
+    p.add_argument(
+        "--max-body-size", default=None, metavar="SIZE", help="largest request body (default 32MiB)"
+    )
+    p.add_argument(
+        "--default-max-tokens",
+        type=int,
+        default=256,
+        metavar="N",
+        help="output length of chat requests without max_tokens (completions: 16, as vLLM)",
+    )
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add_engine_args(p)
+    p.set_defaults(func=serve_command)
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    """ServeOptions from the CLI flags (vLLM's `--kv-events-config` JSON or agentkv's own flags)."""
+    from agentkv.serve.app import ServeOptions
+
+    if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
+        raise UserError(f"--time-scale must be a finite number > 0, got {args.time_scale}")
+    if args.max_body_size is not None:
+        from agentkv.units import parse_capacity
+
+        max_body = parse_capacity(args.max_body_size, "--max-body-size")
+    else:
+        max_body = 32 << 20
+    if max_body < 1024:
+        raise UserError(f"--max-body-size must be at least 1KiB, got {args.max_body_size}")
+    endpoint, replay, topic = args.kv_events_endpoint, args.kv_events_replay_endpoint, args.kv_events_topic
+    if args.kv_events_config:
+        try:
+            cfg = json.loads(args.kv_events_config)
+        except json.JSONDecodeError as e:
+            raise UserError(f"--kv-events-config: not valid JSON ({e.msg})") from None
+        if not isinstance(cfg, dict):
+            raise UserError("--kv-events-config: expected a JSON object")
+        if cfg.get("enable_kv_cache_events", True) and cfg.get("publisher", "zmq") == "zmq":
+            endpoint = endpoint or cfg.get("endpoint", "tcp://*:5557")
+            replay = replay or cfg.get("replay_endpoint")
+            topic = cfg.get("topic") or topic
+    if args.default_max_tokens < 1:
+        raise UserError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
+    if not 0 <= args.port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {args.port}")
+    return ServeOptions(
+        host=args.host,
+        port=args.port,
+        time_scale=args.time_scale,
+        served_model_name=args.served_model_name,
+        kv_events_endpoint=endpoint,
+        kv_events_replay_endpoint=replay,
+        kv_events_topic=topic,
+        max_body_bytes=max_body,
+        default_max_tokens=args.default_max_tokens,
+    )
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    """Entry point of `agentkv serve`."""
+    from agentkv.serve.launch import run_one, run_workers, worker_options
+
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(message)s"
+    )
+    config = EngineConfig.from_args(args)
+    opts = options_from_args(args)
+    if args.workers < 1:
+        raise UserError(f"--workers must be >= 1, got {args.workers}")
+    if args.workers == 1:
+        return run_one(config, opts)
+    return run_workers(config, worker_options(opts, args.workers))

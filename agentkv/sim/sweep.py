@@ -1,0 +1,161 @@
+"""`agentkv simulate --sweep`: a grid of overrides applied to the typed SimConfig with
+`dataclasses.replace` (so every point is validated like a flag), run in worker processes."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import itertools
+import sys
+import typing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from agentkv.engine.config import EngineConfig
+from agentkv.errors import UserError
+from agentkv.metrics.summary import Summary, write_summary
+from agentkv.metrics.view import ms, num, pct
+from agentkv.sim.cluster import SimConfig, simulate
+from agentkv.units import parse_capacity, parse_duration
+
+_GIB = float(1 << 30)
+_OFF = ("0", "none", "off")
+# flag names that are not the field's own name: key -> (config field, how its value is read)
+_ALIASES = {
+    "cpu_offload": (
+        "kv_offloading_size",
+        lambda v: 0.0 if v.lower() in _OFF else parse_capacity(v, "cpu_offload") / _GIB,
+    ),
+    "disk_offload": (
+        "kv_disk_size",
+        lambda v: 0.0 if v.lower() in _OFF else parse_capacity(v, "disk_offload") / _GIB,
+    ),
+    "tp": ("tensor_parallel_size", None),
+    "prefix_caching_hash_algo": ("hash_algo", None),
+    "idle_gap_cap": (
+        "idle_gap_cap",
+        lambda v: None if v.lower() in _OFF else parse_duration(v, "idle_gap_cap"),
+    ),
+    "duration": ("duration", lambda v: None if v.lower() in _OFF else parse_duration(v, "duration")),
+}
+_SIM_FIELDS = {f.name for f in dataclasses.fields(SimConfig)} - {"engine", "sample_every", "bursts"}
+_ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed"}
+_HINTS = {**typing.get_type_hints(EngineConfig), **typing.get_type_hints(SimConfig)}
+
+
+def _field(key: str) -> str:
+    """The config field a sweep key sets (UserError for an unknown key)."""
+    name = _ALIASES[key][0] if key in _ALIASES else key
+    if name not in _SIM_FIELDS and name not in _ENGINE_FIELDS:
+        raise UserError(
+            f"--sweep: unknown setting '{key}' (use a simulate flag name, e.g. lanes, "
+            "cpu_offload, gpu_memory_utilization, router, gpu)"
+        )
+    return name
+
+
+def parse_sweep(specs: list[str]) -> list[dict[str, str]]:
+    """`key=v1,v2` specs -> the grid of overrides (product over keys), keys checked against the config."""
+    axes: list[tuple[str, list[str]]] = []
+    for spec in specs:
+        key, sep, vals = spec.partition("=")
+        key = key.strip().lstrip("-").replace("-", "_")
+        if not sep or not vals:
+            raise UserError(f"--sweep: expected KEY=V1,V2,..., got {spec!r}")
+        _field(key)
+        axes.append((key, [v.strip() for v in vals.split(",") if v.strip()]))
+    keys = [k for k, _ in axes]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*[v for _, v in axes])]
+
+
+def _value(key: str, name: str, raw: str):
+    """A sweep value read as its field's type: an int, a number, a flag, a size, a duration or text."""
+    if key in _ALIASES and _ALIASES[key][1] is not None:
+        return _ALIASES[key][1](raw)
+    hint = _HINTS[name]
+    if hint is bool:
+        return raw.lower() in ("1", "true", "yes", "on")
+    for typ, what in ((int, "an integer"), (float, "a number")):
+        if hint in (typ, typ | None):
+            if hint is not typ and raw.lower() in ("none", "off"):
+                return None
+            try:
+                return typ(raw)
+            except ValueError:
+                raise UserError(f"--sweep {key}: expected {what}, got {raw!r}") from None
+    return raw
+
+
+def apply(cfg: SimConfig, overrides: dict[str, str]) -> SimConfig:
+    """`cfg` with the overrides set (`dataclasses.replace`: each new config validates itself)."""
+    sim: dict[str, object] = {}
+    engine: dict[str, object] = {}
+    for key, raw in overrides.items():
+        name = _field(key)
+        (sim if name in _SIM_FIELDS else engine)[name] = _value(key, name, raw)
+    if engine:
+        sim["engine"] = dataclasses.replace(cfg.engine, **engine)
+    return dataclasses.replace(cfg, **sim)
+
+
+def _run_one(payload) -> tuple[dict, bytes, float, float]:
+    from agentkv.sim.command import load_traces
+
+    paths, fmt, cfg, overrides = payload
+    res = simulate(load_traces(paths, fmt), cfg)
+    return overrides, msgspec.json.encode(res.summary), res.wall_s, res.sim_s
+
+
+_COLUMNS = ("TTFT p50", "TTFT p99", "TPOT p50", "hit rate", "CPU hits", "out tok/s", "out tok/s/GPU")
+
+
+def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
+    """One row per grid point: its settings, then latency, hits, throughput, preemptions, failures."""
+    table = Table(title="simulate sweep")
+    for k in keys:
+        table.add_column(k)
+    for col in (*_COLUMNS, "preempt", "failed"):
+        table.add_column(col, justify="right")
+    for overrides, s in results:
+        tp = s.throughput
+        table.add_row(
+            *[overrides[k] for k in keys],
+            ms(s.ttft.p50),
+            ms(s.ttft.p99),
+            ms(s.tpot.p50),
+            pct(s.cache.reported),
+            pct(s.cache.by_tier.get("CPU")),
+            num(tp.output_tokens_per_s if tp else None),
+            num(tp.output_tokens_per_s_per_gpu if tp else None),
+            f"{s.preemptions:,}",
+            f"{s.failed:,}",
+        )
+    return table
+
+
+def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:
+    """Run every grid point (two processes), then print the table or JSON and write the summaries."""
+    grid = parse_sweep(args.sweep)
+    configs = [apply(base, g) for g in grid]  # fail fast on a bad value, before spawning processes
+    results: list[tuple[dict, Summary]] = []
+    payloads = [(args.paths, args.format, c, g) for c, g in zip(configs, grid, strict=True)]
+    with ProcessPoolExecutor(max_workers=min(len(grid), 2)) as pool:
+        for overrides, blob, wall, _ in pool.map(_run_one, payloads):
+            results.append((overrides, msgspec.json.decode(blob, type=Summary)))
+            console.print(f"[dim]done: {overrides} ({wall:.1f} s)[/dim]")
+    if args.json:
+        out = [{"overrides": o, "summary": msgspec.to_builtins(s)} for o, s in results]
+        sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
+    else:
+        Console().print(_table(list(grid[0]), results))
+    if args.out:
+        out_dir = Path(args.out)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for i, (overrides, s) in enumerate(results):
+            name = "-".join(f"{k}={v}" for k, v in overrides.items()).replace("/", "_") or str(i)
+            write_summary(s, out_dir / f"summary-{name}.json")
+    return 0
