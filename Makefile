@@ -26,9 +26,11 @@ demo: install
 
 lint: install-test
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 test: install-test
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 # the live-vLLM suite alone (tests/vllm; `make test` runs it too), and its environment ahead of time
