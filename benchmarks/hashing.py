@@ -16,7 +16,7 @@ from agentkv.kv.hashing import (
     XxHasher,
     block_hashes,
 )
-from agentkv.trace.blocks import chain_keys, request_tokens, trace_key
+from agentkv.trace.blocks import chain_keys, request_tokens, space_key
 
 
 def main() -> None:
@@ -57,7 +57,7 @@ def main() -> None:
         f"  200K-token prompt from 64-token trace blocks: {ms:6.2f} ms ({200_000 / ms / 1e3:.0f} M tokens/s)"
     )
     ids1m = list(range(1, 1_000_000 // 64 + 1))
-    key = trace_key("trace_0001")
+    key = space_key("trace_0001")
     for bs in (16, 64, 256):
         ms = best_ms(lambda bs=bs: chain_keys(key, ids1m, 64, bs, 1_000_000))
         print(f"  chain_keys 1M tokens, trace block 64 -> engine block {bs:3d}: {ms:6.2f} ms")

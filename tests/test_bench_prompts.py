@@ -60,8 +60,8 @@ def test_tenant_salts_are_valid_cache_salts():
 def test_ceiling_key_splits_tenants_only_for_global_ids():
     loc, glob = _items("local")[0], _items("global")[0]
     assert PromptBuilder(tenant_salts=True).ceiling_key(loc) == "tr#0"
-    assert PromptBuilder().ceiling_key(glob) == "tr"
-    assert PromptBuilder(tenant_salts=True).ceiling_key(glob) == "tr|tr#0"
+    assert PromptBuilder().ceiling_key(glob) == "global:tr"  # the file's space (no source: the id)
+    assert PromptBuilder(tenant_salts=True).ceiling_key(glob) == "global:tr|tr#0"
 
 
 def test_bad_options():

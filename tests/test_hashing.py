@@ -26,7 +26,7 @@ from agentkv.kv.hashing import (
     event_hash,
     make_hasher,
 )
-from agentkv.trace.blocks import chain_keys, request_tokens, trace_block_tokens, trace_key
+from agentkv.trace.blocks import chain_keys, request_tokens, space_key, trace_block_tokens
 
 # ../shared/vllm/README.md: observed on a live vLLM 0.32.0, PYTHONHASHSEED unset, block size 32.
 PROMPT = list(range(1, 65))
@@ -240,7 +240,7 @@ def test_trace_tokens_are_deterministic_across_processes():
     assert _child("42")["trace"] == _child(None)["trace"] == digest
     assert toks.dtype == np.int32 and len(toks) == 500
     assert toks.min() >= 1000 and toks.max() < 31000
-    assert trace_key("trace_0042") == trace_key("trace_0042") != trace_key("trace_0043")
+    assert space_key("trace_0042") == space_key("trace_0042") != space_key("trace_0043")
 
 
 def test_request_tokens_are_blocks_then_filler():
@@ -265,7 +265,7 @@ def test_request_tokens_are_blocks_then_filler():
 def _check_consistent(reqs, key, tbs, ebs):
     """Pairwise: common prefix of chain keys == common prefix of real token hashes."""
     real = [block_hashes(request_tokens(key, ids, n, tbs), ebs) for ids, n in reqs]
-    keys = [chain_keys(trace_key(key), ids, tbs, ebs, n) for ids, n in reqs]
+    keys = [chain_keys(space_key(key), ids, tbs, ebs, n) for ids, n in reqs]
     for r, k, (_, n) in zip(real, keys, reqs, strict=True):
         assert len(r) == len(k) == n // ebs
     partial = 0

@@ -21,12 +21,6 @@ _enc = msgspec.json.encode
 _BLOCK_CACHE_MAX = 500_000  # rendered trace blocks kept; cleared wholesale past this
 
 
-def trace_key(item: PlanItem) -> str:
-    """The hash-id space of an item: one live replay of a trace, or the whole trace for global ids."""
-    t = item.trace
-    return f"{t.id}#{item.replay}" if t.hash_id_scope == "local" else t.id
-
-
 def _salt(text: str) -> str:
     """A vLLM-valid cache_salt: non-empty, at most 128 characters, none of @ / \\ or NUL."""
     for bad in "@/\\\0":
@@ -105,7 +99,7 @@ class PromptBuilder:
     def tokens(self, item: PlanItem) -> np.ndarray:
         """The request's exact prompt token ids (int32), with the cache-bust marker applied."""
         r = item.request
-        ids = request_tokens(trace_key(item), r.hash_ids, r.input_tokens, item.trace.block_size, self.vocab)
+        ids = request_tokens(item.hash_space, r.hash_ids, r.input_tokens, item.trace.block_size, self.vocab)
         return self._bust(ids)
 
     def _bust(self, ids: np.ndarray) -> np.ndarray:
@@ -133,7 +127,7 @@ class PromptBuilder:
         Equal to rendering `tokens(item)` in one go, but a new turn only computes its new blocks,
         so a 150k-token prompt costs about a millisecond instead of tens.
         """
-        r, b, key = item.request, item.trace.block_size, trace_key(item)
+        r, b, key = item.request, item.trace.block_size, item.hash_space
         n, hs = r.input_tokens, r.hash_ids
         full = min(len(hs), n // b)
         cache = self._cache
@@ -181,5 +175,5 @@ class PromptBuilder:
 
     def ceiling_key(self, item: PlanItem) -> str:
         """The ceiling's sharing domain: the trace's hash-id space, split per tenant when salted."""
-        key = trace_key(item)
+        key = item.hash_space
         return f"{key}|{item.tree_key}" if self.tenant_salts and item.trace.hash_id_scope != "local" else key

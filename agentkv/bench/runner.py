@@ -23,7 +23,7 @@ from agentkv.bench.gpu import GpuMonitor
 from agentkv.bench.prompts import PromptBuilder
 from agentkv.bench.scrape import MetricsSnapshot, Scraper, hit_rate
 from agentkv.errors import UserError
-from agentkv.metrics.records import RequestRecord, encode_record
+from agentkv.metrics.records import RequestRecord, encode_record, record_for
 from agentkv.metrics.summary import Sample, Summary, summarize
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
@@ -238,16 +238,10 @@ class BenchRun:
                 tpot = (times[-1] - times[0]) * x / (n - 1)
         end = (res.end - t0) * x
         due = d.due * x
-        return RequestRecord(
-            id=item.id,
-            trace=item.trace.id,
-            session=item.session_key,
-            tree=item.tree_key,
-            lane=item.lane,
-            depth=item.depth,
-            index=item.index,
+        return record_for(
+            item,
+            due,
             worker=self.cfg.target,
-            scheduled=due,
             sent=(res.sent - t0) * x,
             first_token=first,
             end=end,
@@ -262,8 +256,6 @@ class BenchRun:
             ceiling_tokens=ceil,
             ok=res.ok,
             error=res.error,
-            recorded_api_time=r.api_time,
-            recorded_ttft=r.ttft,
         )
 
     def _finish(self, rec: RequestRecord, res: StreamResult) -> None:

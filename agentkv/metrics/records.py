@@ -7,7 +7,12 @@ due; latencies count from it, so a slow client or a saturated server cannot hide
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
+
+if TYPE_CHECKING:
+    from agentkv.trace.plan import PlanItem
 
 
 class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -39,6 +44,27 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     error: str = ""  # reason when not ok: http_500, timeout, reset, context_overflow, ...
     recorded_api_time: float | None = None
     recorded_ttft: float | None = None
+
+
+def record_for(item: PlanItem, scheduled: float, **measured) -> RequestRecord:
+    """The record of a replayed plan item: where it sits in the replay and what its trace recorded,
+    then what bench measured or simulate computed (`measured` may override `input_tokens`)."""
+    r = item.request
+    fields = {
+        "id": item.id,
+        "trace": item.trace.id,
+        "session": item.session_key,
+        "tree": item.tree_key,
+        "lane": item.lane,
+        "depth": item.depth,
+        "index": item.index,
+        "scheduled": scheduled,
+        "input_tokens": r.input_tokens,
+        "recorded_api_time": r.api_time,
+        "recorded_ttft": r.ttft,
+    }
+    fields.update(measured)
+    return RequestRecord(**fields)
 
 
 _enc = msgspec.json.Encoder()

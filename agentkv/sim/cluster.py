@@ -18,7 +18,7 @@ from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import DecodeBurst, Engine, StepResult
 from agentkv.engine.hardware import get_gpu
 from agentkv.errors import UserError
-from agentkv.metrics.records import RequestRecord
+from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import Sample, Summary, summarize
 from agentkv.placement import POLICIES
 from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
@@ -213,28 +213,22 @@ def simulate(
     def dispatch(d: Dispatch, now: float) -> None:
         item = d.item
         r = item.request
-        tkey = f"{item.trace.id}#{item.replay}" if item.trace.hash_id_scope == "local" else item.trace.id
+        tkey = item.hash_space
         ceil_tok = ceiling.hit_tokens(tkey, r.hash_ids, r.input_tokens, item.trace.block_size)
         out_tokens = max(1, r.output_tokens)
         if r.input_tokens + out_tokens > max_len or r.input_tokens < 1:
+            error = "context_overflow" if r.input_tokens >= 1 else "empty_prompt"
             records.append(
-                RequestRecord(
-                    id=item.id,
-                    trace=item.trace.id,
-                    session=item.session_key,
-                    tree=item.tree_key,
-                    lane=item.lane,
-                    depth=item.depth,
-                    index=item.index,
-                    scheduled=d.due,
+                record_for(
+                    item,
+                    d.due,
                     sent=d.due,
                     end=now,
                     e2e=now - d.due,
-                    input_tokens=r.input_tokens,
                     expected_output_tokens=out_tokens,
                     ceiling_tokens=ceil_tok,
                     ok=False,
-                    error="context_overflow" if r.input_tokens >= 1 else "empty_prompt",
+                    error=error,
                 )
             )
             plan.complete(item.id, now, False)
@@ -290,19 +284,12 @@ def simulate(
 
 def _record(d: Dispatch, req, worker: int, ceil_tok: int) -> RequestRecord:
     item = d.item
-    r = item.request
     ft, end = req.first_token, req.finished_at
     cached = {"GPU": req.num_cached_tokens, **req.lower_tier_tokens}
-    return RequestRecord(
-        id=item.id,
-        trace=item.trace.id,
-        session=item.session_key,
-        tree=item.tree_key,
-        lane=item.lane,
-        depth=item.depth,
-        index=item.index,
+    return record_for(
+        item,
+        d.due,
         worker=str(worker),
-        scheduled=d.due,
         sent=d.due,
         first_token=ft,
         end=end,
@@ -318,8 +305,6 @@ def _record(d: Dispatch, req, worker: int, ceil_tok: int) -> RequestRecord:
         ceiling_tokens=ceil_tok,
         queue_s=(req.first_scheduled - req.arrival) if req.first_scheduled else None,
         preemptions=req.num_preemptions,
-        recorded_api_time=r.api_time,
-        recorded_ttft=r.ttft,
     )
 
 

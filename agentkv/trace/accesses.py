@@ -100,10 +100,6 @@ def check_block_size(traces: Sequence[Trace], block_size: int) -> None:
             )
 
 
-def _space(trace: Trace, run: str) -> str:
-    return run if trace.hash_id_scope == "local" else f"global:{trace.source or trace.id}"
-
-
 def _lane(run: str, session_id: str, r: Request) -> str:
     return f"{run}:{session_id}{'/side' if r.kind == 's' else ''}"
 
@@ -121,7 +117,7 @@ def arrivals(traces: Sequence[Trace], concurrency: int | None = None) -> list[Ar
     if concurrency is None:
         for ti, t in enumerate(traces):
             run = f"{t.id}#{ti}"
-            space = _space(t, run)
+            space = t.hash_space(run)
             for k, x in enumerate(t.timeline()):
                 r = x.request
                 a = Arrival(x.time, x.time + (r.api_time or 0.0), space, _lane(run, x.session.id, r), t, r)
@@ -133,7 +129,7 @@ def arrivals(traces: Sequence[Trace], concurrency: int | None = None) -> list[Ar
             a = Arrival(
                 sp.start,
                 sp.end,
-                _space(it.trace, it.tree_key),
+                it.hash_space,
                 _lane(it.tree_key, it.session.id, it.request),
                 it.trace,
                 it.request,

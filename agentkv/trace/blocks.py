@@ -3,16 +3,17 @@
 Traces carry `hash_ids` (prefix block ids), not text. To replay them against a real server or
 engine we need token ids that share exactly where the trace's blocks are shared:
 
-- every trace block (trace key, hash id) gets a *base*, a 64-bit value, and its tokens are a
+- every trace block (space key, hash id) gets a *base*, a 64-bit value, and its tokens are a
   counter-based hash (splitmix64) of (base, position): a pure function, so any process, any
   machine and any numpy version produce the same tokens; vectorised over whole requests.
 - tokens past the blocks `hash_ids` cover (the trailing partial block of a trace) are filler:
-  virtual blocks `m = 0, 1, ...` whose bases derive from (trace key, last hash id, m).
+  virtual blocks `m = 0, 1, ...` whose bases derive from (space key, last hash id, m).
 - `chain_keys` maps a request to the chained keys of *engine* blocks of another size from the
   same bases, so the simulator need not materialise tokens.
 
-The trace key is a stable 64-bit hash of the trace id (XXH3, never Python's `hash()`); for
-traces whose hash ids are global (`hash_id_scope == "global"`) pass one shared key instead.
+A request's hash ids mean something within its hash space (`hash_space`: one live replay of a
+trace, or a whole file for global ids); the space key is a stable 64-bit hash of that name
+(XXH3, never Python's `hash()`).
 """
 
 from __future__ import annotations
@@ -47,16 +48,13 @@ def _mix1(x: int) -> int:
     return int(_mix(np.array([x & 0xFFFFFFFFFFFFFFFF], dtype=_U))[0])
 
 
-def trace_key(trace_id: str | int) -> int:
-    """A stable 64-bit key of a trace id (XXH3-64 of its UTF-8); an int is used as the key."""
-    if isinstance(trace_id, str):
-        return xxhash.xxh3_64_intdigest(trace_id.encode("utf-8"))
-    if isinstance(trace_id, bool) or not isinstance(trace_id, int | np.integer):
-        raise TypeError(f"trace id must be a str or an int key, got {type(trace_id).__name__}")
-    return int(trace_id) & 0xFFFFFFFFFFFFFFFF
-
-
-_trace_key = trace_key  # chain_keys' parameter shadows the name
+def space_key(space: str | int) -> int:
+    """A stable 64-bit key of a hash space (XXH3-64 of its UTF-8); an int is used as the key."""
+    if isinstance(space, str):
+        return xxhash.xxh3_64_intdigest(space.encode("utf-8"))
+    if isinstance(space, bool) or not isinstance(space, int | np.integer):
+        raise TypeError(f"hash space must be a str or an int key, got {type(space).__name__}")
+    return int(space) & 0xFFFFFFFFFFFFFFFF
 
 
 def _slot_bases(key: int, hash_ids: Sequence[int] | np.ndarray, m: int) -> np.ndarray:
@@ -93,15 +91,15 @@ def _check(block_size: int, vocab: tuple[int, int]) -> None:
 
 
 def trace_block_tokens(
-    trace_id: str | int, hash_id: int, block_size: int, vocab: tuple[int, int] = DEFAULT_VOCAB
+    space: str | int, hash_id: int, block_size: int, vocab: tuple[int, int] = DEFAULT_VOCAB
 ) -> np.ndarray:
     """The `block_size` int32 token ids of trace block `hash_id` (deterministic, in [lo, hi))."""
     _check(block_size, vocab)
-    return _tokens(_slot_bases(trace_key(trace_id), [hash_id], 1), block_size, vocab)[0]
+    return _tokens(_slot_bases(space_key(space), [hash_id], 1), block_size, vocab)[0]
 
 
 def request_tokens(
-    trace_id: str | int,
+    space: str | int,
     hash_ids: Sequence[int] | np.ndarray,
     input_tokens: int,
     block_size: int,
@@ -118,7 +116,7 @@ def request_tokens(
     m = -(-input_tokens // block_size)
     if m == 0:
         return np.empty(0, dtype=np.int32)
-    return _tokens(_slot_bases(trace_key(trace_id), hash_ids, m), block_size, vocab).ravel()[:input_tokens]
+    return _tokens(_slot_bases(space_key(space), hash_ids, m), block_size, vocab).ravel()[:input_tokens]
 
 
 _pow_cache: list[np.ndarray] = [np.ones(1, dtype=_U), np.ones(1, dtype=_U)]
@@ -136,7 +134,7 @@ def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def chain_keys(
-    trace_key: int | str,
+    space: int | str,
     hash_ids: Sequence[int] | np.ndarray,
     trace_block_size: int,
     block_size: int,
@@ -144,7 +142,7 @@ def chain_keys(
 ) -> np.ndarray:
     """Chained uint64 keys of a request's full engine blocks of `block_size`, without tokens.
 
-    Contract: with `request_tokens(trace_key, hash_ids, input_tokens, trace_block_size)` as the
+    Contract: with `request_tokens(space, hash_ids, input_tokens, trace_block_size)` as the
     prompt, there is one key per full engine block inside `input_tokens`, and two requests
     share their first k keys iff their prompts share the tokens of those k engine blocks (up
     to 64-bit collisions), as chained token hashes would. `block_size` must divide the trace's
@@ -160,7 +158,7 @@ def chain_keys(
     n = max(input_tokens, 0) // b
     if n == 0:
         return np.empty(0, dtype=_U)
-    key = _trace_key(trace_key)
+    key = space_key(space)
     if b <= t:
         r = t // b
         bases = _slot_bases(key, hash_ids, -(-n // r))

@@ -96,6 +96,11 @@ class Trace(msgspec.Struct, kw_only=True):
     format: str = ""  # agentx | mooncake | claude_code | synth
     replay: str = "session"  # "session": gaps drive replay; "timestamp": arrival times do (Mooncake)
 
+    def hash_space(self, run: str) -> str:
+        """The space its hash ids live in during one replay `run` (a live session tree): the run itself
+        for local ids; for global ids, the file it came from (that file's traces share one cache)."""
+        return run if self.hash_id_scope == "local" else f"global:{self.source or self.id}"
+
     def sessions(self) -> Iterator[Session]:
         for _, _, s in self.session.walk():
             yield s

@@ -34,6 +34,11 @@ class PlanItem(msgspec.Struct, gc=False):
     tree_key: str  # "<trace.id>#<replay>": the whole live session tree
     resumed: bool = False  # first request sent after a warm-start skip (its prefix was never sent)
 
+    @property
+    def hash_space(self) -> str:
+        """Where its hash ids are keyed: this live session tree, or the file for global ids."""
+        return self.trace.hash_space(self.tree_key)
+
 
 class Dispatch(msgspec.Struct, gc=False):
     """A released item and the (possibly idle-shifted) time it was due."""
