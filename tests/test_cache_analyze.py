@@ -11,7 +11,8 @@ from agentkv.cache.view import write_plot
 from agentkv.cli import main
 from agentkv.errors import UserError
 from agentkv.kv.eviction import POLICIES
-from agentkv.trace.accesses import arrivals, block_accesses, ceiling_tokens
+from agentkv.trace.accesses import arrivals, block_accesses
+from agentkv.trace.ceiling import ceiling_tokens
 from agentkv.trace.formats import bundled_sample, load_paths
 from agentkv.trace.stats import ceiling
 

@@ -13,10 +13,11 @@ import pytest
 from real_traces import claude_report, claude_traces
 
 from agentkv.cli import main
+from agentkv.trace.ceiling import cache_hits
 from agentkv.trace.formats import bundled_sample
 from agentkv.trace.formats.agentx import write_agentx
 from agentkv.trace.model import Request, Session, Trace
-from agentkv.trace.stats import StatsReport, cache_hits, ceiling, compute
+from agentkv.trace.stats import StatsReport, ceiling, compute
 
 
 def _r(t, n_in, ids, out=1, think=0.0, api=1.0, kind="n"):

@@ -25,10 +25,10 @@ from agentkv.bench.scrape import MetricsSnapshot, Scraper, hit_rate
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, encode_record, record_for
 from agentkv.metrics.summary import Sample, Summary, summarize
+from agentkv.trace.ceiling import CeilingTracker
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
 from agentkv.trace.realtime import drive
-from agentkv.trace.stats import CeilingTracker
 
 
 @dataclass(slots=True)

@@ -24,7 +24,8 @@ from agentkv.errors import UserError
 from agentkv.kv.eviction import POLICIES, make_policy
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
-from agentkv.trace.accesses import BlockRequest, arrivals, block_accesses, ceiling_tokens, check_block_size
+from agentkv.trace.accesses import BlockRequest, arrivals, block_accesses, check_block_size
+from agentkv.trace.ceiling import ceiling_tokens
 from agentkv.trace.model import Trace
 from agentkv.units import parse_capacity
 

@@ -23,9 +23,9 @@ from agentkv.metrics.summary import Sample, Summary, summarize
 from agentkv.placement import POLICIES
 from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.trace.blocks import chain_keys
+from agentkv.trace.ceiling import CeilingTracker
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
-from agentkv.trace.stats import CeilingTracker
 
 STEP_END, BURST_END, START = 0, 1, 2
 

@@ -11,7 +11,6 @@ benchmarks use.
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -176,22 +175,3 @@ def block_accesses(arrivals: Sequence[Arrival], block_size: int) -> list[BlockRe
             r.time, r.end, r.session, r.hashes, r.input_tokens, r.output_tokens, r.stop, True
         )
     return out
-
-
-def ceiling_tokens(requests: Sequence[BlockRequest], block_size: int) -> int:
-    """Hit tokens of an unbounded cache on the same accesses, counted as the pool counts them.
-
-    Each request hits its longest run of keys seen before, at most `(input_tokens - 1) // block_size`
-    blocks (the last prompt token is recomputed); then all its keys are cached. No finite pool
-    under any policy can beat it. Keys are chained, so key j seen implies keys 0..j seen: the run
-    ends at the first unseen key, found by bisection.
-    """
-    seen: set[int] = set()
-    hits = 0
-    for r in requests:
-        hs = r.hashes
-        limit = max(0, min(len(hs), (r.input_tokens - 1) // block_size))
-        n = bisect_left(range(limit), True, key=lambda j, hs=hs: hs[j] not in seen)
-        hits += n * block_size
-        seen.update(hs[n:])
-    return hits

@@ -8,14 +8,14 @@ of its hash ids that all appeared in earlier requests, times the block size, cap
 from __future__ import annotations
 
 import itertools
-from collections import defaultdict
 from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import msgspec
 import numpy as np
 
-from agentkv.trace.model import Request, Trace, TraceError
+from agentkv.trace.ceiling import trace_hits
+from agentkv.trace.model import Trace
 
 COMPACTION_DROP = 0.7  # a request whose input is below 70% of its predecessor's restarted its context
 
@@ -98,77 +98,6 @@ class StatsReport(msgspec.Struct):
 
     traces: list[TraceStats]
     total: Totals
-
-
-def cache_hits(requests: Sequence[Request], block_size: int) -> np.ndarray:
-    """Tokens an unbounded prefix cache serves to each request, given them in arrival order.
-
-    A request hits the longest leading run of its hash ids that all appeared in earlier requests
-    (not itself), times `block_size`, capped at its input tokens.
-    """
-    n = len(requests)
-    out = np.zeros(n, dtype=np.int64)
-    lens = np.fromiter((len(r.hash_ids) for r in requests), dtype=np.int64, count=n)
-    total = int(lens.sum())
-    if total == 0:
-        return out
-    try:
-        ids = np.fromiter(itertools.chain.from_iterable(r.hash_ids for r in requests), np.int64, total)
-    except OverflowError:  # ids past 2**63 (unsigned 64-bit hashes): renumber them in first-seen order
-        index: dict[int, int] = {}
-        ids = np.fromiter(
-            (index.setdefault(h, len(index)) for r in requests for h in r.hash_ids), np.int64, total
-        )
-    top = int(ids.max())
-    if top > 8 * total + (1 << 20):  # sparse ids (e.g. 64-bit hashes): renumber densely first
-        ids = np.unique(ids, return_inverse=True)[1].astype(np.int64)
-        top = int(ids.max())
-    seen = np.zeros(top + 1, dtype=bool)
-    ends = np.cumsum(lens)
-    start = 0
-    for i, end in enumerate(ends.tolist()):
-        if end > start:
-            block = ids[start:end]
-            known = seen[block]
-            run = end - start if known.all() else int(known.argmin())
-            out[i] = min(run * block_size, requests[i].input_tokens)
-            seen[block] = True
-        start = end
-    return out
-
-
-def trace_hits(traces: Sequence[Trace]) -> list[int]:
-    """Hit tokens per trace. Ids are local to a trace, except that `hash_id_scope == "global"`
-    traces read from one file share one cache, their requests merged in time order."""
-    hits = [0] * len(traces)
-    shared: dict[str, list[int]] = defaultdict(list)
-    for i, tr in enumerate(traces):
-        if tr.hash_id_scope == "global":
-            shared[tr.source or f"<trace {tr.id}>"].append(i)
-        else:
-            reqs = [x.request for x in tr.timeline()]
-            hits[i] = int(cache_hits(reqs, tr.block_size).sum())
-    for members in shared.values():
-        sizes = {traces[i].block_size for i in members}
-        if len(sizes) > 1:
-            raise TraceError(
-                traces[members[0]].source,
-                None,
-                "block_size",
-                f"traces sharing global hash ids disagree on block size: {sorted(sizes)}",
-            )
-        merged = sorted(
-            (
-                (x.time, k, j, x.request)
-                for k, i in enumerate(members)
-                for j, x in enumerate(traces[i].timeline())
-            ),
-            key=lambda e: e[:3],
-        )
-        per_req = cache_hits([e[3] for e in merged], sizes.pop())
-        for e, h in zip(merged, per_req.tolist(), strict=True):
-            hits[members[e[1]]] += h
-    return hits
 
 
 class _Samples(NamedTuple):
@@ -271,24 +200,3 @@ def ceiling(traces: Sequence[Trace]) -> float:
     """The prefix-cache hit ceiling of all traces together (hit tokens / input tokens)."""
     total_in = sum(x.request.input_tokens for tr in traces for x in tr.timeline())
     return sum(trace_hits(traces)) / total_in if total_in else 0.0
-
-
-class CeilingTracker:
-    """`cache_hits` one request at a time, in replay order: what an unbounded cache would serve.
-
-    Bench and simulate use it for the ceiling of the requests they actually replayed; `key`
-    names the hash-id space (a trace, or a whole file for global ids).
-    """
-
-    def __init__(self) -> None:
-        self._seen: dict[str, set[int]] = {}
-
-    def hit_tokens(self, key: str, hash_ids: Sequence[int], input_tokens: int, block_size: int) -> int:
-        seen = self._seen.setdefault(key, set())
-        run = 0
-        for h in hash_ids:
-            if h not in seen:
-                break
-            run += 1
-        seen.update(hash_ids)
-        return min(run * block_size, input_tokens)
