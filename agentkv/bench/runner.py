@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from agentkv.bench.client import BenchClient, StreamResult
@@ -54,6 +55,29 @@ class BenchConfig:
     max_connections: int = 0  # 0: one per concurrent request (sub-agent bursts included)
     time_scale: float = 1.0  # target seconds per wall second (agentkv serve --time-scale); see below
     monitor_gpu: bool = True
+
+
+class BenchSettings(msgspec.Struct, kw_only=True):
+    """What summary.json's `config` records of a bench run (the settings that shaped it)."""
+
+    lanes: int
+    seed: int
+    warm_start: bool
+    idle_gap_cap: float | None
+    max_requests: int | None
+    duration: float | None
+    api: str
+    prompt_mode: str
+    prompts: str
+    tokenizer: str | None
+    model: str | None
+    slo: dict[str, float]
+    tenant_salts: bool
+    cache_bust: str | None
+    timeout: float
+    time_scale: float
+    server: dict | None
+    traces: list[str]
 
 
 @dataclass(slots=True)
@@ -321,26 +345,26 @@ class BenchRun:
         if gpu_summary is None:
             reason = gpu.absent_reason if gpu is not None else "disabled"
             notes.append(f"GPU monitoring absent: {reason}")
-        config = {
-            "lanes": cfg.lanes,
-            "seed": cfg.seed,
-            "warm_start": cfg.warm_start,
-            "idle_gap_cap": cfg.idle_gap_cap,
-            "max_requests": cfg.max_requests,
-            "duration": cfg.duration,
-            "api": cfg.api,
-            "prompt_mode": cfg.prompt_mode,
-            "prompts": self.prompts.description,
-            "tokenizer": cfg.tokenizer,
-            "model": self.model,
-            "slo": cfg.slo,
-            "tenant_salts": cfg.tenant_salts,
-            "cache_bust": self.prompts.marker,
-            "timeout": cfg.timeout,
-            "time_scale": cfg.time_scale,
-            "server": self.server_info,
-            "traces": sorted({t.id for t in self.traces}),
-        }
+        config = BenchSettings(
+            lanes=cfg.lanes,
+            seed=cfg.seed,
+            warm_start=cfg.warm_start,
+            idle_gap_cap=cfg.idle_gap_cap,
+            max_requests=cfg.max_requests,
+            duration=cfg.duration,
+            api=cfg.api,
+            prompt_mode=cfg.prompt_mode,
+            prompts=self.prompts.description,
+            tokenizer=cfg.tokenizer,
+            model=self.model,
+            slo=cfg.slo,
+            tenant_salts=cfg.tenant_salts,
+            cache_bust=self.prompts.marker,
+            timeout=cfg.timeout,
+            time_scale=cfg.time_scale,
+            server=self.server_info,
+            traces=sorted({t.id for t in self.traces}),
+        )
         return summarize(
             self.records,
             kind="bench",

@@ -95,7 +95,7 @@ class Summary(msgspec.Struct, kw_only=True):
     agentkv_version: str = __version__
     created: str = ""
     target: str = ""
-    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    config: dict[str, Any] = msgspec.field(default_factory=dict)  # the run's settings struct, as JSON
     requests: int = 0
     succeeded: int = 0
     failed: int = 0
@@ -184,7 +184,7 @@ def summarize(
     *,
     kind: str,
     target: str = "",
-    config: dict | None = None,
+    config: msgspec.Struct | None = None,
     duration_s: float | None = None,
     itl_values=None,
     slo: dict[str, float] | None = None,
@@ -230,7 +230,7 @@ def summarize(
         kind=kind,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         target=target,
-        config=config or {},
+        config=msgspec.to_builtins(config) if config is not None else {},
         requests=len(records),
         succeeded=len(ok),
         failed=len(records) - len(ok),
