@@ -41,98 +41,119 @@ DECODE = {
 }
 
 
+DEV = "cuda"
+
+
+def _timeit(fn, reps: int, warm: int) -> float:
+    """Median milliseconds of `reps` timed calls of `fn` (CUDA events) after `warm` untimed ones."""
+    import torch
+
+    for _ in range(warm):
+        fn()
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(reps):
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        torch.cuda.synchronize()
+        ts.append(s.elapsed_time(e))
+    return sorted(ts)[len(ts) // 2]
+
+
+def _rnd(*shape):
+    import torch
+
+    return torch.randn(*shape, device=DEV, dtype=torch.bfloat16) * 0.02
+
+
+def _prefill_ms(c: dict, layer, new: int, past: int) -> float:
+    """One layer's median time to prefill `new` tokens after `past` cached ones (causal, GQA)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention.bias import causal_lower_right
+
+    x = torch.randn(new, c["h"], device=DEV, dtype=torch.bfloat16)
+    kc = torch.randn(1, c["nkv"], past + new, c["hd"], device=DEV, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    mask = causal_lower_right(new, past + new)
+
+    def attn(qkv):
+        q = qkv[:, : c["nh"] * c["hd"]].view(1, new, c["nh"], c["hd"]).transpose(1, 2)
+        o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
+        return o.transpose(1, 2).reshape(new, -1)
+
+    return _timeit(lambda: layer(x, attn), reps=5, warm=2)
+
+
+def _decode_ms(c: dict, layer, batch: int, ctx: int) -> tuple[float, int]:
+    """One layer's median decode step for `batch` sequences of `ctx` tokens, and the KV bytes it reads."""
+    import torch
+    import torch.nn.functional as F
+
+    x = torch.randn(batch, c["h"], device=DEV, dtype=torch.bfloat16)
+    kc = torch.randn(batch, c["nkv"], ctx, c["hd"], device=DEV, dtype=torch.bfloat16)
+    vc = torch.randn_like(kc)
+    g = c["nh"] // c["nkv"]
+
+    def attn(qkv):
+        q = qkv[:, : c["nh"] * c["hd"]].view(batch, c["nkv"], g, c["hd"])
+        return F.scaled_dot_product_attention(q, kc, vc).reshape(batch, -1)
+
+    return _timeit(lambda: layer(x, attn), reps=10, warm=3), kc.numel() * 2 * 2
+
+
+def _part(name: str, c: dict, t_start: float, budget_s: float) -> dict:
+    """Every prefill and decode point of shape `name` that starts within the budget."""
+    import torch
+    import torch.nn.functional as F
+
+    wqkv, wo = _rnd(c["h"], (c["nh"] + 2 * c["nkv"]) * c["hd"]), _rnd(c["nh"] * c["hd"], c["h"])
+    wgu, wd = _rnd(c["h"], 2 * c["inter"]), _rnd(c["inter"], c["h"])
+    wbytes = sum(t.numel() * 2 for t in (wqkv, wo, wgu, wd))
+
+    def layer(x, attn):
+        x = x + attn(x @ wqkv) @ wo
+        g, u = (x @ wgu).chunk(2, dim=-1)
+        return x + (F.silu(g) * u) @ wd
+
+    part = {"shape": c, "layer_weight_bytes": wbytes, "prefill": [], "decode": []}
+    for new, past in PREFILL[name]:
+        if time.time() - t_start > budget_s:
+            break
+        ms = _prefill_ms(c, layer, new, past)
+        part["prefill"].append({"new": new, "past": past, "layer_ms": ms, "model_ms": ms * c["layers"]})
+        print(f"{name} prefill new={new} past={past}: {ms * c['layers']:.1f} ms/step", flush=True)
+        torch.cuda.empty_cache()
+    for batch, ctx in DECODE[name]:
+        if time.time() - t_start > budget_s:
+            break
+        ms, kv_bytes = _decode_ms(c, layer, batch, ctx)
+        gbps = (wbytes + kv_bytes) / (ms / 1e3) / 1e9
+        part["decode"].append(
+            {"batch": batch, "ctx": ctx, "layer_ms": ms, "model_ms": ms * c["layers"], "layer_GBps": gbps}
+        )
+        print(
+            f"{name} decode batch={batch} ctx={ctx}: {ms * c['layers']:.1f} ms/step, {gbps:,.0f} GB/s",
+            flush=True,
+        )
+        torch.cuda.empty_cache()
+    return part
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default="long_context.json")
     ap.add_argument("--budget-s", type=float, default=240.0, help="stop starting new points after this")
     a = ap.parse_args()
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention.bias import causal_lower_right
 
-    dev = "cuda"
     t_start = time.time()
-
-    def timeit(fn, reps: int, warm: int) -> float:
-        for _ in range(warm):
-            fn()
-        torch.cuda.synchronize()
-        ts = []
-        for _ in range(reps):
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            torch.cuda.synchronize()
-            ts.append(s.elapsed_time(e))
-        return sorted(ts)[len(ts) // 2]
-
-    def rnd(*shape):
-        return torch.randn(*shape, device=dev, dtype=torch.bfloat16) * 0.02
-
     out = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "parts": {}}
     for name, c in SHAPES.items():
-        wqkv, wo = rnd(c["h"], (c["nh"] + 2 * c["nkv"]) * c["hd"]), rnd(c["nh"] * c["hd"], c["h"])
-        wgu, wd = rnd(c["h"], 2 * c["inter"]), rnd(c["inter"], c["h"])
-        wbytes = sum(t.numel() * 2 for t in (wqkv, wo, wgu, wd))
-
-        def layer(x, attn, wqkv=wqkv, wo=wo, wgu=wgu, wd=wd):
-            x = x + attn(x @ wqkv) @ wo
-            g, u = (x @ wgu).chunk(2, dim=-1)
-            return x + (F.silu(g) * u) @ wd
-
-        part = {"shape": c, "layer_weight_bytes": wbytes, "prefill": [], "decode": []}
-        out["parts"][name] = part
-        for new, past in PREFILL[name]:
-            if time.time() - t_start > a.budget_s:
-                break
-            x = torch.randn(new, c["h"], device=dev, dtype=torch.bfloat16)
-            kc = torch.randn(1, c["nkv"], past + new, c["hd"], device=dev, dtype=torch.bfloat16)
-            vc = torch.randn_like(kc)
-            mask = causal_lower_right(new, past + new)
-
-            def attn(qkv, new=new, kc=kc, vc=vc, mask=mask, c=c):
-                q = qkv[:, : c["nh"] * c["hd"]].view(1, new, c["nh"], c["hd"]).transpose(1, 2)
-                o = F.scaled_dot_product_attention(q, kc, vc, attn_mask=mask, enable_gqa=True)
-                return o.transpose(1, 2).reshape(new, -1)
-
-            ms = timeit(lambda x=x, attn=attn: layer(x, attn), reps=5, warm=2)
-            part["prefill"].append({"new": new, "past": past, "layer_ms": ms, "model_ms": ms * c["layers"]})
-            print(f"{name} prefill new={new} past={past}: {ms * c['layers']:.1f} ms/step", flush=True)
-            del x, kc, vc
-            torch.cuda.empty_cache()
-        for batch, ctx in DECODE[name]:
-            if time.time() - t_start > a.budget_s:
-                break
-            x = torch.randn(batch, c["h"], device=dev, dtype=torch.bfloat16)
-            kc = torch.randn(batch, c["nkv"], ctx, c["hd"], device=dev, dtype=torch.bfloat16)
-            vc = torch.randn_like(kc)
-            g = c["nh"] // c["nkv"]
-
-            def attn(qkv, batch=batch, kc=kc, vc=vc, g=g, c=c):
-                q = qkv[:, : c["nh"] * c["hd"]].view(batch, c["nkv"], g, c["hd"])
-                return F.scaled_dot_product_attention(q, kc, vc).reshape(batch, -1)
-
-            ms = timeit(lambda x=x, attn=attn: layer(x, attn), reps=10, warm=3)
-            kv_bytes = kc.numel() * 2 * 2
-            part["decode"].append(
-                {
-                    "batch": batch,
-                    "ctx": ctx,
-                    "layer_ms": ms,
-                    "model_ms": ms * c["layers"],
-                    "layer_GBps": (wbytes + kv_bytes) / (ms / 1e3) / 1e9,
-                }
-            )
-            print(
-                f"{name} decode batch={batch} ctx={ctx}: {ms * c['layers']:.1f} ms/step, "
-                f"{(wbytes + kv_bytes) / (ms / 1e3) / 1e9:,.0f} GB/s",
-                flush=True,
-            )
-            del x, kc, vc
-            torch.cuda.empty_cache()
-        del wqkv, wo, wgu, wd
-        torch.cuda.empty_cache()
+        out["parts"][name] = _part(name, c, t_start, a.budget_s)
+        torch.cuda.empty_cache()  # the shape's weights and caches are freed with _part's frame
     out["seconds"] = time.time() - t_start
     with open(a.out, "w") as f:
         json.dump(out, f, indent=1)

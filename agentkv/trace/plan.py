@@ -17,6 +17,7 @@ import msgspec
 
 from agentkv.errors import UserError
 from agentkv.trace.model import Request, Session, Trace
+from agentkv.trace.plan_state import Cursor, Run, Timing, Tree
 
 
 class PlanItem(msgspec.Struct, gc=False):
@@ -54,132 +55,6 @@ class Span(msgspec.Struct, gc=False):
     start: float
     end: float
     ok: bool = True
-
-
-class _Info:
-    """Per-session timing precomputed once: scaled gaps, spawn anchors and join gates."""
-
-    __slots__ = ("gaps", "anchored", "loose", "anchor", "gates")
-
-    def __init__(self, s: Session, scale: float):
-        rs = s.requests
-        thinks = any(r.think_time > 0 for r in rs[1:])  # else the trace carries no think times
-        self.gaps = [scale * rs[0].t] if rs else []
-        for prev, r in zip(rs, rs[1:], strict=False):
-            g = r.think_time if thinks else r.t - prev.t - (prev.api_time or 0.0)
-            self.gaps.append(scale * max(0.0, g))
-        self.anchored: dict[int, list[tuple[int, float]]] = {}
-        self.loose: list[tuple[int, float]] = []
-        self.anchor: list[int] = []
-        self.gates: dict[int, list[int]] = {}
-        for c, sub in enumerate(s.subagents):
-            j = max((i for i, r in enumerate(rs) if r.t <= sub.t), default=-1)
-            self.anchor.append(j)
-            if j < 0:
-                self.loose.append((c, scale * max(0.0, sub.t)))
-            else:
-                a = rs[j]
-                self.anchored.setdefault(j, []).append(
-                    (c, scale * max(0.0, sub.t - a.t - (a.api_time or 0.0)))
-                )
-            end = sub.t + _length(sub)
-            gate = next((i for i in range(j + 1, len(rs)) if rs[i].t >= end), None)
-            if gate is not None and _sends(sub):  # a sub-agent that sends nothing holds nothing up
-                self.gates.setdefault(gate, []).append(c)
-
-
-def _sends(s: Session) -> bool:
-    """Whether a session or any of its sub-agents has a request to send."""
-    return bool(s.requests) or any(_sends(c) for c in s.subagents)
-
-
-def _length(s: Session) -> float:
-    """Recorded length of a sub-agent: its duration, else its last request's end or child's end."""
-    if s.duration is not None:
-        return s.duration
-    ends = [r.t + (r.api_time or 0.0) for r in s.requests] + [c.t + _length(c) for c in s.subagents]
-    return max(ends, default=0.0)
-
-
-class _Tree:
-    __slots__ = ("lane", "trace", "replay", "key", "runs", "inflight", "finished")
-
-    def __init__(self, lane: int, trace: Trace, replay: int):
-        self.lane, self.trace, self.replay = lane, trace, replay
-        self.key = f"{trace.id}#{replay}"
-        self.runs: list[_Run] = []
-        self.inflight = 0
-        self.finished = False
-
-
-class _Run:
-    """One live session: at most one request armed or in flight, plus its sub-agents' state."""
-
-    __slots__ = (
-        "tree",
-        "session",
-        "info",
-        "parent",
-        "cidx",
-        "depth",
-        "key",
-        "next",
-        "n",
-        "busy",
-        "live",
-        "cdone",
-        "waiting",
-        "gkey",
-        "hkey",
-        "hseq",
-        "started",
-        "resumed",
-    )
-
-    def __init__(
-        self,
-        tree: _Tree,
-        session: Session,
-        info: _Info,
-        parent: _Run | None,
-        cidx: int,
-        depth: int,
-        skip: int = 0,
-    ):
-        self.tree, self.session, self.info, self.parent, self.cidx, self.depth = (
-            tree,
-            session,
-            info,
-            parent,
-            cidx,
-            depth,
-        )
-        self.key = f"{session.id}#{tree.replay}"
-        self.next, self.n, self.busy = skip, len(session.requests), False
-        # a warm-start skip drops the sub-agents anchored to skipped requests (or to the start)
-        skipped = {c for c, j in enumerate(info.anchor) if j < skip} if skip else set()
-        self.live = len(session.subagents) - len(skipped)
-        self.cdone = skipped
-        self.waiting: set[int] | None = None
-        self.gkey = 0.0
-        self.hkey, self.hseq = 0.0, -1
-        self.started, self.resumed = False, skip > 0
-        tree.runs.append(self)
-
-
-class _Cursor:
-    """A timestamp-mode trace: its requests in arrival order, each due at its own time."""
-
-    __slots__ = ("trace", "rows", "i", "base", "hkey", "hseq")
-
-    def __init__(self, trace: Trace):
-        rows = []
-        for start, depth, s in trace.session.walk():
-            key = f"{s.id}#0"
-            rows.extend((start + r.t, len(rows), s, r, i, depth, key) for i, r in enumerate(s.requests))
-        rows.sort(key=lambda x: (x[0], x[1]))
-        self.trace, self.rows, self.i, self.base = trace, rows, 0, 0.0
-        self.hkey, self.hseq = 0.0, -1
 
 
 def _check(name: str, v: float | None, lo: float, *, allow_none: bool = True, strict: bool = False):
@@ -244,14 +119,14 @@ class ReplayPlan:
         self._shuffle = shuffle
         self._queue: deque[int] = deque()
         self._refill()
-        self._cursors = [_Cursor(t) for t in stamped]
-        self._info: dict[int, _Info] = {}
+        self._cursors = [Cursor(t) for t in stamped]
+        self._info: dict[int, Timing] = {}
         self._replays: dict[str, int] = {}
         self._lane_used = [False] * lanes
-        self._heap: list[tuple[float, int, _Run | _Cursor]] = []
+        self._heap: list[tuple[float, int, Run | Cursor]] = []
         self._seq = 0
         self._offset = 0.0  # heap keys are due + offset; a plan-wide idle shift raises it
-        self._inflight: dict[int, _Run | _Cursor] = {}
+        self._inflight: dict[int, Run | Cursor] = {}
         self._started = self._stopped = False
         self.released = self.completed = self.failed = self.trees_started = self.active_trees = 0
 
@@ -286,7 +161,7 @@ class ReplayPlan:
             if obj.hseq != seq:
                 continue
             obj.hseq = -1
-            if type(obj) is _Cursor:
+            if type(obj) is Cursor:
                 _, _, s, r, i, depth, skey = obj.rows[obj.i]
                 item = PlanItem(self.released, -1, obj.trace, 0, s, r, i, depth, skey, f"{obj.trace.id}#0")
                 obj.i += 1
@@ -330,7 +205,7 @@ class ReplayPlan:
         self.completed += 1
         if not ok:
             self.failed += 1
-        if type(obj) is _Run:
+        if type(obj) is Run:
             tree, info, nxt = obj.tree, obj.info, obj.next
             tree.inflight -= 1
             obj.busy = False
@@ -375,15 +250,15 @@ class ReplayPlan:
             self._order_rng.shuffle(order)
         self._queue.extend(order)
 
-    def _push(self, obj: _Run | _Cursor, key: float) -> None:
+    def _push(self, obj: Run | Cursor, key: float) -> None:
         obj.hkey, obj.hseq = key, self._seq
         heapq.heappush(self._heap, (key, self._seq, obj))
         self._seq += 1
 
-    def _get_info(self, s: Session) -> _Info:
+    def _get_info(self, s: Session) -> Timing:
         info = self._info.get(id(s))
         if info is None:
-            info = self._info[id(s)] = _Info(s, self.time_scale)
+            info = self._info[id(s)] = Timing(s, self.time_scale)
         return info
 
     def _pull(self, lane: int, key: float) -> None:
@@ -403,11 +278,11 @@ class ReplayPlan:
         self._lane_used[lane] = True
         self.trees_started += 1
         self.active_trees += 1
-        tree = _Tree(lane, trace, replay)
-        root = _Run(tree, trace.session, self._get_info(trace.session), None, -1, 0, skip)
+        tree = Tree(lane, trace, replay)
+        root = Run(tree, trace.session, self._get_info(trace.session), None, -1, 0, skip)
         self._begin(root, key)
 
-    def _begin(self, r: _Run, key: float) -> None:
+    def _begin(self, r: Run, key: float) -> None:
         """Session `r` starts at `key`: arm its first request and its pre-first-request sub-agents."""
         r.started = True
         for c, off in r.info.loose:
@@ -418,11 +293,11 @@ class ReplayPlan:
         elif r.live == 0:
             self._finish(r, key)
 
-    def _spawn(self, parent: _Run, c: int, key: float) -> None:
+    def _spawn(self, parent: Run, c: int, key: float) -> None:
         sub = parent.session.subagents[c]
-        self._push(_Run(parent.tree, sub, self._get_info(sub), parent, c, parent.depth + 1), key)
+        self._push(Run(parent.tree, sub, self._get_info(sub), parent, c, parent.depth + 1), key)
 
-    def _arm(self, r: _Run, i: int, key: float) -> None:
+    def _arm(self, r: Run, i: int, key: float) -> None:
         """Request `i` of `r` is ready at `key`, unless it must first join its gating sub-agents."""
         need = r.info.gates.get(i)
         if need:
@@ -432,7 +307,7 @@ class ReplayPlan:
                 return
         self._push(r, key)
 
-    def _finish(self, r: _Run, key: float) -> None:
+    def _finish(self, r: Run, key: float) -> None:
         """Session `r` has drained; tell its parent (join, drain) or free its lane."""
         while True:
             p = r.parent
@@ -453,7 +328,7 @@ class ReplayPlan:
                 return
             r = p
 
-    def _lane_shift(self, tree: _Tree, key: float) -> None:
+    def _lane_shift(self, tree: Tree, key: float) -> None:
         """A tree with nothing in flight waits at most `lane_idle_gap_cap` for its next timer."""
         live = [r for r in tree.runs if r.hseq >= 0]
         if not live:

@@ -15,154 +15,17 @@ as its own cache_read reaches. Unknown record types are counted and logged as on
 from __future__ import annotations
 
 import logging
-from collections import Counter
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import Annotated
 
 import msgspec
 
-from agentkv.trace.model import Request, Session, Trace, TraceError
+from agentkv.trace.formats.claude_code_log import Parsed, Stream, parse
+from agentkv.trace.model import Request, Session, Trace
 
 log = logging.getLogger(__name__)
 
 BLOCK_SIZE = 64
-# Record types that carry no API call; skipped without a warning.
-_SKIPPED = frozenset(
-    {
-        "summary",
-        "file-history-snapshot",
-        "queue-operation",
-        "progress",
-        "pr-link",
-        "permission-mode",
-        "attachment",
-        "ai-title",
-        "custom-title",
-    }
-)
-_USED = frozenset({"user", "assistant", "system"})
 _SUFFIXES = (".jsonl", ".jsonl.gz")
-
-_NonNeg = Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]  # token counts: no log holds more than 2**40
-
-
-class _Usage(msgspec.Struct):
-    input_tokens: _NonNeg = 0
-    output_tokens: _NonNeg = 0
-    cache_creation_input_tokens: _NonNeg | None = None
-    cache_read_input_tokens: _NonNeg | None = None
-
-
-class _Block(msgspec.Struct):
-    type: str = ""
-
-
-class _Message(msgspec.Struct):
-    id: str | None = None
-    model: str | None = None
-    content: str | list[_Block] | None = None
-    stop_reason: str | None = None
-    usage: _Usage | None = None
-
-
-class _Record(msgspec.Struct):
-    """The fields of a user/assistant/system line this reader uses; others are ignored."""
-
-    type: str
-    timestamp: str | None = None
-    uuid: str | None = None
-    parentUuid: str | None = None
-    isSidechain: bool = False
-    agentId: str | None = None
-    subtype: str | None = None
-    requestId: str | None = None
-    message: _Message | None = None
-
-
-@dataclass
-class _Call:
-    """One API call, merged from the assistant lines that share its message id."""
-
-    first: float  # timestamp of its first assistant line
-    end: float  # timestamp of its last assistant line
-    trigger: float | None  # latest user/tool_result record that preceded it
-    prev_end: float | None  # end of the call before it in the same conversation
-    reset: bool  # a compact_boundary came between the previous call and this one
-    in_types: list[str]
-    usage: _Usage = field(default_factory=_Usage)
-    model: str = ""
-    stop: str = ""
-    out_types: list[str] = field(default_factory=list)
-
-    def merge(self, msg: _Message, ts: float) -> None:
-        self.end = max(self.end, ts)
-        u = msg.usage or _Usage()
-        for f in _Usage.__struct_fields__:  # repeated on every line: count once, keep the largest
-            setattr(self.usage, f, max(getattr(self.usage, f) or 0, getattr(u, f) or 0))
-        self.model = msg.model or self.model
-        self.stop = msg.stop_reason or self.stop
-        if isinstance(msg.content, list):
-            for b in msg.content:
-                if b.type and b.type not in self.out_types:
-                    self.out_types.append(b.type)
-
-    @property
-    def start(self) -> float:
-        return min(self.trigger, self.first) if self.trigger is not None else self.first
-
-    @property
-    def input_tokens(self) -> int:
-        u = self.usage
-        return u.input_tokens + (u.cache_creation_input_tokens or 0) + (u.cache_read_input_tokens or 0)
-
-
-class _Stream:
-    """One conversation (the main chain or one sub-agent): its calls in order of first appearance."""
-
-    def __init__(self) -> None:
-        self.calls: dict[str, _Call] = {}
-        self.first_ts: float | None = None
-        self.last_ts: float | None = None
-        self._pending: set[str] = set()
-        self._pending_ts: float | None = None
-        self._reset = False
-        self._last_end: float | None = None
-
-    def seen(self, ts: float | None) -> None:
-        if ts is not None:
-            self.first_ts = ts if self.first_ts is None else min(self.first_ts, ts)
-            self.last_ts = ts if self.last_ts is None else max(self.last_ts, ts)
-
-    def user(self, rec: _Record, ts: float | None) -> None:
-        content = rec.message.content if rec.message else None
-        if isinstance(content, str):
-            self._pending.add("text")
-        elif content:
-            self._pending.update(b.type for b in content if b.type)
-        if ts is not None:
-            self._pending_ts = ts if self._pending_ts is None else max(self._pending_ts, ts)
-
-    def compact(self) -> None:
-        self._reset = True
-
-    def assistant(self, key: str, msg: _Message, ts: float) -> None:
-        call = self.calls.get(key)
-        if call is None:
-            call = _Call(
-                first=ts,
-                end=ts,
-                trigger=self._pending_ts,
-                prev_end=self._last_end,
-                reset=self._reset,
-                in_types=sorted(self._pending),
-            )
-            self.calls[key] = call
-            self._pending.clear()
-            self._pending_ts, self._reset = None, False
-        call.merge(msg, ts)
-        self._last_end = call.end
 
 
 class _Ids:
@@ -179,131 +42,16 @@ class _Ids:
         return prev[:reuse] + fresh
 
 
-def _error(path: Path, line: int, e: msgspec.ValidationError) -> TraceError:
-    msg, _, where = str(e).partition(" - at `$")
-    fld = where.rstrip("`").lstrip(".") or None
-    return TraceError(str(path), f"line {line}", fld, msg[:1].lower() + msg[1:])
-
-
-def _time(path: Path, line: int, s: str | None) -> float | None:
-    if s is None:
-        return None
-    try:
-        return datetime.fromisoformat(s).timestamp()
-    except ValueError:
-        raise TraceError(
-            str(path), f"line {line}", "timestamp", f"expected an ISO 8601 time, got {s!r:.40}"
-        ) from None
-
-
-class _Parsed:
-    """A file's conversations: the main stream, inline sidechains, and counts for the warning line."""
-
-    def __init__(self) -> None:
-        self.main = _Stream()
-        self.side: dict[str, _Stream] = {}
-        self.side_of: dict[str, str] = {}  # record uuid -> inline sidechain key
-        self.unknown: Counter[str] = Counter()
-        self.synthetic = 0
-        self.no_usage = 0
-        self.agent_results: dict[str, dict] = {}  # Task tool results in the parent, by agentId
-
-    def stream(self, rec: _Record, inline: bool) -> _Stream:
-        if not (inline and rec.isSidechain):
-            return self.main
-        key = rec.agentId or self.side_of.get(rec.parentUuid or "") or rec.uuid or "sidechain"
-        if rec.uuid:
-            self.side_of[rec.uuid] = key
-        return self.side.setdefault(key, _Stream())
-
-
-_decode = msgspec.json.Decoder()
-
-
-def _parse(path: Path, data: bytes, inline: bool) -> _Parsed:
-    out = _Parsed()
-    seen: set[str] = set()
-    for n, raw in enumerate(data.splitlines(), 1):
-        if not raw.strip():
-            continue
-        try:
-            d = _decode.decode(raw)
-        except msgspec.DecodeError as e:
-            raise TraceError(str(path), f"line {n}", None, f"invalid JSON: {e}") from None
-        except RecursionError:
-            raise TraceError(str(path), f"line {n}", None, "invalid JSON: nested too deeply") from None
-        if not isinstance(d, dict):
-            raise TraceError(str(path), f"line {n}", None, f"expected a JSON object, got {type(d).__name__}")
-        kind = d.get("type")
-        if not isinstance(kind, str):
-            raise TraceError(
-                str(path),
-                f"line {n}",
-                "type",
-                "missing" if kind is None else f"expected a string, got {kind!r:.40}",
-            )
-        if kind not in _USED:
-            if kind not in _SKIPPED:
-                out.unknown[kind] += 1
-            continue
-        try:
-            rec = msgspec.convert(d, _Record)
-        except msgspec.ValidationError as e:
-            raise _error(path, n, e) from None
-        if rec.uuid:  # a resumed session can repeat records verbatim
-            if rec.uuid in seen:
-                continue
-            seen.add(rec.uuid)
-        ts = _time(path, n, rec.timestamp)
-        s = out.stream(rec, inline)
-        s.seen(ts)
-        if kind == "user":
-            s.user(rec, ts)
-            tur = d.get("toolUseResult")
-            if isinstance(tur, dict) and isinstance(tur.get("agentId"), str):
-                out.agent_results[tur["agentId"]] = tur
-        elif kind == "system":
-            if rec.subtype == "compact_boundary":
-                s.compact()
-        else:
-            msg = rec.message
-            if msg is None:
-                raise TraceError(str(path), f"line {n}", "message", "missing on an assistant record")
-            if msg.model == "<synthetic>":  # a client-side message (API error, interruption): no call
-                out.synthetic += 1
-                continue
-            if msg.usage is None:
-                out.no_usage += 1
-                continue
-            if ts is None:
-                raise TraceError(str(path), f"line {n}", "timestamp", "missing on an assistant record")
-            s.assistant(msg.id or rec.requestId or rec.uuid or f"line {n}", msg, ts)
-    _warn(path, out)
+def _conversations(path: Path, data: bytes, inline: bool) -> Parsed:
+    """The file's conversations; one warning line for everything skipped, so nothing is dropped silently."""
+    out = parse(path, data, inline)
+    parts = out.skipped()
+    if parts:
+        log.warning("%s: %s", path, "; ".join(parts))
     return out
 
 
-def _n(count: int, noun: str) -> str:
-    return f"{count} {noun}{'' if count == 1 else 's'}"
-
-
-def _warn(path: Path, p: _Parsed) -> None:
-    """One warning line per file for everything skipped, so nothing is dropped silently."""
-    parts = []
-    if p.unknown:
-        many = len(p.unknown) > 1
-        kinds = ", ".join(f"{k!r} x{c}" if many else repr(k) for k, c in p.unknown.most_common())
-        parts.append(
-            f"skipped {_n(p.unknown.total(), 'record')} of unknown type{'s' if many else ''} {kinds}"
-        )
-    if p.synthetic:
-        parts.append(f"skipped {_n(p.synthetic, 'synthetic assistant record')} (no API call)")
-    if p.no_usage:
-        parts.append(f"skipped {_n(p.no_usage, 'assistant record')} without usage")
-    if parts:
-        log.warning("%s: %s", path, "; ".join(parts))
-
-
-def _session(stream: _Stream, sid: str, ids: _Ids, base: list[int]) -> Session:
+def _session(stream: Stream, sid: str, ids: _Ids, base: list[int]) -> Session:
     """Requests of one conversation; `t` counts from its first record. `base`: ids a first call may reuse."""
     start = stream.first_ts or 0.0
     s = Session(id=sid)
@@ -332,7 +80,7 @@ def _session(stream: _Stream, sid: str, ids: _Ids, base: list[int]) -> Session:
 
 
 def _subagent(
-    stream: _Stream,
+    stream: Stream,
     sid: str,
     parent_start: float,
     ids: _Ids,
@@ -387,14 +135,15 @@ def read(path: Path, data: bytes) -> list[Trace]:
 
     tid = _stem(path)
     inline = not tid.startswith("agent-")
-    main = _parse(path, data, inline)
-    subs: list[tuple[_Stream, str, str, str]] = []  # stream, session id, agent id, agent type
+    main = _conversations(path, data, inline)
+    subs: list[tuple[Stream, str, str, str]] = []  # stream, session id, agent id, agent type
     for key, st in main.side.items():
         subs.append((st, f"{tid}/{key}", key, ""))
     if inline:
         for f in _agent_files(path):
             agent_id = _stem(f).removeprefix("agent-")
-            subs.append((_parse(f, read_bytes(f), False).main, f"{tid}/{agent_id}", agent_id, _agent_type(f)))
+            st = _conversations(f, read_bytes(f), False).main
+            subs.append((st, f"{tid}/{agent_id}", agent_id, _agent_type(f)))
     subs = [x for x in subs if x[0].calls]
     if not main.main.calls and not subs:
         log.warning("%s: no API calls (no assistant records with usage); skipped", path)
