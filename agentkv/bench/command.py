@@ -44,6 +44,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """The flags of `agentkv bench`."""
     add_trace_args(p)
+    _load_args(p.add_argument_group("target and load"))
+    _request_args(p.add_argument_group("requests"))
+    _replay_args(p.add_argument_group("replay"))
+    _output_args(p.add_argument_group("output and measurement"))
+
+
+def _load_args(p) -> None:
+    """Target and load."""
     p.add_argument(
         "--target",
         default=None,
@@ -61,6 +69,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-requests", type=int, default=None, metavar="N", help="stop after releasing N requests"
     )
+
+
+def _request_args(p) -> None:
+    """Requests."""
     p.add_argument("--api", default="completions", choices=["completions", "chat"])
     p.add_argument(
         "--prompt-mode",
@@ -77,8 +89,10 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model", default=None, metavar="NAME", help="model name in requests (default: the target's first)"
     )
-    p.add_argument("--slo", default=None, metavar="SPEC", help="goodput SLOs, e.g. ttft=2s,tpot=50ms")
-    p.add_argument("--out", default=None, metavar="DIR", help="output folder (default out/bench-<time>)")
+
+
+def _replay_args(p) -> None:
+    """Replay."""
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--warm-start", action="store_true", help="start each lane's first trace at a random point"
@@ -112,6 +126,12 @@ def add_bench_args(p: argparse.ArgumentParser) -> None:
         metavar="ARGS",
         help="extra flags for the embedded agentkv serve, e.g. '--gpu h100 --cpu-offload 256GB'",
     )
+
+
+def _output_args(p) -> None:
+    """Output and measurement."""
+    p.add_argument("--out", default=None, metavar="DIR", help="output folder (default out/bench-<time>)")
+    p.add_argument("--slo", default=None, metavar="SPEC", help="goodput SLOs, e.g. ttft=2s,tpot=50ms")
     p.add_argument("--sample-every", default="1s", help="time-series sampling period (default 1s)")
     p.add_argument(
         "--max-connections",
@@ -186,42 +206,18 @@ def _load(args: argparse.Namespace):
 
 def bench_command(args: argparse.Namespace) -> int:
     """Entry point of `agentkv bench`."""
-    import msgspec
     from rich.console import Console
     from rich.live import Live
 
-    from agentkv.bench.embedded import EmbeddedServer, needed_model_len
     from agentkv.bench.live import progress_panel, run_loop
     from agentkv.bench.runner import BenchResult, BenchRun
-    from agentkv.metrics.summary import write_summary
-    from agentkv.metrics.view import print_summary, sessions_table
 
     traces = _load(args)
     out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     console = Console(stderr=True)
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
-        if args.target:
-            target = args.target
-        else:
-            need = needed_model_len(traces)
-            srv = EmbeddedServer(
-                time_scale=args.time_scale or DEFAULT_EMBEDDED_TIME_SCALE,
-                max_model_len=max(need, 131072),
-                extra_args=args.serve_args or (),
-            )
-            console.print(f"[dim]starting the embedded server: agentkv {' '.join(srv.argv[3:])}[/dim]")
-            stack.enter_context(srv)
-            target = srv.url
-            notes.append(
-                f"target: the embedded server ({srv.description.removeprefix('agentkv serve: ')}), "
-                f"started as: agentkv {' '.join(srv.argv[3:])}"
-            )
-            if need > 131072:
-                notes.append(
-                    f"embedded server's max_model_len raised from the model's 131072 to {need} so that "
-                    "every trace request fits (as agentkv simulate does)"
-                )
+        target = args.target or _start_embedded(args, traces, stack, console, notes)
         cfg = config_from_args(args, target)
         run = BenchRun(cfg, traces, out=out, notes=notes)
         live = None
@@ -230,6 +226,47 @@ def bench_command(args: argparse.Namespace) -> int:
             run.on_tick = lambda r: live.update(progress_panel(r), refresh=True)
             stack.enter_context(live)
         result: BenchResult = run_loop(run.run(), args.loop)
+    _write_outputs(args, result, out)
+    if run.crash:
+        console.print(f"agentkv: error: the run stopped early: {run.crash} (outputs written)", markup=False)
+        return 1
+    return 130 if result.interrupted else 0
+
+
+def _start_embedded(
+    args: argparse.Namespace, traces, stack: contextlib.ExitStack, console, notes: list[str]
+) -> str:
+    """Start the embedded agentkv serve (stopped when `stack` closes) and return its URL."""
+    from agentkv.bench.embedded import EmbeddedServer, needed_model_len
+
+    need = needed_model_len(traces)
+    srv = EmbeddedServer(
+        time_scale=args.time_scale or DEFAULT_EMBEDDED_TIME_SCALE,
+        max_model_len=max(need, 131072),
+        extra_args=args.serve_args or (),
+    )
+    console.print(f"[dim]starting the embedded server: agentkv {' '.join(srv.argv[3:])}[/dim]")
+    stack.enter_context(srv)
+    notes.append(
+        f"target: the embedded server ({srv.description.removeprefix('agentkv serve: ')}), "
+        f"started as: agentkv {' '.join(srv.argv[3:])}"
+    )
+    if need > 131072:
+        notes.append(
+            f"embedded server's max_model_len raised from the model's 131072 to {need} so that "
+            "every trace request fits (as agentkv simulate does)"
+        )
+    return srv.url
+
+
+def _write_outputs(args: argparse.Namespace, result, out: Path) -> None:
+    """summary.json and report.html into `out`, then the summary on the terminal (or as JSON)."""
+    import msgspec
+    from rich.console import Console
+
+    from agentkv.metrics.summary import write_summary
+    from agentkv.metrics.view import print_summary, sessions_table
+
     write_summary(result.summary, out / "summary.json")
     if not args.no_report:
         from agentkv.bench.report import write_report
@@ -244,10 +281,6 @@ def bench_command(args: argparse.Namespace) -> int:
             con.print(sessions_table(result.summary))
         files = "requests.jsonl, summary.json" + ("" if args.no_report else ", report.html")
         con.print(f"[dim]wrote {files} to {out}[/dim]")
-    if run.crash:
-        console.print(f"agentkv: error: the run stopped early: {run.crash} (outputs written)", markup=False)
-        return 1
-    return 130 if result.interrupted else 0
 
 
 def compare_command(args: argparse.Namespace) -> int:

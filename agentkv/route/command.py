@@ -13,6 +13,17 @@ from agentkv.placement import POLICIES, add_kv_weight_arg
 def add_parser(sub: argparse._SubParsersAction) -> None:
     """The flags of `agentkv route`."""
     p = sub.add_parser("route", help="OpenAI-compatible router: KV-aware, session-aware, tenant-isolated")
+    _listen_args(p.add_argument_group("workers and listening"))
+    _policy_args(p.add_argument_group("routing policy"))
+    _hash_args(p.add_argument_group("how the engines hash prompts"))
+    _approx_args(p.add_argument_group("approximate mode (no KV events)"))
+    _tenant_args(p.add_argument_group("tenants"))
+    _health_args(p.add_argument_group("worker health and limits"))
+    p.set_defaults(func=route_command)
+
+
+def _listen_args(p) -> None:
+    """Workers and listening."""
     p.add_argument(
         "--worker",
         action="append",
@@ -24,7 +35,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
+
+
+def _policy_args(p) -> None:
+    """The placement policy and kv_aware's knobs."""
     p.add_argument("--policy", default="kv_aware", choices=POLICIES)
+    add_kv_weight_arg(p)
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="kv_aware: softmax sampling temperature (0: argmin)"
+    )
+    p.add_argument(
+        "--affinity",
+        type=float,
+        default=8.0,
+        metavar="BLOCKS",
+        help="kv_aware: a session (x-session-id) keeps its worker while within this many blocks "
+        "of the best cost and not overloaded (default 8; 0 turns it off)",
+    )
+
+
+def _hash_args(p) -> None:
+    """How the engines hash prompts."""
     p.add_argument("--block-size", type=int, default=16, help="the engines' KV block size (default 16)")
     p.add_argument(
         "--hash-algo",
@@ -40,6 +71,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="tokenize text prompts as the engines do: a HF tokenizer.json (or its folder), or "
         "'builtin' for agentkv serve; without it text is matched approximately",
     )
+
+
+def _approx_args(p) -> None:
+    """Approximate mode (no KV events)."""
     p.add_argument(
         "--approximate",
         action="store_true",
@@ -59,6 +94,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="approximate mode: seconds a routed prefix is assumed cached (default 300)",
     )
+
+
+def _tenant_args(p) -> None:
+    """Tenants."""
     p.add_argument(
         "--api-keys",
         default=None,
@@ -71,18 +110,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="S",
         help="HMAC secret for tenant cache salts (default $AGENTKV_ROUTER_SECRET, else random)",
     )
-    add_kv_weight_arg(p)
-    p.add_argument(
-        "--temperature", type=float, default=0.0, help="kv_aware: softmax sampling temperature (0: argmin)"
-    )
-    p.add_argument(
-        "--affinity",
-        type=float,
-        default=8.0,
-        metavar="BLOCKS",
-        help="kv_aware: a session (x-session-id) keeps its worker while within this many blocks "
-        "of the best cost and not overloaded (default 8; 0 turns it off)",
-    )
+
+
+def _health_args(p) -> None:
+    """Worker health and limits."""
     p.add_argument(
         "--health-interval",
         type=float,
@@ -124,7 +155,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="blocks indexed per worker; stores past it are dropped and counted (default 4,194,304)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    p.set_defaults(func=route_command)
 
 
 def config_from_args(args: argparse.Namespace):

@@ -26,6 +26,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     trace = sub.add_parser("trace", help="read, convert, synthesise and summarise agentic traces")
     tsub = trace.add_subparsers(dest="trace_cmd", required=True, metavar="COMMAND")
 
+    _stats_parser(tsub)
+    _synth_parser(tsub)
+    _convert_parser(tsub)
+
+
+def _stats_parser(tsub) -> None:
+    """`agentkv trace stats`."""
     p = tsub.add_parser("stats", help="per-trace and total statistics, with the prefix-cache hit ceiling")
     p.add_argument(
         "paths", nargs="*", metavar="PATH", help="trace files or directories (default: the bundled sample)"
@@ -46,6 +53,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=stats_command)
 
+
+def _synth_parser(tsub) -> None:
+    """`agentkv trace synth`."""
     p = tsub.add_parser("synth", help="write seeded synthetic agentic sessions as AgentX JSON")
     p.add_argument(
         "--sessions", type=int, default=10, metavar="N", help="sessions (traces) to write (default 10)"
@@ -63,6 +73,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--gzip", action="store_true", help="write .json.gz files")
     p.set_defaults(func=synth_command)
 
+
+def _convert_parser(tsub) -> None:
+    """`agentkv trace convert`."""
     p = tsub.add_parser(
         "convert", help="save traces (any format) as AgentX JSON, as kv-cache-tester and AIPerf read"
     )
