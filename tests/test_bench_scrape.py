@@ -1,9 +1,11 @@
-"""Prometheus /metrics parsing: vLLM's names (and the older and SGLang ones), hit rate from counter deltas."""
+"""The bench's view of /metrics: vLLM's names (and the older and SGLang ones), hit rate from counter
+deltas, and its GPU monitor (the shared parser itself is tested in test_metrics_scrape.py)."""
 
 from __future__ import annotations
 
 from agentkv.bench.gpu import GpuMonitor, is_local
-from agentkv.bench.scrape import MetricsSnapshot, hit_rate, parse_prometheus, snapshot
+from agentkv.bench.scrape import MetricsSnapshot, hit_rate
+from agentkv.metrics.scrape import parse_prometheus, snapshot
 
 VLLM = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter
