@@ -28,6 +28,9 @@ class Scraper:
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.absent_reason = f"GET /metrics failed ({type(e).__name__})"
             return None
+        except UnicodeDecodeError:
+            self.absent_reason = "GET /metrics answered text that does not decode (UTF-8 or its charset)"
+            return None
         snap = snapshot(text)
         if snap == MetricsSnapshot():
             self.absent_reason = "/metrics has none of vLLM's or SGLang's cache and queue metrics"
