@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -330,7 +331,18 @@ def get_json(url: str, timeout: float = 10.0):
     return json.loads(get_text(url, timeout))
 
 
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+
+
 def metric_sum(text: str, name: str) -> float:
-    """Sum of a Prometheus series (`name` may end in a label prefix, e.g. `x{worker="0"`)."""
-    heads = (name,) if "{" in name else (name + " ", name + "{")
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith(heads))
+    """Sum of a Prometheus series; `name` may carry labels to match, e.g. `x{worker="0"`, in any
+    order (an exposition writes them in its own order: prometheus_client sorts them)."""
+    base, _, sel = name.partition("{")
+    want = set(_LABEL.findall(sel))
+    total = 0.0
+    for line in text.splitlines():
+        head, _, value = line.rpartition(" ")
+        metric, _, labels = head.partition("{")
+        if metric == base and want <= set(_LABEL.findall(labels)):
+            total += float(value)
+    return total

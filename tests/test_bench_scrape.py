@@ -1,9 +1,16 @@
-"""Prometheus /metrics parsing: vLLM's names (and the older and SGLang ones), hit rate from counter deltas."""
+"""The bench's view of /metrics: vLLM's names (and the older and SGLang ones), hit rate from counter
+deltas, and its GPU monitor (the shared parser itself is tested in test_metrics_scrape.py)."""
 
 from __future__ import annotations
 
+import asyncio
+
+import aiohttp
+from test_metrics_scrape import VLLM_PAGE, MetricsServer
+
 from agentkv.bench.gpu import GpuMonitor, is_local
-from agentkv.bench.scrape import MetricsSnapshot, hit_rate, parse_prometheus, snapshot
+from agentkv.bench.scrape import MetricsSnapshot, Scraper, hit_rate
+from agentkv.metrics.scrape import parse_prometheus, snapshot
 
 VLLM = """# HELP vllm:prefix_cache_queries_total Prefix cache queries, in terms of number of queried tokens.
 # TYPE vllm:prefix_cache_queries_total counter
@@ -58,3 +65,28 @@ def test_gpu_monitor_is_absent_for_remote_targets():
         assert local.absent_reason
     local.sample()
     local.close()
+
+
+def test_scraper_says_why_metrics_are_absent():
+    async def main() -> None:
+        srv = MetricsServer()
+        await srv.start()
+        try:
+            async with aiohttp.ClientSession() as session:
+                scraper = Scraper(session, srv.url)
+                srv.body = VLLM_PAGE.encode()
+                snap = await scraper.scrape()
+                assert snap is not None and snap.running == 2.0 and scraper.absent_reason is None
+                srv.body = b"\xff\xfe not text \x80"
+                assert await scraper.scrape() is None and "does not decode" in scraper.absent_reason
+                srv.body = b"garbage line\nhttp_requests_total 3\n"
+                assert await scraper.scrape() is None and "none of vLLM's" in scraper.absent_reason
+                srv.status = 404
+                assert (
+                    await scraper.scrape() is None
+                    and scraper.absent_reason == "GET /metrics answered HTTP 404"
+                )
+        finally:
+            await srv.runner.cleanup()
+
+    asyncio.run(main())

@@ -19,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from cluster import Cluster, wait_http, write_keys
+from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.slow
 
@@ -47,15 +48,21 @@ class Routed(Cluster):
         except urllib.error.HTTPError as e:
             return e.code, dict(e.headers), json.loads(e.read() or b"{}")
 
-    def metric(self, name: str) -> dict[str, float]:
+    def metric(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+        """The samples of `name` on the router's /metrics, keyed by their labels (sorted pairs)."""
         with urllib.request.urlopen(self.router_url() + "/metrics", timeout=5) as r:
             text = r.read().decode()
-        out = {}
-        for line in text.splitlines():
-            if line.startswith(name + "{") or line.startswith(name + " "):
-                k, v = line.rsplit(" ", 1)
-                out[k] = float(v)
-        return out
+        return {
+            tuple(sorted(s.labels.items())): s.value
+            for f in text_string_to_metric_families(text)
+            for s in f.samples
+            if s.name == name
+        }
+
+
+def _by_worker(samples: dict[tuple[tuple[str, str], ...], float]) -> list[float]:
+    """Per-worker sample values in worker order."""
+    return [v for k, v in sorted(samples.items(), key=lambda kv: int(dict(kv[0])["worker"]))]
 
 
 def _parse(raw: str) -> dict:
@@ -154,7 +161,7 @@ def test_forged_or_missing_keys_are_rejected_before_any_worker(cluster):
     assert sum(cluster.metric("agentkv_router_worker_requests_total").values()) == before
     assert sum(cluster.metric("agentkv_router_unauthorized_total").values()) >= 5
     modes = cluster.metric("agentkv_router_worker_mode")
-    assert len(modes) == 3 and all('mode="event"' in k for k in modes)
+    assert len(modes) == 3 and all(dict(k)["mode"] == "event" for k in modes)
 
 
 def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
@@ -184,10 +191,10 @@ def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         up = cluster.metric("agentkv_router_worker_up")
-        if [v for k, v in sorted(up.items())] == [1.0, 0.0, 1.0]:
+        if _by_worker(up) == [1.0, 0.0, 1.0]:
             break
         time.sleep(0.1)
-    assert [v for k, v in sorted(up.items())] == [1.0, 0.0, 1.0]
+    assert _by_worker(up) == [1.0, 0.0, 1.0]
     status, h, _ = cluster.post({"prompt": _prompt(7, 64), "max_tokens": 1})
     assert status == 200 and h["x-agentkv-worker"] != "1"
     # the worker comes back: it is re-added and serves again
@@ -196,7 +203,7 @@ def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
     while (
         time.monotonic() < deadline
         and cluster.metric("agentkv_router_worker_up").get(
-            f'agentkv_router_worker_up{{worker="1",url="http://127.0.0.1:{cluster.http[1]}"}}'
+            (("url", f"http://127.0.0.1:{cluster.http[1]}"), ("worker", "1"))
         )
         != 1.0
     ):

@@ -3,11 +3,17 @@ health, load, indexed blocks and event-stream health (`agentkv_router_*`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, UnknownMetricFamily
+from prometheus_client.registry import Collector
+
 if TYPE_CHECKING:
     from agentkv.route.proxy import Router
+    from agentkv.route.workers import Worker
 
 
 @dataclass(slots=True)
@@ -26,103 +32,131 @@ class RouterStats:
     route_seconds: float = 0.0
 
 
-def _esc(v: str) -> str:
-    return v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+# the router's counters: name, HELP ("" where it never had one), value
+_TOTALS: tuple[tuple[str, str, Callable[[Router], float]], ...] = (
+    ("requests", "Generation requests accepted (authenticated, valid JSON).", lambda r: r.stats.requests),
+    ("failed", "", lambda r: r.stats.failed),
+    (
+        "retries",
+        "Requests re-sent to another worker after failing before their first byte.",
+        lambda r: r.stats.retries,
+    ),
+    ("unauthorized", "", lambda r: r.stats.unauthorized),
+    (
+        "throttled",
+        "Requests refused with 429: their tenant was at its concurrency limit.",
+        lambda r: r.stats.throttled,
+    ),
+    (
+        "index_overflow_blocks",
+        "Stored blocks not indexed: the worker was at --max-index-blocks.",
+        lambda r: r.index.overflow,
+    ),
+    ("broken_streams", "", lambda r: r.stats.broken_streams),
+    ("exact_hash_requests", "Requests hashed exactly as the engine does.", lambda r: r.stats.exact),
+    ("prompt_blocks", "", lambda r: r.stats.prompt_blocks),
+    (
+        "predicted_hit_blocks",
+        "Prompt blocks the index placed on the chosen worker.",
+        lambda r: r.stats.predicted_hit_blocks,
+    ),
+    # microsecond resolution, as the hand-written exposition printed it
+    ("route_seconds", "", lambda r: float(f"{r.stats.route_seconds:.6f}")),
+)
+
+_Family = type[CounterMetricFamily] | type[GaugeMetricFamily]
+_Counter, _Gauge = CounterMetricFamily, GaugeMetricFamily
+
+# per worker (labels worker, url): name, family, HELP, value
+_PER_WORKER: tuple[tuple[str, _Family, str, Callable[[Router, Worker], float]], ...] = (
+    ("up", _Gauge, "1 while the worker is in rotation.", lambda r, w: int(w.healthy)),
+    ("requests_total", _Counter, "Requests sent to the worker.", lambda r, w: w.requests),
+    (
+        "failures_total",
+        _Counter,
+        "Requests that failed there before their first byte.",
+        lambda r, w: w.failures,
+    ),
+    (
+        "first_byte_timeouts_total",
+        _Counter,
+        "Requests retried elsewhere after --first-byte-timeout.",
+        lambda r, w: w.first_byte_timeouts,
+    ),
+    ("in_flight", _Gauge, "Requests in flight (router accounting).", lambda r, w: w.in_flight),
+    (
+        "in_flight_tokens",
+        _Gauge,
+        "Prompt + max output tokens of requests streaming (the kv_aware load term).",
+        lambda r, w: w.in_flight_tokens,
+    ),
+    (
+        "scraped_active",
+        _Gauge,
+        "Running + waiting from the worker's /metrics.",
+        lambda r, w: w.scraped_active,
+    ),
+    (
+        "indexed_blocks",
+        _Gauge,
+        "Blocks the router believes the worker caches.",
+        lambda r, w: r.index.blocks(w.slot) if w.mode == "event" else r.approx.blocks(w.slot),
+    ),
+    ("events_total", _Counter, "KV events applied.", lambda r, w: w.events_applied),
+    (
+        "event_resyncs_total",
+        _Counter,
+        "Sequence gaps and publisher restarts handled.",
+        lambda r, w: w.resyncs,
+    ),
+)
+
+
+class RouterCollector(Collector):
+    """Reads the router's counters and per-worker state at scrape time (one source of truth)."""
+
+    def __init__(self, router: Router) -> None:
+        self.router = router
+
+    def collect(self) -> Iterator[Metric]:
+        r = self.router
+        for name, doc, get in _TOTALS:
+            yield CounterMetricFamily(f"agentkv_router_{name}_total", doc, value=get(r))
+        workers = r.pool.workers
+        keys = [[str(w.slot), w.spec.url] for w in workers]
+        for name, family, doc, get in _PER_WORKER:
+            m = family(f"agentkv_router_worker_{name}", doc, labels=["worker", "url"])
+            for w, key in zip(workers, keys, strict=True):
+                m.add_metric(key, get(r, w))
+            yield m
+        mode = GaugeMetricFamily(
+            "agentkv_router_worker_mode",
+            "How the router knows the worker's cache: event or approximate.",
+            labels=["worker", "url", "mode"],
+        )
+        for w, key in zip(workers, keys, strict=True):
+            mode.add_metric([*key, w.mode], 1)
+        yield mode
+        yield from _event_streams(workers)
+
+
+def _event_streams(workers: list[Worker]) -> Iterator[Metric]:
+    """Per subscribed worker, its malformed and lost event batches (untyped and without HELP, as
+    they always were); nothing when no worker is subscribed."""
+    subs = [(str(w.slot), sub.stats) for w in workers if (sub := w.subscriber) is not None]
+    if not subs:
+        return
+    malformed = UnknownMetricFamily("agentkv_router_worker_event_malformed_total", "", labels=["worker"])
+    lost = UnknownMetricFamily("agentkv_router_worker_event_lost_total", "", labels=["worker"])
+    for slot, s in subs:
+        malformed.add_metric([slot], s.malformed)
+        lost.add_metric([slot], s.lost)
+    yield malformed
+    yield lost
 
 
 def render_metrics(router: Router) -> str:
     """Prometheus text exposition of the router's counters and per-worker gauges."""
-    st = router.stats
-    out = [
-        "# HELP agentkv_router_requests_total Generation requests accepted (authenticated, valid JSON).",
-        "# TYPE agentkv_router_requests_total counter",
-        f"agentkv_router_requests_total {st.requests}",
-        "# TYPE agentkv_router_failed_total counter",
-        f"agentkv_router_failed_total {st.failed}",
-        "# HELP agentkv_router_retries_total Requests re-sent to another worker after failing before their first byte.",
-        "# TYPE agentkv_router_retries_total counter",
-        f"agentkv_router_retries_total {st.retries}",
-        "# TYPE agentkv_router_unauthorized_total counter",
-        f"agentkv_router_unauthorized_total {st.unauthorized}",
-        "# HELP agentkv_router_throttled_total Requests refused with 429: their tenant was at its concurrency limit.",
-        "# TYPE agentkv_router_throttled_total counter",
-        f"agentkv_router_throttled_total {st.throttled}",
-        "# HELP agentkv_router_index_overflow_blocks_total Stored blocks not indexed: the worker was at --max-index-blocks.",
-        "# TYPE agentkv_router_index_overflow_blocks_total counter",
-        f"agentkv_router_index_overflow_blocks_total {router.index.overflow}",
-        "# TYPE agentkv_router_broken_streams_total counter",
-        f"agentkv_router_broken_streams_total {st.broken_streams}",
-        "# HELP agentkv_router_exact_hash_requests_total Requests hashed exactly as the engine does.",
-        "# TYPE agentkv_router_exact_hash_requests_total counter",
-        f"agentkv_router_exact_hash_requests_total {st.exact}",
-        "# TYPE agentkv_router_prompt_blocks_total counter",
-        f"agentkv_router_prompt_blocks_total {st.prompt_blocks}",
-        "# HELP agentkv_router_predicted_hit_blocks_total Prompt blocks the index placed on the chosen worker.",
-        "# TYPE agentkv_router_predicted_hit_blocks_total counter",
-        f"agentkv_router_predicted_hit_blocks_total {st.predicted_hit_blocks}",
-        "# TYPE agentkv_router_route_seconds_total counter",
-        f"agentkv_router_route_seconds_total {st.route_seconds:.6f}",
-    ]
-    per = [
-        ("worker_up", "gauge", "1 while the worker is in rotation.", lambda w: int(w.healthy)),
-        ("worker_requests_total", "counter", "Requests sent to the worker.", lambda w: w.requests),
-        (
-            "worker_failures_total",
-            "counter",
-            "Requests that failed there before their first byte.",
-            lambda w: w.failures,
-        ),
-        (
-            "worker_first_byte_timeouts_total",
-            "counter",
-            "Requests retried elsewhere after --first-byte-timeout.",
-            lambda w: w.first_byte_timeouts,
-        ),
-        ("worker_in_flight", "gauge", "Requests in flight (router accounting).", lambda w: w.in_flight),
-        (
-            "worker_in_flight_tokens",
-            "gauge",
-            "Prompt + max output tokens of requests streaming (the kv_aware load term).",
-            lambda w: w.in_flight_tokens,
-        ),
-        (
-            "worker_scraped_active",
-            "gauge",
-            "Running + waiting from the worker's /metrics.",
-            lambda w: w.scraped_active,
-        ),
-        (
-            "worker_indexed_blocks",
-            "gauge",
-            "Blocks the router believes the worker caches.",
-            lambda w: router.index.blocks(w.slot) if w.mode == "event" else router.approx.blocks(w.slot),
-        ),
-        ("worker_events_total", "counter", "KV events applied.", lambda w: w.events_applied),
-        (
-            "worker_event_resyncs_total",
-            "counter",
-            "Sequence gaps and publisher restarts handled.",
-            lambda w: w.resyncs,
-        ),
-    ]
-    for name, kind, doc, get in per:
-        out.append(f"# HELP agentkv_router_{name} {doc}")
-        out.append(f"# TYPE agentkv_router_{name} {kind}")
-        for w in router.pool.workers:
-            out.append(f'agentkv_router_{name}{{worker="{w.slot}",url="{_esc(w.spec.url)}"}} {get(w)}')
-    out.append(
-        "# HELP agentkv_router_worker_mode How the router knows the worker's cache: event or approximate."
-    )
-    out.append("# TYPE agentkv_router_worker_mode gauge")
-    for w in router.pool.workers:
-        out.append(
-            f'agentkv_router_worker_mode{{worker="{w.slot}",url="{_esc(w.spec.url)}",mode="{w.mode}"}} 1'
-        )
-    for w in router.pool.workers:
-        sub = w.subscriber
-        if sub is not None:
-            s = sub.stats
-            lbl = f'worker="{w.slot}"'
-            out.append(f"agentkv_router_worker_event_malformed_total{{{lbl}}} {s.malformed}")
-            out.append(f"agentkv_router_worker_event_lost_total{{{lbl}}} {s.lost}")
-    return "\n".join(out) + "\n"
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RouterCollector(router))
+    return generate_latest(registry).decode()

@@ -12,8 +12,10 @@ when it answers again it is re-added and its subscription restarted from the rep
 from __future__ import annotations
 
 import asyncio
+import codecs
 import contextlib
 import logging
+import math
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -22,11 +24,14 @@ import aiohttp
 
 from agentkv.errors import UserError
 from agentkv.events.subscriber import ZmqEventSubscriber
+from agentkv.metrics.scrape import snapshot
 from agentkv.route.index import Match, TenantIndex
 
 log = logging.getLogger("agentkv.route")
 
-_LOAD_METRICS = ("vllm:num_requests_running", "vllm:num_requests_waiting")
+# a worker's /metrics page past this is not read (vLLM's is ~50 KB per engine); it is parsed in a
+# thread, so a page this size of hostile lines costs about a second of CPU, not a stalled event loop
+MAX_METRICS_BYTES = 8 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -281,27 +286,57 @@ class WorkerPool:
 
     async def _scrape_loop(self) -> None:
         while True:
-            await asyncio.gather(*(self.scrape(w) for w in self.workers if w.healthy))
+            up = [w for w in self.workers if w.healthy]
+            results = await asyncio.gather(*(self.scrape(w) for w in up), return_exceptions=True)
+            for w, res in zip(up, results, strict=True):
+                if isinstance(res, Exception):  # never ends the loop, whatever a worker sends
+                    log.warning("worker %d: /metrics scrape failed (%s)", w.slot, type(res).__name__)
             await asyncio.sleep(self.scrape_interval)
 
     async def scrape(self, w: Worker) -> None:
-        """Running + waiting requests from the worker's Prometheus /metrics (vLLM names)."""
+        """Running + waiting requests from the worker's Prometheus /metrics (vLLM's names, SGLang's
+        as a fallback); a page that fails, is too large or undecodable leaves the last value."""
         assert self.session is not None
         try:
             async with self.session.get(w.spec.url + "/metrics", timeout=aiohttp.ClientTimeout(total=2)) as r:
-                if r.status != 200:
+                if r.status != 200 or (r.content_length or 0) > MAX_METRICS_BYTES:
                     return
-                text = await r.text()
-        except (TimeoutError, aiohttp.ClientError, OSError, UnicodeDecodeError):
+                body = await _read_capped(r.content, MAX_METRICS_BYTES)
+                if body is None:
+                    return
+                charset = r.charset
+        except (TimeoutError, aiohttp.ClientError, OSError):
             return
-        w.scraped_active = int(parse_load(text))
+        text = _decode(body, charset)
+        if text is not None:
+            w.scraped_active = int(await asyncio.to_thread(parse_load, text))
+
+
+async def _read_capped(stream: aiohttp.StreamReader, cap: int) -> bytes | None:
+    """The whole body, or None once it passes `cap` bytes (the rest is not read)."""
+    body = bytearray()
+    async for chunk in stream.iter_any():
+        body += chunk
+        if len(body) > cap:
+            return None
+    return bytes(body)
+
+
+def _decode(body: bytes, charset: str | None) -> str | None:
+    """The page as text: its charset if Python knows it, else UTF-8 (as aiohttp's `text()`); None
+    if it does not decode."""
+    codec = "utf-8"
+    if charset:
+        with contextlib.suppress(LookupError, ValueError):
+            codec = codecs.lookup(charset).name
+    try:
+        return body.decode(codec)
+    except UnicodeDecodeError:
+        return None
 
 
 def parse_load(text: str) -> float:
-    """Sum of vLLM's running and waiting request gauges in a Prometheus text page (0 if absent)."""
-    total = 0.0
-    for line in text.splitlines():
-        if line.startswith(_LOAD_METRICS):
-            with contextlib.suppress(ValueError, IndexError):
-                total += float(line.rsplit(" ", 1)[1])
-    return total
+    """Running + waiting requests in a Prometheus text page (vLLM's or SGLang's names; 0 if absent
+    or not finite)."""
+    total = snapshot(text).requests()
+    return total if math.isfinite(total) else 0.0

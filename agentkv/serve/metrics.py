@@ -151,24 +151,28 @@ class _EngineCollector(Collector):
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.m = metrics
+        self.names = list(metrics.labels)
+        self.vals = list(metrics.labels.values())
 
     def collect(self) -> Iterator[Metric]:
-        m = self.m
-        runner = m.runner
-        eng = runner.engine
-        names = list(m.labels)
-        vals = list(m.labels.values())
+        yield from self._engine()
+        yield self._cache_config()
+        yield from self._agentkv()
 
-        def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
-            c = CounterMetricFamily(name, doc, labels=names)
-            c.add_metric(vals, value)
-            return c
+    def _counter(self, name: str, doc: str, value: float) -> CounterMetricFamily:
+        c = CounterMetricFamily(name, doc, labels=self.names)
+        c.add_metric(self.vals, value)
+        return c
 
-        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
-            g = GaugeMetricFamily(name, doc, labels=names)
-            g.add_metric(vals, value)
-            return g
+    def _gauge(self, name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=self.names)
+        g.add_metric(self.vals, value)
+        return g
 
+    def _engine(self) -> Iterator[Metric]:
+        """vLLM's prefix-cache, queue, token and finished-request metrics."""
+        m, counter, gauge = self.m, self._counter, self._gauge
+        eng = m.runner.engine
         yield counter(
             "vllm:prefix_cache_queries", "Prefix cache queries, in tokens.", eng.prefix_cache_queries
         )
@@ -185,12 +189,17 @@ class _EngineCollector(Collector):
         yield counter("vllm:generation_tokens", "Generation tokens processed.", m.generation_tokens)
 
         ok = CounterMetricFamily(
-            "vllm:request_success", "Finished requests, by finish reason.", labels=[*names, "finished_reason"]
+            "vllm:request_success",
+            "Finished requests, by finish reason.",
+            labels=[*self.names, "finished_reason"],
         )
         for reason, n in m.finished.items():
-            ok.add_metric([*vals, reason], n)
+            ok.add_metric([*self.vals, reason], n)
         yield ok
 
+    def _cache_config(self) -> GaugeMetricFamily:
+        """vLLM's `cache_config_info`: the cache's configuration as labels of a constant 1."""
+        eng = self.m.runner.engine
         cfg = eng.config
         cpu_blocks = int(cfg.kv_offloading_size * GIB // eng.block_bytes) if cfg.kv_offloading_size else 0
         info = {
@@ -205,9 +214,13 @@ class _EngineCollector(Collector):
         g = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the cache config.", labels=[*info, "engine"]
         )
-        g.add_metric([*info.values(), m.labels["engine"]], 1.0)
-        yield g
+        g.add_metric([*info.values(), self.m.labels["engine"]], 1.0)
+        return g
 
+    def _agentkv(self) -> Iterator[Metric]:
+        """agentkv's own: hits by tier, engine catch-up, KV event batches."""
+        runner, names, vals = self.m.runner, self.names, self.vals
+        eng = runner.engine
         tiers = CounterMetricFamily(
             "agentkv:prefix_cache_hits_by_tier",
             "Prefix cache hits by the tier that held them, in tokens.",
@@ -217,7 +230,7 @@ class _EngineCollector(Collector):
         for medium in ("CPU", "DISK"):
             tiers.add_metric([*vals, medium], eng.scheduler.lower_tier_tokens.get(medium, 0))
         yield tiers
-        yield counter(
+        yield self._counter(
             "agentkv:engine_catchup_seconds",
             "Engine seconds skipped because the server fell behind --time-scale.",
             runner.jumped_s,
