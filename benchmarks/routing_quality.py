@@ -43,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cluste
 import aiohttp
 from cluster import CLI, Cluster, wait_http
 
+from agentkv.metrics.scrape import parse_prometheus
+
 ROOT = Path(__file__).resolve().parents[1]
 TRACES = ROOT.parent / "shared" / "traces" / "claude-code"
 OURS = ("kv_aware", "round_robin", "least_loaded", "session")
@@ -109,26 +111,20 @@ def _needed_model_len(paths: list[str]) -> int:
 
 
 async def _router_metrics(url: str) -> dict[str, float]:
-    """Our router's /metrics counters (unlabelled lines only)."""
+    """Our router's /metrics, each sample summed over its label sets (agentkv.metrics.scrape)."""
     async with aiohttp.ClientSession() as s, s.get(url + "/metrics") as r:
         text = await r.text()
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            k, _, v = line.partition(" ")
-            out[k] = float(v)
-    return out
+    return {k: sum(v) for k, v in parse_prometheus(text).items()}
 
 
 async def _catchup(urls: list[str]) -> float:
     """Engine seconds skipped so far, summed over the workers (agentkv:engine_catchup_seconds_total)."""
     total = 0.0
+    name = "agentkv:engine_catchup_seconds_total"
     async with aiohttp.ClientSession() as s:
         for u in urls:
             async with s.get(u + "/metrics") as r:
-                for line in (await r.text()).splitlines():
-                    if line.startswith("agentkv:engine_catchup_seconds_total"):
-                        total += float(line.rsplit(" ", 1)[1])
+                total += sum(parse_prometheus(await r.text(), [name]).get(name, []))
     return total
 
 
