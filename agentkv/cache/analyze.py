@@ -109,6 +109,40 @@ def _items(text: str, flag: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def _capacities(text: str) -> list[tuple[str, int]]:
+    """`--capacity` as (label, bytes) pairs, each more than 0 bytes."""
+    caps = []
+    for c in _items(text, "--capacity"):
+        b = parse_capacity(c, "--capacity")
+        if b <= 0:
+            raise UserError(f"--capacity: {c!r} must be more than 0 bytes")
+        caps.append((c, b))
+    return caps
+
+
+def _block_sizes(text: str) -> list[int]:
+    """`--block-size` as positive whole numbers of tokens."""
+    sizes = []
+    for s in _items(text, "--block-size"):
+        try:
+            n = int(s)
+        except ValueError:
+            raise UserError(f"--block-size: {s!r} is not a whole number of tokens") from None
+        if n <= 0:
+            raise UserError(f"--block-size: must be a positive number of tokens, got {n}")
+        sizes.append(n)
+    return sizes
+
+
+def _policies(text: str | None) -> list[str]:
+    """`--policy` as known eviction policies; every policy when the flag is not given."""
+    pols = _items(text, "--policy") if text is not None else list(POLICIES)
+    for p in pols:
+        if p not in POLICIES:
+            raise UserError(f"--policy: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
+    return pols
+
+
 def make_grid(
     capacity: str = "100GB",
     block_size: str = "16",
@@ -121,25 +155,9 @@ def make_grid(
     """Parse the command's flags (comma lists) into a `Grid`; UserError naming the flag on bad input."""
     from agentkv.engine.hardware import get_model
 
-    caps = []
-    for c in _items(capacity, "--capacity"):
-        b = parse_capacity(c, "--capacity")
-        if b <= 0:
-            raise UserError(f"--capacity: {c!r} must be more than 0 bytes")
-        caps.append((c, b))
-    sizes = []
-    for s in _items(block_size, "--block-size"):
-        try:
-            n = int(s)
-        except ValueError:
-            raise UserError(f"--block-size: {s!r} is not a whole number of tokens") from None
-        if n <= 0:
-            raise UserError(f"--block-size: must be a positive number of tokens, got {n}")
-        sizes.append(n)
-    pols = _items(policy, "--policy") if policy is not None else list(POLICIES)
-    for p in pols:
-        if p not in POLICIES:
-            raise UserError(f"--policy: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
+    caps = _capacities(capacity)
+    sizes = _block_sizes(block_size)
+    pols = _policies(policy)
     if kv_cache_dtype not in KV_DTYPES:
         raise UserError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not one of {', '.join(KV_DTYPES)}")
     shape = get_model(model)
