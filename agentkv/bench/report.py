@@ -232,10 +232,9 @@ def _dist_rows(s: Summary) -> list[list]:
     return rows
 
 
-def render_report(s: Summary, records: list[RequestRecord]) -> str:
-    """The report page as one HTML string."""
+def _cards(s: Summary) -> str:
+    """The headline figures as a row of cards (goodput only when SLOs were given)."""
     tp = s.throughput
-    title = f"agentkv {s.kind}: {s.target}"
     cards = [
         _card("requests ok / failed", f"{s.succeeded:,} / {s.failed:,}"),
         _card("duration", f"{s.duration_s:,.1f} s"),
@@ -253,6 +252,11 @@ def render_report(s: Summary, records: list[RequestRecord]) -> str:
         cards.append(
             _card(f"goodput ({slo})", f"{s.goodput.fraction:.1%} ({s.goodput.requests_per_s:.2f} req/s)")
         )
+    return f'<div class="cards">{"".join(cards)}</div>'
+
+
+def _heading(s: Summary, title: str) -> str:
+    """Title, provenance line, the invalid-run banner, the cards and the run's notes."""
     parts = [
         f"<h1>{escape(title)}</h1>",
         f'<div class="sub">{escape(s.created)} · agentkv {escape(s.agentkv_version)} · schema '
@@ -260,40 +264,71 @@ def render_report(s: Summary, records: list[RequestRecord]) -> str:
     ]
     if not s.valid:
         parts.append(f'<div class="bad"><b>INVALID RUN:</b> {escape(s.invalid_reason)}</div>')
-    parts.append(f'<div class="cards">{"".join(cards)}</div>')
+    parts.append(_cards(s))
     if s.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in s.notes) + "</ul>")
+    return "".join(parts)
+
+
+def _plots(s: Summary, records: list[RequestRecord]) -> str:
+    """The four half-width charts, then the full-width context growth chart."""
     charts = [ttft_chart(records), tpot_chart(records), cache_chart(records, s), load_chart(s)]
-    parts.append(
+    return (
         '<h2>Plots</h2><div class="grid">'
         + "".join(f'<div class="panel">{c.svg()}</div>' for c in charts)
         + f'<div class="panel">{context_chart(records).svg()}</div></div>'
     )
-    parts.append(
-        "<h2>Latency</h2>"
-        + _table(["metric", "mean", "p50", "p90", "p99", "max", "count"], _dist_rows(s), sortable=False)
+
+
+def _latency(s: Summary) -> str:
+    return "<h2>Latency</h2>" + _table(
+        ["metric", "mean", "p50", "p90", "p99", "max", "count"], _dist_rows(s), sortable=False
     )
-    if s.errors:
-        parts.append(
-            "<h2>Errors</h2>" + _table(["reason", "requests"], [[k, v] for k, v in sorted(s.errors.items())])
-        )
-    if s.gpu:
-        rows = [
-            [
-                d.get("name", ""),
-                f"{d.get('mem_used_gib_max', 0):.1f}",
-                f"{d.get('util_pct_mean', 0):.0f}",
-                f"{d.get('mem_bw_util_pct_mean', 0):.0f}",
-            ]
-            for d in s.gpu.get("devices", [])
+
+
+def _errors(s: Summary) -> str:
+    """The error table, or nothing when every request succeeded."""
+    if not s.errors:
+        return ""
+    return "<h2>Errors</h2>" + _table(["reason", "requests"], [[k, v] for k, v in sorted(s.errors.items())])
+
+
+def _gpu(s: Summary) -> str:
+    """The NVML table per device, or nothing when no GPU was monitored."""
+    if not s.gpu:
+        return ""
+    rows = [
+        [
+            d.get("name", ""),
+            f"{d.get('mem_used_gib_max', 0):.1f}",
+            f"{d.get('util_pct_mean', 0):.0f}",
+            f"{d.get('mem_bw_util_pct_mean', 0):.0f}",
         ]
-        parts.append(
-            "<h2>GPU (NVML)</h2>"
-            + _table(
-                ["device", "max memory used (GiB)", "mean util (%)", "mean memory-bandwidth util (%)"], rows
-            )
-        )
-    srows = [
+        for d in s.gpu.get("devices", [])
+    ]
+    return "<h2>GPU (NVML)</h2>" + _table(
+        ["device", "max memory used (GiB)", "mean util (%)", "mean memory-bandwidth util (%)"], rows
+    )
+
+
+_SESSION_HEADERS = [
+    "session tree",
+    "trace",
+    "turns",
+    "sub-agent requests",
+    "time (s)",
+    "input",
+    "output",
+    "cached",
+    "hit rate",
+    "TTFT p50",
+    "failed",
+]
+
+
+def _sessions(s: Summary) -> str:
+    """One sortable row per session tree; numeric cells carry their raw value to sort by."""
+    rows = [
         [
             x.session,
             x.trace,
@@ -309,31 +344,24 @@ def render_report(s: Summary, records: list[RequestRecord]) -> str:
         ]
         for x in s.sessions
     ]
-    parts.append(
-        "<h2>Sessions</h2>"
-        + _table(
-            [
-                "session tree",
-                "trace",
-                "turns",
-                "sub-agent requests",
-                "time (s)",
-                "input",
-                "output",
-                "cached",
-                "hit rate",
-                "TTFT p50",
-                "failed",
-            ],
-            srows,
-        )
-    )
+    return "<h2>Sessions</h2>" + _table(_SESSION_HEADERS, rows)
+
+
+def _config(s: Summary) -> str:
     cfg = msgspec.json.encode(s.config).decode()
-    parts.append(f"<h2>Configuration</h2><code>{escape(cfg)}</code>")
+    return f"<h2>Configuration</h2><code>{escape(cfg)}</code>"
+
+
+def render_report(s: Summary, records: list[RequestRecord]) -> str:
+    """The report page as one HTML string."""
+    title = f"agentkv {s.kind}: {s.target}"
+    body = "".join(
+        (_heading(s, title), _plots(s, records), _latency(s), _errors(s), _gpu(s), _sessions(s), _config(s))
+    )
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
         f'<meta name="viewport" content="width=device-width, initial-scale=1"><style>{_CSS}</style></head>'
-        f"<body>{''.join(parts)}<script>{_JS}</script></body></html>"
+        f"<body>{body}<script>{_JS}</script></body></html>"
     )
 
 

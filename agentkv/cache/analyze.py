@@ -24,7 +24,7 @@ from agentkv.errors import UserError
 from agentkv.kv.eviction import POLICIES, make_policy
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
-from agentkv.trace.accesses import BlockRequest, arrivals, block_accesses, check_block_size
+from agentkv.trace.accesses import Arrival, BlockRequest, arrivals, block_accesses, check_block_size
 from agentkv.trace.ceiling import ceiling_tokens
 from agentkv.trace.model import Trace
 from agentkv.units import parse_capacity
@@ -109,6 +109,40 @@ def _items(text: str, flag: str) -> list[str]:
     return list(dict.fromkeys(items))
 
 
+def _capacities(text: str) -> list[tuple[str, int]]:
+    """`--capacity` as (label, bytes) pairs, each more than 0 bytes."""
+    caps = []
+    for c in _items(text, "--capacity"):
+        b = parse_capacity(c, "--capacity")
+        if b <= 0:
+            raise UserError(f"--capacity: {c!r} must be more than 0 bytes")
+        caps.append((c, b))
+    return caps
+
+
+def _block_sizes(text: str) -> list[int]:
+    """`--block-size` as positive whole numbers of tokens."""
+    sizes = []
+    for s in _items(text, "--block-size"):
+        try:
+            n = int(s)
+        except ValueError:
+            raise UserError(f"--block-size: {s!r} is not a whole number of tokens") from None
+        if n <= 0:
+            raise UserError(f"--block-size: must be a positive number of tokens, got {n}")
+        sizes.append(n)
+    return sizes
+
+
+def _policies(text: str | None) -> list[str]:
+    """`--policy` as known eviction policies; every policy when the flag is not given."""
+    pols = _items(text, "--policy") if text is not None else list(POLICIES)
+    for p in pols:
+        if p not in POLICIES:
+            raise UserError(f"--policy: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
+    return pols
+
+
 def make_grid(
     capacity: str = "100GB",
     block_size: str = "16",
@@ -121,25 +155,9 @@ def make_grid(
     """Parse the command's flags (comma lists) into a `Grid`; UserError naming the flag on bad input."""
     from agentkv.engine.hardware import get_model
 
-    caps = []
-    for c in _items(capacity, "--capacity"):
-        b = parse_capacity(c, "--capacity")
-        if b <= 0:
-            raise UserError(f"--capacity: {c!r} must be more than 0 bytes")
-        caps.append((c, b))
-    sizes = []
-    for s in _items(block_size, "--block-size"):
-        try:
-            n = int(s)
-        except ValueError:
-            raise UserError(f"--block-size: {s!r} is not a whole number of tokens") from None
-        if n <= 0:
-            raise UserError(f"--block-size: must be a positive number of tokens, got {n}")
-        sizes.append(n)
-    pols = _items(policy, "--policy") if policy is not None else list(POLICIES)
-    for p in pols:
-        if p not in POLICIES:
-            raise UserError(f"--policy: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
+    caps = _capacities(capacity)
+    sizes = _block_sizes(block_size)
+    pols = _policies(policy)
     if kv_cache_dtype not in KV_DTYPES:
         raise UserError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not one of {', '.join(KV_DTYPES)}")
     shape = get_model(model)
@@ -296,6 +314,73 @@ def default_jobs() -> int:
     return max(1, min(4, n))
 
 
+_Cell = tuple[int, tuple[str, int], str]  # (block size, (capacity label, bytes), policy)
+
+
+@dataclass(slots=True)
+class _Progress:
+    """Counts finished steps and reports each one to the caller's `progress` callback, if any."""
+
+    callback: Callable[[int, int, str], None] | None
+    total: int
+    done: int = 0
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        if self.callback:
+            self.callback(self.done, self.total, what)
+
+
+def _accesses(
+    arrived: list[Arrival], block_sizes: Sequence[int], tick: _Progress
+) -> tuple[dict[int, list[BlockRequest]], list[Ceiling]]:
+    """The block accesses and the unbounded-cache ceiling at each block size."""
+    requests: dict[int, list[BlockRequest]] = {}
+    ceilings = []
+    for bs in block_sizes:
+        reqs = requests[bs] = block_accesses(arrived, bs)
+        q = sum(r.input_tokens for r in reqs)
+        h = ceiling_tokens(reqs, bs)
+        ceilings.append(Ceiling(block_size=bs, hit_rate=h / q if q else 0.0, hit_tokens=h, query_tokens=q))
+        tick.step(f"block size {bs}: accesses and ceiling")
+    return requests, ceilings
+
+
+def _run_cells(
+    grid: Grid, requests: dict[int, list[BlockRequest]], cells: list[_Cell], jobs: int, tick: _Progress
+) -> list[CellResult]:
+    """Every cell's result, in `cells` order: here one by one, or in `jobs` forked workers."""
+    jobs = max(1, min(jobs, len(cells)))
+    if jobs > 1 and "fork" in mp.get_all_start_methods():
+        return _run_forked(grid, requests, cells, jobs, tick)
+    results = []
+    for cell in cells:
+        results.append(run_cell(grid, requests[cell[0]], *cell))
+        tick.step(f"{cell[2]} at {cell[1][0]}, block size {cell[0]}")
+    return results
+
+
+def _run_forked(
+    grid: Grid, requests: dict[int, list[BlockRequest]], cells: list[_Cell], jobs: int, tick: _Progress
+) -> list[CellResult]:
+    """The cells run in `jobs` forked workers that inherit the accesses, sorted back to `cells` order."""
+    results: list[CellResult] = []
+    ctx = mp.get_context("fork")
+    _SHARED.update(grid=grid, requests=requests, belady_lock=ctx.Lock())
+    try:
+        with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
+            futures = [ex.submit(_run_shared, *cell) for cell in cells]
+            for fut in as_completed(futures):
+                r = fut.result()
+                results.append(r)
+                tick.step(f"{r.policy} at {r.capacity}, block size {r.block_size}")
+    finally:
+        _SHARED.clear()
+    order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
+    results.sort(key=lambda r: order[(r.block_size, r.capacity, r.policy)])
+    return results
+
+
 def analyze(
     traces: Sequence[Trace],
     grid: Grid,
@@ -311,42 +396,9 @@ def analyze(
         check_block_size(traces, bs)
     arrived = arrivals(traces, grid.concurrency)
     cells = [(bs, cap, pol) for bs in grid.block_sizes for cap in grid.capacities for pol in grid.policies]
-    total = len(cells) + len(grid.block_sizes)
-    done = 0
-    requests: dict[int, list[BlockRequest]] = {}
-    ceilings = []
-    for bs in grid.block_sizes:
-        reqs = requests[bs] = block_accesses(arrived, bs)
-        q = sum(r.input_tokens for r in reqs)
-        h = ceiling_tokens(reqs, bs)
-        ceilings.append(Ceiling(block_size=bs, hit_rate=h / q if q else 0.0, hit_tokens=h, query_tokens=q))
-        done += 1
-        if progress:
-            progress(done, total, f"block size {bs}: accesses and ceiling")
-    results: list[CellResult] = []
-    jobs = max(1, min(jobs, len(cells)))
-    if jobs == 1 or "fork" not in mp.get_all_start_methods():
-        for cell in cells:
-            results.append(run_cell(grid, requests[cell[0]], *cell))
-            done += 1
-            if progress:
-                progress(done, total, f"{cell[2]} at {cell[1][0]}, block size {cell[0]}")
-    else:
-        ctx = mp.get_context("fork")
-        _SHARED.update(grid=grid, requests=requests, belady_lock=ctx.Lock())
-        try:
-            with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
-                futures = [ex.submit(_run_shared, *cell) for cell in cells]
-                for fut in as_completed(futures):
-                    r = fut.result()
-                    results.append(r)
-                    done += 1
-                    if progress:
-                        progress(done, total, f"{r.policy} at {r.capacity}, block size {r.block_size}")
-        finally:
-            _SHARED.clear()
-        order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
-        results.sort(key=lambda r: order[(r.block_size, r.capacity, r.policy)])
+    tick = _Progress(progress, len(cells) + len(grid.block_sizes))
+    requests, ceilings = _accesses(arrived, grid.block_sizes, tick)
+    results = _run_cells(grid, requests, cells, jobs, tick)
     return Analysis(
         model=grid.model,
         kv_cache_dtype=grid.kv_dtype,

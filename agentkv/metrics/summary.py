@@ -179,6 +179,68 @@ def session_rollups(records: list[RequestRecord]) -> list[SessionRollup]:
     return out
 
 
+def _error_counts(records: list[RequestRecord]) -> dict[str, int]:
+    """Failed requests per reason, in the order reasons first appear."""
+    errors: dict[str, int] = defaultdict(int)
+    for r in records:
+        if not r.ok:
+            errors[r.error or "unknown"] += 1
+    return dict(errors)
+
+
+def _throughput(
+    inp: int, out: int, done: int, dur: float, gpus: int | None, power_w: float | None
+) -> Throughput:
+    """Tokens and requests per second over `dur`; per GPU and per megawatt when those are known."""
+    tp = Throughput(inp / dur, out / dur, (inp + out) / dur, done / dur)
+    if gpus:
+        tp.output_tokens_per_s_per_gpu = out / dur / gpus
+        tp.total_tokens_per_s_per_gpu = (inp + out) / dur / gpus
+        if power_w:
+            tp.million_total_tokens_per_s_per_mw = (inp + out) / dur / (gpus * power_w / 1e6) / 1e6
+    return tp
+
+
+def _cache_hits(
+    records: list[RequestRecord],
+    ok: list[RequestRecord],
+    metrics_hit_rate: float | None,
+    by_tier: dict[str, float] | None,
+) -> CacheHits:
+    """Reported hits over the successful requests that report them; the ceiling over every request."""
+    reported = [r for r in ok if r.cached_tokens is not None]
+    ceiling_in = sum(r.input_tokens for r in records)
+    return CacheHits(
+        reported=(
+            sum(r.cached_tokens for r in reported) / sum(r.input_tokens for r in reported)
+            if reported and sum(r.input_tokens for r in reported)
+            else None
+        ),
+        metrics=metrics_hit_rate,
+        ceiling=(sum(r.ceiling_tokens for r in records) / ceiling_in) if ceiling_in else None,
+        by_tier=by_tier or {},
+    )
+
+
+def _goodput(records: list[RequestRecord], slo: dict[str, float] | None, dur: float) -> Goodput | None:
+    """The share (and rate) of requests meeting every SLO; None when no SLO was given."""
+    if not slo:
+        return None
+    good = sum(1 for r in records if _meets(r, slo))
+    return Goodput(slo, good / len(records) if records else 0.0, good / dur)
+
+
+def _overflow_reason(errors: dict[str, int], requests: int) -> str:
+    """Why the run is invalid (too many context overflows), or "" when it is valid."""
+    overflow = errors.get("context_overflow", 0)
+    if requests and overflow / requests > OVERFLOW_LIMIT:
+        return (
+            f"context overflow on {overflow} of {requests} requests "
+            f"({overflow / requests:.1%} > {OVERFLOW_LIMIT:.0%})"
+        )
+    return ""
+
+
 def summarize(
     records: list[RequestRecord],
     *,
@@ -201,32 +263,12 @@ def summarize(
     ok = [r for r in records if r.ok]
     if duration_s is None:
         duration_s = (max(r.end for r in records) - min(r.scheduled for r in records)) if records else 0.0
-    errors: dict[str, int] = defaultdict(int)
-    for r in records:
-        if not r.ok:
-            errors[r.error or "unknown"] += 1
+    errors = _error_counts(records)
     inp = sum(r.input_tokens for r in ok)
     out = sum(r.output_tokens for r in ok)
     dur = max(duration_s, 1e-9)
-    tp = Throughput(inp / dur, out / dur, (inp + out) / dur, len(ok) / dur)
-    if gpus:
-        tp.output_tokens_per_s_per_gpu = out / dur / gpus
-        tp.total_tokens_per_s_per_gpu = (inp + out) / dur / gpus
-        if power_w:
-            tp.million_total_tokens_per_s_per_mw = (inp + out) / dur / (gpus * power_w / 1e6) / 1e6
-    reported = [r for r in ok if r.cached_tokens is not None]
-    ceiling_in = sum(r.input_tokens for r in records)
-    cache = CacheHits(
-        reported=(
-            sum(r.cached_tokens for r in reported) / sum(r.input_tokens for r in reported)
-            if reported and sum(r.input_tokens for r in reported)
-            else None
-        ),
-        metrics=metrics_hit_rate,
-        ceiling=(sum(r.ceiling_tokens for r in records) / ceiling_in) if ceiling_in else None,
-        by_tier=by_tier or {},
-    )
-    s = Summary(
+    invalid = _overflow_reason(errors, len(records))
+    return Summary(
         kind=kind,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         target=target,
@@ -234,7 +276,7 @@ def summarize(
         requests=len(records),
         succeeded=len(ok),
         failed=len(records) - len(ok),
-        errors=dict(errors),
+        errors=errors,
         duration_s=duration_s,
         ttft=Dist.of(r.ttft for r in ok),
         tpot=Dist.of(r.tpot for r in ok),
@@ -242,25 +284,17 @@ def summarize(
         e2e=Dist.of(r.e2e for r in ok),
         input_tokens=inp,
         output_tokens=out,
-        throughput=tp,
-        cache=cache,
+        throughput=_throughput(inp, out, len(ok), dur, gpus, power_w),
+        cache=_cache_hits(records, ok, metrics_hit_rate, by_tier),
+        goodput=_goodput(records, slo, dur),
         preemptions=preemptions,
         sessions=session_rollups(records),
         timeline=timeline or [],
+        valid=not invalid,
+        invalid_reason=invalid,
         gpu=gpu,
         notes=list(notes or []),
     )
-    if slo:
-        good = sum(1 for r in records if _meets(r, slo))
-        s.goodput = Goodput(slo, good / len(records) if records else 0.0, good / dur)
-    overflow = errors.get("context_overflow", 0)
-    if records and overflow / len(records) > OVERFLOW_LIMIT:
-        s.valid = False
-        s.invalid_reason = (
-            f"context overflow on {overflow} of {len(records)} requests "
-            f"({overflow / len(records):.1%} > {OVERFLOW_LIMIT:.0%})"
-        )
-    return s
 
 
 def write_summary(summary: Summary, path) -> None:

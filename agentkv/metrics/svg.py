@@ -7,8 +7,10 @@ No JavaScript and no external assets: the report opens offline and anywhere. Poi
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
+from typing import NamedTuple
 
 MAX_POINTS = 4000
 PALETTE = (
@@ -63,6 +65,15 @@ class Series:
     dash: bool = False  # lines: dashed, so a line drawn over an equal one still shows
 
 
+class _Area(NamedTuple):
+    """The plot rectangle inside a chart, in pixels: axes, grid and series are drawn against it."""
+
+    left: int
+    top: int
+    width: int
+    height: int
+
+
 @dataclass(slots=True)
 class Chart:
     """One chart: add series, then `svg()`."""
@@ -95,12 +106,13 @@ class Chart:
         return lo, hi if hi > lo else lo + 1.0
 
     def svg(self) -> str:
+        """The chart as one `<svg>` element; a "no data" note when nothing finite is plotted."""
         w, h = self.width, self.height
         left, right_pad, bottom = 64, (64 if self.y2label else 20), 44
         pw = w - left - right_pad
         legend, rows = self._legend(left, pw)
         top = 32 + 14 * rows
-        ph = h - top - bottom
+        area = _Area(left, top, pw, h - top - bottom)
         out = [
             f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" '
             f'width="{w}" height="{h}" role="img" aria-label="{escape(self.title)}">',
@@ -114,56 +126,34 @@ class Chart:
             )
             return "".join(out)
         bar_pad = max((s.width for s in self.series if s.kind == "bars"), default=0.0) / 2
-        xlo, xhi = min(xs) - bar_pad, max(xs) + bar_pad
-        xt = nice_ticks(xlo, xhi if xhi > xlo else xlo + 1)
-        xlo, xhi = min(xt[0], xlo), max(xt[-1], xhi)
-
-        def sx(x: float) -> float:
-            return left + (x - xlo) / (xhi - xlo) * pw
-
-        def axis_y(rng: tuple[float, float]):
-            t = nice_ticks(*rng)
-            lo, hi = min(t[0], rng[0]), max(t[-1], rng[1])
-            return t, (lambda y: top + ph - (y - lo) / (hi - lo) * ph)
-
-        out.append(f'<rect x="{left}" y="{top}" width="{pw}" height="{ph}" class="plot"/>')
-        for x in xt:
-            out.append(
-                f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{top}" y2="{top + ph}" class="grid"/>'
-                f'<text x="{sx(x):.1f}" y="{top + ph + 16}" text-anchor="middle">{fmt(x)}</text>'
-            )
+        axis, sx = _x_axis(min(xs) - bar_pad, max(xs) + bar_pad, area)
+        out.append(axis)
         scales = {}
         for side, rng in ((False, yl), (True, yr)):
-            if rng is None:
-                continue
-            ticks, sy = axis_y(rng)
-            scales[side] = sy
-            for y in ticks:
-                if side:
-                    out.append(f'<text x="{left + pw + 6}" y="{sy(y) + 4:.1f}">{fmt(y)}</text>')
-                else:
-                    out.append(
-                        f'<line x1="{left}" x2="{left + pw}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" class="grid"/>'
-                        f'<text x="{left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{fmt(y)}</text>'
-                    )
-        out.append(
-            f'<text x="{left + pw / 2}" y="{h - 6}" text-anchor="middle" class="label">'
-            f"{escape(self.xlabel)}</text>"
-        )
-        out.append(
-            f'<text transform="translate(14 {top + ph / 2}) rotate(-90)" text-anchor="middle" '
-            f'class="label">{escape(self.ylabel)}</text>'
-        )
-        if self.y2label and True in scales:
-            out.append(
-                f'<text transform="translate({w - 10} {top + ph / 2}) rotate(90)" text-anchor="middle" '
-                f'class="label">{escape(self.y2label)}</text>'
-            )
+            if rng is not None:
+                axis, scales[side] = _y_axis(rng, side, area)
+                out.append(axis)
+        out.append(self._labels(area, True in scales))
         for s in self.series:
             sy = scales.get(s.right) or scales.get(not s.right)
-            out.append(_draw(s, sx, sy, top + ph))
+            out.append(_draw(s, sx, sy, area.top + area.height))
         out.append(legend)
         out.append("</svg>")
+        return "".join(out)
+
+    def _labels(self, a: _Area, has_right: bool) -> str:
+        """The x axis label under the plot, the y label on the left and, if plotted, the y2 label."""
+        out = [
+            f'<text x="{a.left + a.width / 2}" y="{self.height - 6}" text-anchor="middle" class="label">'
+            f"{escape(self.xlabel)}</text>",
+            f'<text transform="translate(14 {a.top + a.height / 2}) rotate(-90)" text-anchor="middle" '
+            f'class="label">{escape(self.ylabel)}</text>',
+        ]
+        if self.y2label and has_right:
+            out.append(
+                f'<text transform="translate({self.width - 10} {a.top + a.height / 2}) rotate(90)" '
+                f'text-anchor="middle" class="label">{escape(self.y2label)}</text>'
+            )
         return "".join(out)
 
     def _legend(self, left: float, pw: float) -> tuple[str, int]:
@@ -182,6 +172,45 @@ class Chart:
             )
             x += span + 10
         return "".join(parts), row + 1
+
+
+def _x_axis(xlo: float, xhi: float, a: _Area) -> tuple[str, Callable[[float], float]]:
+    """The plot frame and the x grid with its tick labels, and the x -> pixel scale."""
+    xt = nice_ticks(xlo, xhi if xhi > xlo else xlo + 1)
+    xlo, xhi = min(xt[0], xlo), max(xt[-1], xhi)
+
+    def sx(x: float) -> float:
+        return a.left + (x - xlo) / (xhi - xlo) * a.width
+
+    out = [f'<rect x="{a.left}" y="{a.top}" width="{a.width}" height="{a.height}" class="plot"/>']
+    bottom = a.top + a.height
+    for x in xt:
+        out.append(
+            f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{a.top}" y2="{bottom}" class="grid"/>'
+            f'<text x="{sx(x):.1f}" y="{bottom + 16}" text-anchor="middle">{fmt(x)}</text>'
+        )
+    return "".join(out), sx
+
+
+def _y_axis(rng: tuple[float, float], right: bool, a: _Area) -> tuple[str, Callable[[float], float]]:
+    """One y axis's tick labels (the left one with grid lines too), and its y -> pixel scale."""
+    ticks = nice_ticks(*rng)
+    lo, hi = min(ticks[0], rng[0]), max(ticks[-1], rng[1])
+
+    def sy(y: float) -> float:
+        return a.top + a.height - (y - lo) / (hi - lo) * a.height
+
+    out = []
+    for y in ticks:
+        if right:
+            out.append(f'<text x="{a.left + a.width + 6}" y="{sy(y) + 4:.1f}">{fmt(y)}</text>')
+        else:
+            out.append(
+                f'<line x1="{a.left}" x2="{a.left + a.width}" y1="{sy(y):.1f}" y2="{sy(y):.1f}" '
+                'class="grid"/>'
+                f'<text x="{a.left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{fmt(y)}</text>'
+            )
+    return "".join(out), sy
 
 
 def _thin(s: Series) -> list[int]:
