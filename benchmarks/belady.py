@@ -14,7 +14,8 @@ import os
 import time
 from pathlib import Path
 
-from agentkv.cache.analyze import fitting, make_grid
+from agentkv.cache.analyze import fitting
+from agentkv.cache.grid import make_grid
 from agentkv.cache.replay import replay
 from agentkv.kv.eviction import make_policy
 from agentkv.kv.pool import BlockPool

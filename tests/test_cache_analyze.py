@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from agentkv.cache.analyze import analyze, fitting, make_grid
+from agentkv.cache.analyze import analyze, fitting
+from agentkv.cache.grid import make_grid
 from agentkv.cache.view import write_plot
 from agentkv.cli import main
 from agentkv.errors import UserError

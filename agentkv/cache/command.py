@@ -76,7 +76,8 @@ def analyze_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentkv.cache.analyze import analyze, default_jobs, make_grid
+    from agentkv.cache.analyze import analyze, default_jobs
+    from agentkv.cache.grid import make_grid
     from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
     from agentkv.trace.formats import bundled_sample, load_paths
 
