@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from agentkv.bench.http1 import Http1Pool, HttpError
+from agentkv.bench.http1 import Http1Pool, HttpError, OnLines
 from agentkv.errors import UserError
 
 # a 400 whose body mentions one of these is a prompt longer than the server's context window
@@ -202,50 +202,7 @@ class BenchClient:
         assert self.pool is not None
         clock = self.clock
         res = StreamResult(sent=clock())
-        times = res.token_times
-        st = [0, False]  # chunks with output, [DONE] seen
-
-        def on_lines(payloads: list[bytes], now: float) -> None:
-            if payloads[-1].strip() == b"[DONE]":
-                st[1] = True
-                payloads = [p for p in payloads if p.strip() != b"[DONE]"]
-                if not payloads:
-                    return
-            try:  # one decode for the whole read: far cheaper than one per chunk
-                chunks = _decode_chunks(b"[" + b",".join(payloads) + b"]")
-            except msgspec.DecodeError:
-                chunks = []
-                for p in payloads:
-                    if not p.strip():
-                        continue  # an empty data line
-                    try:
-                        chunks.append(_decode_chunk(p))
-                    except msgspec.DecodeError as e:
-                        res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {p[:200]!r}"
-            k = 0
-            for c in chunks:
-                ch = c.choices
-                if ch:
-                    x = ch[0]
-                    if x.text or (x.delta is not None and _has_delta(x.delta)):
-                        k += 1
-                if c.usage is not None or c.error is not None:
-                    _usage(c)
-            if k:
-                st[0] += k
-                times.extend([now] * k)
-
-        def _usage(c: _Chunk) -> None:
-            if c.error is not None:
-                res.ok, res.error, res.detail = False, "stream_error", str(c.error)[:300]
-            u = c.usage
-            if u is not None:
-                res.prompt_tokens = u.prompt_tokens
-                if u.completion_tokens is not None:
-                    res.output_tokens = u.completion_tokens
-                if u.prompt_tokens_details is not None:
-                    res.cached_tokens = u.prompt_tokens_details.cached_tokens
-
+        on_lines, st = _sse_reader(res)
         try:
             async with asyncio.timeout(self.timeout):
                 status, err = await self.pool.post_stream(self.path, body, on_lines, clock)
@@ -254,14 +211,71 @@ class BenchClient:
         except HttpError as e:
             res.ok, res.error, res.detail = False, e.kind, str(e)[:300]
         else:
-            res.status = status
-            if status != 200:
-                text = err[:4096].decode("utf-8", "replace")
-                res.ok, res.error, res.detail = False, classify_http_error(status, text), text[:300]
-            else:
-                if not res.output_tokens:
-                    res.output_tokens = st[0]
-                if res.ok and not st[1]:
-                    res.ok, res.error, res.detail = False, "incomplete", "stream ended without [DONE]"
+            _settle(res, status, err, st)
         res.end = clock()
         return res
+
+
+def _sse_reader(res: StreamResult) -> tuple[OnLines, list]:
+    """The callback that reads a stream's SSE payloads into `res` (a batch per read, all at its
+    arrival time), and its state: [chunks with output, [DONE] seen]."""
+    times = res.token_times
+    st = [0, False]
+
+    def on_lines(payloads: list[bytes], now: float) -> None:
+        if payloads[-1].strip() == b"[DONE]":
+            st[1] = True
+            payloads = [p for p in payloads if p.strip() != b"[DONE]"]
+            if not payloads:
+                return
+        try:  # one decode for the whole read: far cheaper than one per chunk
+            chunks = _decode_chunks(b"[" + b",".join(payloads) + b"]")
+        except msgspec.DecodeError:
+            chunks = []
+            for p in payloads:
+                if not p.strip():
+                    continue  # an empty data line
+                try:
+                    chunks.append(_decode_chunk(p))
+                except msgspec.DecodeError as e:
+                    res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {p[:200]!r}"
+        k = 0
+        for c in chunks:
+            ch = c.choices
+            if ch:
+                x = ch[0]
+                if x.text or (x.delta is not None and _has_delta(x.delta)):
+                    k += 1
+            if c.usage is not None or c.error is not None:
+                _usage(res, c)
+        if k:
+            st[0] += k
+            times.extend([now] * k)
+
+    return on_lines, st
+
+
+def _usage(res: StreamResult, c: _Chunk) -> None:
+    """Take a chunk's error and usage (prompt, completion and cached tokens) into `res`."""
+    if c.error is not None:
+        res.ok, res.error, res.detail = False, "stream_error", str(c.error)[:300]
+    u = c.usage
+    if u is not None:
+        res.prompt_tokens = u.prompt_tokens
+        if u.completion_tokens is not None:
+            res.output_tokens = u.completion_tokens
+        if u.prompt_tokens_details is not None:
+            res.cached_tokens = u.prompt_tokens_details.cached_tokens
+
+
+def _settle(res: StreamResult, status: int, err: bytes, st: list) -> None:
+    """Judge a stream that ended: an HTTP error, a stream without [DONE], or the tokens it counted."""
+    res.status = status
+    if status != 200:
+        text = err[:4096].decode("utf-8", "replace")
+        res.ok, res.error, res.detail = False, classify_http_error(status, text), text[:300]
+        return
+    if not res.output_tokens:
+        res.output_tokens = st[0]
+    if res.ok and not st[1]:
+        res.ok, res.error, res.detail = False, "incomplete", "stream ended without [DONE]"
