@@ -1,7 +1,8 @@
 """Async streaming client for OpenAI-compatible servers: keep-alive connections, every token timed.
 
-Streams go through `http1.Http1Pool` (fast enough for 100,000+ tokens/s on one core); the
-occasional GET (/v1/models, /metrics) through aiohttp. A stream's chunks are timed as they are
+Streams go through `http1.Http1Pool` (fast enough for 100,000+ tokens/s on one core), or through
+aiohttp (`transport="aiohttp"`, kept to measure against: benchmarks/client_overhead.py
+--client); the occasional GET (/v1/models, /metrics) through aiohttp. A stream's chunks are timed as they are
 read: every SSE event in one socket read shares that read's arrival time. Failures never raise; they come back as a `StreamResult` with a reason
 (`http_500`, `context_overflow`, `reset`, `timeout`, ...), so one bad request cannot stop a run.
 """
@@ -100,6 +101,51 @@ def normalize_target(url: str) -> str:
     return u
 
 
+class AiohttpStreams:
+    """`Http1Pool.post_stream` through aiohttp: the same SSE lines to the same callback, a batch per read."""
+
+    _headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
+
+    def __init__(self, session: aiohttp.ClientSession, base: str):
+        u = urlsplit(base)
+        self.session, self.origin = session, f"{u.scheme}://{u.netloc}"
+
+    async def post_stream(
+        self, path: str, body: bytes, on_lines: OnLines, clock: Callable[[], float]
+    ) -> tuple[int, bytes]:
+        """POST `body`; returns (status, body of a non-200 answer); raises HttpError as Http1Pool does."""
+        try:
+            async with self.session.post(self.origin + path, data=body, headers=self._headers) as resp:
+                if resp.status != 200:
+                    return resp.status, await resp.content.read(4096)
+                lbuf = b""
+                async for data in resp.content.iter_any():
+                    now = clock()
+                    buf = lbuf + data if lbuf else data
+                    lines = buf.split(b"\n")
+                    lbuf = lines.pop()  # a partial line waits for the next read
+                    batch = [ln[5:] for ln in lines if ln[:5] == b"data:"]
+                    if batch:
+                        on_lines(batch, now)
+                if lbuf.startswith(b"data:"):
+                    on_lines([lbuf[5:]], clock())
+                return 200, b""
+        except aiohttp.ClientConnectorError as e:  # refused or unreachable: nothing was sent
+            raise HttpError("connect_error", f"{type(e).__name__}: {e}") from None
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError,
+            ConnectionError,
+        ) as e:
+            raise HttpError("reset", f"{type(e).__name__}: {e}") from None
+        except aiohttp.ClientError as e:
+            raise HttpError("client_error", f"{type(e).__name__}: {e}") from None
+
+    def close(self) -> None:
+        """Nothing to close: the connections belong to the session."""
+
+
 class BenchClient:
     """Streams completions from one target over a shared, keep-alive connection pool."""
 
@@ -112,17 +158,20 @@ class BenchClient:
         connect_timeout: float = 10.0,
         max_connections: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        transport: str = "http1",
     ):
         if api not in ("completions", "chat"):
             raise UserError(f"--api: expected completions or chat, got {api!r}")
+        if transport not in ("http1", "aiohttp"):
+            raise UserError(f"transport: expected http1 or aiohttp, got {transport!r}")
         self.base = normalize_target(target)
         self.path = (
             f"{urlsplit(self.base).path}/v1/{'completions' if api == 'completions' else 'chat/completions'}"
         )
         self.api, self.timeout, self.connect_timeout, self.clock = api, timeout, connect_timeout, clock
-        self._max_connections = max_connections
+        self._max_connections, self.transport = max_connections, transport
         self.session: aiohttp.ClientSession | None = None
-        self.pool: Http1Pool | None = None
+        self.pool: Http1Pool | AiohttpStreams | None = None
         key = os.environ.get("AGENTKV_API_KEY") or os.environ.get("OPENAI_API_KEY")
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
@@ -137,9 +186,15 @@ class BenchClient:
             headers={"User-Agent": "agentkv-bench", **self.headers},
             auto_decompress=False,
         )
-        self.pool = Http1Pool(
-            self.base, limit=self._max_connections, connect_timeout=self.connect_timeout, headers=self.headers
-        )
+        if self.transport == "aiohttp":
+            self.pool = AiohttpStreams(self.session, self.base)
+        else:
+            self.pool = Http1Pool(
+                self.base,
+                limit=self._max_connections,
+                connect_timeout=self.connect_timeout,
+                headers=self.headers,
+            )
         return self
 
     async def __aexit__(self, *exc) -> None:
