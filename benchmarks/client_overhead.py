@@ -5,10 +5,13 @@ process pinned to CPU 0; the bench runs here on CPU 1, through the real path use
 plan, prompts, client, per-token timestamps, records, summary). Prints output tokens/s, the
 client's CPU use and TTFT counted from each request's scheduled start, beside the ceiling: the
 same server read by a client that only counts tokens (what the server and host allow at all).
-Then, where it installs
-(`pip install aiperf` into .venv-peers/aiperf), AIPerf against the same server, beside ours.
+`--client http1,aiohttp --rounds 3` alternates the two stream transports (the same bodies, SSE
+reader and per-read timestamps; only the HTTP layer differs); `--burst` has the server write each
+answer at once, so reads hold many tokens and the client's own cost sets the pace. Then, where
+it installs (`pip install aiperf` into .venv-peers/aiperf), AIPerf against the same server.
 
     .venv/bin/python benchmarks/client_overhead.py [--streams 1000] [--tokens 200] [--turns 3]
+        [--client http1,aiohttp] [--rounds 3] [--loops uvloop] [--burst] [--no-aiperf]
 """
 
 from __future__ import annotations
@@ -44,11 +47,20 @@ def _chunk(data: bytes) -> bytes:
 TOKEN_CHUNK = _chunk(TOKEN)
 
 
+def _tail(prompt: int, total: int) -> bytes:
+    """A stream's end: the finish chunk, usage, [DONE] and the last (empty) HTTP chunk."""
+    usage = (
+        b'data: {"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,'
+        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' % (prompt, total)
+    )
+    return _chunk(DONE_TAIL) + _chunk(usage) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n"
+
+
 class _Http(asyncio.Protocol):
     """Minimal HTTP/1.1 keep-alive server: GET /v1/models, POST /v1/completions (streamed), else 404."""
 
-    def __init__(self, streams: list):
-        self.streams, self.buf, self.t = streams, b"", None
+    def __init__(self, streams: list, burst: bool):
+        self.streams, self.burst, self.buf, self.t = streams, burst, b"", None
 
     def connection_made(self, transport):
         self.t = transport
@@ -79,17 +91,20 @@ class _Http(asyncio.Protocol):
             m = re.search(rb'"max_tokens":\s*(\d+)', body)
             p = re.search(rb'"prompt":\s*\[([^\]]*)\]', body)
             prompt = p.group(1).count(b",") + 1 if p else 0
-            self.t.write(
-                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-            )
+            head = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
             n = int(m.group(1)) if m else 16
-            self.streams.append([self.t, n, prompt, n])
+            if self.burst:  # the whole answer in one write: reads hold many tokens, the client sets the pace
+                self.t.write(head + TOKEN_CHUNK * n + _tail(prompt, n))
+            else:
+                self.t.write(head)
+                self.streams.append([self.t, n, prompt, n])
         else:
             self.t.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
 
 
-def _serve(port_q, cpu: int) -> None:
-    """The instant server: every loop tick writes one token to every open stream (round robin)."""
+def _serve(port_q, cpu: int, burst: bool) -> None:
+    """The instant server: every loop tick writes one token to every open stream (round robin), or
+    with `burst` each whole answer at once."""
     os.sched_setaffinity(0, {cpu})
     try:
         import uvloop
@@ -101,7 +116,7 @@ def _serve(port_q, cpu: int) -> None:
 
     async def main():
         loop = asyncio.get_running_loop()
-        srv = await loop.create_server(lambda: _Http(streams), "127.0.0.1", 0, backlog=4096)
+        srv = await loop.create_server(lambda: _Http(streams, burst), "127.0.0.1", 0, backlog=4096)
         port_q.put(srv.sockets[0].getsockname()[1])
         while True:
             if not streams:
@@ -117,21 +132,17 @@ def _serve(port_q, cpu: int) -> None:
                     s[1] = left - 1
                     keep.append(s)
                 else:
-                    usage = (
-                        b'data: {"choices":[],"usage":{"prompt_tokens":%d,"completion_tokens":%d,'
-                        b'"prompt_tokens_details":{"cached_tokens":0}}}\n\n' % (prompt, total)
-                    )
-                    t.write(_chunk(DONE_TAIL) + _chunk(usage) + _chunk(b"data: [DONE]\n\n") + b"0\r\n\r\n")
+                    t.write(_tail(prompt, total))
             streams[:] = keep
             await asyncio.sleep(0)
 
     asyncio.run(main())
 
 
-def start_server(cpu: int) -> tuple[mp.Process, int]:
+def start_server(cpu: int, burst: bool = False) -> tuple[mp.Process, int]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    p = ctx.Process(target=_serve, args=(q, cpu), daemon=True)
+    p = ctx.Process(target=_serve, args=(q, cpu, burst), daemon=True)
     p.start()
     return p, q.get(timeout=30)
 
@@ -210,37 +221,43 @@ def run_ceiling(port: int, streams: int, tokens: int, seconds: float = 5.0) -> d
     return uvloop.run(go())
 
 
-def run_ours(url: str, streams: int, turns: int, tokens: int, loop: str) -> dict:
-    """One bench run (every stream a session of `turns` back-to-back requests) on this process's CPU."""
-    from agentkv.bench.live import run_loop as _run_loop
+def run_ours(url: str, streams: int, turns: int, tokens: int, loop: str, client: str) -> dict:
+    """One bench run (every stream a session of `turns` back-to-back requests) on this process's CPU,
+    its streams through `client` (the BenchClient transport: http1 or aiohttp)."""
+    from agentkv.bench.live import run_loop
     from agentkv.bench.runner import BenchConfig, BenchRun
 
     cfg = BenchConfig(
-        target=url, lanes=streams, duration=None, idle_gap_cap=None, monitor_gpu=False, sample_every=1.0
+        target=url,
+        lanes=streams,
+        duration=None,
+        idle_gap_cap=None,
+        monitor_gpu=False,
+        sample_every=1.0,
+        transport=client,
     )
     with tempfile.TemporaryDirectory() as tmp:
         run = BenchRun(cfg, _traces(streams, turns, tokens), out=Path(tmp))
         cpu0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-        res = _run_loop(run.run(), loop)
+        res = run_loop(run.run(), loop)
         wall = time.perf_counter() - t0
         cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     s = res.summary
     cpu = (cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)
-    stamps = sum(r.output_tokens for r in res.records if r.ok)
     peak = max((p.in_flight for p in s.timeline), default=0)
     return {
         "loop": loop,
+        "client": client,
         "requests": s.requests,
         "failed": s.failed,
         "tokens": s.output_tokens,
         "wall": wall,
         "tok_s": s.output_tokens / wall,
         "cpu": cpu / wall,
+        "us_per_token": cpu / max(s.output_tokens, 1) * 1e6,
         "peak_in_flight": peak,
-        "timed": stamps,
         "ttft_p50": s.ttft.p50,
         "ttft_p99": s.ttft.p99,
-        "itl_p50": s.itl.p50,
     }
 
 
@@ -290,31 +307,11 @@ def run_aiperf(url: str, streams: int, requests: int, tokens: int, cpu: int) -> 
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory() as tokdir:
         cmd = [
             str(exe),
-            "profile",
-            "--model",
-            "instant",
-            "--url",
-            url,
-            "--endpoint-type",
-            "completions",
-            "--streaming",
-            "--concurrency",
-            str(streams),
-            "--request-count",
-            str(requests),
-            "--synthetic-input-tokens-mean",
-            "32",
-            "--output-tokens-mean",
-            str(tokens),
-            "--extra-inputs",
-            "ignore_eos:true",
-            "--artifact-dir",
-            tmp,
-            "--ui-type",
-            "none",
-            "--tokenizer",
-            str(_tokenizer_dir(Path(tokdir))),
-            "--use-server-token-count",
+            *f"profile --model instant --url {url} --endpoint-type completions --streaming "
+            f"--concurrency {streams} --request-count {requests} --synthetic-input-tokens-mean 32 "
+            f"--output-tokens-mean {tokens} --extra-inputs ignore_eos:true --ui-type none "
+            "--use-server-token-count".split(),
+            *["--artifact-dir", tmp, "--tokenizer", str(_tokenizer_dir(Path(tokdir)))],
         ]
         c0, t0 = resource.getrusage(resource.RUSAGE_CHILDREN), time.perf_counter()
         try:
@@ -349,16 +346,21 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=200, help="output tokens per request")
     ap.add_argument("--turns", type=int, default=3, help="requests per stream")
     ap.add_argument("--loops", default="uvloop,asyncio", help="event loops to measure")
+    ap.add_argument("--client", default="http1", help="stream transports to measure: http1, aiohttp or both")
+    ap.add_argument("--rounds", type=int, default=1, help="alternating rounds of every client x loop")
+    ap.add_argument("--burst", action="store_true", help="server writes each answer at once (client-bound)")
     ap.add_argument("--no-aiperf", action="store_true")
     a = ap.parse_args()
+    if not set(a.client.split(",")) <= {"http1", "aiohttp"}:
+        ap.error(f"--client: expected http1, aiohttp or both, got {a.client!r}")
     cpus = sorted(os.sched_getaffinity(0))
     server_cpu, client_cpu = cpus[0], cpus[-1]
-    srv, port = start_server(server_cpu)
+    srv, port = start_server(server_cpu, a.burst)
     os.sched_setaffinity(0, {client_cpu})
     url = f"http://127.0.0.1:{port}"
     print(
         f"instant server on CPU {server_cpu}, client on CPU {client_cpu}; {a.streams} streams x {a.turns} "
-        f"requests x {a.tokens} tokens"
+        f"requests x {a.tokens} tokens{', each answer written at once (--burst)' if a.burst else ''}"
     )
     try:
         print(
@@ -370,17 +372,19 @@ def main() -> None:
             f"ceiling (a client that only counts tokens): {ceiling['tok_s']:,.0f} output tokens/s, "
             f"client {ceiling['cpu']:.2f} cores"
         )
-        for loop in a.loops.split(","):
+        runs = [(c, lp) for _ in range(a.rounds) for c in a.client.split(",") for lp in a.loops.split(",")]
+        for client, loop in runs:  # A, B, A, B: drift in the host's load falls on both alike
             s0 = proc_cpu(srv.pid)
-            r = run_ours(url, a.streams, a.turns, a.tokens, loop)
+            r = run_ours(url, a.streams, a.turns, a.tokens, loop, client)
             server_cores = (proc_cpu(srv.pid) - s0) / r["wall"]
             print(
-                f"agentkv bench ({r['loop']}): {r['tok_s']:,.0f} output tokens/s, {r['tokens']:,} tokens each "
-                f"timestamped, {r['requests']:,} requests ({r['failed']} failed), peak {r['peak_in_flight']:,} "
-                f"in flight, {r['wall']:.1f} s; client {r['cpu']:.2f} cores = "
-                f"{r['tok_s'] / max(r['cpu'], 1e-9):,.0f} tokens per client CPU-second, server {server_cores:.2f} "
-                f"cores; TTFT from scheduled start p50 {r['ttft_p50'] * 1000:,.0f} ms p99 "
-                f"{r['ttft_p99'] * 1000:,.0f} ms; {r['tok_s'] / ceiling['tok_s']:.0%} of the ceiling"
+                f"agentkv bench ({r['client']}, {r['loop']}): {r['tok_s']:,.0f} output tokens/s, "
+                f"{r['tokens']:,} tokens each timestamped, {r['requests']:,} requests ({r['failed']} failed), "
+                f"peak {r['peak_in_flight']:,} in flight, {r['wall']:.1f} s; client {r['cpu']:.2f} cores, "
+                f"{r['us_per_token']:.2f} us CPU per token, server {server_cores:.2f} cores; TTFT from "
+                f"scheduled start p50 {r['ttft_p50'] * 1000:,.0f} ms p99 {r['ttft_p99'] * 1000:,.0f} ms; "
+                f"{r['tok_s'] / ceiling['tok_s']:.0%} of the ceiling",
+                flush=True,
             )
         if not a.no_aiperf:
             print(f"AIPerf: {run_aiperf(url, a.streams, a.streams * a.turns, a.tokens, client_cpu)}")

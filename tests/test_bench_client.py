@@ -17,6 +17,12 @@ def _run(coro):
     return asyncio.run(coro)
 
 
+@pytest.fixture(params=["http1", "aiohttp"])
+def transport(request):
+    """Every streaming test runs on both transports: the same results through either."""
+    return request.param
+
+
 async def _one(
     behave=None,
     *,
@@ -26,10 +32,11 @@ async def _one(
     timeout=30.0,
     max_model_len=1 << 20,
     repeat=1,
+    transport="http1",
 ):
     async with (
         StreamTestServer(behave=behave, max_model_len=max_model_len) as srv,
-        BenchClient(srv.url, api=api, timeout=timeout) as c,
+        BenchClient(srv.url, api=api, timeout=timeout, transport=transport) as c,
     ):
         p = prompt if prompt is not None else list(range(100, 164))
         if api == "chat":
@@ -39,8 +46,8 @@ async def _one(
         return out, srv
 
 
-def test_tokens_are_timed_one_by_one():
-    (res,), srv = _run(_one(lambda b, n: Behaviour(itl=0.02), max_tokens=6))
+def test_tokens_are_timed_one_by_one(transport):
+    (res,), srv = _run(_one(lambda b, n: Behaviour(itl=0.02), max_tokens=6, transport=transport))
     assert res.ok and res.error == ""
     assert res.output_tokens == 6 and len(res.token_times) == 6
     gaps = [b - a for a, b in zip(res.token_times, res.token_times[1:], strict=False)]
@@ -52,14 +59,14 @@ def test_tokens_are_timed_one_by_one():
     assert body["stream_options"] == {"include_usage": True}
 
 
-def test_cached_tokens_reported_on_repeat():
-    (first, second), _ = _run(_one(repeat=2))
+def test_cached_tokens_reported_on_repeat(transport):
+    (first, second), _ = _run(_one(repeat=2, transport=transport))
     assert first.cached_tokens == 0
     assert second.cached_tokens == 64
 
 
-def test_chat_api_streams_deltas():
-    (res,), srv = _run(_one(api="chat", max_tokens=4))
+def test_chat_api_streams_deltas(transport):
+    (res,), srv = _run(_one(api="chat", max_tokens=4, transport=transport))
     assert res.ok and res.output_tokens == 4 and len(res.token_times) == 4
     assert "messages" in srv.seen[0]
 
@@ -72,8 +79,8 @@ def test_chat_api_streams_deltas():
         (lambda b, n: Behaviour(reset_after=3), "reset"),
     ],
 )
-def test_failures_are_reported_not_raised(behave, reason):
-    (res,), _ = _run(_one(behave, max_tokens=8))
+def test_failures_are_reported_not_raised(behave, reason, transport):
+    (res,), _ = _run(_one(behave, max_tokens=8, transport=transport))
     assert not res.ok
     assert res.error == reason
     assert res.end >= res.sent
@@ -81,25 +88,25 @@ def test_failures_are_reported_not_raised(behave, reason):
         assert len(res.token_times) == 3  # the tokens before the reset were still timed
 
 
-def test_context_overflow_is_classified():
-    (res,), _ = _run(_one(max_tokens=8, max_model_len=32))
+def test_context_overflow_is_classified(transport):
+    (res,), _ = _run(_one(max_tokens=8, max_model_len=32, transport=transport))
     assert not res.ok and res.error == "context_overflow" and res.status == 400
     assert "maximum context length" in res.detail
 
 
-def test_timeout():
-    (res,), _ = _run(_one(lambda b, n: Behaviour(hang=True), timeout=0.3))
+def test_timeout(transport):
+    (res,), _ = _run(_one(lambda b, n: Behaviour(hang=True), timeout=0.3, transport=transport))
     assert not res.ok and res.error == "timeout"
     assert res.end - res.sent >= 0.25
 
 
-def test_connection_refused_is_a_failed_request():
+def test_connection_refused_is_a_failed_request(transport):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed again: nothing listens there
 
     async def go():
-        async with BenchClient(f"http://127.0.0.1:{port}") as c:
+        async with BenchClient(f"http://127.0.0.1:{port}", transport=transport) as c:
             return await c.stream(c.body("m", [1, 2, 3], 2))
 
     res = _run(go())
@@ -119,9 +126,9 @@ def test_down_target_gives_one_clear_error():
         _run(go())
 
 
-def test_raw_token_prompt_is_sent_verbatim():
+def test_raw_token_prompt_is_sent_verbatim(transport):
     async def go():
-        async with StreamTestServer() as srv, BenchClient(srv.url) as c:
+        async with StreamTestServer() as srv, BenchClient(srv.url, transport=transport) as c:
             await c.stream(c.body("test-model", msgspec.Raw(b"[7,8,9]"), 2, {"cache_salt": "s"}))
             return srv.seen[0]
 
@@ -140,3 +147,5 @@ def test_helpers():
     assert classify_http_error(503, "context length") == "http_503"
     with pytest.raises(UserError, match="--api"):
         BenchClient("http://x", api="embeddings")
+    with pytest.raises(UserError, match="transport"):
+        BenchClient("http://x", transport="h2")

@@ -1,7 +1,8 @@
 """Async streaming client for OpenAI-compatible servers: keep-alive connections, every token timed.
 
-Streams go through `http1.Http1Pool` (fast enough for 100,000+ tokens/s on one core); the
-occasional GET (/v1/models, /metrics) through aiohttp. A stream's chunks are timed as they are
+Streams go through `http1.Http1Pool` (fast enough for 100,000+ tokens/s on one core), or through
+aiohttp (`transport="aiohttp"`, kept to measure against: benchmarks/client_overhead.py
+--client); the occasional GET (/v1/models, /metrics) through aiohttp. A stream's chunks are timed as they are
 read: every SSE event in one socket read shares that read's arrival time. Failures never raise; they come back as a `StreamResult` with a reason
 (`http_500`, `context_overflow`, `reset`, `timeout`, ...), so one bad request cannot stop a run.
 """
@@ -17,7 +18,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from agentkv.bench.http1 import Http1Pool, HttpError
+from agentkv.bench.http1 import Http1Pool, HttpError, OnLines
 from agentkv.errors import UserError
 
 # a 400 whose body mentions one of these is a prompt longer than the server's context window
@@ -100,6 +101,51 @@ def normalize_target(url: str) -> str:
     return u
 
 
+class AiohttpStreams:
+    """`Http1Pool.post_stream` through aiohttp: the same SSE lines to the same callback, a batch per read."""
+
+    _headers = {"Accept": "text/event-stream", "Content-Type": "application/json"}
+
+    def __init__(self, session: aiohttp.ClientSession, base: str):
+        u = urlsplit(base)
+        self.session, self.origin = session, f"{u.scheme}://{u.netloc}"
+
+    async def post_stream(
+        self, path: str, body: bytes, on_lines: OnLines, clock: Callable[[], float]
+    ) -> tuple[int, bytes]:
+        """POST `body`; returns (status, body of a non-200 answer); raises HttpError as Http1Pool does."""
+        try:
+            async with self.session.post(self.origin + path, data=body, headers=self._headers) as resp:
+                if resp.status != 200:
+                    return resp.status, await resp.content.read(4096)
+                lbuf = b""
+                async for data in resp.content.iter_any():
+                    now = clock()
+                    buf = lbuf + data if lbuf else data
+                    lines = buf.split(b"\n")
+                    lbuf = lines.pop()  # a partial line waits for the next read
+                    batch = [ln[5:] for ln in lines if ln[:5] == b"data:"]
+                    if batch:
+                        on_lines(batch, now)
+                if lbuf.startswith(b"data:"):
+                    on_lines([lbuf[5:]], clock())
+                return 200, b""
+        except aiohttp.ClientConnectorError as e:  # refused or unreachable: nothing was sent
+            raise HttpError("connect_error", f"{type(e).__name__}: {e}") from None
+        except (
+            aiohttp.ClientPayloadError,
+            aiohttp.ServerDisconnectedError,
+            aiohttp.ClientOSError,
+            ConnectionError,
+        ) as e:
+            raise HttpError("reset", f"{type(e).__name__}: {e}") from None
+        except aiohttp.ClientError as e:
+            raise HttpError("client_error", f"{type(e).__name__}: {e}") from None
+
+    def close(self) -> None:
+        """Nothing to close: the connections belong to the session."""
+
+
 class BenchClient:
     """Streams completions from one target over a shared, keep-alive connection pool."""
 
@@ -112,17 +158,20 @@ class BenchClient:
         connect_timeout: float = 10.0,
         max_connections: int = 0,
         clock: Callable[[], float] = time.perf_counter,
+        transport: str = "http1",
     ):
         if api not in ("completions", "chat"):
             raise UserError(f"--api: expected completions or chat, got {api!r}")
+        if transport not in ("http1", "aiohttp"):
+            raise UserError(f"transport: expected http1 or aiohttp, got {transport!r}")
         self.base = normalize_target(target)
         self.path = (
             f"{urlsplit(self.base).path}/v1/{'completions' if api == 'completions' else 'chat/completions'}"
         )
         self.api, self.timeout, self.connect_timeout, self.clock = api, timeout, connect_timeout, clock
-        self._max_connections = max_connections
+        self._max_connections, self.transport = max_connections, transport
         self.session: aiohttp.ClientSession | None = None
-        self.pool: Http1Pool | None = None
+        self.pool: Http1Pool | AiohttpStreams | None = None
         key = os.environ.get("AGENTKV_API_KEY") or os.environ.get("OPENAI_API_KEY")
         self.headers = {"Authorization": f"Bearer {key}"} if key else {}
 
@@ -137,9 +186,15 @@ class BenchClient:
             headers={"User-Agent": "agentkv-bench", **self.headers},
             auto_decompress=False,
         )
-        self.pool = Http1Pool(
-            self.base, limit=self._max_connections, connect_timeout=self.connect_timeout, headers=self.headers
-        )
+        if self.transport == "aiohttp":
+            self.pool = AiohttpStreams(self.session, self.base)
+        else:
+            self.pool = Http1Pool(
+                self.base,
+                limit=self._max_connections,
+                connect_timeout=self.connect_timeout,
+                headers=self.headers,
+            )
         return self
 
     async def __aexit__(self, *exc) -> None:
@@ -202,50 +257,7 @@ class BenchClient:
         assert self.pool is not None
         clock = self.clock
         res = StreamResult(sent=clock())
-        times = res.token_times
-        st = [0, False]  # chunks with output, [DONE] seen
-
-        def on_lines(payloads: list[bytes], now: float) -> None:
-            if payloads[-1].strip() == b"[DONE]":
-                st[1] = True
-                payloads = [p for p in payloads if p.strip() != b"[DONE]"]
-                if not payloads:
-                    return
-            try:  # one decode for the whole read: far cheaper than one per chunk
-                chunks = _decode_chunks(b"[" + b",".join(payloads) + b"]")
-            except msgspec.DecodeError:
-                chunks = []
-                for p in payloads:
-                    if not p.strip():
-                        continue  # an empty data line
-                    try:
-                        chunks.append(_decode_chunk(p))
-                    except msgspec.DecodeError as e:
-                        res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {p[:200]!r}"
-            k = 0
-            for c in chunks:
-                ch = c.choices
-                if ch:
-                    x = ch[0]
-                    if x.text or (x.delta is not None and _has_delta(x.delta)):
-                        k += 1
-                if c.usage is not None or c.error is not None:
-                    _usage(c)
-            if k:
-                st[0] += k
-                times.extend([now] * k)
-
-        def _usage(c: _Chunk) -> None:
-            if c.error is not None:
-                res.ok, res.error, res.detail = False, "stream_error", str(c.error)[:300]
-            u = c.usage
-            if u is not None:
-                res.prompt_tokens = u.prompt_tokens
-                if u.completion_tokens is not None:
-                    res.output_tokens = u.completion_tokens
-                if u.prompt_tokens_details is not None:
-                    res.cached_tokens = u.prompt_tokens_details.cached_tokens
-
+        on_lines, st = _sse_reader(res)
         try:
             async with asyncio.timeout(self.timeout):
                 status, err = await self.pool.post_stream(self.path, body, on_lines, clock)
@@ -254,14 +266,71 @@ class BenchClient:
         except HttpError as e:
             res.ok, res.error, res.detail = False, e.kind, str(e)[:300]
         else:
-            res.status = status
-            if status != 200:
-                text = err[:4096].decode("utf-8", "replace")
-                res.ok, res.error, res.detail = False, classify_http_error(status, text), text[:300]
-            else:
-                if not res.output_tokens:
-                    res.output_tokens = st[0]
-                if res.ok and not st[1]:
-                    res.ok, res.error, res.detail = False, "incomplete", "stream ended without [DONE]"
+            _settle(res, status, err, st)
         res.end = clock()
         return res
+
+
+def _sse_reader(res: StreamResult) -> tuple[OnLines, list]:
+    """The callback that reads a stream's SSE payloads into `res` (a batch per read, all at its
+    arrival time), and its state: [chunks with output, [DONE] seen]."""
+    times = res.token_times
+    st = [0, False]
+
+    def on_lines(payloads: list[bytes], now: float) -> None:
+        if payloads[-1].strip() == b"[DONE]":
+            st[1] = True
+            payloads = [p for p in payloads if p.strip() != b"[DONE]"]
+            if not payloads:
+                return
+        try:  # one decode for the whole read: far cheaper than one per chunk
+            chunks = _decode_chunks(b"[" + b",".join(payloads) + b"]")
+        except msgspec.DecodeError:
+            chunks = []
+            for p in payloads:
+                if not p.strip():
+                    continue  # an empty data line
+                try:
+                    chunks.append(_decode_chunk(p))
+                except msgspec.DecodeError as e:
+                    res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {p[:200]!r}"
+        k = 0
+        for c in chunks:
+            ch = c.choices
+            if ch:
+                x = ch[0]
+                if x.text or (x.delta is not None and _has_delta(x.delta)):
+                    k += 1
+            if c.usage is not None or c.error is not None:
+                _usage(res, c)
+        if k:
+            st[0] += k
+            times.extend([now] * k)
+
+    return on_lines, st
+
+
+def _usage(res: StreamResult, c: _Chunk) -> None:
+    """Take a chunk's error and usage (prompt, completion and cached tokens) into `res`."""
+    if c.error is not None:
+        res.ok, res.error, res.detail = False, "stream_error", str(c.error)[:300]
+    u = c.usage
+    if u is not None:
+        res.prompt_tokens = u.prompt_tokens
+        if u.completion_tokens is not None:
+            res.output_tokens = u.completion_tokens
+        if u.prompt_tokens_details is not None:
+            res.cached_tokens = u.prompt_tokens_details.cached_tokens
+
+
+def _settle(res: StreamResult, status: int, err: bytes, st: list) -> None:
+    """Judge a stream that ended: an HTTP error, a stream without [DONE], or the tokens it counted."""
+    res.status = status
+    if status != 200:
+        text = err[:4096].decode("utf-8", "replace")
+        res.ok, res.error, res.detail = False, classify_http_error(status, text), text[:300]
+        return
+    if not res.output_tokens:
+        res.output_tokens = st[0]
+    if res.ok and not st[1]:
+        res.ok, res.error, res.detail = False, "incomplete", "stream ended without [DONE]"

@@ -1,9 +1,9 @@
 """A minimal HTTP/1.1 client for streamed responses, on asyncio protocols, with keep-alive pooling.
 
-aiohttp handles every HTTP chunk of a stream through several Python layers; an SSE stream sends
-one chunk per token, so that cost caps a one-core client far below 100,000 tokens/s. Here one
-`data_received` call de-chunks whatever arrived and hands each SSE `data:` line, with that read's
-arrival time, to a callback. Supports chunked, Content-Length and close-delimited bodies, TLS,
+aiohttp feeds every HTTP chunk of a stream (one per token) through its Python StreamReader; with
+the same SSE reader behind both, it costs about twice the client CPU per token (docs/performance.md).
+Here one `data_received` call de-chunks whatever arrived and hands each SSE `data:` line, with that
+read's arrival time, to a callback. Supports chunked, Content-Length and close-delimited bodies, TLS,
 and one retry on a fresh connection when a reused keep-alive connection turns out to be closed.
 """
 

@@ -55,6 +55,9 @@ class BenchConfig:
     max_connections: int = 0  # 0: one per concurrent request (sub-agent bursts included)
     time_scale: float = 1.0  # target seconds per wall second (agentkv serve --time-scale); see below
     monitor_gpu: bool = True
+    transport: str = (
+        "http1"  # the streaming HTTP client: http1 (agentkv's) or aiohttp (benchmarks/client_overhead.py)
+    )
 
 
 class BenchSettings(msgspec.Struct, kw_only=True):
@@ -160,6 +163,7 @@ class BenchRun:
             timeout=cfg.timeout,
             max_connections=cfg.max_connections,
             clock=self.clock,
+            transport=cfg.transport,
         ) as client:
             served = await client.models()
             if not self.model:
