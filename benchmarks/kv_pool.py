@@ -24,7 +24,7 @@ from agentkv.kv.eviction import POLICIES, make_policy
 from agentkv.kv.eviction.belady import Belady
 from agentkv.kv.eviction.session import SessionAware
 from agentkv.kv.pool import BlockPool, num_blocks_for
-from agentkv.trace.accesses import block_requests
+from agentkv.trace.accesses import arrivals, block_accesses
 from agentkv.trace.formats import load_paths
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,7 +71,7 @@ def main() -> None:
 
     t = time.perf_counter()
     traces = load_paths([args.traces])
-    reqs = block_requests(traces)
+    reqs = block_accesses(arrivals(traces), traces[0].block_size)
     bs = traces[0].block_size
     nblk = sum(len(r.hashes) for r in reqs)
     print(

@@ -5,8 +5,6 @@ its recorded time, so sessions interleave as they ran. By concurrency N: the rep
 runs N sessions at a time on a virtual clock where each request takes its recorded
 `api_time`, and the next session starts when one ends. Block keys are `chain_keys` of the
 engine block size, as the simulator's: a 16-token block splits a 64-token trace block in 4.
-`block_requests` is the raw form (one key per trace hash id, mixed per trace) the pool
-benchmarks use.
 """
 
 from __future__ import annotations
@@ -22,8 +20,6 @@ from agentkv.trace.blocks import chain_keys
 from agentkv.trace.model import Request, Trace
 from agentkv.trace.plan import ReplayPlan, simulate_schedule
 
-_MIX = 0x9E3779B97F4A7C15  # odd: multiplication mod 2**64 is a bijection, so ids stay unique
-
 
 @dataclass(frozen=True, slots=True)
 class BlockRequest:
@@ -37,43 +33,6 @@ class BlockRequest:
     output_tokens: int
     stop: str
     last: bool  # the lane's last request
-
-
-def block_requests(traces: Sequence[Trace]) -> list[BlockRequest]:
-    """All traces' requests in arrival order, hash ids mapped to `mix((trace_index << 32) | id)`."""
-    items: list[tuple[float, int, int, BlockRequest]] = []
-    for ti, trace in enumerate(traces):
-        timeline = trace.timeline()
-        lanes = [f"{ti}:{tr.session.id}{'/side' if tr.request.kind == 's' else ''}" for tr in timeline]
-        last_of = {lane: k for k, lane in enumerate(lanes)}
-        # one int object per distinct id, shared by every request that repeats it (memory, speed)
-        uniq = sorted({h for tr in timeline for h in tr.request.hash_ids})
-        with np.errstate(over="ignore"):
-            mixed = ((np.asarray(uniq, dtype=np.uint64) | np.uint64(ti << 32)) * np.uint64(_MIX)).tolist()
-        to_hash = dict(zip(uniq, mixed, strict=True))
-        for k, tr in enumerate(timeline):
-            r = tr.request
-            hashes = list(map(to_hash.__getitem__, r.hash_ids))
-            end = tr.time + (r.api_time or 0.0)
-            items.append(
-                (
-                    tr.time,
-                    ti,
-                    k,
-                    BlockRequest(
-                        tr.time,
-                        end,
-                        lanes[k],
-                        hashes,
-                        r.input_tokens,
-                        r.output_tokens,
-                        r.stop,
-                        last_of[lanes[k]] == k,
-                    ),
-                )
-            )
-    items.sort(key=lambda x: x[:3])
-    return [x[3] for x in items]
 
 
 class Arrival(NamedTuple):
