@@ -163,6 +163,17 @@ def _error(path: Path, line: int, e: msgspec.ValidationError) -> TraceError:
     return TraceError(str(path), f"line {line}", fld, msg[:1].lower() + msg[1:])
 
 
+def _bad_json(path: Path, line: int, raw: bytes, e: msgspec.DecodeError) -> TraceError:
+    """An undecodable line's error; a number out of range in a field this reader uses is named."""
+    try:
+        msgspec.json.decode(raw, type=_Record)
+    except msgspec.ValidationError as typed:
+        return _error(path, line, typed)
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    return TraceError(str(path), f"line {line}", None, f"invalid JSON: {e}")
+
+
 def _agent_result(path: Path, line: int, tur: object) -> dict | None:
     """A Task tool result naming a sub-agent, its numbers checked against their bounds."""
     if not isinstance(tur, dict) or not isinstance(tur.get("agentId"), str):
@@ -255,7 +266,7 @@ def parse(path: Path, data: bytes, inline: bool) -> Parsed:
         try:
             d = _decode.decode(raw)
         except msgspec.DecodeError as e:
-            raise TraceError(str(path), f"line {n}", None, f"invalid JSON: {e}") from None
+            raise _bad_json(path, n, raw, e) from None
         except RecursionError:
             raise TraceError(str(path), f"line {n}", None, "invalid JSON: nested too deeply") from None
         kind = _kind(path, n, d)
