@@ -113,8 +113,15 @@ def detect(path: Path, data: bytes) -> str:
     )
 
 
+def _is_dir(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # e.g. no permission to look: reading it will say so
+        return False
+
+
 def _expand(path: Path) -> list[Path]:
-    if path.is_dir():
+    if _is_dir(path):
         try:  # a FIFO, device or socket named like a trace is kept, so that reading it is an error
             files = sorted(p for p in path.rglob("*") if p.name.endswith(_SUFFIXES) and not p.is_dir())
         except OSError as e:  # a folder removed or unreadable while it was walked

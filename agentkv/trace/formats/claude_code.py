@@ -117,9 +117,12 @@ def _stem(path: Path) -> str:
 
 def _agent_files(path: Path) -> list[Path]:
     d = path.parent / _stem(path) / "subagents"
-    if not d.is_dir():
-        return []
-    return sorted(p for p in d.iterdir() if p.name.startswith("agent-") and p.name.endswith(_SUFFIXES))
+    try:
+        if not d.is_dir():
+            return []
+        return sorted(p for p in d.iterdir() if p.name.startswith("agent-") and p.name.endswith(_SUFFIXES))
+    except OSError as e:  # unreadable, or removed while listed
+        raise TraceError(str(d), None, None, f"cannot list: {e.strerror or e}") from None
 
 
 def _agent_type(agent_file: Path) -> str:

@@ -1,7 +1,7 @@
 """Bounds on what a trace file may hold: every number a reader accepts, and the file's size.
 
 Real traces stay far inside them (the 121 shared traces: inputs under 2**20 tokens, hash ids
-under 2**14, at most 3 MB decompressed); hostile ones get a `TraceError` naming the field, so
+under 2**18, at most 3 MB decompressed); hostile ones get a `TraceError` naming the field, so
 later arithmetic (numpy int64/uint64 block keys, per-token arrays, float clocks) never overflows.
 """
 
