@@ -19,7 +19,7 @@ from fuzzutil import byte_mutation, count, fuzz_settings, json_mutation, note, r
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agentkv.trace.formats import FORMATS, _module, detect, read_bytes
+from agentkv.trace.formats import FORMATS, _module, detect, limits, read_bytes
 from agentkv.trace.model import Trace, TraceError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -167,17 +167,18 @@ def _read(fmt: str, data: bytes, name: str = "fz") -> str:
 
 
 def _check(traces: list) -> None:
-    """What a reader hands on must be usable downstream: finite, non-negative numbers."""
+    """What a reader hands on must be usable downstream: finite, non-negative, bounded numbers."""
     assert isinstance(traces, list)
     for t in traces:
-        assert isinstance(t, Trace) and t.block_size > 0
+        assert isinstance(t, Trace) and 0 < t.block_size <= limits.MAX_BLOCK_SIZE
         for s in t.sessions():
             assert math.isfinite(s.t) and s.t >= 0, ("session t", s.t)
+            assert 0 <= s.system_tokens <= limits.MAX_TOKENS and 0 <= s.tool_tokens <= limits.MAX_TOKENS
             for r in s.requests:
                 assert math.isfinite(r.t) and r.t >= 0, ("t", r.t)
                 assert math.isfinite(r.think_time) and r.think_time >= 0, ("think_time", r.think_time)
-                assert r.input_tokens >= 0 and r.output_tokens >= 0
-                assert all(isinstance(h, int) and h >= 0 for h in r.hash_ids)
+                assert 0 <= r.input_tokens <= limits.MAX_TOKENS and 0 <= r.output_tokens <= limits.MAX_TOKENS
+                assert all(isinstance(h, int) and 0 <= h <= limits.MAX_HASH_ID for h in r.hash_ids)
         t.timeline()  # the replay plan's first step
 
 

@@ -21,7 +21,7 @@ class TraceError(UserError, ValueError):
 
     def __init__(self, path: str, record: str | int | None, field: str | None, message: str):
         self.path, self.record, self.field, self.message = path, record, field, message
-        where = str(path)
+        where = str(path) if str(path).isprintable() else repr(str(path))  # one line, whatever the name
         if record is not None:
             where += f": record {record}"
         if field:

@@ -15,51 +15,58 @@ from __future__ import annotations
 import gzip
 import math
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import msgspec
 
 from agentkv.trace.formats._errors import from_msgspec
+from agentkv.trace.formats.limits import (
+    BlockSize,
+    Count,
+    HashId,
+    Int64,
+    Millis,
+    Seconds,
+    Tokens,
+    TotalTokens,
+)
 from agentkv.trace.model import Request, Session, Trace, TraceError
-
-_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
-_Secs = Annotated[float, msgspec.Meta(ge=0)]
 
 
 class _Item(msgspec.Struct, gc=False):
-    """A request or a sub-agent entry as stored; schema checks (types, signs) happen in C."""
+    """A request or a sub-agent entry as stored; schema checks (types, signs, bounds) happen in C."""
 
-    t: _Secs | None = None
+    t: Seconds | None = None
     type: str = "n"
     model: str = ""
-    in_: _NonNeg | None = msgspec.field(default=None, name="in")
-    out: _NonNeg | None = None
-    hash_ids: list[_NonNeg] = []
+    in_: Tokens | None = msgspec.field(default=None, name="in")
+    out: Tokens | None = None
+    hash_ids: list[HashId] = []
     input_types: list[str] = []
     output_types: list[str] = []
     stop: str | None = None
-    api_time: _Secs | None = None
-    ttft: _Secs | None = None
-    think_time: _Secs | None = None
+    api_time: Seconds | None = None
+    ttft: Seconds | None = None
+    think_time: Seconds | None = None
     agent_id: str | None = None
     subagent_type: str | None = None
-    duration_ms: _Secs | None = None
-    total_tokens: _NonNeg | None = None
-    tool_use_count: _NonNeg | None = None
+    duration_ms: Millis | None = None
+    total_tokens: TotalTokens | None = None
+    tool_use_count: Count | None = None
     status: str | None = None
-    tool_tokens: _NonNeg = 0
-    system_tokens: _NonNeg = 0
+    tool_tokens: Tokens = 0
+    system_tokens: Tokens = 0
     requests: list[_Item] | None = None
 
 
 class _Doc(msgspec.Struct, gc=False):
     requests: list[_Item]
-    id: str | int | None = None
-    block_size: Annotated[int, msgspec.Meta(gt=0)] = 64
+    id: str | Int64 | None = None
+    block_size: BlockSize = 64
     hash_id_scope: Literal["local", "global"] = "local"
     replay: Literal["session", "timestamp"] = "session"
-    tool_tokens: _NonNeg = 0
-    system_tokens: _NonNeg = 0
+    tool_tokens: Tokens = 0
+    system_tokens: Tokens = 0
 
 
 _decode = msgspec.json.Decoder(_Doc).decode

@@ -20,7 +20,7 @@ from pathlib import Path
 import msgspec
 
 from agentkv.trace.formats.claude_code_log import Parsed, Stream, parse
-from agentkv.trace.model import Request, Session, Trace
+from agentkv.trace.model import Request, Session, Trace, TraceError
 
 log = logging.getLogger(__name__)
 
@@ -98,13 +98,17 @@ def _subagent(
         if not s.agent_type and isinstance(result.get("agentType"), str):
             s.agent_type = result["agentType"]
         s.status = result.get("status") if isinstance(result.get("status"), str) else ""
-        if isinstance(result.get("totalTokens"), int):
+        if _is_int(result.get("totalTokens")):
             s.total_tokens = result["totalTokens"]
-        if isinstance(result.get("totalToolUseCount"), int):
+        if _is_int(result.get("totalToolUseCount")):
             s.tool_use_count = result["totalToolUseCount"]
-        if isinstance(result.get("totalDurationMs"), (int, float)):
+        if _is_int(result.get("totalDurationMs")) or isinstance(result.get("totalDurationMs"), float):
             s.duration = result["totalDurationMs"] / 1000.0
     return s
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
 
 
 def _stem(path: Path) -> str:
@@ -113,17 +117,22 @@ def _stem(path: Path) -> str:
 
 def _agent_files(path: Path) -> list[Path]:
     d = path.parent / _stem(path) / "subagents"
-    if not d.is_dir():
-        return []
-    return sorted(p for p in d.iterdir() if p.name.startswith("agent-") and p.name.endswith(_SUFFIXES))
+    try:
+        if not d.is_dir():
+            return []
+        return sorted(p for p in d.iterdir() if p.name.startswith("agent-") and p.name.endswith(_SUFFIXES))
+    except OSError as e:  # unreadable, or removed while listed
+        raise TraceError(str(d), None, None, f"cannot list: {e.strerror or e}") from None
 
 
 def _agent_type(agent_file: Path) -> str:
     """`agent-<id>.meta.json` beside the transcript names the sub-agent type, when present."""
+    from agentkv.trace.formats import read_bytes
+
     meta = agent_file.parent / f"{_stem(agent_file)}.meta.json"
-    try:
-        d = msgspec.json.decode(meta.read_bytes())
-    except (OSError, msgspec.DecodeError):
+    try:  # optional: a missing, odd (a FIFO, too big) or broken file names no type
+        d = msgspec.json.decode(read_bytes(meta))
+    except (TraceError, msgspec.DecodeError, RecursionError):
         return ""
     t = d.get("agentType") if isinstance(d, dict) else None
     return t if isinstance(t, str) else ""

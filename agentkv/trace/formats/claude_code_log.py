@@ -9,10 +9,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Annotated
 
 import msgspec
 
+from agentkv.trace.formats.limits import MAX_COUNT, MAX_MILLIS, MAX_TOKENS, MAX_TOTAL_TOKENS, Tokens
 from agentkv.trace.model import TraceError
 
 # Record types that carry no API call; skipped without a warning.
@@ -31,14 +31,19 @@ _SKIPPED = frozenset(
 )
 _USED = frozenset({"user", "assistant", "system"})
 
-_NonNeg = Annotated[int, msgspec.Meta(ge=0, le=1 << 40)]  # token counts: no log holds more than 2**40
+# A Task tool result's numbers (read when of the right type, else ignored): their bounds.
+_RESULT_BOUNDS = {
+    "totalTokens": MAX_TOTAL_TOKENS,
+    "totalToolUseCount": MAX_COUNT,
+    "totalDurationMs": MAX_MILLIS,
+}
 
 
 class _Usage(msgspec.Struct):
-    input_tokens: _NonNeg = 0
-    output_tokens: _NonNeg = 0
-    cache_creation_input_tokens: _NonNeg | None = None
-    cache_read_input_tokens: _NonNeg | None = None
+    input_tokens: Tokens = 0
+    output_tokens: Tokens = 0
+    cache_creation_input_tokens: Tokens | None = None
+    cache_read_input_tokens: Tokens | None = None
 
 
 class _Block(msgspec.Struct):
@@ -133,7 +138,7 @@ class Stream:
     def compact(self) -> None:
         self._reset = True
 
-    def assistant(self, key: str, msg: _Message, ts: float) -> None:
+    def assistant(self, key: str, msg: _Message, ts: float) -> Call:
         call = self.calls.get(key)
         if call is None:
             call = Call(
@@ -149,12 +154,37 @@ class Stream:
             self._pending_ts, self._reset = None, False
         call.merge(msg, ts)
         self._last_end = call.end
+        return call
 
 
 def _error(path: Path, line: int, e: msgspec.ValidationError) -> TraceError:
     msg, _, where = str(e).partition(" - at `$")
     fld = where.rstrip("`").lstrip(".") or None
     return TraceError(str(path), f"line {line}", fld, msg[:1].lower() + msg[1:])
+
+
+def _bad_json(path: Path, line: int, raw: bytes, e: msgspec.DecodeError) -> TraceError:
+    """An undecodable line's error; a number out of range in a field this reader uses is named."""
+    try:
+        msgspec.json.decode(raw, type=_Record)
+    except msgspec.ValidationError as typed:
+        return _error(path, line, typed)
+    except (msgspec.DecodeError, RecursionError):
+        pass
+    return TraceError(str(path), f"line {line}", None, f"invalid JSON: {e}")
+
+
+def _agent_result(path: Path, line: int, tur: object) -> dict | None:
+    """A Task tool result naming a sub-agent, its numbers checked against their bounds."""
+    if not isinstance(tur, dict) or not isinstance(tur.get("agentId"), str):
+        return None
+    for key, top in _RESULT_BOUNDS.items():
+        v = tur.get(key)
+        if isinstance(v, int | float) and not isinstance(v, bool) and not 0 <= v <= top:
+            raise TraceError(
+                str(path), f"line {line}", f"toolUseResult.{key}", f"expected a number in [0, {top:.0f}]"
+            )
+    return tur
 
 
 def _time(path: Path, line: int, s: str | None) -> float | None:
@@ -236,7 +266,7 @@ def parse(path: Path, data: bytes, inline: bool) -> Parsed:
         try:
             d = _decode.decode(raw)
         except msgspec.DecodeError as e:
-            raise TraceError(str(path), f"line {n}", None, f"invalid JSON: {e}") from None
+            raise _bad_json(path, n, raw, e) from None
         except RecursionError:
             raise TraceError(str(path), f"line {n}", None, "invalid JSON: nested too deeply") from None
         kind = _kind(path, n, d)
@@ -257,8 +287,8 @@ def parse(path: Path, data: bytes, inline: bool) -> Parsed:
         s.seen(ts)
         if kind == "user":
             s.user(rec, ts)
-            tur = d.get("toolUseResult")
-            if isinstance(tur, dict) and isinstance(tur.get("agentId"), str):
+            tur = _agent_result(path, n, d.get("toolUseResult"))
+            if tur is not None:
                 out.agent_results[tur["agentId"]] = tur
         elif kind == "system":
             if rec.subtype == "compact_boundary":
@@ -275,5 +305,9 @@ def parse(path: Path, data: bytes, inline: bool) -> Parsed:
                 continue
             if ts is None:
                 raise TraceError(str(path), f"line {n}", "timestamp", "missing on an assistant record")
-            s.assistant(msg.id or rec.requestId or rec.uuid or f"line {n}", msg, ts)
+            call = s.assistant(msg.id or rec.requestId or rec.uuid or f"line {n}", msg, ts)
+            if call.input_tokens > MAX_TOKENS:
+                raise TraceError(
+                    str(path), f"line {n}", "usage", f"input + cache tokens exceed {MAX_TOKENS:,}"
+                )
     return out

@@ -8,23 +8,23 @@ session holds every request in file order, replayed by arrival time (`replay="ti
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
 
 import msgspec
 
 from agentkv.trace.formats._errors import from_msgspec
+from agentkv.trace.formats.limits import HashId, Millis, Tokens
 from agentkv.trace.model import Request, Session, Trace, TraceError
 
 BLOCK_SIZE = 512  # tokens per hash id in the published traces; override here or per `read` call
 
-_NonNeg = Annotated[int, msgspec.Meta(ge=0)]
-
 
 class _Line(msgspec.Struct, gc=False):
-    timestamp: Annotated[float, msgspec.Meta(ge=0)]
-    input_length: _NonNeg
-    output_length: _NonNeg
-    hash_ids: list[_NonNeg]
+    """One line; every number bounded (`limits`), so a 400-digit length is a TraceError here."""
+
+    timestamp: Millis
+    input_length: Tokens
+    output_length: Tokens
+    hash_ids: list[HashId]
 
 
 _decode_line = msgspec.json.Decoder(_Line).decode
