@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 import aiohttp
 import msgspec
 
-from agentkv.bench.http1 import Http1Pool, HttpError, OnLines
+from agentkv.bench.http1 import KEEP_BYTES, Http1Pool, HttpError, OnLines
 from agentkv.errors import UserError
 
 # a 400 whose body mentions one of these is a prompt longer than the server's context window
@@ -31,6 +31,12 @@ _OVERFLOW_HINTS = (
     "context_length_exceeded",
     "max_position_embeddings",
 )
+DETAIL_BYTES = 512  # of a failed request's error body kept in its record
+
+
+def _head(text: str) -> str:
+    """The first DETAIL_BYTES of `text` (UTF-8), cut on a character boundary."""
+    return text.encode()[:DETAIL_BYTES].decode("utf-8", "ignore")
 
 
 class _Details(msgspec.Struct):
@@ -69,8 +75,8 @@ class StreamResult(msgspec.Struct, kw_only=True):
 
     ok: bool = True
     error: str = ""  # reason when not ok
-    detail: str = ""  # first bytes of the error body or the exception, for the log
-    status: int = 0
+    detail: str = ""  # the first DETAIL_BYTES of the error body, or the exception, when not ok
+    status: int = 0  # the HTTP status (0: no answer)
     sent: float = 0.0
     end: float = 0.0
     token_times: list[float] = []  # arrival time of every chunk that carried output
@@ -116,8 +122,8 @@ class AiohttpStreams:
         """POST `body`; returns (status, body of a non-200 answer); raises HttpError as Http1Pool does."""
         try:
             async with self.session.post(self.origin + path, data=body, headers=self._headers) as resp:
-                if resp.status != 200:
-                    return resp.status, await resp.content.read(4096)
+                if resp.status != 200 or resp.content_type == "application/json":
+                    return resp.status, await resp.content.read(KEEP_BYTES)
                 lbuf = b""
                 async for data in resp.content.iter_any():
                     now = clock()
@@ -264,7 +270,7 @@ class BenchClient:
         except TimeoutError:
             res.ok, res.error, res.detail = False, "timeout", f"no end within {self.timeout:g} s"
         except HttpError as e:
-            res.ok, res.error, res.detail = False, e.kind, str(e)[:300]
+            res.ok, res.error, res.detail = False, e.kind, _head(str(e))
         else:
             _settle(res, status, err, st)
         res.end = clock()
@@ -273,11 +279,12 @@ class BenchClient:
 
 def _sse_reader(res: StreamResult) -> tuple[OnLines, list]:
     """The callback that reads a stream's SSE payloads into `res` (a batch per read, all at its
-    arrival time), and its state: [chunks with output, [DONE] seen]."""
+    arrival time), and its state: [chunks with output, [DONE] seen, SSE events seen]."""
     times = res.token_times
-    st = [0, False]
+    st = [0, False, 0]
 
     def on_lines(payloads: list[bytes], now: float) -> None:
+        st[2] += len(payloads)
         if payloads[-1].strip() == b"[DONE]":
             st[1] = True
             payloads = [p for p in payloads if p.strip() != b"[DONE]"]
@@ -293,7 +300,7 @@ def _sse_reader(res: StreamResult) -> tuple[OnLines, list]:
                 try:
                     chunks.append(_decode_chunk(p))
                 except msgspec.DecodeError as e:
-                    res.ok, res.error, res.detail = False, "bad_chunk", f"{e}: {p[:200]!r}"
+                    res.ok, res.error, res.detail = False, "bad_chunk", _head(f"{e}: {p[:200]!r}")
         k = 0
         for c in chunks:
             ch = c.choices
@@ -313,7 +320,7 @@ def _sse_reader(res: StreamResult) -> tuple[OnLines, list]:
 def _usage(res: StreamResult, c: _Chunk) -> None:
     """Take a chunk's error and usage (prompt, completion and cached tokens) into `res`."""
     if c.error is not None:
-        res.ok, res.error, res.detail = False, "stream_error", str(c.error)[:300]
+        res.ok, res.error, res.detail = False, "stream_error", _head(str(c.error))
     u = c.usage
     if u is not None:
         res.prompt_tokens = u.prompt_tokens
@@ -326,9 +333,13 @@ def _usage(res: StreamResult, c: _Chunk) -> None:
 def _settle(res: StreamResult, status: int, err: bytes, st: list) -> None:
     """Judge a stream that ended: an HTTP error, a stream without [DONE], or the tokens it counted."""
     res.status = status
+    text = err.decode("utf-8", "replace")
     if status != 200:
-        text = err[:4096].decode("utf-8", "replace")
-        res.ok, res.error, res.detail = False, classify_http_error(status, text), text[:300]
+        res.ok, res.error, res.detail = False, classify_http_error(status, text), _head(text)
+        return
+    if err or not st[2]:  # one JSON document, or nothing: the server ignored `stream: true`
+        res.ok, res.error = False, "not_streamed"
+        res.detail = _head(text) if err else "HTTP 200 without any SSE event (data: line)"
         return
     if not res.output_tokens:
         res.output_tokens = st[0]

@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 OnLines = Callable[[list[bytes], float], None]
 
 _HEAD, _BODY, _DONE = 0, 1, 2
+KEEP_BYTES = 4096  # of a body that is not SSE (an error's JSON): enough for its message
 
 
 class HttpError(Exception):
@@ -48,6 +49,8 @@ class _Exchange:
         "body",
         "got_bytes",
         "keep_body",
+        "kept",
+        "json",
     )
 
     def __init__(self, on_lines: OnLines, clock: Callable[[], float], done: asyncio.Future):
@@ -55,9 +58,10 @@ class _Exchange:
         self.state, self.head, self.status = _HEAD, b"", 0
         self.chunked, self.left, self.close = False, -1, False  # left: Content-Length bytes to go (-1: none)
         self.cbuf, self.need, self.lbuf = b"", 0, b""  # need > 0: chunk bytes to go; 0: size line; -1: CRLF
-        self.body: list[bytes] = []  # the body of a non-200 answer (for its error message)
+        self.body: list[bytes] = []  # the first KEEP_BYTES of a body that is not SSE (its error message)
         self.got_bytes = False
         self.keep_body = False
+        self.kept, self.json = 0, False
 
     def feed(self, data: bytes) -> None:
         self.got_bytes = True
@@ -106,9 +110,11 @@ class _Exchange:
                 self.left = int(value)
             elif name == b"connection" and value == b"close":
                 self.close = True
+            elif name == b"content-type" and value.startswith(b"application/json"):
+                self.json = True
         if self.chunked:
             self.left = -1
-        self.keep_body = self.status != 200
+        self.keep_body = self.status != 200 or self.json  # a JSON 200: the server ignored `stream`
         if self.left < 0 and not self.chunked:
             self.close = True  # delimited by the connection closing
 
@@ -182,7 +188,9 @@ class _Exchange:
 
     def _body(self, data: bytes, now: float) -> None:
         if self.keep_body:
-            self.body.append(data)
+            if self.kept < KEEP_BYTES:
+                self.body.append(data[: KEEP_BYTES - self.kept])
+                self.kept += len(self.body[-1])
             return
         buf = self.lbuf + data if self.lbuf else data
         lines = buf.split(b"\n")
@@ -281,7 +289,8 @@ class Http1Pool:
     ) -> tuple[int, bytes]:
         """POST `body`; the SSE `data:` lines of a 200 answer go to `on_lines`, a batch per read.
 
-        Returns (status, body of a non-200 answer).
+        Returns (status, the first KEEP_BYTES of a body that is not SSE: a non-200 answer, or a 200
+        answered as one JSON document by a server that ignores `stream`).
 
         Raises HttpError on a refused or broken connection; cancel it (e.g. a timeout) to abandon it.
         """
