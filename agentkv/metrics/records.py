@@ -32,23 +32,29 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     e2e: float = 0.0  # end - scheduled
     tpot: float | None = None  # (end - first_token) / (output_tokens - 1)
     itl_max: float | None = None  # longest gap between two tokens
-    input_tokens: int = 0
+    input_tokens: int = 0  # prompt tokens as the server counted them (usage.prompt_tokens), else the trace's
+    trace_input_tokens: int = 0  # the trace's input tokens, which the ceiling counts against (0: old record)
     output_tokens: int = 0  # tokens actually received
     expected_output_tokens: int = 0  # max_tokens asked (the trace's recorded output)
-    cached_tokens: int | None = None  # server-reported usage.prompt_tokens_details.cached_tokens
+    cached_tokens: int | None = None  # server-reported usage.prompt_tokens_details.cached_tokens, <= input
+    cached_reported: int | None = None  # the server's figure when outside 0..input_tokens (clipped)
     cached_by_tier: dict[str, int] = msgspec.field(default_factory=dict)  # simulate: GPU/CPU/DISK
     ceiling_tokens: int = 0  # hit tokens an unbounded prefix cache would give (trace ceiling)
     queue_s: float | None = None  # simulate: arrival -> first scheduled
     preemptions: int = 0
     ok: bool = True
-    error: str = ""  # reason when not ok: http_500, timeout, reset, context_overflow, ...
+    error: str = ""  # reason when not ok: http_500, timeout, reset, context_overflow, not_streamed, ...
+    http_status: int = 0  # the server's HTTP status when not ok (0: no HTTP answer)
+    error_detail: str = ""  # when not ok: the first 512 bytes of the error body, or what went wrong
     recorded_api_time: float | None = None
     recorded_ttft: float | None = None
 
 
 def record_for(item: PlanItem, scheduled: float, **measured) -> RequestRecord:
     """The record of a replayed plan item: where it sits in the replay and what its trace recorded,
-    then what bench measured or simulate computed (`measured` may override `input_tokens`)."""
+    then what bench measured or simulate computed (`measured` may override `input_tokens`).
+
+    Cached tokens outside 0..prompt tokens are clipped into it; the reported figure stays in `cached_reported`."""
     r = item.request
     fields = {
         "id": item.id,
@@ -60,10 +66,15 @@ def record_for(item: PlanItem, scheduled: float, **measured) -> RequestRecord:
         "index": item.index,
         "scheduled": scheduled,
         "input_tokens": r.input_tokens,
+        "trace_input_tokens": r.input_tokens,
         "recorded_api_time": r.api_time,
         "recorded_ttft": r.ttft,
     }
     fields.update(measured)
+    cached = fields.get("cached_tokens")
+    if cached is not None and not 0 <= cached <= fields["input_tokens"]:
+        fields["cached_reported"] = cached
+        fields["cached_tokens"] = min(max(cached, 0), fields["input_tokens"])
     return RequestRecord(**fields)
 
 
