@@ -13,9 +13,16 @@ import numpy as np
 from agentkv import __version__
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord
+from agentkv.metrics.validity import (
+    DEFAULT_MAX_FAILURE_RATE,
+    ErrorGroup,
+    contamination_note,
+    excess,
+    invalid_reasons,
+    top_errors,
+)
 
 SCHEMA = "agentkv.summary/1"
-OVERFLOW_LIMIT = 0.01  # a context-overflow rate above this marks the run invalid, as AgentX does
 
 
 class Dist(msgspec.Struct, omit_defaults=True):
@@ -48,17 +55,22 @@ class Throughput(msgspec.Struct):
 
 
 class CacheHits(msgspec.Struct, omit_defaults=True):
-    """Token hit rates three ways: reported per request, from server metrics, and the ceiling."""
+    """Token hit rates three ways, each in [0, 1] or None when unknown: reported per request (the
+    server's token counts), from server metrics, and the ceiling (the trace's token counts)."""
 
     reported: float | None = None  # sum(cached_tokens) / sum(input_tokens), when the server reports it
     metrics: float | None = None  # delta vllm:prefix_cache_hits_total / queries_total
-    ceiling: float | None = None  # unbounded prefix cache over the replayed requests
+    ceiling: float | None = None  # unbounded prefix cache over the succeeded requests
     by_tier: dict[str, float] = msgspec.field(default_factory=dict)
+    clipped: int = 0  # requests whose reported cached tokens fell outside 0..prompt tokens (clipped)
+    contaminated: bool = False  # reported or server-metric hits above the ceiling (+ tolerance)
+    reported_over_ceiling: float | None = None  # reported - ceiling, when contaminated
+    metrics_over_ceiling: float | None = None  # metrics - ceiling, when contaminated
 
 
 class Goodput(msgspec.Struct):
     slo: dict[str, float]
-    fraction: float  # requests meeting every SLO / all requests
+    fraction: float | None  # requests meeting every SLO / all requests (None: no request)
     requests_per_s: float
 
 
@@ -100,6 +112,7 @@ class Summary(msgspec.Struct, kw_only=True):
     succeeded: int = 0
     failed: int = 0
     errors: dict[str, int] = msgspec.field(default_factory=dict)
+    top_errors: list[ErrorGroup] = msgspec.field(default_factory=list)  # (count, status, message, hint)
     duration_s: float = 0.0
     ttft: Dist = msgspec.field(default_factory=Dist)
     tpot: Dist = msgspec.field(default_factory=Dist)
@@ -114,7 +127,8 @@ class Summary(msgspec.Struct, kw_only=True):
     sessions: list[SessionRollup] = msgspec.field(default_factory=list)
     timeline: list[Sample] = msgspec.field(default_factory=list)
     valid: bool = True
-    invalid_reason: str = ""
+    invalid_reason: str = ""  # the reasons below, joined
+    invalid_reasons: list[str] = msgspec.field(default_factory=list)
     gpu: dict[str, Any] | None = None  # NVML figures, or None when no GPU was monitored
     notes: list[str] = msgspec.field(default_factory=list)
 
@@ -201,25 +215,52 @@ def _throughput(
     return tp
 
 
+def _trace_in(r: RequestRecord) -> int:
+    """The trace's input tokens of a record (records written before the field: the measured ones)."""
+    return r.trace_input_tokens or r.input_tokens
+
+
 def _cache_hits(
-    records: list[RequestRecord],
-    ok: list[RequestRecord],
-    metrics_hit_rate: float | None,
-    by_tier: dict[str, float] | None,
-) -> CacheHits:
-    """Reported hits over the successful requests that report them; the ceiling over every request."""
-    reported = [r for r in ok if r.cached_tokens is not None]
-    ceiling_in = sum(r.input_tokens for r in records)
-    return CacheHits(
-        reported=(
-            sum(r.cached_tokens for r in reported) / sum(r.input_tokens for r in reported)
-            if reported and sum(r.input_tokens for r in reported)
-            else None
-        ),
-        metrics=metrics_hit_rate,
-        ceiling=(sum(r.ceiling_tokens for r in records) / ceiling_in) if ceiling_in else None,
+    ok: list[RequestRecord], metrics_hit_rate: float | None, by_tier: dict[str, float] | None
+) -> tuple[CacheHits, list[str]]:
+    """Hit rates over the succeeded requests: reported on the server's token counts (clipped to the
+    prompt), the ceiling on the trace's, server metrics when in [0, 1]; and notes on what was odd."""
+    notes = []
+    rep = [r for r in ok if r.cached_tokens is not None]
+    rep_in = sum(r.input_tokens for r in rep)
+    cached = sum(min(max(r.cached_tokens, 0), r.input_tokens) for r in rep)  # type: ignore[type-var]
+    clipped = sum(1 for r in rep if r.cached_reported is not None or r.cached_tokens > r.input_tokens)
+    trace_in = sum(_trace_in(r) for r in ok)
+    metrics = metrics_hit_rate
+    if metrics is not None and not 0.0 <= metrics <= 1.0:
+        notes.append(f"server-metric hit rate {metrics:.1%} is outside 0-100% (counters reset?): unknown")
+        metrics = None
+    c = CacheHits(
+        reported=cached / rep_in if rep_in else None,
+        metrics=metrics,
+        ceiling=sum(min(r.ceiling_tokens, _trace_in(r)) for r in ok) / trace_in if trace_in else None,
         by_tier=by_tier or {},
+        clipped=clipped,
     )
+    if clipped:
+        notes.append(
+            f"{clipped} requests reported cached tokens outside 0..their prompt tokens: clipped into "
+            "it (the server's figures are in requests.jsonl, field cached_reported)"
+        )
+    server_in = sum(r.input_tokens for r in ok)
+    if trace_in and server_in != trace_in:
+        notes.append(
+            f"the server counted {server_in:,} prompt tokens where the trace has {trace_in:,} "
+            f"({(server_in - trace_in) / trace_in:+.1%}: a chat template, or the server's own tokenizer): "
+            "reported and server-metric hit rates are over the server's counts, the ceiling over the trace's"
+        )
+    if c.ceiling is not None:
+        c.reported_over_ceiling = excess(c.reported, c.ceiling)
+        c.metrics_over_ceiling = excess(c.metrics, c.ceiling)
+        if c.reported_over_ceiling is not None or c.metrics_over_ceiling is not None:
+            c.contaminated = True
+            notes.append(contamination_note(c.reported_over_ceiling, c.metrics_over_ceiling, c.ceiling))
+    return c, notes
 
 
 def _goodput(records: list[RequestRecord], slo: dict[str, float] | None, dur: float) -> Goodput | None:
@@ -227,18 +268,7 @@ def _goodput(records: list[RequestRecord], slo: dict[str, float] | None, dur: fl
     if not slo:
         return None
     good = sum(1 for r in records if _meets(r, slo))
-    return Goodput(slo, good / len(records) if records else 0.0, good / dur)
-
-
-def _overflow_reason(errors: dict[str, int], requests: int) -> str:
-    """Why the run is invalid (too many context overflows), or "" when it is valid."""
-    overflow = errors.get("context_overflow", 0)
-    if requests and overflow / requests > OVERFLOW_LIMIT:
-        return (
-            f"context overflow on {overflow} of {requests} requests "
-            f"({overflow / requests:.1%} > {OVERFLOW_LIMIT:.0%})"
-        )
-    return ""
+    return Goodput(slo, good / len(records) if records else None, good / dur)
 
 
 def summarize(
@@ -258,6 +288,7 @@ def summarize(
     preemptions: int = 0,
     by_tier: dict[str, float] | None = None,
     notes: list[str] | None = None,
+    max_failure_rate: float = DEFAULT_MAX_FAILURE_RATE,
 ) -> Summary:
     """Build the summary of one run; `duration_s` defaults to first scheduled -> last end."""
     ok = [r for r in records if r.ok]
@@ -267,7 +298,10 @@ def summarize(
     inp = sum(r.input_tokens for r in ok)
     out = sum(r.output_tokens for r in ok)
     dur = max(duration_s, 1e-9)
-    invalid = _overflow_reason(errors, len(records))
+    invalid = invalid_reasons(
+        len(records), len(records) - len(ok), errors.get("context_overflow", 0), max_failure_rate
+    )
+    cache, cache_notes = _cache_hits(ok, metrics_hit_rate, by_tier)
     return Summary(
         kind=kind,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -277,6 +311,7 @@ def summarize(
         succeeded=len(ok),
         failed=len(records) - len(ok),
         errors=errors,
+        top_errors=top_errors(records),
         duration_s=duration_s,
         ttft=Dist.of(r.ttft for r in ok),
         tpot=Dist.of(r.tpot for r in ok),
@@ -284,16 +319,17 @@ def summarize(
         e2e=Dist.of(r.e2e for r in ok),
         input_tokens=inp,
         output_tokens=out,
-        throughput=_throughput(inp, out, len(ok), dur, gpus, power_w),
-        cache=_cache_hits(records, ok, metrics_hit_rate, by_tier),
+        throughput=_throughput(inp, out, len(ok), dur, gpus, power_w) if duration_s > 0 else None,
+        cache=cache,
         goodput=_goodput(records, slo, dur),
         preemptions=preemptions,
         sessions=session_rollups(records),
         timeline=timeline or [],
         valid=not invalid,
-        invalid_reason=invalid,
+        invalid_reason="; ".join(invalid),
+        invalid_reasons=invalid,
         gpu=gpu,
-        notes=list(notes or []),
+        notes=[*(notes or []), *cache_notes],
     )
 
 
