@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from agentkv.bench.runner import BenchConfig
 
 DEFAULT_EMBEDDED_TIME_SCALE = 10.0
+# exit statuses of `agentkv bench` (docs/bench.md); 2 is a usage error (agentkv.cli)
+EXIT_CRASH, EXIT_INVALID, EXIT_INTERRUPTED = 1, 3, 130
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -107,8 +109,10 @@ def _replay_args(p) -> None:
     )
     p.add_argument(
         "--cache-bust",
-        action="store_true",
-        help="mark this run's prompts so nothing cached by an earlier run is reused",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="mark this run's prompts so nothing cached by an earlier run is reused (default on; "
+        "--no-cache-bust reuses what the server already cached)",
     )
     p.add_argument("--timeout", default="300s", help="per-request time limit (default 300s)")
     p.add_argument(
@@ -146,6 +150,13 @@ def _output_args(p) -> None:
         choices=["auto", "uvloop", "asyncio"],
         help="event loop (default auto: uvloop when installed)",
     )
+    p.add_argument(
+        "--max-failure-rate",
+        default="1%",
+        metavar="RATE",
+        help="share of failed requests above which the run is invalid (exit 3), e.g. 1%% or 0.05 "
+        "(default 1%%)",
+    )
     p.add_argument("--no-report", action="store_true", help="skip report.html")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress display")
@@ -158,6 +169,18 @@ def _duration(text: str | None, flag: str) -> float | None:
     v = parse_duration(text, flag)
     if v <= 0:
         raise UserError(f"{flag} must be > 0, got {text!r}")
+    return v
+
+
+def _rate(text: str, flag: str) -> float:
+    """A share in [0, 1] from `5%` or `0.05`."""
+    t = str(text).strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise UserError(f"{flag}: expected a share such as 1% or 0.01, got {text!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise UserError(f"{flag} must be between 0 and 100%, got {text!r}")
     return v
 
 
@@ -191,6 +214,7 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         idle_gap_cap=_duration(args.idle_gap_cap, "--idle-gap-cap"),
         tenant_salts=args.tenant_salts,
         cache_bust=args.cache_bust,
+        max_failure_rate=_rate(args.max_failure_rate, "--max-failure-rate"),
         timeout=parse_duration(args.timeout, "--timeout"),
         sample_every=parse_duration(args.sample_every, "--sample-every"),
         max_connections=args.max_connections,
@@ -227,10 +251,24 @@ def bench_command(args: argparse.Namespace) -> int:
             stack.enter_context(live)
         result: BenchResult = run_loop(run.run(), args.loop)
     _write_outputs(args, result, out)
+    return _exit_status(run, result, console)
+
+
+def _exit_status(run, result, console) -> int:
+    """1: a bug stopped the run; 130: interrupted; 3: the run is invalid (why, on stderr); else 0."""
     if run.crash:
         console.print(f"agentkv: error: the run stopped early: {run.crash} (outputs written)", markup=False)
-        return 1
-    return 130 if result.interrupted else 0
+        return EXIT_CRASH
+    if result.interrupted:
+        return EXIT_INTERRUPTED
+    if not result.summary.valid:
+        console.print(
+            f"agentkv: invalid run: {result.summary.invalid_reason} (outputs written; exit {EXIT_INVALID})",
+            markup=False,
+            highlight=False,
+        )
+        return EXIT_INVALID
+    return 0
 
 
 def _start_embedded(

@@ -169,5 +169,7 @@ def compare_runs(args: argparse.Namespace) -> int:
             con.print(f"settings only {who} records: {', '.join(only)}", style="dim", highlight=False)
     for who, s in (("A", a), ("B", b)):
         if not s.valid:
-            con.print(f"[red]{who} is INVALID: {s.invalid_reason}[/red]")
+            con.print(f"{who} is INVALID: {s.invalid_reason}", style="red", markup=False)
+        if s.cache.contaminated:
+            con.print(f"{who}'s cache was contaminated: hits above its ceiling", style="yellow")
     return 0

@@ -21,11 +21,13 @@ import numpy as np
 
 from agentkv.bench.client import BenchClient, StreamResult
 from agentkv.bench.gpu import GpuMonitor
+from agentkv.bench.hints import add_hints
 from agentkv.bench.prompts import PromptBuilder
 from agentkv.bench.scrape import MetricsSnapshot, Scraper, hit_rate
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, encode_record, record_for
 from agentkv.metrics.summary import Sample, Summary, summarize
+from agentkv.metrics.validity import DEFAULT_MAX_FAILURE_RATE
 from agentkv.trace.ceiling import CeilingTracker
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
@@ -49,7 +51,8 @@ class BenchConfig:
     warm_start: bool = False
     idle_gap_cap: float | None = 10.0
     tenant_salts: bool = False
-    cache_bust: bool = False
+    cache_bust: bool = True  # a per-run marker in every prompt: nothing cached by an earlier run is reused
+    max_failure_rate: float = DEFAULT_MAX_FAILURE_RATE  # above it the run is invalid
     timeout: float = 300.0  # per request, first byte to last
     sample_every: float = 1.0
     max_connections: int = 0  # 0: one per concurrent request (sub-agent bursts included)
@@ -77,6 +80,7 @@ class BenchSettings(msgspec.Struct, kw_only=True):
     slo: dict[str, float]
     tenant_salts: bool
     cache_bust: str | None
+    max_failure_rate: float
     timeout: float
     time_scale: float
     server: dict | None
@@ -284,6 +288,8 @@ class BenchRun:
             ceiling_tokens=ceil,
             ok=res.ok,
             error=res.error,
+            http_status=0 if res.ok else res.status,
+            error_detail="" if res.ok else res.detail,
         )
 
     def _finish(self, rec: RequestRecord, res: StreamResult) -> None:
@@ -364,12 +370,13 @@ class BenchRun:
             slo=cfg.slo,
             tenant_salts=cfg.tenant_salts,
             cache_bust=self.prompts.marker,
+            max_failure_rate=cfg.max_failure_rate,
             timeout=cfg.timeout,
             time_scale=cfg.time_scale,
             server=self.server_info,
             traces=sorted({t.id for t in self.traces}),
         )
-        return summarize(
+        summary = summarize(
             self.records,
             kind="bench",
             target=base,
@@ -380,4 +387,7 @@ class BenchRun:
             timeline=self.timeline,
             gpu=gpu_summary,
             notes=notes,
+            max_failure_rate=cfg.max_failure_rate,
         )
+        add_hints(summary.top_errors, cfg.api, cfg.prompt_mode)
+        return summary
