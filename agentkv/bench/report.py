@@ -26,7 +26,8 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 10px}.sub{color
 .cards{display:flex;flex-wrap:wrap;gap:10px;margin-top:14px}
 .card{background:#fff;border:1px solid #e5e7eb;border-radius:8px;padding:10px 14px;min-width:150px}
 .card .v{font-size:20px;font-weight:600}.card .k{font-size:12px;color:#6b7280}
-.bad{background:#fee2e2;border:1px solid #fca5a5;padding:10px 14px;border-radius:8px;margin-top:12px}
+.bad,.warn{background:#fee2e2;border:1px solid #fca5a5;padding:10px 14px;border-radius:8px;margin-top:12px}
+.warn{background:#fef3c7;border-color:#fcd34d}
 .grid{display:flex;flex-wrap:wrap;gap:14px}.panel{background:#fff;border:1px solid #e5e7eb;border-radius:8px;padding:6px}
 svg.chart{max-width:100%;height:auto}svg.chart text{font-size:11px;fill:#374151}svg.chart .title{font-size:13px;font-weight:600}
 svg.chart .label{font-size:12px}svg.chart .plot{fill:#fff;stroke:#d1d5db}svg.chart .grid{stroke:#eef0f3}
@@ -141,9 +142,9 @@ def cache_chart(records: list[RequestRecord], s: Summary) -> Chart:
         cum_c = np.cumsum([r.cached_tokens for r in rep])
         cum_i = np.cumsum([r.input_tokens for r in rep])
         c.add(Series("cumulative (reported)", [r.end for r in rep], (100 * cum_c / cum_i).tolist(), "line"))
-    if done:
+    if done:  # the ceiling counts the trace's tokens (the server's may differ: a chat template)
         cum_ceil = np.cumsum([r.ceiling_tokens for r in done])
-        cum_in = np.cumsum([max(1, r.input_tokens) for r in done])
+        cum_in = np.cumsum([max(1, r.trace_input_tokens or r.input_tokens) for r in done])
         c.add(
             Series(
                 "cumulative ceiling",
@@ -250,7 +251,7 @@ def _cards(s: Summary) -> str:
     if s.goodput:
         slo = ", ".join(f"{k} ≤ {v * 1000:g} ms" for k, v in s.goodput.slo.items())
         cards.append(
-            _card(f"goodput ({slo})", f"{s.goodput.fraction:.1%} ({s.goodput.requests_per_s:.2f} req/s)")
+            _card(f"goodput ({slo})", f"{_pct(s.goodput.fraction)} ({s.goodput.requests_per_s:.2f} req/s)")
         )
     return f'<div class="cards">{"".join(cards)}</div>'
 
@@ -263,7 +264,11 @@ def _heading(s: Summary, title: str) -> str:
         f"{escape(s.schema)}</div>",
     ]
     if not s.valid:
-        parts.append(f'<div class="bad"><b>INVALID RUN:</b> {escape(s.invalid_reason)}</div>')
+        why = "".join(f"<li>{escape(r)}</li>" for r in s.invalid_reasons or [s.invalid_reason])
+        parts.append(f'<div class="bad"><b>INVALID RUN</b><ul>{why}</ul></div>')
+    if s.cache.contaminated:
+        note = next((n for n in s.notes if n.startswith("cache contaminated")), "hits above the ceiling")
+        parts.append(f'<div class="warn"><b>CACHE CONTAMINATED:</b> {escape(note)}</div>')
     parts.append(_cards(s))
     if s.notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{escape(n)}</li>" for n in s.notes) + "</ul>")
@@ -287,10 +292,16 @@ def _latency(s: Summary) -> str:
 
 
 def _errors(s: Summary) -> str:
-    """The error table, or nothing when every request succeeded."""
+    """The most frequent errors (reason, status, the server's message, a hint), then the count per
+    reason; nothing when every request succeeded."""
     if not s.errors:
         return ""
-    return "<h2>Errors</h2>" + _table(["reason", "requests"], [[k, v] for k, v in sorted(s.errors.items())])
+    top = [[g.count, g.error, g.status or "-", g.message, g.hint] for g in s.top_errors]
+    return (
+        "<h2>Errors</h2>"
+        + (_table(["requests", "reason", "status", "message", "hint"], top) if top else "")
+        + _table(["reason", "requests"], [[k, v] for k, v in sorted(s.errors.items())])
+    )
 
 
 def _gpu(s: Summary) -> str:

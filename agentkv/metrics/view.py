@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from agentkv.metrics.summary import Dist, Summary
 
@@ -54,13 +55,31 @@ def overview_table(s: Summary) -> Table:
     t.add_row("cache hit: ceiling (unbounded)", pct(c.ceiling))
     for tier, v in sorted(c.by_tier.items()):
         t.add_row(f"  hit from {tier}", pct(v))
+    if c.clipped:
+        t.add_row("  cached > prompt (clipped)", f"{c.clipped:,} requests")
+    if c.contaminated:
+        gap = max(x for x in (c.reported_over_ceiling, c.metrics_over_ceiling) if x is not None)
+        t.add_row("[yellow]CACHE CONTAMINATED[/yellow]", f"hits above the ceiling by {gap * 100:.1f} points")
     if s.goodput:
         slo = ", ".join(f"{k}<={v * 1000:g}ms" for k, v in s.goodput.slo.items())
-        t.add_row(f"goodput ({slo})", f"{s.goodput.fraction:.1%} ({s.goodput.requests_per_s:.2f} req/s)")
+        t.add_row(f"goodput ({slo})", f"{pct(s.goodput.fraction)} ({s.goodput.requests_per_s:.2f} req/s)")
     t.add_row("preemptions", f"{s.preemptions:,}")
     t.add_row("sessions", f"{len(s.sessions):,}")
     if not s.valid:
-        t.add_row("[red]INVALID[/red]", s.invalid_reason)
+        for why in s.invalid_reasons or [s.invalid_reason]:
+            t.add_row("[red]INVALID[/red]", Text(why))
+    return t
+
+
+def errors_table(s: Summary) -> Table:
+    """The most frequent errors: count, reason, HTTP status, the server's message and a hint."""
+    t = Table(title="top errors")
+    t.add_column("requests", justify="right")
+    for col in ("reason", "status", "message", "hint"):
+        t.add_column(col, overflow="fold")
+    for g in s.top_errors:
+        msg = g.message if len(g.message) <= 200 else g.message[:200] + "..."
+        t.add_row(f"{g.count:,}", Text(g.error), str(g.status or "-"), Text(msg), Text(g.hint))
     return t
 
 
@@ -95,6 +114,8 @@ def sessions_table(s: Summary, top: int = 20) -> Table:
 def print_summary(s: Summary, console: Console | None = None) -> None:
     console = console or Console()
     console.print(overview_table(s))
+    if s.top_errors:
+        console.print(errors_table(s))
     console.print(latency_table(s))
     for note in s.notes:
         console.print(f"[dim]note: {note}[/dim]")
