@@ -163,3 +163,13 @@ def test_sweep_prints_one_row_per_point():
     assert p.returncode == 0, p.stderr
     rows = json.loads(p.stdout)
     assert [r["overrides"]["router"] for r in rows] == ["round_robin", "kv_aware"]
+
+
+def test_an_invalid_simulated_run_exits_3_and_says_why(capsys) -> None:
+    """Every request longer than the context window: outputs still come, exit 3 as bench does."""
+    from agentkv.cli import main
+
+    assert main(["simulate", "--max-requests", "20", "-q", "--max-model-len", "4096", "--json"]) == 3
+    err = capsys.readouterr().err
+    assert "agentkv: invalid run:" in err and "context overflow" in err
+    assert main(["simulate", "--max-requests", "20", "-q", "--json"]) == 0

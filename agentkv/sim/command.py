@@ -112,7 +112,15 @@ def simulate_command(args: argparse.Namespace) -> int:
             f"({res.sim_s / max(res.wall_s, 1e-9):,.0f}x real time, "
             f"{len(res.records) / max(res.wall_s, 1e-9):,.0f} requests per wall second)[/dim]"
         )
-    return 0
+    return exit_code(res.summary)
+
+
+def exit_code(summary) -> int:
+    """3 (as bench) when the simulated run is invalid, with why on stderr; else 0."""
+    if summary.valid:
+        return 0
+    print(f"agentkv: invalid run: {summary.invalid_reason} (outputs written; exit 3)", file=sys.stderr)
+    return 3
 
 
 def write_run(res, out: Path) -> None:

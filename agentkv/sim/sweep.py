@@ -158,4 +158,7 @@ def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> in
         for i, (overrides, s) in enumerate(results):
             name = "-".join(f"{k}={v}" for k, v in overrides.items()).replace("/", "_") or str(i)
             write_summary(s, out_dir / f"summary-{name}.json")
-    return 0
+    bad = [(o, s.invalid_reason) for o, s in results if not s.valid]
+    for o, why in bad:
+        print(f"agentkv: invalid point {o}: {why}", file=sys.stderr)
+    return 3 if bad else 0  # as a single run: 3 when a point is invalid (outputs written)
