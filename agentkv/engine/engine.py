@@ -326,7 +326,7 @@ class Engine:
         finished: list[EngineRequest] = []
         for req in burst.requests:
             nc = req.num_computed
-            if not pool.allocate_slots(req.request_id, steps, req.block_hashes, nc):
+            if not pool.allocate_slots(req, steps, nc):
                 raise RuntimeError("decode burst: blocks planned as free were not")  # plan_burst checked
             first_gap = ends[0] - req.last_token
             g = first_gap if first_gap > inner_max else inner_max
