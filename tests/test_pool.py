@@ -249,6 +249,7 @@ def test_lower_tiers_demote_match_and_promote() -> None:
     computed = pool.get_computed_blocks(a, 17)
     assert computed.num_blocks == 0 and pool.match_lower(a, 0) == ["CPU"] * 4
     assert pool.match_lower(a, 1, 3) == ["CPU"] * 2
+    assert pool.is_current(computed)  # write-back: the tiers change only when the GPU evicts
     computed.num_lower = 4
     assert pool.allocate_slots(PoolRequest("c", a), 1, 0, computed)
     assert pool.last_promote_s > 0 and pool.stats.lower_blocks == 4
@@ -256,6 +257,9 @@ def test_lower_tiers_demote_match_and_promote() -> None:
     assert hits(pool, a) == 4 and len(pool.request_blocks("c")) == 5
     pool.check_invariants()
     assert BlockPool(4, 4).match_lower(a, 0) == []
+    through = TierStack([TierSpec("CPU", capacity_blocks=4)], block_bytes=1024, write_mode="write_through")
+    pool = BlockPool(4, 4, lower=through)
+    assert not pool.is_current(pool.get_computed_blocks(a))  # stores fill the tiers too: look again
 
 
 POLICY_NAMES = ["lru", "lfu", "radix", "arc", "session"]
