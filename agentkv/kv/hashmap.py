@@ -1,8 +1,5 @@
-"""The pool's hash -> block map: prefix searches over it, and the duplicate copies it keeps.
-
-Like vLLM, the pool does not de-duplicate: a block computed again under a cached hash is another
-copy. `cached[h]` is the oldest copy, the one lookups find; `dups[h]` lists the others, oldest first.
-"""
+"""The pool's hash -> block map: prefix searches over it, and its duplicate copies (as in vLLM, a
+block recomputed under a cached hash is another copy: `cached[h]` is the oldest, `dups[h]` the rest)."""
 
 from __future__ import annotations
 
@@ -14,9 +11,8 @@ import numpy as np
 def gallop(
     get: Callable[[int], int | None], block_hashes: Sequence[int], limit: int, start: int = 0
 ) -> list[int]:
-    """The blocks `get` gives for the longest run of block_hashes[start:limit] it knows (those
-    before `start` known). Chunks of growing size are looked up in bulk through C-level `map`, so a
-    miss early in a long prompt does not cost a lookup of every later hash."""
+    """The blocks `get` gives for the longest known run of block_hashes[start:limit], looked up in
+    growing chunks through C-level `map` (an early miss does not cost a lookup of every later hash)."""
     found: list[int] = []
     lo, step = start, 32
     while lo < limit:

@@ -1,7 +1,5 @@
-"""The types at the block pool's boundary, as vLLM v1's `KVCacheBlocks` sits between its scheduler
-and KV cache manager: what a request gives the pool, what a lookup gives back, what the pool
-calls below the GPU, and its counters. The scheduler holds these, never the pool's internals.
-"""
+"""The block pool's boundary types (as vLLM v1's `KVCacheBlocks` between scheduler and cache manager):
+what a request gives the pool, what a lookup gives back, what the pool calls below, its counters."""
 
 from __future__ import annotations
 
@@ -33,15 +31,11 @@ class PoolRequest:
 
 @dataclass(slots=True)
 class ComputedBlocks:
-    """A prefix lookup's answer, handed to `allocate_slots`: the GPU blocks holding the leading hashes.
-
-    `epoch` is the pool's cache epoch at the lookup (it moves on at each eviction and reset), so
-    the pool knows whether `blocks` still hold them. Set `num_lower` to have the first
-    `allocate_slots` promote that many of the following blocks from the lower tiers.
-    """
+    """A prefix lookup's answer for `allocate_slots`: the GPU blocks holding the leading hashes, and
+    the run after them to promote from the lower tiers (`num_lower`, set by the caller)."""
 
     blocks: np.ndarray | list[int]  # block ids, in prefix order (may alias the pool's arrays: read only)
-    epoch: int
+    epoch: int  # the pool's epoch at the lookup; it moves on at each eviction and reset
     num_lower: int = 0
 
     @property
