@@ -60,10 +60,10 @@ def test_memory_pressure_preempts_and_all_finish():
         for i in range(8)
     ]
     run(e)
-    assert e.scheduler.num_preemptions > 0
+    assert e.num_preemptions > 0
     assert all(r.num_output == 400 for r in reqs)
-    e.pool.check_invariants()
-    assert e.pool.usage == 0.0
+    e.pool.check_invariants()  # the pool's internals, on purpose
+    assert e.kv_usage == 0.0 and e.active_blocks == 0
 
 
 def test_cpu_offload_restores_hits_at_a_transfer_cost():
@@ -88,14 +88,31 @@ def test_cpu_offload_restores_hits_at_a_transfer_cost():
     assert (again_off.first_token - again_off.arrival) < (again.first_token - again.arrival)
 
 
+def test_engine_answers_what_routers_and_the_server_ask():
+    e = Engine(EngineConfig(num_gpu_blocks_override=700, max_model_len=8192, kv_offloading_size=64.0))
+    a = list(range(500))
+    e.add_request("a", max_tokens=1, prompt_len=8000, block_hashes=a)
+    run(e)
+    assert e.cached_prefix(a + [-1]) == (500, 0) and set(e.cached_block_hashes()) == set(a)
+    assert (e.num_cached_blocks, e.active_blocks, e.num_free_blocks) == (500, 0, 699)
+    e.add_request("b", max_tokens=1, prompt_len=8000, block_hashes=[10_000 + j for j in range(500)])
+    run(e)  # b takes the 199 empty blocks, then 301 of a's, tail first: they go down to CPU
+    assert e.cached_prefix(a) == (199, 301)
+    again = e.add_request("a2", max_tokens=1, prompt_len=8000, block_hashes=a)
+    run(e)
+    # the last prompt block is always recomputed (as vLLM): 300 of the 301 come from CPU
+    assert again.num_cached_tokens == 199 * 16 and e.lower_tier_tokens == {"CPU": 300 * 16}
+    assert e.num_preemptions == 0
+
+
 def test_abort_frees_blocks():
     e = Engine(EngineConfig())
     e.add_request("x", max_tokens=1000, prompt_len=5000, block_hashes=list(range(312)))
     s = e.step()
     e.clock.advance_to(s.end)
-    assert e.pool.usage > 0
+    assert e.kv_usage > 0 and e.active_blocks > 0
     assert e.abort("x")
-    assert e.pool.usage == 0.0 and not e.has_work()
+    assert e.kv_usage == 0.0 and e.active_blocks == 0 and not e.has_work()
     assert not e.abort("x")
 
 

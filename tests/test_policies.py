@@ -14,6 +14,7 @@ from agentkv.kv.eviction.arc import ARC
 from agentkv.kv.eviction.belady import Belady, next_use_keys
 from agentkv.kv.eviction.radix import RadixLRU
 from agentkv.kv.eviction.session import SessionAware
+from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 from agentkv.trace.accesses import arrivals, block_accesses
 from agentkv.trace.formats import load_paths
@@ -23,8 +24,9 @@ BS = 4
 
 def use(pool: BlockPool, rid: str, hashes: list[int], session: object = None) -> int:
     """One whole request of full blocks: look up, allocate, free; return its cached prefix."""
-    n = pool.get_computed_blocks(hashes)
-    assert pool.allocate_slots(rid, (len(hashes) - n) * BS, hashes, n * BS, session_id=session)
+    computed = pool.get_computed_blocks(hashes)
+    n = computed.num_blocks
+    assert pool.allocate_slots(PoolRequest(rid, hashes, session), (len(hashes) - n) * BS, n * BS, computed)
     pool.free(rid)
     return n
 
@@ -64,7 +66,7 @@ def test_lru_frees_a_request_tail_first() -> None:
     pool.take_events()
     use(pool, "b", [20, 21])
     assert evicted(pool) == [13, 12]
-    assert pool.get_computed_blocks([10, 11, 12, 13]) == 2
+    assert pool.get_computed_blocks([10, 11, 12, 13]).num_blocks == 2
 
 
 def test_radix_evicts_only_leaves_and_parents_after_their_children() -> None:

@@ -7,6 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool, kv_bytes_per_token, num_blocks_for
 from agentkv.kv.tiers import TierSpec, TierStack
 
@@ -16,11 +17,17 @@ def chain(tag: int, n: int, start: int = 0) -> list[int]:
     return [(tag << 20) | i for i in range(start, start + n)]
 
 
-def run(pool: BlockPool, rid: str, hashes: list[int], tokens: int, **kw) -> int:
+def run(pool: BlockPool, rid: str, hashes: list[int], tokens: int, session_id: object = None) -> int:
     """Look up, allocate a whole prompt of `tokens` tokens; return the cached prefix in blocks."""
-    n = pool.get_computed_blocks(hashes, tokens)
-    assert pool.allocate_slots(rid, tokens - n * pool.block_size, hashes, n * pool.block_size, **kw)
+    computed = pool.get_computed_blocks(hashes, tokens)
+    n, bs = computed.num_blocks, pool.block_size
+    assert pool.allocate_slots(PoolRequest(rid, hashes, session_id), tokens - n * bs, n * bs, computed)
     return n
+
+
+def hits(pool: BlockPool, hashes: list[int], tokens: int | None = None) -> int:
+    """The cached prefix a lookup finds, in blocks."""
+    return pool.get_computed_blocks(hashes, tokens).num_blocks
 
 
 def test_kv_bytes_llama_8b() -> None:
@@ -52,12 +59,13 @@ def test_second_turn_reuses_first_turns_full_blocks(bs: int) -> None:
 def test_partial_blocks_are_never_cached_until_full() -> None:
     pool = BlockPool(16, 16)
     hashes = chain(1, 3)
-    assert pool.allocate_slots("r", 40, hashes)  # 2.5 blocks: the third is partial
+    r = PoolRequest("r", hashes)
+    assert pool.allocate_slots(r, 40)  # 2.5 blocks: the third is partial
     assert pool.num_cached_blocks == 2 and len(pool.request_blocks("r")) == 3
-    assert pool.get_computed_blocks(hashes) == 2
-    assert pool.allocate_slots("r", 8, hashes, num_computed_tokens=40)  # decode fills block 3
+    assert hits(pool, hashes) == 2
+    assert pool.allocate_slots(r, 8, num_computed_tokens=40)  # decode fills block 3
     assert pool.num_cached_blocks == 3 and len(pool.request_blocks("r")) == 3
-    assert pool.allocate_slots("r", 1, hashes, num_computed_tokens=48)  # a 4th, partial block
+    assert pool.allocate_slots(r, 1, num_computed_tokens=48)  # a 4th, partial block
     assert len(pool.request_blocks("r")) == 4 and pool.num_cached_blocks == 3
     pool.free("r")
     pool.check_invariants()
@@ -69,8 +77,8 @@ def test_last_prompt_token_is_recomputed() -> None:
     hashes = chain(1, 2)
     run(pool, "a", hashes, 32)
     pool.free("a")
-    assert pool.get_computed_blocks(hashes, 32) == 1  # as vLLM: at most (num_tokens - 1) // bs
-    assert pool.get_computed_blocks(hashes, 33) == 2
+    assert hits(pool, hashes, 32) == 1  # as vLLM: at most (num_tokens - 1) // bs
+    assert hits(pool, hashes, 33) == 2
 
 
 def test_concurrent_requests_share_prefix_blocks() -> None:
@@ -88,7 +96,7 @@ def test_concurrent_requests_share_prefix_blocks() -> None:
     pool.check_invariants()
     pool.free("b")
     assert pool.num_free_blocks == 32 and pool.usage == 0.0
-    assert pool.get_computed_blocks(prefix + chain(9, 2)) == 6
+    assert hits(pool, prefix + chain(9, 2)) == 6
     pool.check_invariants()
 
 
@@ -96,16 +104,17 @@ def test_allocation_fails_cleanly_when_full() -> None:
     pool = BlockPool(8, 16, record_events=True)
     run(pool, "a", chain(1, 6), 96)
     before = (pool.ref.tolist(), pool.num_free_blocks, pool.num_cached_blocks)
-    assert not pool.allocate_slots("b", 48, chain(2, 3))  # needs 3, only 2 free
+    assert not pool.allocate_slots(PoolRequest("b", chain(2, 3)), 48)  # needs 3, only 2 free
     assert (pool.ref.tolist(), pool.num_free_blocks, pool.num_cached_blocks) == before
     assert pool.stats.alloc_failures == 1 and pool.request_blocks("b") == []
-    assert not pool.allocate_slots("a", 48, chain(1, 6), num_computed_tokens=96)  # growth too
+    assert not pool.allocate_slots(PoolRequest("a", chain(1, 6)), 48, num_computed_tokens=96)  # growth too
     assert len(pool.request_blocks("a")) == 6
     pool.check_invariants()
     pool.free("a")
     # free cached hits count against the room: 2 hits (free) + 7 new > 8
-    n = pool.get_computed_blocks(chain(1, 2) + chain(3, 7))
-    assert n == 2 and not pool.allocate_slots("c", 7 * 16, chain(1, 2) + chain(3, 7), 32)
+    c = PoolRequest("c", chain(1, 2) + chain(3, 7))
+    computed = pool.get_computed_blocks(c.block_hashes)
+    assert computed.num_blocks == 2 and not pool.allocate_slots(c, 7 * 16, 32, computed)
     assert pool.num_cached_blocks == 6 and pool.num_free_blocks == 8
     assert not any(isinstance(e, BlockRemoved) for e in pool.take_events())
     pool.check_invariants()
@@ -122,7 +131,7 @@ def test_lru_evicts_tail_first_and_oldest_request_first() -> None:
     run(pool, "c", chain(3, 4), 16)  # 4 victims: a's tail first, then b's tail
     removed = [h for e in pool.take_events() if isinstance(e, BlockRemoved) for h in e.block_hashes]
     assert removed == [a[2], a[1], a[0], b[2]]
-    assert pool.get_computed_blocks(b) == 2
+    assert hits(pool, b) == 2
     pool.check_invariants()
 
 
@@ -131,8 +140,9 @@ def test_events_in_order_with_parent_hashes() -> None:
     pool = BlockPool(4, 4, on_event=seen.append)
     hashes = chain(1, 4)
     tokens = list(range(100, 116))
-    assert pool.allocate_slots("a", 6, hashes, token_ids=tokens)  # chunked prefill: 6 tokens
-    assert pool.allocate_slots("a", 10, hashes, 6, token_ids=tokens)  # the other 10
+    a = PoolRequest("a", hashes, token_ids=tokens)
+    assert pool.allocate_slots(a, 6)  # chunked prefill: 6 tokens
+    assert pool.allocate_slots(a, 10, 6)  # the other 10
     assert seen == [
         BlockStored(block_hashes=hashes[:1], parent_block_hash=None, token_ids=tokens[:4], block_size=4),
         BlockStored(block_hashes=hashes[1:], parent_block_hash=hashes[0], token_ids=tokens[4:], block_size=4),
@@ -146,7 +156,7 @@ def test_events_in_order_with_parent_hashes() -> None:
     assert not pool.reset()  # b still holds blocks
     pool.free("b")
     assert pool.reset() and seen[-1] == AllBlocksCleared()
-    assert pool.num_cached_blocks == 0 and pool.get_computed_blocks(hashes) == 0
+    assert pool.num_cached_blocks == 0 and hits(pool, hashes) == 0
     pool.check_invariants()
 
 
@@ -162,7 +172,7 @@ def test_recomputed_block_under_a_cached_hash_is_another_copy() -> None:
     pool.free("r3")
     pool.free("r1")  # p joins the free pool with frequency 1
     run(pool, "r4", chain(2, 3), 12)  # 2 empty blocks + 1 victim: p, the least used
-    assert pool.get_computed_blocks([p, c]) == 0 and c in pool.cached
+    assert hits(pool, [p, c]) == 0 and c in pool.cached
     pool.free("r4")
     assert run(pool, "r5", [p, c], 9) == 0
     blocks = pool.request_blocks("r5")
@@ -171,7 +181,7 @@ def test_recomputed_block_under_a_cached_hash_is_another_copy() -> None:
     pool.check_invariants()
     pool.free("r5")
     pool.check_invariants()
-    assert pool.get_computed_blocks([p, c]) == 2
+    assert hits(pool, [p, c]) == 2
 
 
 def test_a_fully_cached_prompt_leaves_a_copy_of_its_last_block_as_vllm_does() -> None:
@@ -191,7 +201,7 @@ def test_a_fully_cached_prompt_leaves_a_copy_of_its_last_block_as_vllm_does() ->
     pool.check_invariants()
     for k in range(1, 4):  # evicting (LRU) the three oldest copies leaves the last block findable
         run(pool, f"x{k}", chain(10 + k, 1), 4)
-        assert pool.get_computed_blocks(prompt, 17) == 4 and len(pool.dups.get(prompt[3], ())) == 3 - k
+        assert hits(pool, prompt, 17) == 4 and len(pool.dups.get(prompt[3], ())) == 3 - k
         pool.check_invariants()
     run(pool, "x4", chain(20, 4), 16)  # evicts the rest
     removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
@@ -203,14 +213,22 @@ def test_lookup_then_eviction_then_allocate_is_caught() -> None:
     pool = BlockPool(4, 4)
     run(pool, "a", chain(1, 2), 8)
     pool.free("a")
-    assert pool.get_computed_blocks(chain(1, 2)) == 2
+    computed = pool.get_computed_blocks(chain(1, 2))
+    assert computed.num_blocks == 2 and pool.is_current(computed)
     run(pool, "b", chain(2, 4), 16)  # evicts a's blocks in between
+    assert not pool.is_current(computed)
+    c = PoolRequest("c", chain(1, 2))
     with pytest.raises(ValueError, match="not cached"):
-        pool.allocate_slots("c", 4, chain(1, 2), 8)
+        pool.allocate_slots(c, 4, 8, computed)  # stale: looked up again, and the blocks are gone
+    with pytest.raises(ValueError, match="not cached"):
+        pool.allocate_slots(c, 4, 8)  # no lookup passed: the same
     with pytest.raises(ValueError, match="multiple of block_size"):
-        pool.allocate_slots("c", 4, chain(1, 2), 3)
+        pool.allocate_slots(c, 4, 3)
+    computed = pool.get_computed_blocks(chain(1, 2))
+    computed.num_lower = 1
     with pytest.raises(ValueError, match="no lower tiers"):
-        pool.allocate_slots("c", 4, chain(1, 2), 0, num_lower_blocks=1)
+        pool.allocate_slots(c, 4, 0, computed)
+    pool.check_invariants()
 
 
 def test_lower_tiers_demote_match_and_promote() -> None:
@@ -228,14 +246,20 @@ def test_lower_tiers_demote_match_and_promote() -> None:
     run(pool, "b", chain(2, 5), 20)  # a's four blocks go down to CPU
     pool.free("b")
     assert set(tiers.blocks("CPU")) == set(a)
-    n = pool.get_computed_blocks(a, 17)
-    assert n == 0 and pool.match_lower(a, n) == ["CPU"] * 4
-    assert pool.allocate_slots("c", 1, a, 0, num_lower_blocks=4)
+    computed = pool.get_computed_blocks(a, 17)
+    assert computed.num_blocks == 0 and pool.match_lower(a, 0) == ["CPU"] * 4
+    assert pool.match_lower(a, 1, 3) == ["CPU"] * 2
+    assert pool.is_current(computed)  # write-back: the tiers change only when the GPU evicts
+    computed.num_lower = 4
+    assert pool.allocate_slots(PoolRequest("c", a), 1, 0, computed)
     assert pool.last_promote_s > 0 and pool.stats.lower_blocks == 4
     assert tiers.counters.tiers["CPU"].hit_blocks == 4
-    assert pool.get_computed_blocks(a) == 4 and len(pool.request_blocks("c")) == 5
+    assert hits(pool, a) == 4 and len(pool.request_blocks("c")) == 5
     pool.check_invariants()
     assert BlockPool(4, 4).match_lower(a, 0) == []
+    through = TierStack([TierSpec("CPU", capacity_blocks=4)], block_bytes=1024, write_mode="write_through")
+    pool = BlockPool(4, 4, lower=through)
+    assert not pool.is_current(pool.get_computed_blocks(a))  # stores fill the tiers too: look again
 
 
 POLICY_NAMES = ["lru", "lfu", "radix", "arc", "session"]
@@ -261,14 +285,15 @@ def test_invariants_hold_under_random_operations(policy: str, ops) -> None:
         if kind == "new":
             hashes = chain(fam, nblk)
             tokens = nblk * 4 + slot % 4
-            n = pool.get_computed_blocks(hashes, tokens)
+            computed = pool.get_computed_blocks(hashes, tokens)
+            n = computed.num_blocks
             rid = f"r{i}"
-            if pool.allocate_slots(rid, tokens - 4 * n, hashes, 4 * n, session_id=fam):
+            if pool.allocate_slots(PoolRequest(rid, hashes, fam), tokens - 4 * n, 4 * n, computed):
                 running[rid] = (hashes, tokens)
         elif kind == "grow" and running:
             rid = sorted(running)[slot % len(running)]
             hashes, tokens = running[rid]
-            if pool.allocate_slots(rid, 3, hashes, tokens):
+            if pool.allocate_slots(PoolRequest(rid, hashes), 3, tokens):
                 running[rid] = (hashes, tokens + 3)
         elif kind == "free" and running:
             rid = sorted(running)[slot % len(running)]

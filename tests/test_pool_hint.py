@@ -4,6 +4,7 @@ import random
 
 import numpy as np
 
+from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 
 
@@ -25,11 +26,11 @@ def test_hinted_lookup_equals_plain_lookup_under_churn():
         arr = np.asarray(chain, dtype=np.uint64)
         tokens = len(chain) * 16 + 5
         plain = pool.get_computed_blocks(chain, tokens, count=False)
-        plain_blocks = list(pool._probe[1])
         hinted = pool.get_computed_blocks(chain, tokens, hint=hint, hash_array=arr)
-        assert hinted == plain and list(pool._probe[1]) == plain_blocks, step
+        assert list(hinted.blocks) == list(plain.blocks), step
         rid = f"r{step}"
-        if pool.allocate_slots(rid, tokens - hinted * 16, chain, hinted * 16):
+        n = hinted.num_blocks
+        if pool.allocate_slots(PoolRequest(rid, chain), tokens - n * 16, n * 16, hinted):
             last_blocks[s] = np.asarray(pool.request_blocks(rid), dtype=np.int64)
             pool.free(rid)
     pool.check_invariants()

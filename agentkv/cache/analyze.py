@@ -23,6 +23,7 @@ from agentkv.cache.grid import Grid
 from agentkv.cache.replay import replay
 from agentkv.errors import UserError
 from agentkv.kv.eviction import make_policy
+from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
 from agentkv.trace.accesses import Arrival, BlockRequest, arrivals, block_accesses, check_block_size
@@ -94,14 +95,13 @@ def replay_tiered(pool: BlockPool, requests: Sequence[BlockRequest]) -> tuple[in
         rid = str(i)
         pool.session_resumed(r.session, r.time)
         hs = r.hashes
-        n = pool.get_computed_blocks(hs, r.input_tokens)
+        computed = pool.get_computed_blocks(hs, r.input_tokens)
+        n = computed.num_blocks
         limit = max(0, min(len(hs), (r.input_tokens - 1) // bs))
         total = r.input_tokens + r.output_tokens
         k = min(limit - n, room - (-(-total // bs) - n))
-        m = len(pool.match_lower(hs[: n + k], n)) if k > 0 else 0
-        if pool.allocate_slots(
-            rid, total - (n + m) * bs, hs, n * bs, num_lower_blocks=m, session_id=r.session
-        ):
+        m = computed.num_lower = len(pool.match_lower(hs, n, n + k)) if k > 0 else 0
+        if pool.allocate_slots(PoolRequest(rid, hs, r.session), total - (n + m) * bs, n * bs, computed):
             lower_hits += m * bs
             pool.free(rid)
         else:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 from agentkv.trace.accesses import BlockRequest
 
@@ -60,12 +61,13 @@ def replay(
             pool.session_resumed(r.session, r.time)
         hs = r.hashes
         if arrays is not None:
-            n = get(hs, r.input_tokens, hint=prev.get(r.session), hash_array=arrays[i])
+            computed = get(hs, r.input_tokens, hint=prev.get(r.session), hash_array=arrays[i])
         else:
-            n = get(hs, r.input_tokens)
+            computed = get(hs, r.input_tokens)
+        n = computed.num_blocks
         ops += n + (n < len(hs))  # hashes probed: the hits and the first miss
         total = r.input_tokens + r.output_tokens
-        if alloc(rid, total - n * bs, hs, n * bs, session_id=r.session):
+        if alloc(PoolRequest(rid, hs, r.session), total - n * bs, n * bs, computed):
             ops += 2 * -(-total // bs)  # blocks shared or allocated, then freed
             if arrays is not None:
                 prev[r.session] = pool.block_table(rid)

@@ -7,14 +7,14 @@ the step's end time; the driver advances a virtual clock (simulator) or sleeps (
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Sequence
 
 import numpy as np
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostModel
 from agentkv.engine.hardware import get_model
+from agentkv.engine.outputs import DecodeBurst, EngineStats, RequestOutput, StepResult
 from agentkv.engine.request import EngineRequest, Status
 from agentkv.engine.scheduler import Scheduler
 from agentkv.errors import UserError
@@ -23,49 +23,9 @@ from agentkv.kv.hashing import make_hasher
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
 
+__all__ = ["DecodeBurst", "Engine", "EngineStats", "RequestOutput", "StepResult"]
+
 GIB = 1 << 30
-
-
-@dataclass(slots=True)
-class RequestOutput:
-    """What one step did for one request: tokens produced and, at the end, why it finished."""
-
-    request: EngineRequest
-    new_tokens: int
-    finished: bool
-
-
-@dataclass(slots=True)
-class StepResult:
-    start: float
-    end: float
-    outputs: list[RequestOutput]
-    num_prefill_tokens: int
-    num_decode: int
-    preempted: int
-
-
-@dataclass(slots=True)
-class DecodeBurst:
-    """Consecutive pure-decode steps planned from `start`: step i ends at `ends[i]`."""
-
-    start: float
-    ends: list[float]
-    requests: list[EngineRequest]
-
-
-@dataclass(slots=True)
-class EngineStats:
-    """Counters in vLLM's terms (tokens), plus agentkv's per-tier hits and busy time."""
-
-    steps: int = 0
-    busy_s: float = 0.0
-    promote_s: float = 0.0
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    requests_finished: int = 0
-    requests_aborted: int = 0
-    lower_tier_hits: dict[str, int] = field(default_factory=dict)
 
 
 class Engine:
@@ -326,7 +286,7 @@ class Engine:
         finished: list[EngineRequest] = []
         for req in burst.requests:
             nc = req.num_computed
-            if not pool.allocate_slots(req.request_id, steps, req.block_hashes, nc):
+            if not pool.allocate_slots(req, steps, nc):
                 raise RuntimeError("decode burst: blocks planned as free were not")  # plan_burst checked
             first_gap = ends[0] - req.last_token
             g = first_gap if first_gap > inner_max else inner_max
@@ -353,6 +313,23 @@ class Engine:
             self._finish(req)
         return StepResult(burst.start, end, outputs, 0, len(burst.requests), 0)
 
+    # -- the KV cache, as routers, the simulator and the server see it ---------------------------
+    def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
+        """(GPU blocks, lower-tier blocks after them) of the prompt's leading run, found without a lookup."""
+        return self.pool.cached_prefix(block_hashes)
+
+    def cached_block_hashes(self) -> Iterable[int]:
+        """The hashes the GPU prefix cache holds (a live view: do not keep it across steps)."""
+        return self.pool.cached.keys()
+
+    def session_paused(self, session_id: object, now: float, reason: str = "tool_use") -> None:
+        """A hint for session-aware eviction: the session's request ended at `now`, waiting on `reason`."""
+        self.pool.session_paused(session_id, now, reason)
+
+    def session_resumed(self, session_id: object, now: float) -> None:
+        """A hint for session-aware eviction: the session's next request arrived at `now`."""
+        self.pool.session_resumed(session_id, now)
+
     # -- metrics -------------------------------------------------------------------------------
     @property
     def kv_usage(self) -> float:
@@ -365,3 +342,26 @@ class Engine:
     @property
     def prefix_cache_hits(self) -> int:
         return self.pool.stats.hits
+
+    @property
+    def num_free_blocks(self) -> int:
+        """GPU blocks a new allocation can take: empty ones plus evictable cached ones."""
+        return self.pool.num_free_blocks
+
+    @property
+    def active_blocks(self) -> int:
+        """GPU blocks held by running requests."""
+        return self.pool.num_blocks - self.pool.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        return self.pool.num_cached_blocks
+
+    @property
+    def num_preemptions(self) -> int:
+        return self.scheduler.num_preemptions
+
+    @property
+    def lower_tier_tokens(self) -> dict[str, int]:
+        """Prompt tokens found below the GPU at first scheduling, by tier (a live dict: read only)."""
+        return self.scheduler.lower_tier_tokens

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from enum import IntEnum
 
+from agentkv.kv.interface import ComputedBlocks
+
 
 class Status(IntEnum):
     WAITING = 0
@@ -15,8 +17,9 @@ class Status(IntEnum):
 class EngineRequest:
     """Progress of one request, as vLLM's `Request`: `num_tokens = prompt_len + num_output`.
 
-    `block_hashes` are the prompt's full-block hashes (the prefix-cache keys). Times are on the
-    engine's clock; `token_times` holds each output token's time when `record_tokens` is set.
+    `block_hashes` are the prompt's full-block hashes (the prefix-cache keys); it is the block
+    pool's `KVRequest`. Times are on the engine's clock; `token_times` holds each output token's
+    time when `record_tokens` is set.
     """
 
     __slots__ = (
@@ -43,10 +46,9 @@ class EngineRequest:
         "finish_reason",
         "promote_s",
         "user_data",
-        "_looked_up",
-        "_evictions",
         "hash_array",
         "hint",
+        "computed",
     )
 
     def __init__(
@@ -85,10 +87,9 @@ class EngineRequest:
         self.finish_reason: str | None = None
         self.promote_s = 0.0
         self.user_data = user_data
-        self._looked_up = False
         self.hash_array = None  # block_hashes as uint64, when the caller has them (fast lookups)
         self.hint = None  # block ids of the session's previous turn on this engine (lookup hint)
-        self._evictions = -1  # the pool's eviction count at the last lookup
+        self.computed: ComputedBlocks | None = None  # the last prefix lookup (None: not looked up yet)
 
     @property
     def num_tokens(self) -> int:

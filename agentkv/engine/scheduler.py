@@ -44,9 +44,7 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.num_tokens - req.num_computed, budget)
-            while not pool.allocate_slots(
-                req.request_id, n, req.block_hashes, req.num_computed, token_ids=req.token_ids
-            ):
+            while not pool.allocate_slots(req, n, req.num_computed):
                 victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)
@@ -66,19 +64,10 @@ class Scheduler:
                 req = self.waiting[0]
                 self._lookup(req)  # again on every try: blocks found last step may be gone
                 n = min(req.num_tokens - req.num_computed - req.num_lower_tokens, budget)
-                nl = req.num_lower_tokens // pool.block_size
-                if not pool.allocate_slots(
-                    req.request_id,
-                    n,
-                    req.block_hashes,
-                    req.num_computed,
-                    num_lower_blocks=nl,
-                    session_id=req.session_id,
-                    token_ids=req.token_ids,
-                ):  # BlockStored carries the tokens
+                if not pool.allocate_slots(req, n, req.num_computed, req.computed):
                     break
                 self.waiting.popleft()
-                if nl:
+                if req.num_lower_tokens:
                     req.promote_s = pool.last_promote_s
                     req.num_computed += req.num_lower_tokens
                 req.status = Status.RUNNING
@@ -92,28 +81,22 @@ class Scheduler:
         return batch, preempted
 
     def _lookup(self, req: EngineRequest) -> None:
-        """Find the request's cached prefix: GPU blocks first, then a run in the lower tiers."""
-        pool = self.pool
-        bs = pool.block_size
-        first_try = not req._looked_up
-        if (
-            not first_try
-            and req._evictions == pool.stats.evicted
-            and (pool.lower is None or pool.lower.write_mode == "write_back")
-        ):
-            return  # a retry, and nothing was evicted since (tiers change only then): same prefix
-        req._looked_up = True
-        req._evictions = pool.stats.evicted
+        """Find the request's cached prefix (`req.computed`): GPU blocks first, then a run below."""
         if not self.config.enable_prefix_caching:
             return
-        n_gpu = pool.get_computed_blocks(
+        pool = self.pool
+        bs = pool.block_size
+        first_try = req.computed is None
+        if not first_try and pool.is_current(req.computed):
+            return  # a retry, and nothing was evicted since (tiers change only then): same prefix
+        computed = req.computed = pool.get_computed_blocks(
             req.block_hashes, req.num_tokens, count=first_try, hint=req.hint, hash_array=req.hash_array
         )
+        n_gpu = computed.num_blocks
         req.num_computed = n_gpu * bs
         limit = (req.num_tokens - 1) // bs
-        lower: list[str] = []
-        if pool.lower is not None and n_gpu < limit:
-            lower = pool.match_lower(req.block_hashes[:limit], n_gpu)
+        lower = pool.match_lower(req.block_hashes, n_gpu, limit) if n_gpu < limit else []
+        computed.num_lower = len(lower)
         req.num_lower_tokens = len(lower) * bs
         if req.num_preemptions == 0:
             req.num_cached_tokens = req.num_computed
@@ -127,7 +110,7 @@ class Scheduler:
         req.status = Status.WAITING
         req.num_computed = 0
         req.num_lower_tokens = 0
-        req._looked_up = False
+        req.computed = None
         req.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(req)

@@ -4,60 +4,28 @@ Blocks are ints `0..num_blocks-1`. Per-block Python work is what limits a pure-P
 (benchmarks/kv_pool.py measures it), so reference counts, the empty-block stack and each
 request's block table are numpy arrays updated in bulk; only the hash -> block map is a dict,
 used through C-level `map`. The verbs are the scheduler's: `get_computed_blocks`,
-`allocate_slots`, `free`, `usage`, `reset`.
+`allocate_slots`, `free`, `usage`, `reset`; the types they exchange are in agentkv.kv.interface.
 
-Invariants (`check_invariants` asserts them):
-
-- `ref[b]` equals the number of running requests whose block table holds `b`.
-- A block is free iff `ref[b] == 0`; a free block is either *empty* (no hash: on the empty stack) or
-  *cached* (has a hash: held by the eviction policy), never both; in-use blocks are in neither.
-- Only full blocks get hashes. `cached[h]` is the oldest block holding hash `h`, the one a lookup
-  returns; `dups[h]` lists its other copies, oldest first: like vLLM, the pool does not
-  de-duplicate, so a block computed again under a cached hash (the last block of a fully cached
-  prompt is always recomputed) is a cached copy too, stored and evicted with its own events.
-  Every block with a hash is in exactly one of the two.
-- Eviction only takes free cached blocks, and only when no empty block is left.
+The hash -> block map's searches and duplicate copies are in agentkv.kv.hashmap; the invariants
+are stated and checked (`check_invariants`) in agentkv.kv.invariants.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import numpy as np
 
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 from agentkv.kv.eviction import make_policy
 from agentkv.kv.eviction.base import Evictor
+from agentkv.kv.hashmap import add_copies, drop_copies, gallop, prefix_len
+from agentkv.kv.interface import ComputedBlocks, KVRequest, LowerTier, PoolStats
+from agentkv.kv.invariants import check_pool
 from agentkv.kv.sizing import kv_bytes_per_token, num_blocks_for
 
-__all__ = ["BlockPool", "LowerTier", "PoolStats", "kv_bytes_per_token", "num_blocks_for"]
-
-
-class LowerTier(Protocol):
-    """What the pool calls on the tiers below the GPU (agentkv.kv.tiers.TierStack implements it)."""
-
-    def on_gpu_store(self, block_hash: int) -> None: ...
-    def on_gpu_evict(self, block_hash: int) -> None: ...
-    def match(self, block_hashes: Sequence[int], start: int = 0) -> list[str]: ...
-    def promote(self, block_hashes: Sequence[int]) -> float: ...
-
-
-@dataclass(slots=True)
-class PoolStats:
-    """Counters: prefix-cache queries/hits in tokens (as vLLM's metrics), and block traffic."""
-
-    queries: int = 0  # tokens looked up (vllm:prefix_cache_queries_total)
-    hits: int = 0  # tokens found cached (vllm:prefix_cache_hits_total)
-    lookups: int = 0  # get_computed_blocks calls
-    allocated: int = 0  # blocks handed to requests fresh (not prefix hits)
-    stored: int = 0  # blocks that got a hash (became cached)
-    evicted: int = 0  # cached blocks whose content was dropped to make room
-    alloc_failures: int = 0  # allocate_slots calls refused for lack of room
-    lower_blocks: int = 0  # blocks promoted from lower tiers
-    promote_s: float = 0.0  # seconds spent promoting them
+__all__ = ["BlockPool", "kv_bytes_per_token", "num_blocks_for"]  # the boundary types: agentkv.kv.interface
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -107,7 +75,7 @@ class BlockPool:
         self._req_blocks: dict[str, np.ndarray] = {}
         self._req_hashed: dict[str, int] = {}  # leading blocks whose caching was decided
         self._req_session: dict[str, object] = {}
-        self._probe: tuple[Sequence[int], list[int] | np.ndarray] | None = None
+        self._epoch = 0  # moves on at each eviction and reset: older lookups' blocks may be gone
 
     # -- the scheduler's verbs -------------------------------------------------------------------
     def get_computed_blocks(
@@ -118,8 +86,9 @@ class BlockPool:
         count: bool = True,
         hint: np.ndarray | None = None,
         hash_array: np.ndarray | None = None,
-    ) -> int:
-        """Number of leading blocks of `block_hashes` cached on the GPU (a query: nothing is pinned).
+    ) -> ComputedBlocks:
+        """The leading blocks of `block_hashes` cached on the GPU (a query: nothing is pinned), for
+        `allocate_slots`.
 
         With `num_tokens` (the prompt length), at most `(num_tokens - 1) // block_size` blocks
         count, as vLLM recomputes the last prompt token. Counts queries and hits in tokens, and
@@ -135,92 +104,58 @@ class BlockPool:
             hb = hint[:m]
             ok = self._has[hb] & (self._bh[hb] == hash_array[:m])
             k = m if ok.all() else int(ok.argmin())
-            rest = self._lookup(block_hashes, limit, k)  # a miss there may hit elsewhere
+            rest = gallop(self.cached.get, block_hashes, limit, k)  # a miss there may hit elsewhere
             found = hb[:k] if not rest else np.concatenate((hb[:k], np.asarray(rest, dtype=np.int64)))
         else:
-            found = self._lookup(block_hashes, limit)
-        n = len(found)
-        self._probe = (block_hashes, found)
+            found = gallop(self.cached.get, block_hashes, limit)
+        computed = ComputedBlocks(found, self._epoch)
         if not count:
-            return n
+            return computed
         self.policy.on_lookup(block_hashes, found)
         st = self.stats
         st.lookups += 1
         st.queries += num_tokens if num_tokens is not None else len(block_hashes) * self.block_size
-        st.hits += n * self.block_size
-        return n
+        st.hits += len(found) * self.block_size
+        return computed
 
-    def match_lower(self, block_hashes: Sequence[int], start: int) -> list[str]:
-        """Tier names of the longest run of `block_hashes[start:]` held below the GPU ([] without tiers)."""
-        return self.lower.match(block_hashes, start) if self.lower is not None else []
+    def is_current(self, computed: ComputedBlocks) -> bool:
+        """True while a lookup's answer stands: nothing evicted since, so (under write-back, where
+        only evictions fill them) the tiers below are unchanged too; a retry may reuse it."""
+        lower = self.lower
+        return computed.epoch == self._epoch and (lower is None or lower.write_mode == "write_back")
+
+    def match_lower(self, block_hashes: Sequence[int], start: int, stop: int | None = None) -> list[str]:
+        """Tier names of the longest run of `block_hashes[start:stop]` held below the GPU ([] without tiers)."""
+        if self.lower is None:
+            return []
+        return self.lower.match(block_hashes if stop is None else block_hashes[:stop], start)
 
     def allocate_slots(
         self,
-        request_id: str,
+        req: KVRequest,
         num_new_tokens: int,
-        block_hashes: Sequence[int] = (),
         num_computed_tokens: int = 0,
-        *,
-        num_lower_blocks: int = 0,
-        session_id: object = None,
-        token_ids: Sequence[int] | None = None,
+        computed: ComputedBlocks | None = None,
     ) -> bool:
-        """Make room for `num_new_tokens` more tokens of a request; False (nothing changed) if full.
+        """Make room for `num_new_tokens` more tokens of `req`; False (nothing changed) if full.
 
-        First call for a request: its first `num_computed_tokens // block_size` blocks are prefix
-        hits (as `get_computed_blocks` found them) and are shared; the next `num_lower_blocks` are
-        promoted from the lower tiers (seconds in `last_promote_s`). Later calls (chunked prefill,
-        decode) pass the tokens computed so far. Blocks that become full and have a hash in
-        `block_hashes` are cached; `token_ids`, when given, fill the BlockStored events.
+        First call for a request: its first `num_computed_tokens // block_size` blocks are the
+        prefix hits `computed` holds (looked up again if it is stale or absent) and are shared; the
+        next `computed.num_lower` are promoted from the lower tiers (seconds in `last_promote_s`).
+        Later calls (chunked prefill, decode) pass the tokens computed so far. Blocks that become
+        full and have a hash in `req.block_hashes` are cached; `req.token_ids` fill BlockStored events.
         """
-        bs = self.block_size
-        ref = self.ref
-        blocks = self._req_blocks.get(request_id)
+        blocks = self._req_blocks.get(req.request_id)
         if blocks is None:
-            if num_computed_tokens % bs:
-                raise ValueError(
-                    f"request {request_id}: num_computed_tokens {num_computed_tokens} "
-                    f"is not a multiple of block_size {bs} on its first allocation"
-                )
-            nc = num_computed_tokens // bs
-            nl = num_lower_blocks
-            if nl and (self.lower is None or nc + nl > len(block_hashes)):
-                raise ValueError(
-                    f"request {request_id}: {nl} lower-tier blocks but "
-                    f"{'no lower tiers' if self.lower is None else 'too few block hashes'}"
-                )
-            hit = self._prefix_blocks(block_hashes, nc, request_id)
-            total = num_computed_tokens + nl * bs + num_new_tokens
-            free_hits = hit[ref[hit] == 0]
-            need = _cdiv(total, bs) - nc
-            if need + len(free_hits) > self._n_empty + len(self.policy):
+            return self._admit(req, num_new_tokens, num_computed_tokens, computed)
+        total = num_computed_tokens + num_new_tokens
+        need = _cdiv(total, self.block_size) - len(blocks)
+        if need > 0:
+            if need > self._n_empty + len(self.policy):
                 self.stats.alloc_failures += 1
                 return False
-            self.last_promote_s = 0.0
-            if nl:  # before taking blocks: the evictions that make room may push these out of the tier
-                self.last_promote_s = self.lower.promote(block_hashes[nc : nc + nl])
-                self.stats.lower_blocks += nl
-                self.stats.promote_s += self.last_promote_s
-            if len(free_hits):
-                self.policy.remove_many(self._ids(free_hits))
-            ref[hit] += 1
-            blocks = np.concatenate((hit, self._take(need))) if need > 0 else hit
-            self._req_blocks[request_id] = blocks
-            self._req_hashed[request_id] = nc
-            self._req_session[request_id] = session_id
-        else:
-            total = num_computed_tokens + num_new_tokens
-            need = _cdiv(total, bs) - len(blocks)
-            if need > 0:
-                if need > self._n_empty + len(self.policy):
-                    self.stats.alloc_failures += 1
-                    return False
-                blocks = self._req_blocks[request_id] = np.concatenate((blocks, self._take(need)))
-        full = min(total // bs, len(block_hashes), len(blocks))
-        hashed = self._req_hashed[request_id]
-        if full > hashed:
-            self._cache(request_id, blocks, block_hashes, hashed, full, token_ids)
-            self._req_hashed[request_id] = full
+            blocks = self._req_blocks[req.request_id] = np.concatenate((blocks, self._take(need)))
+        self._cache_full(req, blocks, total)
         return True
 
     def free(self, request_id: str) -> None:
@@ -255,7 +190,15 @@ class BlockPool:
 
     @property
     def num_cached_blocks(self) -> int:
+        """Blocks holding a hash (free or in use), copies included."""
         return len(self.cached) + sum(map(len, self.dups.values()))
+
+    def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
+        """Leading blocks cached on the GPU, then the run after them below it, by bisection (counts
+        nothing): exact when the cache holds prefixes whole, as LRU with tail-first freeing keeps it."""
+        gpu = prefix_len(self.cached.__contains__, block_hashes, 0)
+        lower = self.lower
+        return gpu, (prefix_len(lower.__contains__, block_hashes, gpu) - gpu if lower is not None else 0)
 
     def block_table(self, request_id: str) -> np.ndarray | None:
         """A running request's blocks as an int64 array (not a copy: do not modify), or None.
@@ -280,7 +223,7 @@ class BlockPool:
         self._empty = np.arange(self.num_blocks - 1, -1, -1, dtype=np.int64)
         self._n_empty = self.num_blocks
         self.policy.clear()
-        self._probe = None
+        self._epoch += 1
         if self._emit is not None:
             self._emit(AllBlocksCleared())
         return True
@@ -305,37 +248,63 @@ class BlockPool:
         self.policy.session_ended(session_id, now)
 
     # -- internals -------------------------------------------------------------------------------
-    def _lookup(self, block_hashes: Sequence[int], limit: int, start: int = 0) -> list[int]:
-        """The cached blocks of the longest cached prefix of block_hashes[start:limit] (all of
-        block_hashes[:start] known cached).
+    def _admit(
+        self, req: KVRequest, num_new_tokens: int, num_computed_tokens: int, computed: ComputedBlocks | None
+    ) -> bool:
+        """A request's first allocation: share its prefix hits, promote its lower run, take the rest."""
+        bs, ref, rid = self.block_size, self.ref, req.request_id
+        if num_computed_tokens % bs:
+            raise ValueError(
+                f"request {rid}: num_computed_tokens {num_computed_tokens} "
+                f"is not a multiple of block_size {bs} on its first allocation"
+            )
+        nc = num_computed_tokens // bs
+        nl = computed.num_lower if computed is not None else 0
+        if nl and (self.lower is None or nc + nl > len(req.block_hashes)):
+            raise ValueError(
+                f"request {rid}: {nl} lower-tier blocks but "
+                f"{'no lower tiers' if self.lower is None else 'too few block hashes'}"
+            )
+        hit = self._prefix_blocks(req, nc, computed)
+        total = num_computed_tokens + nl * bs + num_new_tokens
+        free_hits = hit[ref[hit] == 0]
+        need = _cdiv(total, bs) - nc
+        if need + len(free_hits) > self._n_empty + len(self.policy):
+            self.stats.alloc_failures += 1
+            return False
+        self.last_promote_s = 0.0
+        if nl:  # before taking blocks: the evictions that make room may push these out of the tier
+            self.last_promote_s = self.lower.promote(req.block_hashes[nc : nc + nl])
+            self.stats.lower_blocks += nl
+            self.stats.promote_s += self.last_promote_s
+        if len(free_hits):
+            self.policy.remove_many(self._ids(free_hits))
+        ref[hit] += 1
+        blocks = np.concatenate((hit, self._take(need))) if need > 0 else hit
+        self._req_blocks[rid] = blocks
+        self._req_hashed[rid] = nc
+        self._req_session[rid] = req.session_id
+        self._cache_full(req, blocks, total)
+        return True
 
-        Galloping: chunks of doubling size are looked up in bulk (C speed), so a miss early in a
-        long prompt does not cost a lookup of every later hash.
-        """
-        get = self.cached.get
-        found: list[int] = []
-        lo, step = start, 32
-        while lo < limit:
-            hi = min(limit, lo + step)
-            chunk = list(map(get, block_hashes[lo:hi]))
-            if None in chunk:
-                found += chunk[: chunk.index(None)]
-                return found
-            found += chunk
-            lo, step = hi, step * 4
-        return found
+    def _cache_full(self, req: KVRequest, blocks: np.ndarray, total: int) -> None:
+        """Cache the request's blocks that `total` tokens fill and that have a hash, if not yet done."""
+        full = min(total // self.block_size, len(req.block_hashes), len(blocks))
+        hashed = self._req_hashed[req.request_id]
+        if full > hashed:
+            self._cache(req, blocks, hashed, full)
+            self._req_hashed[req.request_id] = full
 
-    def _prefix_blocks(self, block_hashes: Sequence[int], n: int, request_id: str) -> np.ndarray:
-        """The cached blocks of the first `n` hashes (reusing the last lookup when it was these hashes)."""
-        probe = self._probe
-        if probe is not None and probe[0] is block_hashes and len(probe[1]) >= n:
-            found = probe[1][:n]
+    def _prefix_blocks(self, req: KVRequest, n: int, computed: ComputedBlocks | None) -> np.ndarray:
+        """The cached blocks of the request's first `n` hashes: `computed`'s unless stale or short."""
+        if computed is not None and computed.epoch == self._epoch and len(computed.blocks) >= n:
+            found = computed.blocks[:n]
         else:
-            found = self._lookup(block_hashes, n)
+            found = gallop(self.cached.get, req.block_hashes, n)
             if len(found) < n:
                 raise ValueError(
-                    f"request {request_id}: block {len(found)} of its computed prefix is not "
-                    "cached (call get_computed_blocks right before allocate_slots)"
+                    f"request {req.request_id}: block {len(found)} of its computed prefix is not "
+                    "cached (pass allocate_slots what get_computed_blocks found)"
                 )
         if isinstance(found, np.ndarray):
             return found.astype(np.int64)  # a copy: block tables never alias
@@ -354,7 +323,6 @@ class BlockPool:
         else:
             victims = np.asarray(self.policy.pop_victims(n - m), dtype=np.int64)
             self._uncache(victims)
-            self._probe = None  # the last lookup may name evicted blocks now
             new = np.concatenate((self._empty[:m][::-1], victims))
             self._n_empty = 0
         self.ref[new] = 1
@@ -369,24 +337,12 @@ class BlockPool:
         if not dups:
             deque(map(cached.__delitem__, hashes), 0)
             gone = hashes
-        else:  # a hash with other copies stays cached; losing its oldest, the next oldest answers
-            gone = []
-            for b, h in zip(vl, hashes, strict=True):
-                others = dups.get(h)
-                if others is None:
-                    del cached[h]
-                    gone.append(h)
-                    continue
-                if cached[h] == b:
-                    cached[h] = nxt = others.pop(0)
-                    self._has[nxt] = True
-                else:
-                    others.remove(b)
-                if not others:
-                    del dups[h]
+        else:
+            gone = drop_copies(cached, dups, self._has, vl, hashes)
         for b in vl:
             bh[b] = None
         self._has[victims] = False
+        self._epoch += 1  # earlier lookups may name these blocks
         self.stats.evicted += len(victims)
         if self._emit is not None and hashes:
             self._emit(BlockRemoved(block_hashes=hashes, medium="GPU"))  # one per copy, as vLLM
@@ -394,31 +350,18 @@ class BlockPool:
             for h in gone:
                 self.lower.on_gpu_evict(h)
 
-    def _cache(
-        self,
-        request_id: str,
-        blocks: np.ndarray,
-        block_hashes: Sequence[int],
-        lo: int,
-        hi: int,
-        token_ids: Sequence[int] | None,
-    ) -> None:
+    def _cache(self, req: KVRequest, blocks: np.ndarray, lo: int, hi: int) -> None:
         """Give blocks[lo:hi] (full now) their hashes. As vLLM, a hash cached already (a fully
         cached prompt recomputes its last block; a prefix evicted and recomputed) gets this block as
         another copy: stored and announced like any block, found by lookups once its elders are gone."""
         cached, bh = self.cached, self.block_hash
+        block_hashes, token_ids = req.block_hashes, req.token_ids
         seg_hashes = list(block_hashes[lo:hi])
         seg_blocks = blocks[lo:hi].tolist()
         got = list(map(cached.setdefault, seg_hashes, seg_blocks))  # inserts only absent hashes
         for b, h in zip(seg_blocks, seg_hashes, strict=True):
             bh[b] = h
-        primary: list[bool] | bool = True
-        if got != seg_blocks:
-            primary = [g == b for g, b in zip(got, seg_blocks, strict=True)]
-            dups = self.dups
-            for b, h, first in zip(seg_blocks, seg_hashes, primary, strict=True):
-                if not first:
-                    dups.setdefault(h, []).append(b)
+        primary = True if got == seg_blocks else add_copies(self.dups, seg_hashes, seg_blocks, got)
         if self._mirror:
             try:
                 self._bh[seg_blocks] = seg_hashes
@@ -446,34 +389,4 @@ class BlockPool:
 
     def check_invariants(self) -> None:
         """Assert the invariants in the module docstring (for tests; O(num_blocks))."""
-        counts = np.zeros(self.num_blocks, dtype=np.int64)
-        for rid, blocks in self._req_blocks.items():
-            assert len(set(blocks.tolist())) == len(blocks), f"request {rid} holds a block twice"
-            counts[blocks] += 1
-            assert self._req_hashed[rid] <= len(blocks), rid
-        assert (counts == self.ref).all(), "ref counts differ from the requests' block tables"
-        empty_list = self._empty[: self._n_empty].tolist()
-        empty, evictable = set(empty_list), {int(b) for b in self.policy.blocks()}
-        assert len(empty) == len(empty_list), "a block is twice in the empty stack"
-        assert len(evictable) == len(self.policy), "policy size differs from its blocks"
-        assert not empty & evictable, "a block is both empty and evictable"
-        for b in range(self.num_blocks):
-            free = self.ref[b] == 0
-            assert free == (b in empty or b in evictable), f"block {b}: free iff in empty/policy"
-            if b in empty:
-                assert self.block_hash[b] is None, f"empty block {b} has a hash"
-            if b in evictable:
-                assert self.block_hash[b] is not None, f"evictable block {b} has no hash"
-        assert self.num_cached_blocks == sum(h is not None for h in self.block_hash)
-        for h, b in self.cached.items():
-            assert self.block_hash[b] == h, f"cached hash {h} -> block {b}, which holds {self.block_hash[b]}"
-        for h, others in self.dups.items():
-            assert others and h in self.cached and self.cached[h] not in others, f"copies of {h}: {others}"
-            assert all(self.block_hash[b] == h for b in others), f"a copy of {h} holds another hash"
-        if self._mirror:
-            firsts = set(self.cached.values())
-            assert self._has.tolist() == [b in firsts for b in range(self.num_blocks)], (
-                "hash mirror out of step"
-            )
-            assert all(int(self._bh[b]) == h for h, b in self.cached.items()), "hash mirror value differs"
-        self.policy.check()
+        check_pool(self)

@@ -277,7 +277,7 @@ class Server:
     async def _debug_kv_blocks(self, request: web.Request) -> web.Response:
         """The count and an order-free digest of the GPU prefix cache's block hashes (what the KV
         events announced), to check a router's index against; no hash is revealed."""
-        return web.json_response({"GPU": block_digest(self.runner.engine.pool.cached)})
+        return web.json_response({"GPU": block_digest(self.runner.engine.cached_block_hashes())})
 
     async def _server_info(self, request: web.Request) -> web.Response:
         """sglang-router probes this: the server's settings, in sglang's key names where it has them."""

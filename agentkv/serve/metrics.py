@@ -180,7 +180,7 @@ class _EngineCollector(Collector):
         yield gauge("vllm:kv_cache_usage_perc", "KV-cache usage (1 = 100 percent).", eng.kv_usage)
         yield gauge("vllm:num_requests_running", "Requests in model execution batches.", eng.num_running)
         yield gauge("vllm:num_requests_waiting", "Requests waiting to be processed.", eng.num_waiting)
-        yield counter("vllm:num_preemptions", "Cumulative preemptions.", eng.scheduler.num_preemptions)
+        yield counter("vllm:num_preemptions", "Cumulative preemptions.", eng.num_preemptions)
         yield counter(
             "vllm:prompt_tokens",
             "Prefill tokens processed (whole prompts, cached included).",
@@ -228,7 +228,7 @@ class _EngineCollector(Collector):
         )
         tiers.add_metric([*vals, "GPU"], eng.prefix_cache_hits)
         for medium in ("CPU", "DISK"):
-            tiers.add_metric([*vals, medium], eng.scheduler.lower_tier_tokens.get(medium, 0))
+            tiers.add_metric([*vals, medium], eng.lower_tier_tokens.get(medium, 0))
         yield tiers
         yield self._counter(
             "agentkv:engine_catchup_seconds",

@@ -106,7 +106,7 @@ class EngineRunner:
         stream = RequestStream(request_id, gen)
         self.clock.advance_to(self._engine_now())
         if gen.session_id is not None:  # a hint for session-aware eviction policies
-            self.engine.pool.session_resumed(gen.session_id, self.clock.now())
+            self.engine.session_resumed(gen.session_id, self.clock.now())
         stream.engine_req = self.engine.add_request(
             request_id,
             max_tokens=gen.max_tokens,
@@ -204,7 +204,7 @@ class EngineRunner:
             if out.finished:
                 del streams[rid]
                 if stream.gen.session_id is not None:
-                    self.engine.pool.session_paused(stream.gen.session_id, result.end, "tool_use")
+                    self.engine.session_paused(stream.gen.session_id, result.end, "tool_use")
                 if self.on_finish is not None:
                     self.on_finish(out.request, out.request.finish_reason or "length")
             stream.push(out.new_tokens, out.finished)

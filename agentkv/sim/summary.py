@@ -107,7 +107,7 @@ def sim_summary(records, cfg: SimConfig, ecfg: EngineConfig, workers, timeline, 
         timeline=timeline,
         gpus=cfg.workers * ecfg.tensor_parallel_size,
         power_w=gpu.power_w,
-        preemptions=sum(w.engine.scheduler.num_preemptions for w in workers),
+        preemptions=sum(w.engine.num_preemptions for w in workers),
         by_tier=by_tier,
         notes=notes,
     )

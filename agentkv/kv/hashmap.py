@@ -1,0 +1,77 @@
+"""The pool's hash -> block map: prefix searches over it, and its duplicate copies (as in vLLM, a
+block recomputed under a cached hash is another copy: `cached[h]` is the oldest, `dups[h]` the rest)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+
+def gallop(
+    get: Callable[[int], int | None], block_hashes: Sequence[int], limit: int, start: int = 0
+) -> list[int]:
+    """The blocks `get` gives for the longest known run of block_hashes[start:limit], looked up in
+    growing chunks through C-level `map` (an early miss does not cost a lookup of every later hash)."""
+    found: list[int] = []
+    lo, step = start, 32
+    while lo < limit:
+        hi = min(limit, lo + step)
+        chunk = list(map(get, block_hashes[lo:hi]))
+        if None in chunk:
+            found += chunk[: chunk.index(None)]
+            return found
+        found += chunk
+        lo, step = hi, step * 4
+    return found
+
+
+def prefix_len(has: Callable[[int], bool], hashes: Sequence[int], start: int) -> int:
+    """Index of the first hash at/after `start` that `has` lacks, by bisection: exact for sets that
+    hold prefixes whole (what a cache with tail-first eviction keeps, and what an index knows)."""
+    n = len(hashes)
+    if start >= n or not has(hashes[start]):
+        return start
+    if has(hashes[n - 1]):
+        return n
+    lo, hi = start, n - 1  # has(lo), not has(hi)
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if has(hashes[mid]):
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+def add_copies(
+    dups: dict[int, list[int]], hashes: list[int], blocks: list[int], got: list[int]
+) -> list[bool]:
+    """Record as copies the blocks whose hash the map gave another block (`got`); which ones are first."""
+    primary = [g == b for g, b in zip(got, blocks, strict=True)]
+    for b, h, first in zip(blocks, hashes, primary, strict=True):
+        if not first:
+            dups.setdefault(h, []).append(b)
+    return primary
+
+
+def drop_copies(
+    cached: dict[int, int], dups: dict[int, list[int]], has: np.ndarray, blocks: list[int], hashes: list[int]
+) -> list[int]:
+    """Forget evicted blocks; a hash with other copies stays, its next oldest copy answering lookups
+    (`has` marks it). Returns the hashes no block holds any more."""
+    gone = []
+    for b, h in zip(blocks, hashes, strict=True):
+        others = dups.get(h)
+        if others is None:
+            del cached[h]
+            gone.append(h)
+            continue
+        if cached[h] == b:
+            cached[h] = nxt = others.pop(0)
+            has[nxt] = True
+        else:
+            others.remove(b)
+        if not others:
+            del dups[h]
+    return gone

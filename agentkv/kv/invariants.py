@@ -1,0 +1,73 @@
+"""The block pool's invariants, stated and asserted (`BlockPool.check_invariants`, for tests).
+
+- `ref[b]` equals the number of running requests whose block table holds `b`.
+- A block is free iff `ref[b] == 0`; a free block is either *empty* (no hash: on the empty stack) or
+  *cached* (has a hash: held by the eviction policy), never both; in-use blocks are in neither.
+- Only full blocks get hashes. `cached[h]` is the oldest block holding hash `h`, the one a lookup
+  returns; `dups[h]` lists its other copies, oldest first: like vLLM, the pool does not
+  de-duplicate, so a block computed again under a cached hash (the last block of a fully cached
+  prompt is always recomputed) is a cached copy too, stored and evicted with its own events.
+  Every block with a hash is in exactly one of the two.
+- Eviction only takes free cached blocks, and only when no empty block is left.
+
+This is the pool's own checker, in a module of its own for size: it reads the pool's private state.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from agentkv.kv.pool import BlockPool
+
+
+def check_pool(pool: BlockPool) -> None:
+    """Assert every invariant of `pool` and of its eviction policy (O(num_blocks))."""
+    _check_tables(pool)
+    _check_free(pool)
+    _check_hashes(pool)
+    pool.policy.check()
+
+
+def _check_tables(pool: BlockPool) -> None:
+    """Reference counts equal the running requests' block tables."""
+    counts = np.zeros(pool.num_blocks, dtype=np.int64)
+    for rid, blocks in pool._req_blocks.items():
+        assert len(set(blocks.tolist())) == len(blocks), f"request {rid} holds a block twice"
+        counts[blocks] += 1
+        assert pool._req_hashed[rid] <= len(blocks), rid
+    assert (counts == pool.ref).all(), "ref counts differ from the requests' block tables"
+
+
+def _check_free(pool: BlockPool) -> None:
+    """A block is free iff it is empty (no hash) or evictable (a hash), never both."""
+    empty_list = pool._empty[: pool._n_empty].tolist()
+    empty, evictable = set(empty_list), {int(b) for b in pool.policy.blocks()}
+    assert len(empty) == len(empty_list), "a block is twice in the empty stack"
+    assert len(evictable) == len(pool.policy), "policy size differs from its blocks"
+    assert not empty & evictable, "a block is both empty and evictable"
+    for b in range(pool.num_blocks):
+        free = pool.ref[b] == 0
+        assert free == (b in empty or b in evictable), f"block {b}: free iff in empty/policy"
+        if b in empty:
+            assert pool.block_hash[b] is None, f"empty block {b} has a hash"
+        if b in evictable:
+            assert pool.block_hash[b] is not None, f"evictable block {b} has no hash"
+
+
+def _check_hashes(pool: BlockPool) -> None:
+    """Every hashed block is the one `cached` names or one of its `dups`; the numpy mirror agrees."""
+    bh = pool.block_hash
+    assert pool.num_cached_blocks == sum(h is not None for h in bh)
+    for h, b in pool.cached.items():
+        assert bh[b] == h, f"cached hash {h} -> block {b}, which holds {bh[b]}"
+    for h, others in pool.dups.items():
+        assert others and h in pool.cached and pool.cached[h] not in others, f"copies of {h}: {others}"
+        assert all(bh[b] == h for b in others), f"a copy of {h} holds another hash"
+    if pool._mirror:
+        firsts = set(pool.cached.values())
+        has = [b in firsts for b in range(pool.num_blocks)]
+        assert pool._has.tolist() == has, "hash mirror out of step"
+        assert all(int(pool._bh[b]) == h for h, b in pool.cached.items()), "hash mirror value differs"
