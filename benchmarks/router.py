@@ -19,8 +19,10 @@ import json
 import os
 import random
 import statistics
+import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cluster.py: the process scaffolding
@@ -33,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / ".venv-peers" / "sglang" / "bin" / "python"
 
 
-def _pct(xs: list[float], q: float) -> float:
+def pct(xs: list[float], q: float) -> float:
+    """The q quantile of xs, by rank (q=0.99: the p99)."""
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
@@ -105,21 +108,29 @@ def _report(name: str, base: dict, via: dict) -> None:
         if not b or not v:
             continue
         p50 = (statistics.median(v) - statistics.median(b)) * 1e3
-        p99 = (_pct(v, 0.99) - _pct(b, 0.99)) * 1e3
+        p99 = (pct(v, 0.99) - pct(b, 0.99)) * 1e3
         print(
-            f"  {label:>18}: direct p50 {statistics.median(b) * 1e3:6.2f} ms p99 {_pct(b, 0.99) * 1e3:6.2f} ms"
-            f" | via router p50 {statistics.median(v) * 1e3:6.2f} ms p99 {_pct(v, 0.99) * 1e3:6.2f} ms"
+            f"  {label:>18}: direct p50 {statistics.median(b) * 1e3:6.2f} ms p99 {pct(b, 0.99) * 1e3:6.2f} ms"
+            f" | via router p50 {statistics.median(v) * 1e3:6.2f} ms p99 {pct(v, 0.99) * 1e3:6.2f} ms"
             f" | added p50 {p50:+.2f} ms, p99 {p99:+.2f} ms"
         )
 
 
-def _cpu_seconds(pid: int) -> float:
+def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process so far (Linux /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def main() -> None:
+def start_peer(c: Cluster, name: str, j: int, extra: Sequence[str] = ()) -> subprocess.Popen:
+    """sglang-router (`--policy cache_aware`) from .venv-peers/sglang on router port j, before the workers."""
+    args = ["-m", "sglang_router.launch_router", "--worker-urls", *c.urls, "--policy", "cache_aware"]
+    return c.procs.start(
+        name, [*args, "--host", "127.0.0.1", "--port", str(c.router_ports[j]), *extra], exe=[str(PEER)]
+    )
+
+
+def _parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--rate", type=float, default=500.0)
     ap.add_argument("--seconds", type=float, default=10.0)
@@ -128,7 +139,48 @@ async def main() -> None:
     ap.add_argument("--time-scale", type=float, default=100.0, help="engine speed-up of the workers")
     ap.add_argument("--policy", default="kv_aware")
     ap.add_argument("--peer", action="store_true", help="also measure sglang-router from .venv-peers/sglang")
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+async def _measure_ours(c: Cluster, args: argparse.Namespace) -> None:
+    """`agentkv route` in front of the workers: the load direct, then through it, and its CPU time."""
+    urls = c.urls
+    router = c.start_router(
+        ["--policy", args.policy, "--tokenizer", "builtin", "--log-level", "warning"], name="route"
+    )
+    await asyncio.to_thread(c.wait_ready)
+    print(
+        f"{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.prompt_len}-token text prompts, 4 output tokens "
+        f"streamed, {args.workers} agentkv serve workers (time-scale {args.time_scale:g}), "
+        f"{os.cpu_count()} CPUs shared by client, router and workers"
+    )
+    await load(urls, args.rate, 3.0, args.prompt_len, seed=0)  # the workers' cold start, discarded
+    base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1)
+    cpu0 = cpu_seconds(router.pid)
+    via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2)
+    cpu = cpu_seconds(router.pid) - cpu0
+    _report(f"agentkv route ({args.policy})", base, via)
+    print(
+        f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
+        f"({cpu / args.seconds * 100:.0f}% of one core at this rate)"
+    )
+    c.procs.stop("route")
+
+
+async def _measure_peer(c: Cluster, args: argparse.Namespace) -> None:
+    """sglang-router on the second router port: the load direct, then through it."""
+    if not PEER.exists():
+        print(f"sglang-router: not measured ({PEER} not found; pip install sglang-router there)")
+        return
+    peer = start_peer(c, "sglang", 1)
+    await asyncio.to_thread(wait_http, c.router_url(1) + "/health", 90, peer)
+    base = await load(c.urls, args.rate, args.seconds, args.prompt_len, seed=3)
+    via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4)
+    _report("sglang-router (cache_aware)", base, via)
+
+
+async def main() -> None:
+    args = _parse_args()
     # logs: $TMPDIR/bench-router-{serve,route,sglang}.log; the second router port is sglang-router's
     c = Cluster(
         Path(os.environ.get("TMPDIR", "/tmp")),
@@ -139,54 +191,12 @@ async def main() -> None:
         prefix="bench-router-",
         new_session=True,
     )
-    urls = c.urls
     try:
         c.start_workers(time_scale=args.time_scale, log_level="error")
         await asyncio.to_thread(c.wait_workers)
-        router = c.start_router(
-            ["--policy", args.policy, "--tokenizer", "builtin", "--log-level", "warning"], name="route"
-        )
-        await asyncio.to_thread(c.wait_ready)
-        print(
-            f"{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.prompt_len}-token text prompts, 4 output tokens "
-            f"streamed, {args.workers} agentkv serve workers (time-scale {args.time_scale:g}), "
-            f"{os.cpu_count()} CPUs shared by client, router and workers"
-        )
-        await load(urls, args.rate, 3.0, args.prompt_len, seed=0)  # the workers' cold start, discarded
-        base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1)
-        cpu0 = _cpu_seconds(router.pid)
-        via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2)
-        cpu = _cpu_seconds(router.pid) - cpu0
-        _report(f"agentkv route ({args.policy})", base, via)
-        print(
-            f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
-            f"({cpu / args.seconds * 100:.0f}% of one core at this rate)"
-        )
-        c.procs.stop("route")
+        await _measure_ours(c, args)
         if args.peer:
-            if not PEER.exists():
-                print(f"sglang-router: not measured ({PEER} not found; pip install sglang-router there)")
-                return
-            peer = c.procs.start(
-                "sglang",
-                [
-                    "-m",
-                    "sglang_router.launch_router",
-                    "--worker-urls",
-                    *urls,
-                    "--policy",
-                    "cache_aware",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(c.router_ports[1]),
-                ],
-                exe=[str(PEER)],
-            )
-            await asyncio.to_thread(wait_http, c.router_url(1) + "/health", 90, peer)
-            base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=3)
-            via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4)
-            _report("sglang-router (cache_aware)", base, via)
+            await _measure_peer(c, args)
     finally:
         c.close()
 

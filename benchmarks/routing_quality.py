@@ -135,7 +135,7 @@ async def _probe(urls: list[str], via: str, rate: float, seconds: float) -> tupl
     if not base["ttfb"] or not routed["ttfb"]:
         return float("nan"), float("nan")
     p50 = (statistics.median(routed["ttfb"]) - statistics.median(base["ttfb"])) * 1e3
-    p99 = (rb._pct(routed["ttfb"], 0.99) - rb._pct(base["ttfb"], 0.99)) * 1e3
+    p99 = (rb.pct(routed["ttfb"], 0.99) - rb.pct(base["ttfb"], 0.99)) * 1e3
     return p50, p99
 
 
@@ -159,24 +159,7 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
         )
         await asyncio.to_thread(c.wait_workers, 120)
         if router == PEER:
-            proc = c.procs.start(
-                "router",
-                [
-                    "-m",
-                    "sglang_router.launch_router",
-                    "--worker-urls",
-                    *urls,
-                    "--policy",
-                    "cache_aware",
-                    "--host",
-                    "127.0.0.1",
-                    "--port",
-                    str(c.router_ports[0]),
-                    "--log-level",
-                    "warn",
-                ],
-                exe=[str(rb.PEER)],
-            )
+            proc = rb.start_peer(c, "router", 0, ["--log-level", "warn"])
         else:
             policy, _, weight = router.partition("@")
             proc = c.start_router(
@@ -219,12 +202,12 @@ async def run_one(router: str, args: argparse.Namespace, model_len: int, out: Pa
             "--no-report",
         ]
         skipped0 = await _catchup(urls)
-        cpu0, t0 = rb._cpu_seconds(proc.pid), time.monotonic()
+        cpu0, t0 = rb.cpu_seconds(proc.pid), time.monotonic()
         bp = c.procs.start("bench", bench)
         while bp.poll() is None:
             await asyncio.sleep(0.5)
         wall = time.monotonic() - t0
-        cpu = rb._cpu_seconds(proc.pid) - cpu0
+        cpu = rb.cpu_seconds(proc.pid) - cpu0
         skipped = (await _catchup(urls) - skipped0) / (w * wall * args.time_scale)
         if bp.returncode != 0:
             raise RuntimeError(
