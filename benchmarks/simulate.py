@@ -181,12 +181,8 @@ def run_dynamo(py: str, cfg: dict) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def mooncake(with_dynamo: bool) -> list[Row]:
-    src = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl.gz"
-    if not src.is_file():
-        print(f"(b) skipped: {src} not found")
-        return []
-    ecfg = EngineConfig(gpu="h200", model="llama3-8b")
+def _mooncake_agentkv(src: Path, ecfg: EngineConfig) -> Row:
+    """agentkv's replay of the Mooncake trace by timestamp on 8 workers, printed and as a table row."""
     cfg = SimConfig(engine=ecfg, workers=WORKERS, router="kv_aware", idle_gap_cap=None)
     print(
         f"(b) {src.name}: 8x H200, Llama-3.1-8B, by timestamp, kv_aware, block 16   "
@@ -199,24 +195,19 @@ def mooncake(with_dynamo: bool) -> list[Row]:
         f"{res.sim_s:,.0f} s simulated; hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}); "
         f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms"
     )
-    rows = [
-        Row(
-            "agentkv, mooncake (b)",
-            n,
-            lw + sw,
-            lc + sc,
-            res.sim_s,
-            s.cache.reported,
-            f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms",
-        )
-    ]
-    if not with_dynamo:
-        print("    Dynamo: skipped (--no-dynamo)")
-        return rows
-    py, why = dynamo_python()
-    if py is None:
-        print(f"    Dynamo: skipped: {why}")
-        return rows
+    return Row(
+        "agentkv, mooncake (b)",
+        n,
+        lw + sw,
+        lc + sc,
+        res.sim_s,
+        s.cache.reported,
+        f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms",
+    )
+
+
+def _dynamo_replay(py: str, why: str, src: Path, ecfg: EngineConfig) -> dict | None:
+    """Dynamo's replay of the same trace and cluster (our cost model as its timings); None on failure."""
     engine = Engine(ecfg)
     with tempfile.TemporaryDirectory() as tmp:
         trace = Path(tmp) / "conversation_trace.jsonl"
@@ -241,10 +232,14 @@ def mooncake(with_dynamo: bool) -> list[Row]:
             f"agentkv's cost model as its timing table   load average: {loadavg()}"
         )
         try:
-            d = run_dynamo(py, dcfg)
+            return run_dynamo(py, dcfg)
         except RuntimeError as e:
             print(f"    Dynamo: failed: {e}")
-            return rows
+            return None
+
+
+def _dynamo_row(d: dict) -> Row:
+    """Dynamo's figures (scripts/dynamo_replay.py's JSON), printed and as a table row."""
     sim_s = (d["duration_ms"] or 0) / 1e3
     print(
         f"    Dynamo: {d['completed_requests']:,} requests; {d['wall_s']:.1f} s wall ({d['wall_time_ms'] / 1e3:.1f} s "
@@ -252,24 +247,42 @@ def mooncake(with_dynamo: bool) -> list[Row]:
         f"{d['prefix_cache_reused_ratio']:.1%}; TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
         f"TPOT p50 {d['median_tpot_ms']:,.1f} ms"
     )
-    rows.append(
-        Row(
-            "Dynamo 1.6.1, mooncake (b)",
-            d["completed_requests"],
-            d["wall_s"],
-            d["cpu_s"],
-            sim_s,
-            d["prefix_cache_reused_ratio"],
-            f"TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
-            f"TPOT p50 {d['median_tpot_ms']:,.0f} ms",
-        )
+    return Row(
+        "Dynamo 1.6.1, mooncake (b)",
+        d["completed_requests"],
+        d["wall_s"],
+        d["cpu_s"],
+        sim_s,
+        d["prefix_cache_reused_ratio"],
+        f"TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
+        f"TPOT p50 {d['median_tpot_ms']:,.0f} ms",
     )
-    a, b = rows
+
+
+def mooncake(with_dynamo: bool) -> list[Row]:
+    """(b): the Mooncake conversation trace in agentkv and, unless skipped, in Dynamo's replay."""
+    src = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl.gz"
+    if not src.is_file():
+        print(f"(b) skipped: {src} not found")
+        return []
+    ecfg = EngineConfig(gpu="h200", model="llama3-8b")
+    a = _mooncake_agentkv(src, ecfg)
+    if not with_dynamo:
+        print("    Dynamo: skipped (--no-dynamo)")
+        return [a]
+    py, why = dynamo_python()
+    if py is None:
+        print(f"    Dynamo: skipped: {why}")
+        return [a]
+    d = _dynamo_replay(py, why, src, ecfg)
+    if d is None:
+        return [a]
+    b = _dynamo_row(d)
     print(
         f"    agentkv / Dynamo: {a.wall_s / b.wall_s:.2f}x wall, {a.cpu_s / b.cpu_s:.2f}x CPU "
         f"(target: within 3x)"
     )
-    return rows
+    return [a, b]
 
 
 def main() -> None:
