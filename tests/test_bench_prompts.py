@@ -97,3 +97,22 @@ def test_hf_tokenizer_renders_text(tmp_path):
         text = pb.prompt(it)
         assert tok.encode(text).ids == pb.tokens(it).tolist()
     assert "tokenizer.json" in pb.description
+
+
+def test_redact_prompt_keeps_the_message_and_drops_what_it_quotes() -> None:
+    import msgspec
+
+    from agentkv.bench.prompts import redact_prompt
+
+    prompt = "You are a coding agent. Fix the failing test in src/parser.py without touching the API."
+    msg = f"This model's maximum context length is 8 tokens; prompt was: {prompt[5:70]}... (400)"
+    out = redact_prompt(msg, prompt)
+    assert out.startswith("This model's maximum context length is 8 tokens; prompt was: [prompt]")
+    assert all(prompt[i : i + 16] not in out for i in range(len(prompt) - 16))
+    assert redact_prompt("invalid token ids: [101, 2023, 2003, 1037, 3231]", msgspec.Raw(b"101,2023")) == (
+        "invalid token ids: [[token ids]]"
+    )
+    assert redact_prompt("short", prompt) == "short"
+    assert redact_prompt("no quote of the prompt here at all, none", prompt) == (
+        "no quote of the prompt here at all, none"
+    )

@@ -193,7 +193,7 @@ class LeakyServer:
         kind = self.n % 4
         if kind == 1:
             return web.json_response(
-                {"error": {"message": f"bad prompt {MARK}: {prompt[:200]}", "code": 400}}, status=400
+                {"error": {"message": f"bad prompt: {prompt[:200]}", "code": 400}}, status=400
             )
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
@@ -201,7 +201,9 @@ class LeakyServer:
             await resp.write(f"data: {{{MARK} {prompt[:100]} not json\n\n".encode())
         elif kind == 3:
             await resp.write(
-                b"data: " + json.dumps({"error": {"message": f"{MARK} {prompt[:100]}"}}).encode() + b"\n\n"
+                b"data: "
+                + json.dumps({"error": {"message": f"stream failed on {prompt[:100]}"}}).encode()
+                + b"\n\n"
             )
         else:
             for i in range(3):
@@ -269,13 +271,17 @@ def test_bench_keeps_prompts_and_completions_out_of_its_output(tmp_path):
             timeout=120,
         )
         prompts = list(srv.prompts)
-    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.returncode == 3, run.stderr[-2000:]  # 9 of 12 failed: an invalid run, outputs written
     assert len(prompts) == 12
     summary = json.loads((out / "summary.json").read_text())
     assert summary["failed"] == 9 and set(summary["errors"]) == {"http_400", "bad_chunk", "stream_error"}
     texts = {"stdout": run.stdout, "stderr": run.stderr}
     texts.update({p.name: p.read_text("utf-8", "replace") for p in out.iterdir()})
     assert set(texts) >= {"requests.jsonl", "summary.json", "report.html"}
+    records = [json.loads(line) for line in texts["requests.jsonl"].splitlines()]
+    details = {r["error"]: r["error_detail"] for r in records if not r.get("ok", True)}
+    assert "bad prompt: [prompt]" in details["http_400"], details  # the message kept, not the prompt
+    assert "stream failed on [prompt]" in details["stream_error"], details
     for name, text in texts.items():
         assert MARK not in text, name
         for p in prompts:

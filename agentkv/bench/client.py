@@ -300,7 +300,7 @@ def _sse_reader(res: StreamResult) -> tuple[OnLines, list]:
                 try:
                     chunks.append(_decode_chunk(p))
                 except msgspec.DecodeError as e:
-                    res.ok, res.error, res.detail = False, "bad_chunk", _head(f"{e}: {p[:200]!r}")
+                    res.ok, res.error, res.detail = False, "bad_chunk", _head(f"{e} (a {len(p)}-byte chunk)")
         k = 0
         for c in chunks:
             ch = c.choices

@@ -7,6 +7,7 @@ renders block by block (cached), so shared blocks give byte-identical text prefi
 
 from __future__ import annotations
 
+import re
 import secrets
 from pathlib import Path
 
@@ -177,3 +178,35 @@ class PromptBuilder:
         """The ceiling's sharing domain: the trace's hash-id space, split per tenant when salted."""
         key = item.hash_space
         return f"{key}|{item.tree_key}" if self.tenant_salts and item.trace.hash_id_scope != "local" else key
+
+
+_ID_RUN = re.compile(r"\d+(?:\s*,\s*\d+){3,}")  # four or more comma-separated integers: token ids
+_W = 16  # an echo of >= 2 * _W - 1 characters holds an aligned window of _W
+
+
+def redact_prompt(detail: str, prompt: msgspec.Raw | str) -> str:
+    """`detail` (a server's error text) with what it quotes of `prompt` replaced by `[prompt]`, and
+    runs of token ids by `[token ids]`: bench keeps server messages but never prompt text."""
+    detail = _ID_RUN.sub("[token ids]", detail)
+    text = bytes(prompt).decode("utf-8", "replace") if isinstance(prompt, msgspec.Raw) else prompt
+    if not text or len(detail) < _W:
+        return detail
+    hit = [False] * len(detail)
+    for a in range(0, len(detail) - _W + 1, _W):
+        if detail[a : a + _W] in text:
+            lo, hi = a, a + _W
+            while lo > max(0, a - _W) and detail[lo - 1 : hi] in text:
+                lo -= 1
+            while hi < min(len(detail), a + 2 * _W) and detail[lo : hi + 1] in text:
+                hi += 1
+            hit[lo:hi] = [True] * (hi - lo)
+    out, i = [], 0
+    while i < len(detail):
+        if hit[i]:
+            while i < len(detail) and hit[i]:
+                i += 1
+            out.append("[prompt]")
+        else:
+            out.append(detail[i])
+            i += 1
+    return "".join(out)

@@ -22,7 +22,7 @@ import numpy as np
 from agentkv.bench.client import BenchClient, StreamResult
 from agentkv.bench.gpu import GpuMonitor
 from agentkv.bench.hints import add_hints
-from agentkv.bench.prompts import PromptBuilder
+from agentkv.bench.prompts import PromptBuilder, redact_prompt
 from agentkv.bench.scrape import MetricsSnapshot, Scraper, hit_rate
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, encode_record, record_for
@@ -236,10 +236,10 @@ class BenchRun:
             ceil = self.ceiling.hit_tokens(
                 self.prompts.ceiling_key(item), r.hash_ids, r.input_tokens, item.trace.block_size
             )
+            prompt = ""
             try:
-                body = client.body(
-                    self.model, self.prompts.prompt(item), out_tokens, self.prompts.extra(item)
-                )
+                prompt = self.prompts.prompt(item)
+                body = client.body(self.model, prompt, out_tokens, self.prompts.extra(item))
             except Exception as e:  # a prompt that cannot be built fails this request, not the run
                 now = self.clock()
                 res = StreamResult(
@@ -247,6 +247,8 @@ class BenchRun:
                 )
             else:
                 res = await client.stream(body)
+            if not res.ok:  # keep the server's message, never the prompt it may quote
+                res.detail = redact_prompt(res.detail, prompt)
             rec = self._record(d, res, ceil, out_tokens)
             self._finish(rec, res)
             return rec.ok
