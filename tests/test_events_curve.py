@@ -213,3 +213,15 @@ def test_with_host_binds_a_wildcard_where_asked():
     assert with_host("tcp://*:5557", "::1") == "tcp://[::1]:5557"
     assert with_host("tcp://*:5557", "*") == with_host("tcp://*:5557", None) == "tcp://*:5557"
     assert with_host("tcp://10.0.0.5:5557", "127.0.0.1") == "tcp://10.0.0.5:5557"
+
+
+def test_ipc_endpoints_are_local_and_carry_events(tmp_path):
+    """What the docs advise for vLLM on the router's host: ipc:// event and replay endpoints."""
+    ep, rep = f"ipc://{tmp_path}/events", f"ipc://{tmp_path}/replay"
+    with ZmqEventPublisher(ep, rep) as pub, ZmqEventSubscriber(ep, rep, start_seq=0) as sub:
+        assert is_local(pub.endpoint) and is_local(pub.replay_endpoint)
+        pub.publish(stored(1), ts=1.0)  # maybe before the subscription: replay brings it
+        assert pub.wait_for_subscribers(timeout=T)
+        pub.publish(stored(2), ts=2.0)
+        got = [sub.recv(T), sub.recv(T)]
+    assert [r.batch.events for r in got] == [stored(1), stored(2)]
