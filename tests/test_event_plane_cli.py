@@ -156,6 +156,23 @@ def _prompt(seed: int, n: int) -> list[int]:
     return [(seed * 7919 + i * 104729) % 30000 + 1000 for i in range(n)]
 
 
+def _commands(tmp: Path, w_pub: Path, w_sec: Path, r_sec: Path, ports) -> tuple[list[str], list[str]]:
+    """`agentkv serve` (CURVE, token ids off) and `agentkv route` (pinning its key) arguments."""
+    http, events, replay, rport = ports
+    serve = [
+        "serve", "--port", str(http), "--time-scale", "100", "--max-model-len", "4096", "--log-level", "info",
+        "--kv-events-endpoint", f"tcp://*:{events}", "--kv-events-replay-endpoint", f"tcp://*:{replay}",
+        "--kv-events-curve-secret-key", str(w_sec), "--kv-events-curve-allow", str(tmp / "router"),
+        "--kv-events-token-ids", "off",
+    ]  # fmt: skip
+    route = [
+        "route", "--port", str(rport), "--log-level", "info", "--health-interval", "5",
+        "--worker", f"http://127.0.0.1:{http}=tcp://127.0.0.1:{events},tcp://127.0.0.1:{replay}",
+        "--kv-events-curve-secret-key", str(r_sec), "--kv-events-curve-server-key", str(w_pub),
+    ]  # fmt: skip
+    return serve, route
+
+
 @pytest.mark.slow
 def test_serve_and_route_over_curve_with_token_ids_off(tmp_path):
     """A real worker and router over CURVE: the router's index matches the worker's cache; an
@@ -165,18 +182,8 @@ def test_serve_and_route_over_curve_with_token_ids_off(tmp_path):
     _, r_sec = keys(tmp_path, "router")
     http, events, replay, rport = free_ports(4)
     procs = Procs(tmp_path / "logs")
-    serve = [
-        "serve", "--port", str(http), "--time-scale", "100", "--max-model-len", "4096", "--log-level", "info",
-        "--kv-events-endpoint", f"tcp://*:{events}", "--kv-events-replay-endpoint", f"tcp://*:{replay}",
-        "--kv-events-curve-secret-key", str(w_sec), "--kv-events-curve-allow", str(tmp_path / "router"),
-        "--kv-events-token-ids", "off",
-    ]  # fmt: skip
-    ep, rep = f"tcp://127.0.0.1:{events}", f"tcp://127.0.0.1:{replay}"
-    route = [
-        "route", "--port", str(rport), "--log-level", "info", "--health-interval", "5",
-        "--worker", f"http://127.0.0.1:{http}={ep},{rep}",
-        "--kv-events-curve-secret-key", str(r_sec), "--kv-events-curve-server-key", str(w_pub),
-    ]  # fmt: skip
+    serve, route = _commands(tmp_path, w_pub, w_sec, r_sec, (http, events, replay, rport))
+    ep = f"tcp://127.0.0.1:{events}"
     ctx = zmq.Context()
     try:
         procs.start("serve", serve)
