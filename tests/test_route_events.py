@@ -10,7 +10,7 @@ import aiohttp
 import zmq
 
 from agentkv.events.publisher import END_SEQ, seq_bytes
-from agentkv.kv.events import BlockStored, EventBatch, encode_batch
+from agentkv.kv.events import AllBlocksCleared, BlockStored, EventBatch, encode_batch
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.workers import WorkerPool, WorkerSpec, parse_load, parse_worker
 
@@ -124,3 +124,34 @@ def test_worker_specs_and_metric_scrapes():
         'vllm:num_requests_waiting{engine="0"} 2.0\nvllm:kv_cache_usage_perc{engine="0"} 0.5\n'
     )
     assert parse_load(text) == 5.0 and parse_load("") == 0.0
+
+
+def test_forged_huge_sequence_numbers_leave_the_router_counters_sane():
+    """Frames with seqs near 2**64 and 2**40 reach the router's event thread between real batches:
+    counted malformed, nothing lost, the index holds exactly the real stores."""
+
+    async def main() -> tuple[dict, int]:
+        pub = RawPublisher()
+        index = TenantIndex()
+        spec = WorkerSpec("http://127.0.0.1:9", f"tcp://127.0.0.1:{pub.port}", f"tcp://127.0.0.1:{pub.rport}")
+        pool = WorkerPool([spec], index, 16, health_interval=3600, scrape_interval=0)
+        async with aiohttp.ClientSession() as session:
+            await pool.start(session)
+            try:
+                w = pool.workers[0]
+                first = pub.batch(0, BlockStored(block_hashes=[1, 2]))
+                assert await _until(lambda: index.blocks(0) == 2, tick=lambda: pub.send(0, first))
+                forged = encode_batch(EventBatch(0.0, [AllBlocksCleared()], None))
+                for seq in (2**64 - 1, 2**63 + 5, 2**40):
+                    pub.send(seq, forged)
+                pub.send(1, pub.batch(1, BlockStored(block_hashes=[3], parent_block_hash=2)))
+                assert await _until(lambda: index.blocks(0) == 3)
+                st = w.subscriber.stats
+                return {"malformed": st.malformed, "lost": st.lost, "resets": st.resets}, index.blocks(0)
+            finally:
+                await pool.close()
+                pub.close()
+
+    counts, blocks = asyncio.run(main())
+    print(f"\nrouter after 3 forged seqs: {counts}, {blocks} blocks indexed")
+    assert counts == {"malformed": 3, "lost": 0, "resets": 0} and blocks == 3

@@ -92,6 +92,13 @@ agentkv_router_worker_event_malformed_total{worker="0"} 6
 agentkv_router_worker_event_lost_total{worker="0"} 8
 """[1:]
 
+# families added after the capture
+ADDED = r"""
+# HELP agentkv_router_worker_event_handshake_failures_total Event connections refused in the ZMQ handshake: a publisher without the worker's pinned CURVE key, or CURVE on one side only.
+# TYPE agentkv_router_worker_event_handshake_failures_total counter
+agentkv_router_worker_event_handshake_failures_total{worker="0"} 2
+"""[1:]
+
 
 def populated_router() -> Router:
     """Two workers (one in event mode with a live subscriber, one approximate and down), every
@@ -115,6 +122,7 @@ def populated_router() -> Router:
     w0.events_applied, w0.resyncs = 9, 1
     w0.subscriber = ZmqEventSubscriber("tcp://127.0.0.1:9")
     w0.subscriber.stats.malformed, w0.subscriber.stats.lost = 6, 8
+    w0.subscriber.stats.handshake_failures = 2
     return r
 
 
@@ -134,7 +142,7 @@ def test_exposition_matches_the_captured_text():
         text = render_metrics(r)
     finally:
         r.pool.workers[0].subscriber.close()
-    assert families(text) == families(CAPTURED)
+    assert families(text) == families(CAPTURED + ADDED)
     assert "_created" not in text
     assert 'url="http://h:2/a\\"b\\\\c\\nd"' in text  # escaped as before
 

@@ -5,12 +5,16 @@ The PUB side binds when the endpoint contains `*` or `::` or is ipc/inproc, else
 the subscriber binds), as vLLM does. The replay ROUTER always binds: a DEALER sends
 `[b"", start_seq]` and gets `[b"", topic, seq, payload]` for every buffered batch from start_seq,
 then `[b"", b"", 0xff*8, b""]` (observed on vLLM 0.32; ../shared/vllm/README.md).
+agentkv's own options, none of which vLLM has: `host` binds a `tcp://*:PORT` endpoint on one
+address (serve passes 127.0.0.1), `curve` authenticates and encrypts both sockets
+(`agentkv.events.curve`), and `token_ids=False` leaves prompt token ids out of BlockStored.
 The subscriber side lives in `agentkv.events.subscriber`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import threading
 import time
@@ -22,7 +26,10 @@ import msgspec
 import zmq
 
 from agentkv.errors import UserError
-from agentkv.kv.events import EventBatch, KVEvent, decode_batch
+from agentkv.events.curve import CurveServer, is_local, start_authenticator, with_host
+from agentkv.kv.events import BlockStored, EventBatch, KVEvent, decode_batch
+
+log = logging.getLogger("agentkv.events")
 
 DEFAULT_TOPIC = "kv-events"
 END_SEQ = b"\xff" * 8
@@ -61,6 +68,17 @@ def parse_message(frames: Sequence[bytes]) -> tuple[bytes, int, EventBatch]:
         raise MalformedFrame(f"expected 3 frames [topic, seq, payload], got {len(frames)}")
     topic, seq, payload = frames
     return bytes(topic), parse_seq(seq), parse_payload(payload)
+
+
+def without_token_ids(batch: EventBatch) -> EventBatch:
+    """`batch` with every BlockStored's token ids left out (hashes, parent, salt and tier kept)."""
+    if not any(isinstance(e, BlockStored) and e.token_ids for e in batch.events):
+        return batch
+    events = [
+        msgspec.structs.replace(e, token_ids=[]) if isinstance(e, BlockStored) and e.token_ids else e
+        for e in batch.events
+    ]
+    return msgspec.structs.replace(batch, events=events)
 
 
 class DropOldestQueue:
@@ -109,6 +127,7 @@ class PublisherStats:
     replay_requests: int = 0
     bad_replay_requests: int = 0
     subscriptions: int = 0
+    auth_denied: int = 0  # CURVE handshakes refused: a key not on the allow-list
 
 
 class ZmqEventPublisher:
@@ -131,9 +150,17 @@ class ZmqEventPublisher:
         max_queue: int = 100_000,
         hwm: int = 100_000,
         linger_ms: int = 200,
+        bind: bool | None = None,
+        host: str | None = None,
+        curve: CurveServer | None = None,
+        token_ids: bool = True,
     ) -> None:
+        """`bind`: None follows vLLM's rule (`should_bind`); `host`: where `tcp://*:PORT` binds (None:
+        every interface); `curve`: CURVE on both sockets; `token_ids`: keep BlockStored's token ids."""
         self.topic = topic.encode()
         self.data_parallel_rank = data_parallel_rank
+        self.token_ids = token_ids
+        self.curve = curve
         self.stats = PublisherStats()
         self._queue = DropOldestQueue(max_queue)
         self._buffer: deque[tuple[int, bytes]] = deque(maxlen=max(1, buffer_steps))
@@ -145,30 +172,71 @@ class ZmqEventPublisher:
         self._linger_ms = linger_ms
         self._encoder = msgspec.msgpack.Encoder()
         self._ctx = zmq.Context()
-        self._pub = self._ctx.socket(zmq.XPUB)
-        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
-        self._pub.setsockopt(zmq.SNDHWM, hwm)
+        self._auth = self._gate = None
         self._replay: zmq.Socket | None = None
         try:
-            if should_bind(endpoint):
-                self._pub.bind(endpoint)
-                endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-            else:
-                self._pub.connect(endpoint)
-            if replay_endpoint is not None:
-                self._replay = self._ctx.socket(zmq.ROUTER)
-                self._replay.setsockopt(zmq.SNDHWM, self._buffer.maxlen + 16)
-                self._replay.bind(replay_endpoint)
-                replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+            if curve is not None:  # the ZAP handler must be up before a peer can connect
+                self._auth, self._gate = start_authenticator(self._ctx, curve.allowed)
+            self._open(endpoint, replay_endpoint, bind, host, hwm)
         except zmq.ZMQError as e:
-            self._ctx.destroy(linger=0)
+            self._destroy()
             raise UserError(f"KV event publisher: cannot use {endpoint} / {replay_endpoint}: {e}") from None
-        self.endpoint = endpoint
-        self.replay_endpoint = replay_endpoint
+        self._warn_if_exposed()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._run, name="kv-event-publisher", daemon=True)
         self._thread.start()
+
+    def _open(self, endpoint: str, replay: str | None, bind: bool | None, host: str | None, hwm: int) -> None:
+        """Create, secure and bind (or connect) the XPUB and the replay ROUTER; set the endpoints."""
+        self.endpoint, self.replay_endpoint = endpoint, replay
+        if bind is None:
+            bind = should_bind(endpoint)
+        if bind:
+            endpoint = with_host(endpoint, host)
+        self._pub = self._socket(zmq.XPUB, endpoint)
+        self._pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+        self._pub.setsockopt(zmq.SNDHWM, hwm)
+        if bind:
+            self._pub.bind(endpoint)
+            self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        else:
+            self._pub.connect(endpoint)
+        if replay is not None:
+            replay = with_host(replay, host)
+            self._replay = self._socket(zmq.ROUTER, replay)
+            self._replay.setsockopt(zmq.SNDHWM, self._buffer.maxlen + 16)
+            self._replay.bind(replay)
+            self.replay_endpoint = self._replay.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    def _socket(self, kind: int, endpoint: str) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        if "[" in endpoint:  # an IPv6 address (vLLM's `tcp://[::]:PORT`, or a host given as one)
+            sock.setsockopt(zmq.IPV6, 1)
+        if self.curve is not None:
+            self.curve.apply(sock)
+        return sock
+
+    def _warn_if_exposed(self) -> None:
+        """Say what leaves this host when an endpoint is reachable from elsewhere without CURVE."""
+        if self.curve is not None:
+            return
+        exposed = [e for e in (self.endpoint, self.replay_endpoint) if e is not None and not is_local(e)]
+        if exposed:
+            what = "block hashes, prompt token ids" if self.token_ids else "block hashes (token ids off)"
+            log.warning(
+                "KV events on %s without CURVE: anyone who reaches %s reads every tenant's %s and "
+                "event timings, and can subscribe or replay anonymously; bind 127.0.0.1 or a private "
+                "interface, or turn CURVE on (docs/security.md, 'The event plane')",
+                " and ".join(exposed),
+                "it" if len(exposed) == 1 else "them",
+                what,
+            )
+
+    def _destroy(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+        self._ctx.destroy(linger=0)
 
     # -- the engine's side -----------------------------------------------------------------------
     def publish(self, events: EventBatch | Sequence[KVEvent], ts: float | None = None) -> int:
@@ -207,6 +275,8 @@ class ZmqEventPublisher:
         self._closed = self._stopping = True
         self._wake()
         self._thread.join(timeout)
+        if self._auth is not None:
+            self._auth.stop()
         if not self._thread.is_alive():
             self._ctx.term()
             os.close(self._wake_r)
@@ -237,6 +307,8 @@ class ZmqEventPublisher:
                     os.read(self._wake_r, 4096)
                 if self._pub in ready:
                     self._read_subscriptions()
+                if self._gate is not None:
+                    self.stats.auth_denied = self._gate.denied
                 for seq, batch in self._queue.take_all():
                     try:
                         self._send(seq, batch)
@@ -253,6 +325,8 @@ class ZmqEventPublisher:
                 self._replay.close(linger=0)
 
     def _send(self, seq: int, batch: EventBatch) -> None:
+        if not self.token_ids:
+            batch = without_token_ids(batch)
         payload = self._encoder.encode(batch)
         self._pub.send_multipart((self.topic, seq_bytes(seq), payload), copy=False)
         self._buffer.append((seq, payload))

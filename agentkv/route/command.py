@@ -18,6 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _hash_args(p.add_argument_group("how the engines hash prompts"))
     _approx_args(p.add_argument_group("approximate mode (no KV events)"))
     _tenant_args(p.add_argument_group("tenants"))
+    _curve_args(p.add_argument_group("KV event authentication (ZMQ CURVE)"))
     _health_args(p.add_argument_group("worker health and limits"))
     p.set_defaults(func=route_command)
 
@@ -112,6 +113,25 @@ def _tenant_args(p) -> None:
     )
 
 
+def _curve_args(p) -> None:
+    """CURVE: the router's key pair and each worker's pinned public key."""
+    p.add_argument(
+        "--kv-events-curve-secret-key",
+        default=None,
+        metavar="FILE",
+        help="the router's CURVE key pair (a .key_secret file from `agentkv security keys`); its "
+        "public key must be in each worker's --kv-events-curve-allow",
+    )
+    p.add_argument(
+        "--kv-events-curve-server-key",
+        action="append",
+        default=[],
+        metavar="[URL=]FILE",
+        help="a worker's CURVE public key (.key file): events are taken only from the holder of its "
+        "secret key; without URL= for every event worker without its own (repeatable)",
+    )
+
+
 def _health_args(p) -> None:
     """Worker health and limits."""
     p.add_argument(
@@ -188,6 +208,7 @@ def config_from_args(args: argparse.Namespace):
     urls = [s.url for s in specs]
     if len(set(urls)) != len(urls):
         raise UserError("--worker: the same URL is given twice")
+    specs = _with_curve(specs, args.kv_events_curve_secret_key, args.kv_events_curve_server_key)
     seed = args.hash_seed
     if seed is not None and args.hash_algo == "xxhash":
         seed = int(seed) if seed.isdigit() else seed
@@ -215,6 +236,41 @@ def config_from_args(args: argparse.Namespace):
         host=args.host,
         port=args.port,
     )
+
+
+def _with_curve(specs: list, secret: str | None, server_keys: list[str]) -> list:
+    """The worker specs with their CurveClient: one key for all (`FILE`) and per worker (`URL=FILE`)."""
+    if secret is None and not server_keys:
+        return specs
+    if secret is None or not server_keys:
+        raise UserError(
+            "--kv-events-curve-secret-key and --kv-events-curve-server-key go together: the router's "
+            "key pair proves the router, the server key pins each worker"
+        )
+    import dataclasses
+
+    from agentkv.events.curve import CurveClient, load_keypair, load_public_key
+
+    flag = "--kv-events-curve-server-key"
+    public, secret_key = load_keypair(secret, "--kv-events-curve-secret-key")
+    default, per_url = None, {}
+    for item in server_keys:
+        url, sep, path = item.partition("=") if item.startswith(("http://", "https://")) else ("", "", item)
+        if sep and url.rstrip("/") not in {s.url for s in specs if s.events}:
+            raise UserError(f"{flag} {item}: {url} is not a --worker with an events endpoint")
+        if not sep and default is not None:
+            raise UserError(f"{flag}: a key for every worker is given twice (use URL=FILE per worker)")
+        key = load_public_key(path, flag)
+        if sep:
+            per_url[url.rstrip("/")] = key
+        else:
+            default = key
+    out = []
+    for s in specs:
+        key = per_url.get(s.url, default)
+        curve = CurveClient(public, secret_key, key) if key is not None and s.events else None
+        out.append(dataclasses.replace(s, curve=curve))
+    return out
 
 
 def route_command(args: argparse.Namespace) -> int:

@@ -148,11 +148,19 @@ def _event_streams(workers: list[Worker]) -> Iterator[Metric]:
         return
     malformed = UnknownMetricFamily("agentkv_router_worker_event_malformed_total", "", labels=["worker"])
     lost = UnknownMetricFamily("agentkv_router_worker_event_lost_total", "", labels=["worker"])
+    refused = CounterMetricFamily(
+        "agentkv_router_worker_event_handshake_failures",
+        "Event connections refused in the ZMQ handshake: a publisher without the worker's pinned CURVE "
+        "key, or CURVE on one side only.",
+        labels=["worker"],
+    )
     for slot, s in subs:
         malformed.add_metric([slot], s.malformed)
         lost.add_metric([slot], s.lost)
+        refused.add_metric([slot], s.handshake_failures)
     yield malformed
     yield lost
+    yield refused
 
 
 def render_metrics(router: Router) -> str:

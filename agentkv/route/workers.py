@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import aiohttp
 
 from agentkv.errors import UserError
+from agentkv.events.curve import CurveClient, is_local
 from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.metrics.scrape import snapshot
 from agentkv.route.index import Match, TenantIndex
@@ -41,6 +42,7 @@ class WorkerSpec:
     url: str
     events: str | None = None
     replay: str | None = None
+    curve: CurveClient | None = None  # the worker's pinned public key and the router's key pair
 
 
 def parse_worker(spec: str) -> WorkerSpec:
@@ -157,9 +159,13 @@ class WorkerPool:
                 w.slot,
                 w.spec.url,
                 w.mode,
-                f" (events {w.spec.events}, replay {w.spec.replay or 'none'})" if w.mode == "event" else "",
+                f" (events {w.spec.events}, replay {w.spec.replay or 'none'}, "
+                f"CURVE {'on' if w.spec.curve else 'off'})"
+                if w.mode == "event"
+                else "",
             )
             if w.mode == "event":
+                _warn_if_exposed(w)
                 self._subscribe(w)
         self._tasks.append(asyncio.create_task(self._health_loop(), name="route-health"))
         if self.scrape_interval > 0:
@@ -176,7 +182,7 @@ class WorkerPool:
 
     # -- events ----------------------------------------------------------------------------------
     def _subscribe(self, w: Worker) -> None:
-        w.subscriber = ZmqEventSubscriber(w.spec.events, w.spec.replay, start_seq=0)
+        w.subscriber = ZmqEventSubscriber(w.spec.events, w.spec.replay, start_seq=0, curve=w.spec.curve)
         w.stop = threading.Event()
         w.thread = threading.Thread(
             target=self._consume, args=(w, w.subscriber, w.stop), name=f"route-events-{w.slot}", daemon=True
@@ -203,9 +209,19 @@ class WorkerPool:
                 caught_up = max(caught_up, r.seq)
             if caught_up >= 0:
                 log.info("worker %d: index rebuilt from %d replayed event batches", w.slot, caught_up + 1)
-        gaps = 0
+        gaps = refused = 0
         while not stop.is_set():
-            for r in sub.recv_batches(0.1, max_batches=256):
+            batches = sub.recv_batches(0.1, max_batches=256)
+            if sub.stats.handshake_failures > refused:
+                if not refused:  # once per subscription: the counter on /metrics keeps the rest
+                    log.warning(
+                        "worker %d: KV event handshake refused at %s: the publisher there lacks the "
+                        "pinned CURVE key, or CURVE is on at one end only; nothing from it is applied",
+                        w.slot,
+                        sub.endpoint,
+                    )
+                refused = sub.stats.handshake_failures
+            for r in batches:
                 st = sub.stats
                 if r.restart:  # the publisher restarted: its engine's cache is new
                     with self.lock:
@@ -310,6 +326,18 @@ class WorkerPool:
         text = _decode(body, charset)
         if text is not None:
             w.scraped_active = int(await asyncio.to_thread(parse_load, text))
+
+
+def _warn_if_exposed(w: Worker) -> None:
+    """A worker's events taken from a non-loopback endpoint without CURVE can be forged."""
+    eps = [e for e in (w.spec.events, w.spec.replay) if e]
+    if w.spec.curve is None and not all(is_local(e) for e in eps):
+        log.warning(
+            "worker %d: KV events from %s without CURVE: whoever reaches that address can forge this "
+            "worker's cache in the index (give --kv-events-curve-server-key; docs/security.md)",
+            w.slot,
+            " and ".join(eps),
+        )
 
 
 async def _read_capped(stream: aiohttp.StreamReader, cap: int) -> bytes | None:

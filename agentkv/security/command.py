@@ -1,4 +1,5 @@
-"""`agentkv security side-channel`: flags -> AttackConfig -> the attack -> a rich table or JSON."""
+"""`agentkv security side-channel` (flags -> AttackConfig -> the attack -> a table or JSON) and
+`agentkv security keys` (a CURVE key pair for the KV event plane)."""
 
 from __future__ import annotations
 
@@ -52,6 +53,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=side_channel_command)
+    k = ssub.add_parser("keys", help="a ZMQ CURVE key pair for the KV event plane (serve and route)")
+    k.add_argument("--out", required=True, metavar="DIR", help="folder to write NAME.key and NAME.key_secret")
+    k.add_argument("--name", default="agentkv", help="file name stem (default agentkv)")
+    k.set_defaults(func=keys_command)
+
+
+def keys_command(args: argparse.Namespace) -> int:
+    """Write a new CURVE key pair; print where, and the public key."""
+    from agentkv.events.curve import load_public_key, write_keypair
+
+    public, secret = write_keypair(args.out, args.name)
+    print(
+        f"wrote {public} (public key {load_public_key(public, '--out').decode()}: give it to the other side)"
+    )
+    print(f"wrote {secret} (secret key, mode 0600: keep it on this host)")
+    return 0
 
 
 def config_from_args(args: argparse.Namespace) -> AttackConfig:

@@ -22,6 +22,7 @@ from aiohttp.http_exceptions import BadHttpMessage
 
 from agentkv import __version__
 from agentkv.engine.config import EngineConfig
+from agentkv.events.curve import CurveServer
 from agentkv.events.publisher import DEFAULT_TOPIC, ZmqEventPublisher
 from agentkv.kv.digest import block_digest
 from agentkv.serve.metrics import CONTENT_TYPE, ServerMetrics
@@ -61,6 +62,9 @@ class ServeOptions:
     kv_events_endpoint: str | None = None
     kv_events_replay_endpoint: str | None = None
     kv_events_topic: str = DEFAULT_TOPIC
+    kv_events_host: str | None = "127.0.0.1"  # where a tcp://*:PORT endpoint binds (None: everywhere)
+    kv_events_curve: CurveServer | None = None  # CURVE on the event and replay sockets
+    kv_events_token_ids: bool = True  # BlockStored carries the prompt's token ids (as vLLM)
     max_body_bytes: int = 32 << 20
     default_max_tokens: int = 256  # chat requests without max_tokens (completions default to 16, as vLLM)
 
@@ -79,6 +83,9 @@ class Server:
                 opts.kv_events_replay_endpoint,
                 topic=opts.kv_events_topic,
                 data_parallel_rank=0,
+                host=opts.kv_events_host,
+                curve=opts.kv_events_curve,
+                token_ids=opts.kv_events_token_ids,
             )
         try:
             self.runner = EngineRunner(config, time_scale=opts.time_scale, publisher=self.publisher)

@@ -32,27 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--served-model-name", default=None, metavar="NAME", help="model name in the API (default --model)"
     )
-    p.add_argument(
-        "--kv-events-endpoint",
-        default=None,
-        metavar="ZMQ",
-        help="publish KV events here, e.g. tcp://*:5557 (binds on '*', else connects, as vLLM)",
-    )
-    p.add_argument(
-        "--kv-events-replay-endpoint",
-        default=None,
-        metavar="ZMQ",
-        help="replay ROUTER socket for missed event batches, e.g. tcp://*:5558",
-    )
-    p.add_argument(
-        "--kv-events-topic", default="kv-events", help="ZMQ topic of event messages (default kv-events)"
-    )
-    p.add_argument(
-        "--kv-events-config",
-        default=None,
-        metavar="JSON",
-        help='vLLM\'s form: {"endpoint": ..., "replay_endpoint": ..., "topic": ...}',
-    )
+    _kv_events_args(p.add_argument_group("KV events (vLLM's ZMQ publisher, and agentkv's protections)"))
     p.add_argument(
         "--workers",
         type=int,
@@ -72,6 +52,75 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
     add_engine_args(p)
     p.set_defaults(func=serve_command)
+
+
+def _kv_events_args(p) -> None:
+    """Where KV events go, and how they are protected (host, CURVE and token ids are agentkv's own)."""
+    p.add_argument(
+        "--kv-events-endpoint",
+        default=None,
+        metavar="ZMQ",
+        help="publish KV events here, e.g. tcp://*:5557 (binds on '*', else connects, as vLLM; "
+        "'*' binds --kv-events-host)",
+    )
+    p.add_argument(
+        "--kv-events-replay-endpoint",
+        default=None,
+        metavar="ZMQ",
+        help="replay ROUTER socket for missed event batches, e.g. tcp://*:5558",
+    )
+    p.add_argument(
+        "--kv-events-topic", default="kv-events", help="ZMQ topic of event messages (default kv-events)"
+    )
+    p.add_argument(
+        "--kv-events-config",
+        default=None,
+        metavar="JSON",
+        help='vLLM\'s form: {"endpoint": ..., "replay_endpoint": ..., "topic": ...}',
+    )
+    p.add_argument(
+        "--kv-events-host",
+        default="127.0.0.1",
+        metavar="ADDR",
+        help="the address a tcp://*:PORT event endpoint binds (default 127.0.0.1; '*' or 0.0.0.0: "
+        "every interface, which shows every tenant's block hashes to anyone who reaches it)",
+    )
+    p.add_argument(
+        "--kv-events-curve-secret-key",
+        default=None,
+        metavar="FILE",
+        help="turn ZMQ CURVE on for the event and replay sockets with this key pair "
+        "(a .key_secret file from `agentkv security keys`); needs --kv-events-curve-allow",
+    )
+    p.add_argument(
+        "--kv-events-curve-allow",
+        default=None,
+        metavar="FILE|DIR",
+        help="public keys (a .key file, or a folder of them) of the subscribers (routers) admitted",
+    )
+    p.add_argument(
+        "--kv-events-token-ids",
+        default="on",
+        choices=["on", "off"],
+        help="send prompt token ids in BlockStored events (default on, as vLLM; a router needs only "
+        "the hashes)",
+    )
+
+
+def _curve_from_args(args: argparse.Namespace):
+    """The publisher's CurveServer from the two CURVE flags (both or neither), or None."""
+    secret, allow = args.kv_events_curve_secret_key, args.kv_events_curve_allow
+    if secret is None and allow is None:
+        return None
+    if secret is None or allow is None:
+        raise UserError(
+            "--kv-events-curve-secret-key and --kv-events-curve-allow go together: the key proves "
+            "the server, the allow-list admits the subscribers"
+        )
+    from agentkv.events.curve import CurveServer, load_keypair, load_public_keys
+
+    public, secret_key = load_keypair(secret, "--kv-events-curve-secret-key")
+    return CurveServer(public, secret_key, load_public_keys(allow, "--kv-events-curve-allow"))
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -112,6 +161,9 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         kv_events_endpoint=endpoint,
         kv_events_replay_endpoint=replay,
         kv_events_topic=topic,
+        kv_events_host=args.kv_events_host,
+        kv_events_curve=_curve_from_args(args),
+        kv_events_token_ids=args.kv_events_token_ids == "on",
         max_body_bytes=max_body,
         default_max_tokens=args.default_max_tokens,
     )

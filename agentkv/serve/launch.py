@@ -77,6 +77,8 @@ def _describe(server, index: int | None = None) -> str:
         line += f"  kv-events={server.publisher.endpoint}"
         if server.publisher.replay_endpoint:
             line += f"  replay={server.publisher.replay_endpoint}"
+        if server.publisher.curve is not None:
+            line += "  curve=on"
     return line
 
 
