@@ -43,7 +43,21 @@ DENSE: tuple[ModelShape, ...] = (
 )
 
 # (fixture file, built-in name, aliases); the file's `_source` names the config it was copied from
-FIXTURES: tuple[tuple[str, str, tuple[str, ...]], ...] = ()
+FIXTURES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("deepseek_v4_pro.json", "DeepSeek-V4-Pro", ("deepseek-v4-pro", "dsv4-pro")),
+    ("deepseek_v4_flash.json", "DeepSeek-V4-Flash", ("deepseek-v4-flash", "dsv4-flash")),
+    ("deepseek_v3.json", "DeepSeek-V3", ("deepseek-v3", "deepseek-ai/DeepSeek-V3", "DeepSeek-R1")),
+    ("kimi_k2.json", "Kimi-K2", ("kimi-k2", "moonshotai/Kimi-K2-Instruct")),
+    ("gpt_oss.json", "gpt-oss-120b", ("openai/gpt-oss-120b",)),
+    ("qwen3_moe.json", "Qwen3-235B-A22B", ("qwen3-235b",)),
+    ("qwen3_coder.json", "Qwen3-Coder-480B", ("qwen3-coder-480b-a35b", "qwen3-coder")),
+    ("deepseek_v32.json", "DeepSeek-V3.2-Exp", ("deepseek-v3.2", "deepseek-v32")),
+    ("deepseek_v2.json", "DeepSeek-V2-Lite", ("deepseek-v2-lite",)),
+    ("qwen3_next.json", "Qwen3-Next-80B-A3B", ("qwen3-next", "qwen3-next-80b")),
+    ("llama4.json", "Llama-4-Scout", ("llama-4-scout-17b-16e", "llama4-scout")),
+    ("gemma3.json", "Gemma-3-27B", ("gemma-3-27b-it", "gemma3-27b")),
+    ("qwen2.json", "Qwen2.5-7B", ("qwen2.5-7b",)),
+)
 BUILTIN_NAMES: tuple[str, ...] = tuple(m.name for m in DENSE) + tuple(name for _, name, _ in FIXTURES)
 # files read only by tests: the same public configs as the dense built-ins
 CHECK_FIXTURES = ("llama.json", "qwen3.json")
