@@ -88,6 +88,14 @@ def _index() -> dict[str, ModelShape]:
     return {lookup_key(a): m for m in builtin_models() for a in (m.name, *m.aliases)}
 
 
+def model_help(default: str = "llama3-8b") -> str:
+    """The `--model` flag's help: every built-in name, then the config.json form."""
+    return (
+        f"model shape: {', '.join(BUILTIN_NAMES)} (any case; aliases such as llama3-8b), "
+        f"or a Hugging Face config.json or its folder (default {default})"
+    )
+
+
 def model_names() -> list[str]:
     """Built-in model shape names."""
     return list(BUILTIN_NAMES)
