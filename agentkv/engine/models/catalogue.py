@@ -39,7 +39,9 @@ DENSE: tuple[ModelShape, ...] = (
         False,
         ("llama3-70b", "llama-3-70b", "llama3.1-70b", "meta-llama-3.1-70b"),
     ),
-    ModelShape("Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, False, ("qwen3-32b",), 40960),
+    ModelShape(
+        "Qwen3-32B", 64, 5120, 64, 8, 128, 25600, 151936, False, ("qwen3-32b",), 40960, family="qwen3"
+    ),
 )
 
 # (fixture file, built-in name, aliases); the file's `_source` names the config it was copied from
