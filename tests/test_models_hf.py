@@ -221,3 +221,16 @@ def test_nested_text_config_errors_still_name_the_file(tmp_path):
     with pytest.raises(UserError, match="missing field 'hidden_size'") as e:
         get_model(f)
     assert str(f) in str(e.value)
+
+
+def test_docs_tables_are_what_the_script_prints():
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("model_kv_table", root / "scripts/model_kv_table.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    docs = (root / "docs/simulate.md").read_text()
+    for table in (mod.capacity_table(), mod.group_table()):
+        assert "\n".join(table) in docs, "docs/simulate.md is stale: paste scripts/model_kv_table.py output"
