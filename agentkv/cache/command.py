@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from agentkv.engine.models.catalogue import model_help
 from agentkv.errors import UserError
 from agentkv.trace.command import add_trace_args
 
@@ -31,7 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default="llama3-8b",
-        help="model shape for KV bytes per token: llama3-8b, llama3-70b, qwen3-32b, or a HF config.json",
+        help="for KV bytes per token; " + model_help(),
     )
     p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8 (default auto)")
     p.add_argument(

@@ -7,6 +7,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
+from agentkv.engine.models.catalogue import model_help
 from agentkv.errors import UserError
 from agentkv.kv import HASH_ALGOS
 from agentkv.kv.eviction import ENGINE_POLICIES
@@ -108,7 +109,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--model",
         default="llama3-8b",
-        help="model shape: llama3-8b, llama3-70b, qwen3-32b, or a HF config.json / folder",
+        help=model_help(),
     )
     g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
     g.add_argument("--block-size", type=int, default=16)

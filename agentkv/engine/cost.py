@@ -101,12 +101,14 @@ class CostModel:
         model: ModelShape | str,
         tp: int = 1,
         kv_dtype: str = "bf16",
-        weight_dtype: str = "bf16",
+        weight_dtype: str | None = None,
         coeffs: CostCoefficients | None = None,
     ):
         self.gpu, self.model, self.tp = get_gpu(gpu), get_model(model), tp
         if kv_dtype not in KV_DTYPES:
             raise UserError(f"KV dtype '{kv_dtype}' is not one of {', '.join(KV_DTYPES)}")
+        # weights default to the checkpoint's dtype (bf16 for the dense shapes, fp8 for DeepSeek's)
+        weight_dtype = weight_dtype or self.model.weight_dtype
         self.kv_dtype, self.weight_dtype = kv_dtype, weight_dtype
         c = self.coeffs = coeffs or load_coefficients()
         g, m, r = self.gpu, self.model, self.model.shard(tp)
@@ -115,7 +117,6 @@ class CostModel:
         peak = c.gemm_tflops * 1e12 / REF_BF16_TFLOPS  # measured rate per datasheet TFLOP/s
         gemm = peak * g.tflops(weight_dtype) * c.gemm_eff
         attn = peak * g.bf16_tflops
-        kvb = DTYPE_BYTES[kv_dtype]
         wb = DTYPE_BYTES[weight_dtype]
         self.bandwidth = bw
         self._w = r.layer_params * wb / bw
@@ -123,8 +124,9 @@ class CostModel:
         pair_flops = 4.0 * r.heads * m.head_dim  # QK^T and PV, multiply-add = 2 flops
         self._self_pair = pair_flops / (attn * c.attn_self_eff)
         self._past_pair = pair_flops / (attn * c.attn_past_eff)
-        self._kv_tok = 2.0 * r.kv_heads * m.head_dim * kvb / bw  # one token's K and V, one layer
-        self._stream_tok = 2.0 * m.head_dim * kvb / (c.stream_gbps * 1e9 * g.hbm_tbps / REF_HBM_TBPS)
+        # one token's KV in one layer (the mean over layers of the full-context bytes; dense: its K and V)
+        self._kv_tok = m.kv_bytes_per_token(kv_dtype, tp) / m.layers / bw
+        self._stream_tok = m.kv_stream_bytes(kv_dtype) / (c.stream_gbps * 1e9 * g.hbm_tbps / REF_HBM_TBPS)
         self._k, self._fk = c.overlap_k, c.floor_k
         self._setup, self._floor = c.past_setup_s, c.launch_floor_s
         act = m.hidden * ACT_BYTES
@@ -141,16 +143,20 @@ class CostModel:
     # -- sizes --------------------------------------------------------------------------------
     @property
     def weights_bytes(self) -> float:
-        """Weight bytes on one rank: its linear-layer shard, lm_head/embedding shards, norms (bf16)."""
-        r, m = self.rank, self.model
-        norms = (2 * m.layers + 1) * m.hidden * 2
-        linear = m.layers * r.layer_params * DTYPE_BYTES[self.weight_dtype]
-        return linear + (r.lm_head_params + r.embed_params) * 2 + norms
+        """Weight bytes on one rank: its linear-layer shard (every expert's share, experts in the
+        checkpoint's expert dtype), lm_head/embedding shards, norms (bf16)."""
+        return self.model.rank_weight_bytes(self.tp, self.weight_dtype)
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """KV cache bytes per token on one rank."""
+        """KV cache bytes per token on one rank, every layer group at full context: sliding-window and
+        chunked layers are over-counted (as if they kept every token) until the KV pool is per group
+        (issue #15 part 2); linear-attention/SSM states are reserved per sequence instead."""
         return self.model.kv_bytes_per_token(self.kv_dtype, self.tp)
+
+    def state_reserve_bytes(self, max_num_seqs: int = 256) -> float:
+        """Per-sequence states (linear attention, SSM, compressor buffers) for `max_num_seqs` on one rank."""
+        return self.model.state_bytes_per_seq(self.tp) * max_num_seqs
 
     def activation_reserve_bytes(self, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256) -> float:
         """Peak non-KV working memory per rank: one layer's activations for a full token budget, fp32
@@ -165,7 +171,8 @@ class CostModel:
     def kv_capacity_bytes(
         self, gpu_memory_utilization: float = 0.9, max_num_batched_tokens: int = 8192, max_num_seqs: int = 256
     ) -> float:
-        """KV cache bytes per rank: HBM x utilization - weights - activation reserve (vLLM's budget rule)."""
+        """KV cache bytes per rank: HBM x utilization - weights - activation reserve (vLLM's budget rule),
+        less the per-sequence states of `max_num_seqs` sequences for models that keep one."""
         if not 0.0 < gpu_memory_utilization <= 1.0:
             raise UserError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
         free = (
@@ -173,6 +180,9 @@ class CostModel:
             - self.weights_bytes
             - self.activation_reserve_bytes(max_num_batched_tokens, max_num_seqs)
         )
+        state = self.state_reserve_bytes(max_num_seqs)
+        if state:
+            free -= state
         if free <= 0:
             raise UserError(
                 f"{self.model.name} (tp={self.tp}, {self.weight_dtype}) does not fit on "
