@@ -1,8 +1,8 @@
 """Request bodies read under caps: the bytes on the wire and the inflated body each at most `limit`.
 
 The server runs with aiohttp's automatic decompression off, so a `Content-Encoding: gzip` (or
-`deflate`) body is inflated here, at most 1 MiB at a time with the event loop let through between
-pieces, and reading stops the moment either count passes the cap (413). A body that is not what
+`deflate`) body is inflated here, in a thread (zlib lets go of the GIL) 1 MiB at a time, and
+reading stops the moment either count passes the cap (413). A body that is not what
 its encoding says is a 400, an unknown encoding a 415, a body that takes longer than `timeout`
 to arrive a 408 (and the connection is closed). Nothing past the cap is ever held in memory.
 """
@@ -54,8 +54,9 @@ def likely_large(request: web.BaseRequest, threshold: int) -> bool:
     return n is None or n >= threshold or encoding_of(request) is not None
 
 
-async def read_body(request: web.BaseRequest, limit: int, timeout: float | None = None) -> bytes:
-    """The whole body, inflated; RequestError 408 / 413 / 400 / 415 as the module says."""
+async def read_body(request: web.BaseRequest, limit: int, timeout: float | None = None) -> bytearray:
+    """The whole body, inflated (a bytearray: no copy of a large body); RequestError 408 / 413 / 400 /
+    415 as the module says."""
     enc = encoding_of(request)
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
@@ -66,7 +67,7 @@ async def read_body(request: web.BaseRequest, limit: int, timeout: float | None 
         raise BodyTimeout(timeout or 0) from None
 
 
-async def _read(request: web.BaseRequest, limit: int, enc: str | None) -> bytes:
+async def _read(request: web.BaseRequest, limit: int, enc: str | None) -> bytearray:
     out = bytearray()
     inflater = _Inflater(enc) if enc else None
     raw = 0
@@ -77,14 +78,13 @@ async def _read(request: web.BaseRequest, limit: int, enc: str | None) -> bytes:
         if inflater is None:
             out += chunk
             continue
-        for piece in inflater.feed(chunk):
+        for piece in await asyncio.to_thread(inflater.feed, chunk, limit - len(out)):
             out += piece
-            if len(out) > limit:
-                raise too_large(limit, "inflated request body")
-            await asyncio.sleep(0)  # a bomb inflates a piece per loop turn, never in one go
+        if len(out) > limit:
+            raise too_large(limit, "inflated request body")
     if inflater is not None:
         inflater.finish()
-    return bytes(out)
+    return out
 
 
 class _Inflater:
@@ -100,26 +100,29 @@ class _Inflater:
             return zlib.decompressobj(31)
         return zlib.decompressobj(15 if first[:1] and first[0] & 0x0F == 8 else -15)
 
-    def feed(self, data: bytes):
-        """Yield the inflated pieces of `data`; RequestError 400 when it is not valid."""
-        while data:
-            if self.d is None:
-                self.d, self.ended = self._new(data), False
-            try:
-                piece = self.d.decompress(data, PIECE)
-                yield piece
-                while self.d.unconsumed_tail:
-                    piece = self.d.decompress(self.d.unconsumed_tail, PIECE)
-                    yield piece
-            except zlib.error:
-                raise RequestError(f"the request body is not valid {self.enc} data", None, 400) from None
-            self.ended = self.d.eof
-            data = b""
-            if self.d.eof:
-                data = self.d.unused_data
-                if data and self.enc != "gzip":
-                    raise RequestError("trailing bytes after the deflate stream", None, 400)
-                self.d = None
+    def feed(self, data: bytes, room: int) -> list[bytes]:
+        """The inflated pieces of `data`, stopping once they pass `room` bytes; RequestError 400 when
+        it is not valid."""
+        out: list[bytes] = []
+        n = 0
+        try:
+            while data and n <= room:
+                if self.d is None:
+                    self.d, self.ended = self._new(data), False
+                out.append(piece := self.d.decompress(data, PIECE))
+                n += len(piece)
+                while self.d.unconsumed_tail and n <= room:
+                    out.append(piece := self.d.decompress(self.d.unconsumed_tail, PIECE))
+                    n += len(piece)
+                data = b""
+                if self.d.eof:
+                    self.ended, data = True, self.d.unused_data
+                    if data and self.enc != "gzip":
+                        raise RequestError("trailing bytes after the deflate stream", None, 400)
+                    self.d = None
+        except zlib.error:
+            raise RequestError(f"the request body is not valid {self.enc} data", None, 400) from None
+        return out
 
     def finish(self) -> None:
         if not self.ended:

@@ -4,8 +4,9 @@ and recovery when file descriptors run out.
 - keep-alive: a connection with no request in progress (idle, or a request's headers not yet
   complete) is closed `keep_alive` seconds after it was opened or last answered (aiohttp's own
   timer, which otherwise waits an hour);
-- the cap: at `max_connections` a new connection closes the longest-idle one to make room; when
-  every connection is busy it gets a 503 in the JSON error shape, and the connection is closed;
+- the cap: at `max_connections` a new connection closes the quietest idle one to make room (no
+  request in progress, or a request body that has sent nothing for STALL_S); when every
+  connection is busy it gets a 503 in the JSON error shape, and the connection is closed;
 - descriptors: the soft RLIMIT_NOFILE is raised to the hard limit (as vLLM does) and the default
   cap leaves room below it; should accept() still fail for want of descriptors, idle connections
   are closed and one line is logged instead of a traceback.
@@ -14,6 +15,8 @@ and recovery when file descriptors run out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import logging
 import resource
 
@@ -22,14 +25,24 @@ from aiohttp.web_protocol import RequestHandler
 
 from agentkv.gate.errors import error_body
 from agentkv.gate.options import HttpLimits
+from agentkv.gate.web import quiet_probes
 
 log = logging.getLogger("agentkv.gate")
+STALL_S = 1.0  # a request body silent this long makes its connection evictable at the cap
 RESERVED_FDS = 128  # descriptors kept back from the connection cap: logs, pipes, sockets to workers
 _BUSY = error_body("the server is at its connection limit; retry shortly", "ServiceUnavailableError", 503)
 BUSY_RESPONSE = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
     b"Connection: close\r\nContent-Length: " + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY
 )
+
+
+def return_freed_memory() -> None:
+    """glibc: allocations of 128 KiB and more always from mmap (setting M_MMAP_THRESHOLD also stops
+    glibc raising it after large frees), so the memory of a burst of large bodies goes back to the
+    system when they are freed instead of staying in the heap."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD
 
 
 def raise_nofile() -> int:
@@ -67,8 +80,9 @@ class ConnectionGuard:
         return True
 
     def evict_idle(self, n: int) -> int:
-        """Close up to `n` connections that have no request in progress, longest idle first."""
-        idle = sorted((h for h in self.open if h.is_idle()), key=lambda h: h.idle_since)[:n]
+        """Close up to `n` idle or stalled connections, quietest first."""
+        now = asyncio.get_running_loop().time()
+        idle = sorted((h for h in self.open if h.evictable(now)), key=lambda h: h.quiet_since)[:n]
         for h in idle:
             self.open.pop(h, None)
             h.force_close()
@@ -101,10 +115,21 @@ class GuardedHandler(RequestHandler):
         super().__init__(*args, **kwargs)
         self.guard = guard
         self.refused = False
-        self.idle_since = self._loop.time()
+        self.idle_since = self.last_data = self._loop.time()
 
-    def is_idle(self) -> bool:
-        return not self._request_in_progress and not self._messages and not self._force_close
+    @property
+    def quiet_since(self) -> float:
+        return max(self.idle_since, self.last_data)
+
+    def evictable(self, now: float) -> bool:
+        """Idle (no request in progress: keep-alive, or headers not complete), or uploading a body
+        that has sent nothing for STALL_S (a request being answered never is)."""
+        if self._force_close:
+            return False
+        if not self._request_in_progress and not self._messages:
+            return True
+        req = self._current_request
+        return req is not None and not req.content.is_eof() and now - self.last_data >= STALL_S
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if self.guard.admit(self):
@@ -117,6 +142,7 @@ class GuardedHandler(RequestHandler):
 
     def data_received(self, data: bytes) -> None:
         if not self.refused:
+            self.last_data = self._loop.time()
             super().data_received(data)
 
     def eof_received(self) -> bool | None:
@@ -159,7 +185,8 @@ class GuardedSite(web.TCPSite):
 
 def make_runner(app: web.Application, limits: HttpLimits) -> web.AppRunner:
     """An AppRunner with the limits' keep-alive, client cancellation, and no automatic decompression
-    (read_body inflates under its caps instead)."""
+    (read_body inflates under its caps instead); unparsable requests are answered without a traceback."""
+    quiet_probes()
     return web.AppRunner(
         app,
         handler_cancellation=True,
@@ -174,6 +201,7 @@ async def start_site(
     runner: web.AppRunner, host: str, port: int, limits: HttpLimits, fds_per_connection: int = 1
 ) -> ConnectionGuard:
     """Bind `runner` (set up) on host:port behind a ConnectionGuard; the guard."""
+    return_freed_memory()
     cap = limits.max_connections or default_max_connections(fds_per_connection)
     guard = ConnectionGuard(cap)
     site = GuardedSite(runner, host, port, guard, backlog=1024)

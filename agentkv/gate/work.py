@@ -4,7 +4,8 @@ memory and in parse at once.
 
 A slot is taken before the body is read, so a client waiting for one holds no body; the rest
 wait their turn in order. Processes, not threads: tokenizing and JSON decoding hold the GIL, so a
-thread would still stall the loop (and every other client's stream) for as long as it ran.
+thread would still stall the loop (and every other client's stream) for as long as it ran. The
+processes run at nice 10, so under load the event loop gets the CPU first.
 `start()` spawns the processes ahead of the first large body (a spawn takes ~0.5 s); a pool whose
 process died is replaced on the next call (that request: 503).
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing as mp
+import os
 import signal
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
@@ -27,10 +29,14 @@ OFFLOAD_BYTES = 32 << 10  # bodies from this size on are parsed in a worker proc
 def _child_init(init: Callable[..., None] | None, args: tuple) -> None:
     """In each worker process: die with the parent, leave Ctrl-C to it, then the caller's set-up."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(Exception):  # Linux: SIGTERM when the parent dies
+    with contextlib.suppress(Exception):  # Linux: SIGTERM when the parent dies; freed bodies go back
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)
+        libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD, as gate.conn.return_freed_memory
+    with contextlib.suppress(OSError):
+        os.nice(10)  # background work: the server's event loop gets the CPU first
     if init is not None:
         init(*args)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from agentkv.gate.errors import RequestError
 from agentkv.gate.jsonbody import decode_object
 from agentkv.kv.hashing import make_hasher
 from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
@@ -27,14 +28,24 @@ class Prepared:
     max_out: int  # max output tokens for load accounting (0 when absent or absurd)
 
 
-def prepare(body: bytes, chat: bool, tenant_salt: str | None, hasher: RequestHasher, limit: int) -> Prepared:
-    """The Prepared form of `body`; RequestError 400 when it is not a JSON object or nests too deep."""
+def prepare(
+    body: bytes, chat: bool, tenant_salt: str | None, hasher: RequestHasher, limit: int, refuse: bool
+) -> Prepared:
+    """The Prepared form of `body`; RequestError 400 when it is not a JSON object, nests too deep, or
+    (with `refuse`: `limit` is the workers' own max_model_len) its prompt certainly has more than
+    `limit` tokens: no worker would take it, so it is not re-encoded and sent on."""
     data = decode_object(body)
     if tenant_salt:
         data["cache_salt"] = tenant_salt  # the tenant's namespace, whatever the client sent
-    payload = _encode(data)
     salt = data.get("cache_salt") if isinstance(data.get("cache_salt"), str) else None
     hashed = hasher.hash(data, chat, salt, limit)
+    if refuse and hashed.too_long:
+        raise RequestError(
+            f"This model's maximum context length is {limit} tokens. However, your request has more "
+            f"than {limit} input tokens. Please reduce the length of the input.",
+            "messages" if chat else "prompt",
+        )
+    payload = _encode(data)
     sid = data.get("session_id")
     session = str(sid) if type(sid) in (str, int) else ""
     if len(session) > MAX_SESSION_CHARS or not session.isprintable():
@@ -57,6 +68,6 @@ def init_child(hash_algo: str, hash_seed, block_size: int, tokenizer: str | None
         warm_up()
 
 
-def prepare_in_child(body: bytes, chat: bool, tenant_salt: str | None, limit: int) -> Prepared:
+def prepare_in_child(body: bytes, chat: bool, tenant_salt: str | None, limit: int, refuse: bool) -> Prepared:
     assert _child is not None, "init_child did not run"
-    return prepare(body, chat, tenant_salt, _child, limit)
+    return prepare(body, chat, tenant_salt, _child, limit, refuse)

@@ -8,10 +8,10 @@ chunks: "approximate text-prefix matching", which cannot match engine events and
 from the router's own routing history (see `approx.py`), never from the event index.
 
 Work is bounded by `limit`, the longest prompt any worker takes (its max_model_len): an id list
-longer than that is not hashed, the built-in tokenizer stops as soon as a text passes it, a HF
-tokenizer is not run on text longer than `limit * HF_MAX_CHARS_PER_TOKEN` characters, and
-approximate keys cover the first `limit` tokens' worth of text. Such prompts are forwarded
-unhashed; the worker refuses them.
+longer than that is not hashed, the built-in tokenizer stops as soon as a text passes it (both
+`too_long`), a HF tokenizer is not run on text longer than `limit * HF_MAX_CHARS_PER_TOKEN`
+characters (such text is matched approximately), and approximate keys cover the first `limit`
+tokens' worth of text.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Hashed:
     hashes: list[int]
     prompt_tokens: int
     exact: bool
+    too_long: bool = False  # certainly more tokens than `limit`: not hashed
 
 
 class Tokenizer:
@@ -64,8 +65,8 @@ class Tokenizer:
 
             return encode_bounded(text, limit)
         if self._hf is not None:
-            if len(text) > limit * HF_MAX_CHARS_PER_TOKEN:
-                return None
+            if len(text) > limit * HF_MAX_CHARS_PER_TOKEN:  # no sound bound: matched approximately
+                return NO_TEMPLATE
             ids = self._hf.encode(text).ids
             return ids if len(ids) <= limit else None
         raise RuntimeError("no tokenizer")
@@ -157,7 +158,7 @@ class RequestHasher:
     def _hash(self, body: dict, chat: bool, salt: str | None, limit: int) -> Hashed:
         ids = self.tokens(body, chat, limit)
         if ids is None:  # longer than any worker takes: not worth hashing
-            return Hashed([], 0, False)
+            return Hashed([], 0, False, too_long=True)
         if ids is not NO_TEMPLATE:
             return Hashed(self.hasher.hashes(ids, self.block_size, cache_salt=salt), len(ids), True)
         if not self._warned:

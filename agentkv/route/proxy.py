@@ -107,6 +107,7 @@ class Router:
         self.guard = None  # the listening site's ConnectionGuard (set by listen.py)
         self._streams: dict[str, int] = {}  # tenant -> requests in flight
         self.max_model_len = cfg.max_model_len or FALLBACK_MAX_MODEL_LEN
+        self.max_model_len_known = bool(cfg.max_model_len)  # else learned from the workers
         n = cfg.http.parse_processes
         self.offload = Offload(
             n,
@@ -142,7 +143,9 @@ class Router:
         self.policy = self._make_policy()
 
     async def _startup(self, app: web.Application) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=75, ttl_dns_cache=None)
+        # pooled connections are dropped after 4 s idle: before the workers' own keep-alive (uvicorn, vLLM
+        # and agentkv serve: 5 s) closes them under a request sent at that moment
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, ttl_dns_cache=None)
         self.session = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,
@@ -185,8 +188,8 @@ class Router:
                 except (aiohttp.ClientError, *CONNECT_ERRORS, ValueError, AttributeError, TypeError):
                     continue
             if found:
-                self.max_model_len = max(found)
-                log.info("prompts over %d tokens (the workers' max_model_len) are not hashed", max(found))
+                self.max_model_len, self.max_model_len_known = max(found), True
+                log.info("prompts over %d tokens (the workers' max_model_len) are refused", max(found))
                 return
             await asyncio.sleep(1)
 
@@ -349,14 +352,15 @@ class Router:
         """The body read under the caps and prepared: here when small; else in a parser process, after
         taking one of the tenant's parse slots (before reading, so waiting holds no body)."""
         http = self.cfg.http
+        limit, refuse = self.max_model_len, self.max_model_len_known
         if not likely_large(request, OFFLOAD_BYTES):
             body = await read_body(request, http.max_body_bytes, http.body_timeout)
-            return prepare(body, chat, salt, self.hasher, self.max_model_len)
+            return prepare(body, chat, salt, self.hasher, limit, refuse)
         async with self.offload.slot(tenant):
             body = await read_body(request, http.max_body_bytes, http.body_timeout)
             if len(body) < OFFLOAD_BYTES:
-                return prepare(body, chat, salt, self.hasher, self.max_model_len)
-            return await self.offload.run(prepare_in_child, body, chat, salt, self.max_model_len)
+                return prepare(body, chat, salt, self.hasher, limit, refuse)
+            return await self.offload.run(prepare_in_child, body, chat, salt, limit, refuse)
 
     async def _forward(
         self, request: web.Request, w: Worker, path: str, payload: bytes, headers: dict, load: Load
