@@ -8,6 +8,7 @@ Only the standard library, aiohttp and /proc: the same drivers run against an ol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import json
 import os
@@ -16,6 +17,7 @@ import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import aiohttp
 
@@ -239,3 +241,38 @@ def post_json(url: str, body: dict, key: str | None = None, timeout: float = 30)
         return e.code, time.monotonic() - t0
     except OSError:
         return -1, time.monotonic() - t0
+
+
+BAD_LOG = ("Traceback", "Error handling request", " ERROR ")
+KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
+
+
+@contextlib.contextmanager
+def red_cluster(tmp: Path):
+    """Two workers and a router with tenants (KEYS), an admin key and a secret from a file, health
+    probed every 0.5 s with a 1 s timeout."""
+    from cluster import Cluster, write_keys
+
+    secret = tmp / "secret"
+    secret.write_text("not-in-ps-0123\n")
+    with Cluster(tmp, 2, replay=False) as c:
+        c.start_workers(time_scale=100, log_level="info", extra=("--max-model-len", "8192"))
+        c.start_router(
+            [
+                "--api-keys",
+                str(write_keys(tmp, KEYS)),
+                "--router-secret-file",
+                str(secret),
+                "--tokenizer",
+                "builtin",
+                "--health-interval",
+                "0.5",
+                "--health-timeout",
+                "1",
+                "--log-level",
+                "info",
+            ]
+        )
+        c.wait_ready()
+        c.wait_taken_in()
+        yield c
