@@ -36,7 +36,7 @@ def add_http_args(p, *, parse_processes: int) -> None:
         default=5.0,
         metavar="S",
         help="close a connection idle this long, or whose request headers are not complete by then "
-        "(default 5, as uvicorn and vLLM)",
+        "(default 5: uvicorn's flag and default, vLLM's default)",
     )
     p.add_argument(
         "--body-timeout",
