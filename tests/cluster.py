@@ -25,6 +25,7 @@ from pathlib import Path
 
 CLI = [sys.executable, "-m", "agentkv.cli"]
 HOST = "127.0.0.1"
+ADMIN_KEY = "admin-key"  # every keys file write_keys makes opens the router's /metrics to this key
 
 
 def free_ports(n: int) -> list[int]:
@@ -302,9 +303,9 @@ class Cluster:
 
 
 def write_keys(tmp: Path, keys: dict[str, str]) -> Path:
-    """An `--api-keys` file: {key: tenant}."""
+    """An `--api-keys` file: {key: tenant}, plus ADMIN_KEY as the admin (`@admin`)."""
     path = tmp / "keys.json"
-    path.write_text(json.dumps(keys))
+    path.write_text(json.dumps({**keys, ADMIN_KEY: "@admin"}))
     return path
 
 
@@ -322,8 +323,11 @@ def post(url: str, body: dict | bytes, key: str | None = None, timeout: float = 
         return e.code, e.read()
 
 
-def get_text(url: str, timeout: float = 10.0) -> str:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
+def get_text(url: str, timeout: float = 10.0, key: str | None = ADMIN_KEY) -> str:
+    """GET `url` as text, with `key` as the bearer (by default the admin key: routers with --api-keys
+    serve /metrics and /debug/index to it alone; other servers ignore it)."""
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=timeout) as r:
         return r.read().decode()
 
 

@@ -20,6 +20,7 @@ from fuzzutil import byte_mutation, count, fuzz_settings, json_mutation, json_va
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentkv.gate.options import HttpLimits
 from agentkv.route.proxy import Router, RouterConfig
 from agentkv.route.workers import WorkerSpec
 from agentkv.serve.protocol import GenRequest, Limits, RequestError, parse_chat, parse_completion
@@ -137,10 +138,17 @@ class _Req:
     """The parts of an aiohttp request that `Router._generate` reads."""
 
     def __init__(self, body: bytes, headers: dict, path: str) -> None:
-        self._body, self.headers, self.path = body, headers, path
+        self.headers, self.path = headers, path
+        self.content_length = len(body)
+        self.content = _Content(body)
 
-    async def read(self) -> bytes:
-        return self._body
+
+class _Content:
+    def __init__(self, body: bytes) -> None:
+        self.body = body
+
+    async def iter_any(self):
+        yield self.body
 
 
 @pytest.fixture(scope="module")
@@ -155,6 +163,7 @@ def router(tmp_path_factory):
             api_keys=str(write_keys(tmp, KEYS)),
             secret="s",
             tokenizer="builtin",
+            http=HttpLimits(parse_processes=0),
         )
     )
     forwarded: list[bytes] = []
@@ -163,7 +172,7 @@ def router(tmp_path_factory):
         forwarded.append(payload)
         load.first_byte()  # as the real one does
         # while this request is in flight, another tenant's routing must still work
-        r.choose("tenant-b", {"prompt": [1, 2, 3] * 16, "max_tokens": 4}, False, "", set())
+        r.choose("tenant-b", r.hasher.hash({"prompt": [1, 2, 3] * 16}, False, None), "", set())
         return web.Response(status=200)
 
     r._forward = forward

@@ -19,7 +19,7 @@ LAYERS = [  # lowest first; docs/architecture.md draws the same
     {"units"},
     {"kv"},
     {"engine", "trace"},
-    {"placement", "events", "metrics"},
+    {"placement", "events", "metrics", "gate"},
     {"bench", "sim", "cache", "serve", "route", "security"},
     {"cli"},
 ]

@@ -18,7 +18,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from cluster import Cluster, wait_http, write_keys
+from cluster import Cluster, get_text, wait_http, write_keys
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.slow
@@ -50,8 +50,7 @@ class Routed(Cluster):
 
     def metric(self, name: str) -> dict[tuple[tuple[str, str], ...], float]:
         """The samples of `name` on the router's /metrics, keyed by their labels (sorted pairs)."""
-        with urllib.request.urlopen(self.router_url() + "/metrics", timeout=5) as r:
-            text = r.read().decode()
+        text = get_text(self.router_url() + "/metrics", timeout=5)
         return {
             tuple(sorted(s.labels.items())): s.value
             for f in text_string_to_metric_families(text)

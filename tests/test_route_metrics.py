@@ -14,7 +14,8 @@ from agentkv.route.metrics import render_metrics
 from agentkv.route.proxy import Router, RouterConfig
 from agentkv.route.workers import WorkerSpec
 
-# render_metrics' output for populated_router() before it moved to prometheus_client (commit 05e460a)
+# render_metrics' output for populated_router() before it moved to prometheus_client (commit 05e460a),
+# plus agentkv_router_client_disconnects_total (added since: existing names are unchanged)
 CAPTURED = r"""
 # HELP agentkv_router_requests_total Generation requests accepted (authenticated, valid JSON).
 # TYPE agentkv_router_requests_total counter
@@ -34,6 +35,9 @@ agentkv_router_throttled_total 1
 agentkv_router_index_overflow_blocks_total 7
 # TYPE agentkv_router_broken_streams_total counter
 agentkv_router_broken_streams_total 4
+# HELP agentkv_router_client_disconnects_total Clients that left before their response ended (the worker's request is aborted).
+# TYPE agentkv_router_client_disconnects_total counter
+agentkv_router_client_disconnects_total 6
 # HELP agentkv_router_exact_hash_requests_total Requests hashed exactly as the engine does.
 # TYPE agentkv_router_exact_hash_requests_total counter
 agentkv_router_exact_hash_requests_total 40
@@ -111,6 +115,7 @@ def populated_router() -> Router:
     st.requests, st.failed, st.retries, st.unauthorized, st.throttled = 41, 2, 3, 5, 1
     st.broken_streams, st.exact, st.prompt_blocks, st.predicted_hit_blocks = 4, 40, 900, 612
     st.route_seconds = 0.123456789
+    st.client_disconnects = 6
     r.index.overflow = 7
     r.index.apply(0, BlockStored(block_hashes=[11, 12, 13]))
     r.approx.record(1, "default", [21, 22])

@@ -14,7 +14,7 @@ from agentkv.placement.policy import KvAware, RouteRequest
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.index import Match
 from agentkv.route.prompt import RequestHasher, Tokenizer
-from agentkv.route.tenants import ANONYMOUS, Tenants, parse_api_keys, tenant_salt
+from agentkv.route.tenants import ANONYMOUS, Tenants, parse_api_keys, read_secret_file, tenant_salt
 from agentkv.trace.tokens import apply_chat_template, encode
 
 
@@ -40,6 +40,28 @@ def test_key_files_json_and_lines(tmp_path):
             parse_api_keys(t)
     with pytest.raises(UserError, match="cannot read"):
         parse_api_keys(tmp_path / "missing")
+
+
+def test_admin_keys_open_metrics_only():
+    """`@admin` keys are not tenants: they read /metrics and /debug/index and cannot generate."""
+    tenants = Tenants({"k-a": "a", "k-admin": "@admin"}, b"s")
+    assert tenants.authenticate({"Authorization": "Bearer k-admin"}) is None
+    assert tenants.admin({"Authorization": "Bearer k-admin"}) is True
+    assert tenants.admin({"Authorization": "Bearer k-a"}) is False  # a tenant: 403
+    assert tenants.admin({}) is None and tenants.admin({"x-api-key": "nope"}) is None  # 401
+    assert len(tenants) == 1 and tenants.admins == 1 and "@admin" not in tenants.salts().values()
+    assert Tenants(None, b"").admin({}) is True  # no --api-keys: open, as before
+
+
+def test_router_secret_file(tmp_path):
+    f = tmp_path / "secret"
+    f.write_text("  s3cret  \nsecond line\n")
+    assert read_secret_file(f) == "s3cret"
+    f.write_text("\n \n")
+    with pytest.raises(UserError, match="empty"):
+        read_secret_file(f)
+    with pytest.raises(UserError, match="cannot read"):
+        read_secret_file(tmp_path / "missing")
 
 
 def test_authenticate_and_salts():

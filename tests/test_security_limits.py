@@ -13,11 +13,12 @@ import json
 import aiohttp
 import pytest
 from aiohttp import web
-from cluster import write_keys
+from cluster import ADMIN_KEY, write_keys
 
 from agentkv.bench.testserver import Behaviour, StreamTestServer
 from agentkv.cli import build_parser
 from agentkv.errors import UserError
+from agentkv.gate.options import HttpLimits
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.route.command import config_from_args
 from agentkv.route.index import TenantIndex
@@ -67,7 +68,7 @@ def test_concurrent_requests_per_tenant_are_capped(tmp_path):
                     assert await asyncio.gather(*first) == [200, 200]
                     assert await send("key-a") == 200  # slots are given back when streams end
                     assert router.stats.throttled == 1 and not router._streams
-                    async with s.get(url + "/metrics") as r:
+                    async with s.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as r:
                         assert "agentkv_router_throttled_total 1" in await r.text()
             finally:
                 await runner.cleanup()
@@ -79,7 +80,10 @@ def test_router_body_size_limit(tmp_path):
     async def main():
         async with StreamTestServer() as worker:
             cfg = RouterConfig(
-                workers=[WorkerSpec(worker.url)], max_body_bytes=4096, health_interval=3600, scrape_interval=0
+                workers=[WorkerSpec(worker.url)],
+                http=HttpLimits(max_body_bytes=4096),
+                health_interval=3600,
+                scrape_interval=0,
             )
             runner, url, _ = await _router(cfg)
             try:
@@ -120,7 +124,7 @@ def test_router_limit_flags():
     cfg = config_from_args(
         _route_args("--max-body-size", "1MiB", "--max-streams-per-tenant", "8", "--max-index-blocks", "1000")
     )
-    assert (cfg.max_body_bytes, cfg.max_streams_per_tenant, cfg.max_index_blocks) == (1 << 20, 8, 1000)
+    assert (cfg.http.max_body_bytes, cfg.max_streams_per_tenant, cfg.max_index_blocks) == (1 << 20, 8, 1000)
     default = config_from_args(_route_args())
     assert default.max_streams_per_tenant > 0 and default.max_index_blocks > 0  # bounded by default
     for bad in (
@@ -152,4 +156,45 @@ def test_router_timing_flags():
         ["--approx-ttl", "nan"],
     ):
         with pytest.raises(UserError, match=bad[0]):
+            config_from_args(_route_args(*bad))
+
+
+def test_door_flags(tmp_path):
+    """The door's flags (shared with serve) and the router's own: values reach the config, bad ones
+    are one-line errors; the default body cap is the workers' 32MiB."""
+    secret = tmp_path / "secret"
+    secret.write_text("from-a-file\n")
+    cfg = config_from_args(
+        _route_args(
+            "--timeout-keep-alive",
+            "3",
+            "--body-timeout",
+            "7",
+            "--limit-concurrency",
+            "100",
+            "--parse-processes",
+            "0",
+            "--max-parses-per-tenant",
+            "3",
+            "--max-model-len",
+            "4096",
+            "--health-timeout",
+            "1.5",
+            "--router-secret-file",
+            str(secret),
+        )
+    )
+    assert cfg.http == HttpLimits(32 << 20, 3.0, 7.0, 100, 0)
+    assert (cfg.max_parses_per_tenant, cfg.max_model_len, cfg.health_timeout) == (3, 4096, 1.5)
+    assert cfg.secret == "from-a-file"
+    assert config_from_args(_route_args()).http == HttpLimits(parse_processes=2)
+    for bad in (
+        ["--timeout-keep-alive", "0"],
+        ["--body-timeout", "inf"],
+        ["--limit-concurrency", "-1"],
+        ["--max-parses-per-tenant", "0"],
+        ["--health-timeout", "0"],
+        ["--router-secret", "x", "--router-secret-file", str(secret)],
+    ):
+        with pytest.raises(UserError):
             config_from_args(_route_args(*bad))

@@ -13,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agentkv.engine.config import EngineConfig
 from agentkv.events.subscriber import AsyncZmqEventSubscriber
+from agentkv.gate.options import HttpLimits
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.serve.app import ServeOptions, Server
 from agentkv.trace.tokens import decode, encode, output_ids
@@ -295,7 +296,7 @@ def test_bad_inputs_are_openai_errors_and_logs_hold_no_prompt(caplog):
 
     async def main():
         cfg = EngineConfig(max_model_len=1024)
-        async with serving(cfg, max_body_bytes=8192) as (server, url, s):
+        async with serving(cfg, http=HttpLimits(max_body_bytes=8192)) as (server, url, s):
             for body, status, param in cases:
                 async with s.post(
                     url + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
@@ -411,7 +412,7 @@ def test_many_concurrent_streams():
 
 def test_chunked_body_over_the_limit_and_http2_probes(caplog):
     async def main():
-        async with serving(max_body_bytes=4096) as (server, url, s):
+        async with serving(http=HttpLimits(max_body_bytes=4096)) as (server, url, s):
 
             async def chunks():
                 for _ in range(10):

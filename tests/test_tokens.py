@@ -105,3 +105,39 @@ def test_exported_hf_tokenizer_matches(tmp_path):
     assert tk.decode(ids) == T.decode(ids)
     assert tk.encode("Hello world").ids == [T.VOCAB_SIZE, T.VOCAB_SIZE]  # unknown words
     assert len(T.encode(T.UNK)) == 1  # AIPerf's prompts of unknown words keep their length here
+
+
+_PIECES = ["ba", "hello", "x", "<|user|>", "123456", "!!", "é", "\u2003", "\x1c", " ", "\n", "a" * 70]
+_PIECES += ["babababababababababa", "<|" + "a" * 40 + "|>", "." * 100, "zuzuzuzu"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES), max_size=60), st.integers(0, 80))
+def test_encode_bounded_is_encode_or_none(parts, limit):
+    """`encode_bounded` gives `encode`'s ids, or None exactly when there are more than `limit`."""
+    text = "".join(parts)
+    ids = T.encode(text)
+    got = T.encode_bounded(text, limit)
+    assert got == (ids if len(ids) <= limit else None)
+
+
+def test_encode_bounded_stops_early_on_huge_text():
+    """Work is bounded by the limit, not the text: long words, whitespace, markers, pseudo-words."""
+    import time
+
+    for text in ("!" * 5_000_000, "word " * 1_000_000, "ba" * 2_500_000, "<|" + "a" * 5_000_000 + "|>"):
+        t0 = time.process_time()
+        assert T.encode_bounded(text, 4096) is None
+        assert time.process_time() - t0 < 2.0  # tests assert no wall times; CPU for 5 MB is ~0.1 s
+    assert T.encode_bounded(" " * 1_000_000 + "hi", 10) == T.encode("hi")
+
+
+def test_long_pseudo_words_and_markers_are_bounded_pieces():
+    """A pseudo-word past 8 syllables, or a marker past 32 characters, is not one token (a 1 MB
+    pseudo-word once parsed as one id in quadratic time)."""
+    assert len(T.encode("ba" * 9)) == 4  # 18 letters: 5-letter chunks, hashed
+    assert T.encode("ba" * 8) == [T._parse("ba" * 8)]  # 8 syllables still read back exactly
+    assert len(T.encode("<|" + "a" * 32 + "|>")) == 1
+    assert len(T.encode("<|" + "a" * 33 + "|>")) > 1
+    long = "ba" * 500_000
+    assert len(T.encode(long)) == 200_000  # linear: 5 letters a token

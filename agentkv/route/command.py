@@ -6,6 +6,7 @@ import argparse
 import logging
 
 from agentkv.errors import UserError
+from agentkv.gate.options import add_http_args, http_limits_from_args
 from agentkv.kv import HASH_ALGOS
 from agentkv.placement import POLICIES, add_kv_weight_arg
 
@@ -20,6 +21,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _tenant_args(p.add_argument_group("tenants"))
     _curve_args(p.add_argument_group("KV event authentication (ZMQ CURVE)"))
     _health_args(p.add_argument_group("worker health and limits"))
+    _door_args(p.add_argument_group("client connections and request bodies"))
     p.set_defaults(func=route_command)
 
 
@@ -109,7 +111,14 @@ def _tenant_args(p) -> None:
         "--router-secret",
         default=None,
         metavar="S",
-        help="HMAC secret for tenant cache salts (default $AGENTKV_ROUTER_SECRET, else random)",
+        help="HMAC secret for tenant cache salts (visible in ps: prefer --router-secret-file or "
+        "$AGENTKV_ROUTER_SECRET; default random)",
+    )
+    p.add_argument(
+        "--router-secret-file",
+        default=None,
+        metavar="FILE",
+        help="read the HMAC secret from the first line of FILE",
     )
 
 
@@ -142,6 +151,14 @@ def _health_args(p) -> None:
         help="seconds between /health checks of each worker (default 1)",
     )
     p.add_argument(
+        "--health-timeout",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="seconds a /health probe may take; one timeout takes out a worker whose requests are "
+        "stuck while others answer, otherwise 3 in a row (default 2)",
+    )
+    p.add_argument(
         "--first-byte-timeout",
         type=float,
         default=0.0,
@@ -156,9 +173,6 @@ def _health_args(p) -> None:
         default=2.0,
         metavar="S",
         help="seconds between /metrics scrapes of each worker (0: off)",
-    )
-    p.add_argument(
-        "--max-body-size", default="256MiB", metavar="SIZE", help="largest request body (default 256MiB)"
     )
     p.add_argument(
         "--max-streams-per-tenant",
@@ -177,11 +191,72 @@ def _health_args(p) -> None:
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 
 
+def _door_args(p) -> None:
+    """What clients may send and hold: body caps, timeouts, connections, parsing off the loop."""
+    add_http_args(p, parse_processes=2)
+    p.add_argument(
+        "--max-parses-per-tenant",
+        type=int,
+        default=2,
+        metavar="N",
+        help="bodies over 32KiB of one tenant read and parsed at once; more wait their turn before "
+        "their body is read (default 2)",
+    )
+    p.add_argument(
+        "--max-model-len",
+        type=int,
+        default=0,
+        metavar="N",
+        help="the workers' context length in tokens: longer prompts are not tokenized or hashed, "
+        "only forwarded (default 0: the largest max_model_len the workers' /v1/models report)",
+    )
+
+
 def config_from_args(args: argparse.Namespace):
     """Validate the flags of `agentkv route` into a RouterConfig."""
     from agentkv.route.proxy import RouterConfig
     from agentkv.route.workers import parse_worker
 
+    _check_numbers(args)
+    specs = [parse_worker(s) for s in args.worker]
+    urls = [s.url for s in specs]
+    if len(set(urls)) != len(urls):
+        raise UserError("--worker: the same URL is given twice")
+    specs = _with_curve(specs, args.kv_events_curve_secret_key, args.kv_events_curve_server_key)
+    seed = args.hash_seed
+    if seed is not None and args.hash_algo == "xxhash":
+        seed = int(seed) if seed.isdigit() else seed
+    return RouterConfig(
+        workers=specs,
+        block_size=args.block_size,
+        hash_algo=args.hash_algo,
+        hash_seed=seed,
+        policy=args.policy,
+        approximate=args.approximate,
+        api_keys=args.api_keys,
+        secret=_secret(args),
+        tokenizer=args.tokenizer,
+        kv_weight=args.kv_weight,
+        temperature=args.temperature,
+        affinity=args.affinity,
+        approx_capacity=args.approx_capacity,
+        approx_ttl=args.approx_ttl,
+        health_interval=args.health_interval,
+        first_byte_timeout=args.first_byte_timeout or None,
+        scrape_interval=args.scrape_interval,
+        http=http_limits_from_args(args),
+        max_parses_per_tenant=args.max_parses_per_tenant,
+        max_model_len=args.max_model_len,
+        health_timeout=args.health_timeout,
+        max_streams_per_tenant=args.max_streams_per_tenant,
+        max_index_blocks=args.max_index_blocks,
+        host=args.host,
+        port=args.port,
+    )
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    """One-line errors for numeric flags out of range (before anything starts)."""
     if args.block_size < 1:
         raise UserError(f"--block-size must be >= 1, got {args.block_size}")
     if args.approx_capacity < 1 or not args.approx_ttl > 0:
@@ -199,43 +274,10 @@ def config_from_args(args: argparse.Namespace):
         )
     if args.max_streams_per_tenant < 0 or args.max_index_blocks < 1:
         raise UserError("--max-streams-per-tenant must be >= 0 and --max-index-blocks >= 1")
-    from agentkv.units import parse_capacity
-
-    max_body = parse_capacity(args.max_body_size, "--max-body-size")
-    if max_body < 1024:
-        raise UserError(f"--max-body-size must be at least 1KiB, got {args.max_body_size}")
-    specs = [parse_worker(s) for s in args.worker]
-    urls = [s.url for s in specs]
-    if len(set(urls)) != len(urls):
-        raise UserError("--worker: the same URL is given twice")
-    specs = _with_curve(specs, args.kv_events_curve_secret_key, args.kv_events_curve_server_key)
-    seed = args.hash_seed
-    if seed is not None and args.hash_algo == "xxhash":
-        seed = int(seed) if seed.isdigit() else seed
-    return RouterConfig(
-        workers=specs,
-        block_size=args.block_size,
-        hash_algo=args.hash_algo,
-        hash_seed=seed,
-        policy=args.policy,
-        approximate=args.approximate,
-        api_keys=args.api_keys,
-        secret=args.router_secret,
-        tokenizer=args.tokenizer,
-        kv_weight=args.kv_weight,
-        temperature=args.temperature,
-        affinity=args.affinity,
-        approx_capacity=args.approx_capacity,
-        approx_ttl=args.approx_ttl,
-        health_interval=args.health_interval,
-        first_byte_timeout=args.first_byte_timeout or None,
-        scrape_interval=args.scrape_interval,
-        max_body_bytes=int(max_body),
-        max_streams_per_tenant=args.max_streams_per_tenant,
-        max_index_blocks=args.max_index_blocks,
-        host=args.host,
-        port=args.port,
-    )
+    if not args.health_timeout > 0 or args.max_parses_per_tenant < 1 or args.max_model_len < 0:
+        raise UserError(
+            "--health-timeout must be > 0 seconds, --max-parses-per-tenant >= 1 and --max-model-len >= 0"
+        )
 
 
 def _with_curve(specs: list, secret: str | None, server_keys: list[str]) -> list:
@@ -273,9 +315,25 @@ def _with_curve(specs: list, secret: str | None, server_keys: list[str]) -> list
     return out
 
 
+def _secret(args: argparse.Namespace) -> str | None:
+    """--router-secret-file's first line, else --router-secret (with a warning: ps shows it)."""
+    if args.router_secret_file and args.router_secret:
+        raise UserError("give --router-secret or --router-secret-file, not both")
+    if args.router_secret_file:
+        from agentkv.route.tenants import read_secret_file
+
+        return read_secret_file(args.router_secret_file)
+    if args.router_secret:
+        logging.getLogger("agentkv.route").warning(
+            "--router-secret is visible to every user of this machine (ps); use --router-secret-file "
+            "or $AGENTKV_ROUTER_SECRET"
+        )
+    return args.router_secret
+
+
 def route_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    from agentkv.route.proxy import run_router
+    from agentkv.route.listen import run_router
 
     run_router(config_from_args(args))
     return 0

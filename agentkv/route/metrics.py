@@ -25,7 +25,8 @@ class RouterStats:
     retries: int = 0
     unauthorized: int = 0
     throttled: int = 0  # 429: a tenant over its concurrent-request limit
-    broken_streams: int = 0
+    broken_streams: int = 0  # a worker cut a response after its first byte
+    client_disconnects: int = 0  # a client left before its response ended (not a worker fault)
     exact: int = 0  # requests hashed exactly (token ids or a matching tokenizer)
     prompt_blocks: int = 0
     predicted_hit_blocks: int = 0  # blocks the index said the chosen worker caches
@@ -53,6 +54,11 @@ _TOTALS: tuple[tuple[str, str, Callable[[Router], float]], ...] = (
         lambda r: r.index.overflow,
     ),
     ("broken_streams", "", lambda r: r.stats.broken_streams),
+    (
+        "client_disconnects",
+        "Clients that left before their response ended (the worker's request is aborted).",
+        lambda r: r.stats.client_disconnects,
+    ),
     ("exact_hash_requests", "Requests hashed exactly as the engine does.", lambda r: r.stats.exact),
     ("prompt_blocks", "", lambda r: r.stats.prompt_blocks),
     (

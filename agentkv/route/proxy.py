@@ -6,7 +6,8 @@ index (event mode) or the router's own prediction (approximate mode), let the po
 healthy workers, and forward over pooled keep-alive connections (TCP_NODELAY is set on both
 sides by aiohttp). The response streams back chunk by chunk, untouched (usage included). A
 request that fails before its first byte is retried on another worker. Prompt content is never
-logged.
+logged. Bodies are read under the door's caps (`agentkv.gate`); large ones are decoded and
+tokenized in parser processes, a few per tenant at once, so no tenant can stall the event loop.
 """
 
 from __future__ import annotations
@@ -17,26 +18,29 @@ import time
 from dataclasses import dataclass, field
 
 import aiohttp
-import msgspec
 from aiohttp import web
 
+from agentkv.gate.body import BodyTimeout, likely_large, read_body, refuse_and_close
+from agentkv.gate.errors import RequestError
+from agentkv.gate.options import HttpLimits
+from agentkv.gate.web import error_middleware, error_response
+from agentkv.gate.work import OFFLOAD_BYTES, Offload
 from agentkv.kv.digest import block_digest
 from agentkv.kv.hashing import make_hasher
 from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.approx import ApproxIndex
+from agentkv.route.forward import CONNECT_ERRORS, Retry, forward
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.metrics import RouterStats, render_metrics
-from agentkv.route.prompt import RequestHasher, Tokenizer
+from agentkv.route.prepare import Prepared, init_child, prepare, prepare_in_child
+from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
 from agentkv.route.tenants import Tenants, router_secret
 from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec
 
 log = logging.getLogger("agentkv.route")
 
 _NO_MATCH = Match(0)
-_RETRY_STATUS = frozenset({502, 503, 504})
-_CONNECT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, TimeoutError)
-_json_decode = msgspec.json.Decoder().decode
-_json_encode = msgspec.json.Encoder().encode
+FALLBACK_MAX_MODEL_LEN = 1 << 20  # the hashing bound until a worker reports its max_model_len
 
 
 @dataclass(slots=True)
@@ -58,9 +62,12 @@ class RouterConfig:
     approx_capacity: int = 65_536
     approx_ttl: float = 300.0
     health_interval: float = 1.0
+    health_timeout: float = 2.0  # s a /health probe may take
     first_byte_timeout: float | None = None  # seconds a worker may take to its first byte (None: no limit)
     scrape_interval: float = 2.0
-    max_body_bytes: int = 256 << 20  # largest request body (413 past it)
+    http: HttpLimits = HttpLimits(parse_processes=2)  # body caps, timeouts, connection cap, parsers
+    max_parses_per_tenant: int = 2  # large bodies of one tenant read and parsed at once
+    max_model_len: int = 0  # the workers' context length (0: learned from their /v1/models)
     max_streams_per_tenant: int = 1024  # concurrent requests per tenant (429 past it; 0: no limit)
     max_index_blocks: int = 1 << 22  # indexed blocks per worker (stores past it are dropped, counted)
     host: str = "127.0.0.1"
@@ -68,8 +75,8 @@ class RouterConfig:
     extra: dict = field(default_factory=dict)
 
 
-def _error(status: int, message: str, err_type: str) -> web.Response:
-    return web.json_response({"error": {"message": message, "type": err_type, "code": status}}, status=status)
+def _error(status: int, message: str, err_type: str | None = None) -> web.Response:
+    return error_response(RequestError(message, None, status, err_type))
 
 
 class Router:
@@ -89,6 +96,7 @@ class Router:
             cfg.block_size,
             approximate=cfg.approximate,
             health_interval=cfg.health_interval,
+            health_timeout=cfg.health_timeout,
             scrape_interval=cfg.scrape_interval,
             on_membership=self._new_policy,
             forget=self.approx.clear_worker,
@@ -96,8 +104,19 @@ class Router:
         self.stats = RouterStats()
         self.policy = self._make_policy()
         self.session: aiohttp.ClientSession | None = None
+        self.guard = None  # the listening site's ConnectionGuard (set by listen.py)
         self._streams: dict[str, int] = {}  # tenant -> requests in flight
-        self.app = web.Application(client_max_size=cfg.max_body_bytes)
+        self.max_model_len = cfg.max_model_len or FALLBACK_MAX_MODEL_LEN
+        self.max_model_len_known = bool(cfg.max_model_len)  # else learned from the workers
+        n = cfg.http.parse_processes
+        self.offload = Offload(
+            n,
+            cfg.max_parses_per_tenant,
+            max(4, 2 * n, cfg.max_parses_per_tenant),
+            init=init_child,
+            init_args=(cfg.hash_algo, cfg.hash_seed, cfg.block_size, cfg.tokenizer),
+        )
+        self.app = web.Application(client_max_size=cfg.http.max_body_bytes, middlewares=[error_middleware])
         self.app.router.add_post("/v1/completions", self.completions)
         self.app.router.add_post("/v1/chat/completions", self.chat)
         self.app.router.add_get("/v1/models", self.models)
@@ -124,22 +143,55 @@ class Router:
         self.policy = self._make_policy()
 
     async def _startup(self, app: web.Application) -> None:
-        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=75, ttl_dns_cache=None)
+        # pooled connections are dropped after 4 s idle: before the workers' own keep-alive (uvicorn, vLLM
+        # and agentkv serve: 5 s) closes them under a request sent at that moment
+        connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, ttl_dns_cache=None)
         self.session = aiohttp.ClientSession(
             connector=connector,
             auto_decompress=False,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=5),
         )
         await self.pool.start(self.session)
+        self.offload.start()
+        if not self.cfg.max_model_len:
+            self._learner = asyncio.create_task(self._learn_max_model_len(), name="route-max-model-len")
         if self.tenants.open:
             log.info("no --api-keys: requests are not authenticated and client cache_salt passes through")
         else:
-            log.info("%d tenants; each request gets its tenant's cache_salt", len(self.tenants))
+            log.info(
+                "%d tenants; each request gets its tenant's cache_salt; %d admin keys for /metrics and "
+                "/debug/index",
+                len(self.tenants),
+                self.tenants.admins,
+            )
 
     async def _cleanup(self, app: web.Application) -> None:
+        if getattr(self, "_learner", None) is not None:
+            self._learner.cancel()
         await self.pool.close()
         if self.session is not None:
             await self.session.close()
+        self.offload.close()
+
+    async def _learn_max_model_len(self) -> None:
+        """The largest `max_model_len` the workers' /v1/models report (vLLM's and agentkv serve's
+        card carry it): the bound on hashing work. Asked every second or so until one answers."""
+        while True:
+            found = []
+            for w in self.pool.workers:
+                try:
+                    async with self.session.get(
+                        w.spec.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)
+                    ) as r:
+                        cards = (await r.json()).get("data") or []
+                    found += [c["max_model_len"] for c in cards if type(c.get("max_model_len")) is int]
+                except (aiohttp.ClientError, *CONNECT_ERRORS, ValueError, AttributeError, TypeError):
+                    continue
+            if found:
+                self.max_model_len, self.max_model_len_known = max(found), True
+                log.info("prompts over %d tokens (the workers' max_model_len) are refused", max(found))
+                return
+            await asyncio.sleep(1)
 
     # -- endpoints -------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -172,9 +224,21 @@ class Router:
             else:
                 del self._streams[tenant.id]
 
+    def _admin_refusal(self, request: web.Request) -> web.Response | None:
+        """None when the request may read every tenant's figures (an admin key, or no --api-keys)."""
+        ok = self.tenants.admin(request.headers)
+        if ok:
+            return None
+        self.stats.unauthorized += 1
+        if ok is None:
+            return _error(401, "an admin API key is required", "AuthenticationError")
+        return _error(403, "this endpoint needs an admin API key, not a tenant's", "PermissionDeniedError")
+
     async def debug_index(self, request: web.Request) -> web.Response:
         """Per event-mode worker: the count and an order-free digest of its indexed GPU blocks (all
         tenants), to compare with the worker's own `/debug/kv_blocks`; no hash is revealed."""
+        if (refused := self._admin_refusal(request)) is not None:
+            return refused
         with self.pool.lock:
             held = {str(w.slot): self.index.held(w.slot) for w in self.pool.workers if w.mode == "event"}
         return web.json_response(
@@ -192,7 +256,7 @@ class Router:
             try:
                 async with self.session.get(w.spec.url + "/v1/models") as r:
                     return web.Response(body=await r.read(), status=r.status, content_type="application/json")
-            except _CONNECT_ERRORS:
+            except CONNECT_ERRORS:
                 continue
         return _error(503, "no healthy worker", "ServiceUnavailableError")
 
@@ -203,16 +267,14 @@ class Router:
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
+        if (refused := self._admin_refusal(request)) is not None:
+            return refused
         return web.Response(text=render_metrics(self), content_type="text/plain", charset="utf-8")
 
     # -- routing ---------------------------------------------------------------------------------
-    def choose(
-        self, tenant: str, body: dict, chat: bool, session: str, exclude: set[int]
-    ) -> tuple[Worker, int]:
-        """The worker for this request (healthy, not in `exclude`) and its predicted cached blocks."""
+    def choose(self, tenant: str, h: Hashed, session: str, exclude: set[int]) -> Worker:
+        """The worker for this request (healthy, not in `exclude`), given its hashes."""
         t0 = time.perf_counter()
-        salt = body.get("cache_salt") if isinstance(body.get("cache_salt"), str) else None
-        h = self.hasher.hash(body, chat, salt)
         views = [w for w in self.pool.workers if w.healthy and w.slot not in exclude]
         with self.pool.lock:
             if h.exact:
@@ -245,7 +307,7 @@ class Router:
         st.predicted_hit_blocks += w.match.gpu + w.match.lower
         st.exact += h.exact
         st.route_seconds += time.perf_counter() - t0
-        return w, h.prompt_tokens
+        return w
 
     async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
         st = self.stats
@@ -254,33 +316,27 @@ class Router:
             st.unauthorized += 1
             return _error(401, "missing or invalid API key", "AuthenticationError")
         try:
-            body = _json_decode(await request.read())
-        except (msgspec.DecodeError, UnicodeDecodeError):
-            return _error(400, "malformed JSON body", "BadRequestError")
-        if not isinstance(body, dict):
-            return _error(400, "the request body must be a JSON object", "BadRequestError")
-        if tenant.salt:
-            body["cache_salt"] = tenant.salt  # the tenant's namespace, whatever the client sent
-        payload = _json_encode(body)
-        session = request.headers.get("x-session-id") or str(body.get("session_id") or "")
-        max_out = body.get("max_completion_tokens") or body.get("max_tokens") or (256 if chat else 16)
+            prep = await self._prepare(request, tenant.id, tenant.salt, chat)
+        except BodyTimeout as e:
+            return await refuse_and_close(request, e)
+        except RequestError as e:
+            return error_response(e)
+        session = request.headers.get("x-session-id") or prep.session
         headers = {"Content-Type": "application/json"}
         if session:
             headers["x-session-id"] = session
-        path = request.path
         tried: set[int] = set()
         st.requests += 1
         while True:
             if not any(w.healthy and w.slot not in tried for w in self.pool.workers):
                 st.failed += 1
                 return _error(503, "no healthy worker could take the request", "ServiceUnavailableError")
-            w, prompt_tokens = self.choose(tenant.id, body, chat, session, tried)
-            tokens = prompt_tokens + (max_out if type(max_out) is int and 0 < max_out < 1 << 32 else 0)
+            w = self.choose(tenant.id, prep.hashed, session, tried)
             tried.add(w.slot)
-            load = w.start(tokens)
+            load = w.start(prep.hashed.prompt_tokens + prep.max_out)
             try:
-                resp = await self._forward(request, w, path, payload, headers, load)
-            except _Retry as e:
+                return await self._forward(request, w, request.path, prep.payload, headers, load)
+            except Retry as e:
                 w.failures += 1
                 w.retried_away += 1
                 st.retries += 1
@@ -289,97 +345,24 @@ class Router:
                     await self.pool.mark_dead(w, str(e))
                 else:
                     asyncio.get_running_loop().create_task(self.pool.check(w))
-                continue
             finally:
                 load.finish()
-            return resp
+
+    async def _prepare(self, request: web.Request, tenant: str, salt: str | None, chat: bool) -> Prepared:
+        """The body read under the caps and prepared: here when small; else in a parser process, after
+        taking one of the tenant's parse slots (before reading, so waiting holds no body)."""
+        http = self.cfg.http
+        limit, refuse = self.max_model_len, self.max_model_len_known
+        if not likely_large(request, OFFLOAD_BYTES):
+            body = await read_body(request, http.max_body_bytes, http.body_timeout)
+            return prepare(body, chat, salt, self.hasher, limit, refuse)
+        async with self.offload.slot(tenant):
+            body = await read_body(request, http.max_body_bytes, http.body_timeout)
+            if len(body) < OFFLOAD_BYTES:
+                return prepare(body, chat, salt, self.hasher, limit, refuse)
+            return await self.offload.run(prepare_in_child, body, chat, salt, limit, refuse)
 
     async def _forward(
         self, request: web.Request, w: Worker, path: str, payload: bytes, headers: dict, load: Load
     ) -> web.StreamResponse:
-        """POST to `w` and stream its answer back; raise _Retry if it failed before its first byte
-        (from which on the request counts as `w`'s KV load): an error, a retryable status, no byte
-        within --first-byte-timeout, or the worker taken out of rotation meanwhile."""
-        limit = self.cfg.first_byte_timeout
-        deadline = asyncio.timeout(limit)
-        w.waiting.add(deadline)
-        upstream = None
-        try:
-            async with deadline:
-                upstream = await self.session.post(w.spec.url + path, data=payload, headers=headers)
-                if upstream.status in _RETRY_STATUS:
-                    raise _Retry(f"HTTP {upstream.status}")
-                first = await upstream.content.readany()
-        except _CONNECT_ERRORS + (_Retry,) as e:
-            if upstream is not None:
-                upstream.release()
-            if isinstance(e, _Retry):
-                raise
-            if deadline.expired():
-                if not w.healthy:
-                    raise _Retry(
-                        "taken out of rotation while the request waited for its first byte"
-                    ) from None
-                w.first_byte_timeouts += 1
-                raise _Retry(f"no first byte within --first-byte-timeout {limit:g}s") from None
-            raise _Retry(type(e).__name__, dead=isinstance(e, aiohttp.ClientConnectorError)) from None
-        finally:
-            w.waiting.discard(deadline)
-        try:
-            load.first_byte()
-            resp = web.StreamResponse(status=upstream.status, headers={"x-agentkv-worker": str(w.slot)})
-            resp.content_type = upstream.content_type
-            if upstream.content_type == "text/event-stream":
-                resp.headers["Cache-Control"] = "no-cache"
-            elif upstream.content_length is not None:
-                resp.content_length = upstream.content_length
-            await resp.prepare(request)
-            if first:
-                await resp.write(first)
-            try:
-                async for chunk in upstream.content.iter_any():
-                    await resp.write(chunk)
-            except _CONNECT_ERRORS:
-                self.stats.broken_streams += 1
-                log.warning("worker %d broke a response mid-stream; the client's stream ends early", w.slot)
-                raise
-            await resp.write_eof()
-            return resp
-        finally:
-            upstream.release()
-
-
-class _Retry(Exception):
-    """The worker failed before sending a byte: the request may go to another worker."""
-
-    def __init__(self, why: str, dead: bool = False) -> None:
-        super().__init__(why)
-        self.dead = dead
-
-
-def run_router(cfg: RouterConfig) -> None:
-    """Serve until interrupted."""
-    router = Router(cfg)
-    log.info(
-        "agentkv route on http://%s:%d, policy %s, %d workers",
-        cfg.host,
-        cfg.port,
-        cfg.policy,
-        len(cfg.workers),
-    )
-    loop_factory = None
-    try:  # uvloop when present: about a third less CPU per proxied request
-        import uvloop
-
-        loop_factory = uvloop.new_event_loop
-    except ImportError:
-        pass
-    # run_app closes the loop it is given (an asyncio.Runner around it would close it twice)
-    web.run_app(
-        router.app,
-        host=cfg.host,
-        port=cfg.port,
-        print=None,
-        access_log=None,
-        loop=(loop_factory or asyncio.new_event_loop)(),
-    )
+        return await forward(self, request, w, path, payload, headers, load)

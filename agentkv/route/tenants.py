@@ -6,6 +6,9 @@ starts a comment; blank lines are skipped). Several keys may name one tenant. Ke
 only as SHA-256 digests; a presented key is hashed and its digest compared in constant time
 (`hmac.compare_digest`). The salt is `HMAC-SHA256(secret, tenant id)` in hex: 64 characters,
 valid for vLLM (at most 128, none of `@ / \\` or NUL), stable while the secret is.
+
+A key whose tenant is `@admin` is not a tenant: it opens `/metrics` and `/debug/index` (which
+show every tenant's traffic) and nothing else; it cannot send generation requests.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from agentkv.errors import UserError
 log = logging.getLogger("agentkv.route")
 
 SECRET_ENV = "AGENTKV_ROUTER_SECRET"
+ADMIN = "@admin"  # the tenant name that marks an admin key
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +96,21 @@ def parse_api_keys(path: str | Path) -> dict[str, str]:
     return keys
 
 
+def read_secret_file(path: str | Path) -> str:
+    """The router secret from a file (its first line, surrounding whitespace stripped)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"--router-secret-file {p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"--router-secret-file {p}: not UTF-8 text") from None
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise UserError(f"--router-secret-file {p}: the file is empty")
+    return lines[0].strip()
+
+
 def router_secret(value: str | None = None) -> bytes:
     """The HMAC secret: `value`, else $AGENTKV_ROUTER_SECRET, else random (salts change on restart)."""
     value = value if value is not None else os.environ.get(SECRET_ENV)
@@ -110,14 +129,19 @@ class Tenants:
 
     def __init__(self, keys: Mapping[str, str] | None, secret: bytes) -> None:
         self._by_digest: dict[bytes, tuple[bytes, Tenant]] = {}  # digest[:8] -> (digest, tenant)
+        self._admins: dict[bytes, bytes] = {}  # digest[:8] -> digest, for ADMIN keys
         self._tenants: dict[str, Tenant] = {}
         for key, tid in (keys or {}).items():
+            if tid == ADMIN:
+                d = _digest(key)
+                self._admins[d[:8]] = d
+                continue
             t = self._tenants.get(tid)
             if t is None:
                 t = self._tenants[tid] = Tenant(tid, tenant_salt(secret, tid))
             d = _digest(key)
             self._by_digest[d[:8]] = (d, t)
-        self.open = not self._by_digest
+        self.open = not keys
 
     @classmethod
     def from_file(cls, path: str | Path | None, secret: bytes) -> Tenants:
@@ -130,15 +154,29 @@ class Tenants:
         """
         if self.open:
             return ANONYMOUS
-        auth = headers.get("Authorization") or headers.get("authorization") or ""
-        key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
-        if not key:
+        d = _presented(headers)
+        if d is None:
             return None
-        d = _digest(key)
         # look up by the digest's first 8 bytes (timing there says nothing about the key's bytes),
         # then compare the full stored digest in constant time; a miss compares against a dummy
         stored, t = self._by_digest.get(d[:8], _MISS)
         return t if hmac.compare_digest(stored, d) else None
+
+    def admin(self, headers: Mapping[str, str]) -> bool | None:
+        """True for an admin key (or no keys configured), False for a tenant's key, None for none or a
+        wrong one: what `/metrics` and `/debug/index` ask."""
+        if self.open:
+            return True
+        d = _presented(headers)
+        if d is None:
+            return None
+        if hmac.compare_digest(self._admins.get(d[:8], _MISS[0]), d):
+            return True
+        return False if self.authenticate(headers) is not None else None
+
+    @property
+    def admins(self) -> int:
+        return len(self._admins)
 
     def salts(self) -> dict[str, str]:
         """{salt: tenant id} for every configured tenant (lets the index attribute salted events)."""
@@ -146,6 +184,13 @@ class Tenants:
 
     def __len__(self) -> int:
         return len(self._tenants)
+
+
+def _presented(headers: Mapping[str, str]) -> bytes | None:
+    """SHA-256 of the key in `Authorization: Bearer <key>` or `x-api-key`; None when there is none."""
+    auth = headers.get("Authorization") or headers.get("authorization") or ""
+    key = auth[7:].strip() if auth[:7].lower() == "bearer " else headers.get("x-api-key", "")
+    return _digest(key) if key else None
 
 
 ANONYMOUS = Tenant("", None)

@@ -73,6 +73,7 @@ class Worker:
         self.requests = self.failures = self.retried_away = self.first_byte_timeouts = 0
         self.waiting: set[asyncio.Timeout] = set()  # deadlines of requests here awaiting their first byte
         self.slow_checks = 0  # health checks in a row that timed out
+        self.last_byte = 0.0  # loop time of the last byte from it (a response or a /health answer)
         self.match = Match(0)  # this request's cached prefix here (set by the router before choosing)
         self.events_applied = self.resyncs = 0
         self.subscriber: ZmqEventSubscriber | None = None
@@ -133,6 +134,7 @@ class WorkerPool:
         *,
         approximate: bool = False,
         health_interval: float = 1.0,
+        health_timeout: float = 5.0,
         scrape_interval: float = 2.0,
         on_membership: Callable[[], None] | None = None,
         forget: Callable[[int], None] | None = None,
@@ -142,6 +144,7 @@ class WorkerPool:
         self.workers = [Worker(i, s, block_size, approximate) for i, s in enumerate(specs)]
         self.index = index
         self.health_interval, self.scrape_interval = health_interval, scrape_interval
+        self.health_timeout = health_timeout
         self.on_membership = on_membership or (lambda: None)
         self.forget = forget or (lambda slot: None)
         self.session: aiohttp.ClientSession | None = None
@@ -252,21 +255,31 @@ class WorkerPool:
         """GET /health; take the worker out or bring it back accordingly. True if healthy."""
         assert self.session is not None
         slow = False
+        t0 = asyncio.get_running_loop().time()
         try:
-            async with self.session.get(w.spec.url + "/health", timeout=aiohttp.ClientTimeout(total=5)) as r:
+            timeout = aiohttp.ClientTimeout(total=self.health_timeout)
+            async with self.session.get(w.spec.url + "/health", timeout=timeout) as r:
                 ok = r.status == 200
+            w.last_byte = asyncio.get_running_loop().time()
         except TimeoutError:
             ok, slow = False, True
         except (aiohttp.ClientError, OSError):
             ok = False
         # a refused connection means the worker is gone; a slow answer only counts once it repeats
-        # (a busy worker is not a dead one: SLOW_LIMIT timeouts in a row, as sglang-router does)
+        # (a busy worker is not a dead one: SLOW_LIMIT timeouts in a row, as sglang-router does),
+        # unless it is stalled: requests wait on it, nothing came from it during the probe, and
+        # another worker answered meanwhile (so the router itself is not the one stalled)
         w.slow_checks = w.slow_checks + 1 if slow else 0
+        stalled = slow and w.in_flight > 0 and w.last_byte < t0 and self._others_answered(w, t0)
         if ok and not w.healthy:
             self.revive(w)
-        elif not ok and w.healthy and (not slow or w.slow_checks >= SLOW_LIMIT):
-            await self.mark_dead(w, "health check timed out" if slow else "health check failed")
+        elif not ok and w.healthy and (not slow or stalled or w.slow_checks >= SLOW_LIMIT):
+            why = "stalled: no byte and no /health answer" if stalled else "health check timed out"
+            await self.mark_dead(w, why if slow else "health check failed")
         return ok
+
+    def _others_answered(self, w: Worker, since: float) -> bool:
+        return any(o is not w and o.healthy and o.last_byte >= since for o in self.workers)
 
     async def mark_dead(self, w: Worker, why: str) -> None:
         """Out of rotation, index entries dropped, subscription stopped until it answers again; its

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from agentkv.engine.config import EngineConfig, add_engine_args
 from agentkv.errors import UserError
+from agentkv.gate.options import add_http_args, http_limits_from_args
 
 if TYPE_CHECKING:
     from agentkv.serve.app import ServeOptions
@@ -39,9 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=1,
         help="engines to start, on consecutive ports and event endpoints (default 1)",
     )
-    p.add_argument(
-        "--max-body-size", default=None, metavar="SIZE", help="largest request body (default 32MiB)"
-    )
+    add_http_args(p, parse_processes=1)
     p.add_argument(
         "--default-max-tokens",
         type=int,
@@ -129,14 +128,6 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
 
     if not (args.time_scale > 0 and math.isfinite(args.time_scale)):
         raise UserError(f"--time-scale must be a finite number > 0, got {args.time_scale}")
-    if args.max_body_size is not None:
-        from agentkv.units import parse_capacity
-
-        max_body = parse_capacity(args.max_body_size, "--max-body-size")
-    else:
-        max_body = 32 << 20
-    if max_body < 1024:
-        raise UserError(f"--max-body-size must be at least 1KiB, got {args.max_body_size}")
     endpoint, replay, topic = args.kv_events_endpoint, args.kv_events_replay_endpoint, args.kv_events_topic
     if args.kv_events_config:
         try:
@@ -164,7 +155,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         kv_events_host=args.kv_events_host,
         kv_events_curve=_curve_from_args(args),
         kv_events_token_ids=args.kv_events_token_ids == "on",
-        max_body_bytes=max_body,
+        http=http_limits_from_args(args),
         default_max_tokens=args.default_max_tokens,
     )
 

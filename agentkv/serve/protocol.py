@@ -14,24 +14,14 @@ from typing import Literal
 
 import msgspec
 
-from agentkv.trace.tokens import apply_chat_template, encode
+from agentkv.gate.errors import RequestError
+from agentkv.gate.jsonbody import decode
+from agentkv.trace.tokens import apply_chat_template, encode_bounded
+
+__all__ = ["RequestError", "Limits", "GenRequest", "parse_completion", "parse_chat", "check_cache_salt"]
 
 MAX_SALT_LEN = 128
 _BAD_SALT = re.compile(r"[@/\\\x00]")
-_PATH = re.compile(r"at `\$\.([A-Za-z_][A-Za-z0-9_]*)")
-
-
-class RequestError(Exception):
-    """A request the server refuses: HTTP status, message, offending parameter, OpenAI error type."""
-
-    def __init__(
-        self, message: str, param: str | None = None, status: int = 400, err_type: str = "BadRequestError"
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.param = param
-        self.status = status
-        self.err_type = err_type
 
 
 class StreamOptions(msgspec.Struct):
@@ -129,28 +119,19 @@ class GenRequest:
     session_id: str | None
 
 
-def _decode(decoder: msgspec.json.Decoder, body: bytes):
-    try:
-        return decoder.decode(body)
-    except msgspec.ValidationError as e:
-        msg = str(e)
-        m = _PATH.search(msg)
-        raise RequestError(f"invalid request: {msg}", m.group(1) if m else None) from None
-    except msgspec.DecodeError as e:
-        raise RequestError(f"malformed JSON body: {e}") from None
-
-
 def parse_completion(body: bytes, limits: Limits) -> GenRequest:
     """A /v1/completions body as a GenRequest, or RequestError."""
-    req: CompletionBody = _decode(_completion_decoder, body)
+    req: CompletionBody = decode(body, _completion_decoder)
     prompt = req.prompt
     if isinstance(prompt, list):
+        if len(prompt) == 1 and isinstance(prompt[0], list):
+            prompt = prompt[0]
+        if len(prompt) >= limits.max_model_len:  # before anything looks at each id
+            raise _too_long(limits.max_model_len, f"{len(prompt)}")
         if prompt and all(isinstance(t, int) for t in prompt):
             ids = list(prompt)
         elif len(prompt) == 1 and isinstance(prompt[0], str):
-            ids = _text_ids(prompt[0])
-        elif len(prompt) == 1 and isinstance(prompt[0], list):
-            ids = prompt[0]
+            ids = _text_ids(prompt[0], limits.max_model_len)
         elif len(prompt) > 1 and all(isinstance(t, str | list) for t in prompt):
             raise RequestError("batched prompts are not supported: send one prompt per request", "prompt")
         elif not prompt:
@@ -161,7 +142,7 @@ def parse_completion(body: bytes, limits: Limits) -> GenRequest:
             )
         _check_ids(ids, limits.vocab_size)
     else:
-        ids = _text_ids(prompt)
+        ids = _text_ids(prompt, limits.max_model_len)
     if req.echo:
         raise RequestError("echo is not supported", "echo")
     return _finish(req, "completion", ids, req.max_tokens, limits.default_completion_tokens, limits)
@@ -169,7 +150,7 @@ def parse_completion(body: bytes, limits: Limits) -> GenRequest:
 
 def parse_chat(body: bytes, limits: Limits) -> GenRequest:
     """A /v1/chat/completions body as a GenRequest (messages rendered by the built-in template)."""
-    req: ChatBody = _decode(_chat_decoder, body)
+    req: ChatBody = decode(body, _chat_decoder)
     if not req.messages:
         raise RequestError("messages must not be empty", "messages")
     if req.add_generation_prompt and req.continue_final_message:
@@ -193,16 +174,32 @@ def parse_chat(body: bytes, limits: Limits) -> GenRequest:
             content = "\n".join(texts)
         rendered.append({"role": m.role, "content": content, "name": m.name, "tool_calls": m.tool_calls})
     text = apply_chat_template(rendered, add_generation_prompt=bool(req.add_generation_prompt))
-    ids = encode(text)
+    ids = _bounded(text, limits.max_model_len)
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     return _finish(req, "chat", ids, max_tokens, limits.default_chat_tokens, limits)
 
 
-def _text_ids(text: str) -> list[int]:
-    ids = encode(text)
+def _bounded(text: str, max_len: int) -> list[int]:
+    """Token ids of `text`; a 400 as soon as they reach `max_len` (the tokenizer stops there)."""
+    ids = encode_bounded(text, max_len)
+    if ids is None:
+        raise _too_long(max_len, f"more than {max_len}")
+    return ids
+
+
+def _text_ids(text: str, max_len: int) -> list[int]:
+    ids = _bounded(text, max_len)
     if not ids:
         raise RequestError("the prompt is empty", "prompt")
     return ids
+
+
+def _too_long(max_len: int, n: str) -> RequestError:
+    return RequestError(
+        f"This model's maximum context length is {max_len} tokens. However, your request "
+        f"has {n} input tokens. Please reduce the length of the input.",
+        "prompt",
+    )
 
 
 def _check_ids(ids: list[int], vocab_size: int) -> None:
@@ -249,11 +246,7 @@ def _finish(
     n_prompt = len(ids)
     max_len = limits.max_model_len
     if n_prompt >= max_len:
-        raise RequestError(
-            f"This model's maximum context length is {max_len} tokens. However, your request "
-            f"has {n_prompt} input tokens. Please reduce the length of the input.",
-            "prompt",
-        )
+        raise _too_long(max_len, str(n_prompt))
     if max_tokens is None:
         max_tokens = min(default_tokens, max_len - n_prompt)
     elif max_tokens < 1:

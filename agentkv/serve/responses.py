@@ -31,11 +31,6 @@ def text_of(start: int, n: int) -> str:
     return "".join(output_text(i) for i in range(start, start + n))
 
 
-def error_body(message: str, err_type: str, status: int, param: str | None = None) -> bytes:
-    """vLLM's ErrorResponse: {"error": {"message", "type", "param", "code"}} with code = HTTP status."""
-    return _enc.encode({"error": {"message": message, "type": err_type, "param": param, "code": status}})
-
-
 class ChunkWriter:
     """Renders one request's stream: `chunk(start, n, finished)`, `usage_chunk(...)`, and `DONE`."""
 

@@ -5,9 +5,11 @@ ids 0-63 are one syllable, the next 4,096 two, the next 262,144 three, ...), and
 such words back, so `encode(decode(ids)) == ids` for every list of non-negative ids (in
 particular all of `[0, VOCAB_SIZE)`). That lets a benchmark send a trace's exact token ids as
 text, and lets a router hash text prompts the way the server does. Other text is split into
-special markers (`<|user|>`), letter runs (cut into pieces of at most 5 letters), digit groups
-of at most 3, and single punctuation characters; each piece hashes (XXH3) into
-`[0, VOCAB_SIZE)`. Whitespace only separates pieces. No BOS token is ever added.
+special markers (`<|user|>`, at most 32 characters between the bars), letter runs (cut into
+pieces of at most 5 letters), digit groups of at most 3, and single punctuation characters; each
+piece hashes (XXH3) into `[0, VOCAB_SIZE)`. Whitespace only separates pieces. No BOS token is ever
+added. A token covers at most MAX_TOKEN_CHARS characters and at least one, so `encode_bounded`
+can stop as soon as a text is known to be too long, whatever its size.
 """
 
 from __future__ import annotations
@@ -27,8 +29,12 @@ VOWELS = "aiou"
 SYLLABLES = tuple(c + v for c in CONSONANTS for v in VOWELS)  # 64
 _BASE = len(SYLLABLES)
 _SYL_INDEX = {s: i for i, s in enumerate(SYLLABLES)}
-_PIECE = re.compile(r"<\|[A-Za-z0-9_]+\|>|[A-Za-z]+|[0-9]{1,3}|[^\sA-Za-z0-9]")
+_PIECE = re.compile(r"<\|[A-Za-z0-9_]{1,32}\|>|[A-Za-z]+|[0-9]{1,3}|[^\sA-Za-z0-9]")
 _PSEUDO = re.compile(f"(?:[{CONSONANTS}][{VOWELS}])+")
+_WORD = re.compile(r"\S+")  # what str.split() splits on (both use Py_UNICODE_ISSPACE)
+MAX_PSEUDO = 16  # letters of a pseudo-word read back as its id: every id below 64**8 spells in 8 syllables
+MAX_TOKEN_CHARS = 36  # the most characters one token covers: a marker, <|32 characters|>
+_LONG_WORD = 64  # words longer than this are encoded piece by piece, with an early stop
 _CHUNK = 5  # letters per hashed piece: about one token per short word, as BPE tokenizers give
 _FILLER_SEED = 0x6F7574  # "out": output token ids are a fixed pseudo-random sequence
 
@@ -81,15 +87,18 @@ def _encode_word(word: str) -> tuple[int, ...]:
     """Ids of one whitespace-free word that is not a short pseudo-word."""
     ids: list[int] = []
     for piece in _PIECE.findall(word):
-        c = piece[0]
-        if c.isascii() and c.isalpha():
-            if _PSEUDO.fullmatch(piece):
-                ids.append(_parse(piece))
-            else:
-                ids.extend(_hash_piece(piece[i : i + _CHUNK]) for i in range(0, len(piece), _CHUNK))
-        else:
-            ids.append(_hash_piece(piece))
+        ids.extend(_piece_ids(piece))
     return tuple(ids)
+
+
+def _piece_ids(piece: str):
+    """The ids of one piece: a pseudo-word's own id, 5-letter chunks of other letter runs, else a hash."""
+    c = piece[0]
+    if c.isascii() and c.isalpha():
+        if len(piece) <= MAX_PSEUDO and _PSEUDO.fullmatch(piece):
+            return (_parse(piece),)
+        return (_hash_piece(piece[i : i + _CHUNK]) for i in range(0, len(piece), _CHUNK))
+    return (_hash_piece(piece),)
 
 
 def encode(text: str) -> list[int]:
@@ -101,9 +110,44 @@ def encode(text: str) -> list[int]:
         i = lookup(word)
         if i is not None:
             append(i)
-        else:
+        elif len(word) <= _LONG_WORD:
             extend(_encode_word(word))
+        else:  # not cached: a cache of long words would hold every client's text
+            for m in _PIECE.finditer(word):
+                extend(_piece_ids(m.group()))
     return ids
+
+
+def encode_bounded(text: str, limit: int) -> list[int] | None:
+    """`encode(text)`, or None as soon as it is known to pass `limit` tokens: the work done is at most
+    about `limit` tokens' worth plus a C-speed scan of the text, however long it is."""
+    if len(text) <= limit:  # a token covers at least one character
+        return encode(text)
+    lookup = _tables()[1].get
+    ids: list[int] = []
+    append, extend = ids.append, ids.extend
+    for m in _WORD.finditer(text):
+        word = m.group()
+        i = lookup(word)
+        if i is not None:
+            append(i)
+        elif len(word) <= _LONG_WORD:
+            extend(_encode_word(word))
+        elif not _extend_long(ids, word, limit):
+            return None
+        if len(ids) > limit:
+            return None
+    return ids
+
+
+def _extend_long(ids: list[int], word: str, limit: int) -> bool:
+    """Append a long word's ids piece by piece; False once `ids` passes `limit`."""
+    for m in _PIECE.finditer(word):
+        for t in _piece_ids(m.group()):
+            ids.append(t)
+            if len(ids) > limit:
+                return False
+    return True
 
 
 def decode(ids: Iterable[int]) -> str:

@@ -1,0 +1,132 @@
+"""One attempt to forward a prepared request to one worker and stream its answer back.
+
+Failures before the worker's first byte raise `Retry` (the proxy tries another worker). After
+it, the two ends are told apart: a worker that breaks the stream is counted in
+`broken_streams` and the client's connection is cut (so it sees an incomplete response, not a
+clean end); a client that leaves, or whose handler is cancelled because it left, is counted in
+`client_disconnects` and the worker's request is closed, which aborts it there (a non-streamed
+request's generation stops as a streamed one does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING
+
+import aiohttp
+from aiohttp import web
+
+if TYPE_CHECKING:
+    from agentkv.route.proxy import Router
+    from agentkv.route.workers import Load, Worker
+
+log = logging.getLogger("agentkv.route")
+RETRY_STATUS = frozenset({502, 503, 504})
+CONNECT_ERRORS = (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, ConnectionError, TimeoutError)
+
+
+class Retry(Exception):
+    """The worker failed before sending a byte: the request may go to another worker."""
+
+    def __init__(self, why: str, dead: bool = False) -> None:
+        super().__init__(why)
+        self.dead = dead
+
+
+async def forward(
+    router: Router, request: web.Request, w: Worker, path: str, payload: bytes, headers: dict, load: Load
+) -> web.StreamResponse:
+    """POST to `w` and stream its answer back; Retry if it failed before its first byte (from which on
+    the request counts as `w`'s KV load): an error, a retryable status, no byte within
+    --first-byte-timeout, or the worker taken out of rotation meanwhile."""
+    upstream, first = await _first_byte(router, w, path, payload, headers)
+    try:
+        load.first_byte()
+        w.last_byte = asyncio.get_running_loop().time()
+        resp = web.StreamResponse(status=upstream.status, headers={"x-agentkv-worker": str(w.slot)})
+        resp.content_type = upstream.content_type
+        if upstream.content_type == "text/event-stream":
+            resp.headers["Cache-Control"] = "no-cache"
+        elif upstream.content_length is not None:
+            resp.content_length = upstream.content_length
+        await _relay(router, request, resp, upstream, w, first)
+        return resp
+    except asyncio.CancelledError:  # the client left while we waited on the worker
+        router.stats.client_disconnects += 1
+        upstream.close()  # the worker sees the disconnect and aborts the request
+        raise
+    finally:
+        upstream.release()
+
+
+async def _first_byte(
+    router: Router, w: Worker, path: str, payload: bytes, headers: dict
+) -> tuple[aiohttp.ClientResponse, bytes]:
+    """The worker's response and its first bytes, or Retry."""
+    limit = router.cfg.first_byte_timeout
+    deadline = asyncio.timeout(limit)
+    w.waiting.add(deadline)
+    upstream = None
+    try:
+        async with deadline:
+            upstream = await router.session.post(w.spec.url + path, data=payload, headers=headers)
+            if upstream.status in RETRY_STATUS:
+                raise Retry(f"HTTP {upstream.status}")
+            return upstream, await upstream.content.readany()
+    except CONNECT_ERRORS + (Retry,) as e:
+        if upstream is not None:
+            upstream.release()
+        if isinstance(e, Retry):
+            raise
+        if deadline.expired():
+            if not w.healthy:
+                raise Retry("taken out of rotation while the request waited for its first byte") from None
+            w.first_byte_timeouts += 1
+            raise Retry(f"no first byte within --first-byte-timeout {limit:g}s") from None
+        raise Retry(type(e).__name__, dead=isinstance(e, aiohttp.ClientConnectorError)) from None
+    except asyncio.CancelledError:
+        router.stats.client_disconnects += 1
+        if upstream is not None:
+            upstream.close()
+        raise
+    finally:
+        w.waiting.discard(deadline)
+
+
+async def _relay(
+    router: Router,
+    request: web.Request,
+    resp: web.StreamResponse,
+    upstream: aiohttp.ClientResponse,
+    w: Worker,
+    first: bytes,
+) -> None:
+    """Copy the worker's bytes to the client until either end stops, and say which one did."""
+    loop = asyncio.get_running_loop()
+    chunk = first
+    while True:
+        try:
+            if not resp.prepared:
+                await resp.prepare(request)
+            if chunk:
+                await resp.write(chunk)
+        except ConnectionError:  # the client left
+            router.stats.client_disconnects += 1
+            upstream.close()
+            return
+        try:
+            chunk = await upstream.content.readany()
+        except CONNECT_ERRORS:
+            router.stats.broken_streams += 1
+            log.warning("worker %d broke a response mid-stream; the client's stream ends early", w.slot)
+            if request.protocol is not None:
+                request.protocol.force_close()  # an incomplete response, not a clean end
+            return
+        if not chunk:
+            break
+        w.last_byte = loop.time()
+    try:
+        await resp.write_eof()
+    except ConnectionError:
+        router.stats.client_disconnects += 1

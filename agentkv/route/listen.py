@@ -1,0 +1,54 @@
+"""`agentkv route` as a process: the router's app behind the door's connection guard, on uvloop when
+installed, until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+
+from agentkv.errors import UserError
+from agentkv.gate.conn import make_runner, start_site
+from agentkv.route.proxy import Router, RouterConfig
+
+log = logging.getLogger("agentkv.route")
+
+
+def run_router(cfg: RouterConfig) -> None:
+    """Serve until interrupted."""
+    router = Router(cfg)
+    log.info(
+        "agentkv route on http://%s:%d, policy %s, %d workers",
+        cfg.host,
+        cfg.port,
+        cfg.policy,
+        len(cfg.workers),
+    )
+    loop_factory = asyncio.new_event_loop
+    try:  # uvloop when present: about a third less CPU per proxied request
+        import uvloop
+
+        loop_factory = uvloop.new_event_loop
+    except ImportError:
+        pass
+    with asyncio.Runner(loop_factory=loop_factory) as runner:
+        runner.run(_serve(router, cfg))
+
+
+async def _serve(router: Router, cfg: RouterConfig) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    runner = make_runner(router.app, cfg.http)
+    await runner.setup()
+    try:
+        # each client connection may hold one to its worker: two descriptors per connection
+        router.guard = await start_site(runner, cfg.host, cfg.port, cfg.http, fds_per_connection=2)
+    except OSError as e:
+        await runner.cleanup()
+        raise UserError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror}") from None
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
