@@ -3,72 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 
-import aiohttp
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
+from serveutil import metrics, run, serving, settle, sse
 
 from agentkv.engine.config import EngineConfig
-from agentkv.events.subscriber import AsyncZmqEventSubscriber
 from agentkv.gate.options import HttpLimits
-from agentkv.kv.events import BlockRemoved, BlockStored
-from agentkv.serve.app import ServeOptions, Server
 from agentkv.trace.tokens import decode, encode, output_ids
-
-FAST = 1000.0  # --time-scale: engine steps of ~6 ms take ~6 us of wall time
-
-
-@contextlib.asynccontextmanager
-async def serving(config: EngineConfig | None = None, **opts):
-    server = Server(
-        config or EngineConfig(max_model_len=4096), ServeOptions(port=0, **{"time_scale": FAST, **opts})
-    )
-    url = await server.start()
-    try:
-        async with aiohttp.ClientSession() as session:
-            yield server, url, session
-    finally:
-        await server.stop()
-
-
-def run(coro):
-    return asyncio.run(coro)
-
-
-async def sse(session: aiohttp.ClientSession, url: str, body: dict) -> list[dict]:
-    """POST and read an SSE stream: the decoded chunks (checks it ends with [DONE])."""
-    async with session.post(url, json=body) as r:
-        assert r.status == 200, await r.text()
-        assert r.headers["Content-Type"].startswith("text/event-stream")
-        data = [line[6:].strip() async for line in r.content if line.startswith(b"data: ")]
-    assert data[-1] == b"[DONE]"
-    return [json.loads(d) for d in data[:-1]]
-
-
-async def metrics(session: aiohttp.ClientSession, url: str) -> dict[str, float]:
-    async with session.get(url + "/metrics") as r:
-        assert r.status == 200
-        text = await r.text()
-    out = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            labels = ",".join(
-                f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("model_name", "engine")
-            )
-            out[s.name + (f"{{{labels}}}" if labels else "")] = s.value
-    return out
-
-
-async def settle(server: Server, timeout: float = 5.0) -> None:
-    """Wait until the engine holds no request (finished or aborted)."""
-    for _ in range(int(timeout / 0.01)):
-        if not server.runner.engine.requests and not server.runner.streams:
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"engine still holds {list(server.runner.engine.requests)}")
 
 
 def test_streaming_completions_both_prompt_forms():
@@ -201,78 +144,6 @@ def test_metrics_parse_and_move():
             assert m["vllm:num_requests_running"] == 0 and m["vllm:num_requests_waiting"] == 0
             assert m["vllm:kv_cache_usage_perc"] == 0
             assert m["vllm:num_preemptions_total"] == 0
-
-    run(main())
-
-
-def test_kv_events_stored_then_removed_under_memory_pressure():
-    """9 GPU blocks, 8 usable beside vLLM's null block: a second prompt that needs all 8 evicts the
-    first one's cached blocks."""
-    cfg = EngineConfig(num_gpu_blocks_override=9, max_model_len=128, max_num_batched_tokens=128)
-    first, second = list(range(100, 164)), list(range(300, 364))
-
-    async def main():
-        sub = AsyncZmqEventSubscriber("tcp://127.0.0.1:*")  # the subscriber binds; the server connects
-        got = []
-
-        async def collect():
-            while True:
-                r = await sub.recv(0.05)
-                if r is not None:
-                    got.append(r)
-
-        task = asyncio.create_task(collect())
-        try:
-            async with serving(cfg, kv_events_endpoint=sub.endpoint) as (server, url, s):
-                assert await asyncio.to_thread(server.publisher.wait_for_subscribers, 1, 5.0)
-                for prompt, n in ((first, 1), (second, 60)):
-                    async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": n}) as r:
-                        assert r.status == 200, await r.text()
-                for _ in range(200):
-                    if any(isinstance(e, BlockRemoved) for r in got for e in r.batch.events):
-                        break
-                    await asyncio.sleep(0.01)
-                hashes = server.runner.engine.hasher.hashes(first, 16)
-        finally:
-            task.cancel()
-            sub.close()
-        events = [(r.seq, e) for r in got for e in r.batch.events]
-        assert [r.seq for r in got] == list(range(len(got)))
-        stored = [
-            seq for seq, e in events if isinstance(e, BlockStored) and set(hashes) <= set(e.block_hashes)
-        ]
-        removed = [
-            seq for seq, e in events if isinstance(e, BlockRemoved) and set(e.block_hashes) & set(hashes)
-        ]
-        assert stored and removed and stored[0] < removed[0]
-        assert all(e.medium == "GPU" for _, e in events)
-
-    run(main())
-
-
-def test_kv_events_bind_on_wildcard_and_replay():
-    async def main():
-        async with serving(
-            kv_events_endpoint="tcp://127.0.0.1:*", kv_events_replay_endpoint="tcp://127.0.0.1:*"
-        ) as (server, url, s):
-            pub = server.publisher
-            assert not pub.endpoint.endswith("*") and not pub.replay_endpoint.endswith("*")
-            async with s.post(
-                url + "/v1/completions", json={"prompt": list(range(64)), "max_tokens": 2}
-            ) as r:
-                assert r.status == 200
-            for _ in range(100):
-                if pub.stats.sent:
-                    break
-                await asyncio.sleep(0.01)
-            sub = AsyncZmqEventSubscriber(pub.endpoint, pub.replay_endpoint)
-            try:
-                replayed = await sub.replay(0, timeout=2.0)
-            finally:
-                sub.close()
-        assert replayed and replayed[0].seq == 0
-        assert isinstance(replayed[0].batch.events[0], BlockStored)
-        assert replayed[0].batch.data_parallel_rank == 0
 
     run(main())
 
