@@ -149,142 +149,164 @@ class Load:
                 await asyncio.gather(*self.tasks)
 
 
+class Chaos:
+    """The faults, on a schedule, while the load runs; each live process's RSS is sampled meanwhile."""
+
+    def __init__(self, cluster: Cluster, relay: DroppingRelay, url: str) -> None:
+        self.cluster, self.procs, self.relay, self.url = cluster, cluster.procs, relay, url
+        self.rss: dict[str, list[int]] = {}
+        self.faults: list[str] = []
+
+    def sample(self) -> None:
+        for name, p in self.procs.procs.items():
+            if p.poll() is None:
+                self.rss.setdefault(name, []).append(rss_bytes(p.pid))
+
+    async def kill_with_requests_in_flight(self, load: Load) -> None:
+        """Send a burst of long turns of sessions living on worker 0, then SIGKILL it as soon as
+        the router has requests in flight there (most still prefilling: no byte sent yet)."""
+        for k in [k for k, w in load.home.items() if w == "0"][:4] or [0, 1, 2, 3]:
+            load.send(k, 30_000, 8)
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            text = await asyncio.to_thread(get_text, self.url + "/metrics")
+            if metric_sum(text, 'agentkv_router_worker_in_flight{worker="0"') >= 1:
+                break
+            await asyncio.sleep(0.02)
+        os.kill(self.procs.procs["worker0"].pid, signal.SIGKILL)
+        await asyncio.to_thread(self.procs.procs["worker0"].wait, 10)
+
+    async def apply(self, what: str, load: Load) -> None:
+        w2 = self.procs.procs["worker2"]
+        if what == "drop":
+            self.relay.dropping.set()
+        elif what == "undrop":
+            self.relay.dropping.clear()
+        elif what == "kill":
+            await self.kill_with_requests_in_flight(load)
+        elif what == "restart":
+            self.cluster.start_worker(0, time_scale=TIME_SCALE)
+        elif what == "stall":
+            os.kill(w2.pid, signal.SIGSTOP)
+        elif what == "resume":
+            os.kill(w2.pid, signal.SIGCONT)
+
+    async def run(self, t0: float, load: Load) -> None:
+        steps = sorted(
+            [
+                (DROP_FROM, "drop"),
+                (KILL_AT, "kill"),
+                (RESTART_AT, "restart"),
+                (STALL_AT, "stall"),
+                (STALL_AT + STALL_FOR, "resume"),
+                (DROP_UNTIL, "undrop"),
+            ]
+        )
+        for at, what in steps:
+            while time.monotonic() - t0 < at:
+                self.sample()
+                await asyncio.sleep(0.25)
+            await self.apply(what, load)
+            self.faults.append(f"{time.monotonic() - t0:5.1f}s {what}")
+        while time.monotonic() - t0 < DURATION:
+            self.sample()
+            await asyncio.sleep(0.25)
+
+
+def router_args(tmp_path) -> list[str]:
+    return [
+        "--api-keys",
+        str(write_keys(tmp_path, KEYS)),
+        "--router-secret",
+        "s",
+        "--health-interval",
+        "0.5",
+        "--scrape-interval",
+        "1",
+        "--log-level",
+        "warning",
+    ]
+
+
+async def run_load(url: str, out: Outcomes, chaos: Chaos) -> None:
+    t0 = time.monotonic()
+    load = Load(url, out)
+    await asyncio.gather(load.run(t0), chaos.run(t0, load))
+
+
+def index_and_caches(url: str, http: list[int]) -> tuple[dict, dict]:
+    """The router's index and each live worker's cache, once they agree (or after 20 s). One request
+    per worker first reveals any trailing dropped frame (a gap shows only when the next message
+    arrives)."""
+    for i in range(3):
+        assert (
+            post(f"http://127.0.0.1:{http[i]}/v1/completions", {"prompt": [7] * 40, "max_tokens": 1})[0]
+            == 200
+        )
+    deadline = time.monotonic() + 20
+    while True:
+        index = get_json(url + "/debug/index")["workers"]
+        own = {str(i): get_json(f"http://127.0.0.1:{http[i]}/debug/kv_blocks")["GPU"] for i in range(3)}
+        if index == own or time.monotonic() > deadline:
+            return index, own
+        time.sleep(0.5)
+
+
+def print_report(out: Outcomes, chaos: Chaos, index: dict, own: dict, counts: dict[str, float]) -> None:
+    relay, rss = chaos.relay, chaos.rss
+    print(f"\nfaults: {'; '.join(chaos.faults)}")
+    print(
+        f"requests sent {out.sent}, succeeded {out.succeeded}, retried {int(counts['retried'])}, "
+        f"failed {sum(out.failed.values())} ({dict(out.failed)}), lost {len(out.lost)}; "
+        f"served by worker {dict(sorted(out.workers.items()))}"
+    )
+    print(
+        f"event frames dropped by the relay {relay.dropped} of {relay.seen}; "
+        f"router resyncs {int(counts['resyncs'])}, batches lost for good {int(counts['lost_events'])}"
+    )
+    print(
+        "index vs workers: "
+        + ", ".join(
+            f"worker {k}: {v['blocks']} blocks {'==' if own[k] == v else '!='} {own[k]['blocks']}"
+            for k, v in sorted(index.items())
+        )
+    )
+    print(
+        "peak RSS MiB: "
+        + ", ".join(f"{k} {max(v) / 2**20:.0f} (start {v[0] / 2**20:.0f})" for k, v in sorted(rss.items()))
+    )
+
+
 def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
     cluster = Cluster(tmp_path, 3, spare=1)
-    procs, http, events, (relay_port,) = cluster.procs, cluster.http, cluster.events, cluster.spare
+    http, events, (relay_port,) = cluster.http, cluster.events, cluster.spare
     relay = None
     try:
         cluster.start_workers(time_scale=TIME_SCALE)
         relay = DroppingRelay(f"tcp://127.0.0.1:{events[1]}", relay_port)
         ev = [f"tcp://127.0.0.1:{events[0]}", f"tcp://127.0.0.1:{relay_port}", f"tcp://127.0.0.1:{events[2]}"]
-        cluster.start_router(
-            [
-                "--api-keys",
-                str(write_keys(tmp_path, KEYS)),
-                "--router-secret",
-                "s",
-                "--health-interval",
-                "0.5",
-                "--scrape-interval",
-                "1",
-                "--log-level",
-                "warning",
-            ],
-            events=ev,
-        )
+        cluster.start_router(router_args(tmp_path), events=ev)
         url = cluster.router_url()
         cluster.wait_ready()
         cluster.wait_taken_in(timeout=30)
 
-        out = Outcomes()
-        rss: dict[str, list[int]] = {}
-        faults: list[str] = []
-
-        def sample() -> None:
-            for name, p in procs.procs.items():
-                if p.poll() is None:
-                    rss.setdefault(name, []).append(rss_bytes(p.pid))
-
-        async def kill_with_requests_in_flight(load: Load) -> None:
-            """Send a burst of long turns of sessions living on worker 0, then SIGKILL it as soon as
-            the router has requests in flight there (most still prefilling: no byte sent yet)."""
-            for k in [k for k, w in load.home.items() if w == "0"][:4] or [0, 1, 2, 3]:
-                load.send(k, 30_000, 8)
-            end = time.monotonic() + 3
-            while time.monotonic() < end:
-                text = await asyncio.to_thread(get_text, url + "/metrics")
-                if metric_sum(text, 'agentkv_router_worker_in_flight{worker="0"') >= 1:
-                    break
-                await asyncio.sleep(0.02)
-            os.kill(procs.procs["worker0"].pid, signal.SIGKILL)
-            await asyncio.to_thread(procs.procs["worker0"].wait, 10)
-
-        async def chaos(t0: float, load: Load) -> None:
-            """The faults, on a schedule, while the load runs."""
-            steps = sorted(
-                [
-                    (DROP_FROM, "drop"),
-                    (KILL_AT, "kill"),
-                    (RESTART_AT, "restart"),
-                    (STALL_AT, "stall"),
-                    (STALL_AT + STALL_FOR, "resume"),
-                    (DROP_UNTIL, "undrop"),
-                ]
-            )
-            for at, what in steps:
-                while time.monotonic() - t0 < at:
-                    sample()
-                    await asyncio.sleep(0.25)
-                w2 = procs.procs["worker2"]
-                if what == "drop":
-                    relay.dropping.set()
-                elif what == "undrop":
-                    relay.dropping.clear()
-                elif what == "kill":
-                    await kill_with_requests_in_flight(load)
-                elif what == "restart":
-                    cluster.start_worker(0, time_scale=TIME_SCALE)
-                elif what == "stall":
-                    os.kill(w2.pid, signal.SIGSTOP)
-                elif what == "resume":
-                    os.kill(w2.pid, signal.SIGCONT)
-                faults.append(f"{time.monotonic() - t0:5.1f}s {what}")
-            while time.monotonic() - t0 < DURATION:
-                sample()
-                await asyncio.sleep(0.25)
-
-        async def run() -> None:
-            t0 = time.monotonic()
-            load = Load(url, out)
-            await asyncio.gather(load.run(t0), chaos(t0, load))
-
-        asyncio.run(run())
+        out, chaos = Outcomes(), Chaos(cluster, relay, url)
+        asyncio.run(run_load(url, out, chaos))
         m = get_text(url + "/metrics")
         retried = metric_sum(m, "agentkv_router_retries_total")
         broken = metric_sum(m, "agentkv_router_broken_streams_total")
         router_failed = metric_sum(m, "agentkv_router_failed_total")
 
-        # the index must equal each live worker's cache: one request per worker reveals any trailing
-        # dropped frame (a gap shows only when the next message arrives), then compare digests
-        for i in range(3):
-            assert (
-                post(f"http://127.0.0.1:{http[i]}/v1/completions", {"prompt": [7] * 40, "max_tokens": 1})[0]
-                == 200
-            )
-        deadline = time.monotonic() + 20
-        while True:
-            index = get_json(url + "/debug/index")["workers"]
-            own = {str(i): get_json(f"http://127.0.0.1:{http[i]}/debug/kv_blocks")["GPU"] for i in range(3)}
-            if index == own or time.monotonic() > deadline:
-                break
-            time.sleep(0.5)
+        # the index must equal each live worker's cache: compare digests once the workers answered
+        index, own = index_and_caches(url, http)
         m = get_text(url + "/metrics")
         lost_events = metric_sum(m, "agentkv_router_worker_event_lost_total")
         resyncs = metric_sum(m, "agentkv_router_worker_event_resyncs_total")
-        sample()
+        chaos.sample()
 
         failed = sum(out.failed.values())
-        print(f"\nfaults: {'; '.join(faults)}")
-        print(
-            f"requests sent {out.sent}, succeeded {out.succeeded}, retried {int(retried)}, failed {failed} "
-            f"({dict(out.failed)}), lost {len(out.lost)}; served by worker {dict(sorted(out.workers.items()))}"
-        )
-        print(
-            f"event frames dropped by the relay {relay.dropped} of {relay.seen}; router resyncs {int(resyncs)}, "
-            f"batches lost for good {int(lost_events)}"
-        )
-        print(
-            "index vs workers: "
-            + ", ".join(
-                f"worker {k}: {v['blocks']} blocks {'==' if own[k] == v else '!='} {own[k]['blocks']}"
-                for k, v in sorted(index.items())
-            )
-        )
-        print(
-            "peak RSS MiB: "
-            + ", ".join(
-                f"{k} {max(v) / 2**20:.0f} (start {v[0] / 2**20:.0f})" for k, v in sorted(rss.items())
-            )
+        print_report(
+            out, chaos, index, own, {"retried": retried, "resyncs": resyncs, "lost_events": lost_events}
         )
 
         assert out.sent >= RATE * DURATION * 0.9
@@ -296,9 +318,9 @@ def test_router_survives_kill_restart_dropped_events_and_a_stall(tmp_path):
         assert relay.dropped > 0 and resyncs >= 1 and lost_events == 0  # drops seen, all replayed
         assert index == own, (index, own)  # the router's index is exactly the workers' caches
         assert sum(v["blocks"] for v in own.values()) > 0
-        for name, xs in rss.items():  # memory bounded: no process grew by more than 256 MiB
+        for name, xs in chaos.rss.items():  # memory bounded: no process grew by more than 256 MiB
             assert max(xs) - xs[0] < 256 << 20, (name, xs[0], max(xs))
     finally:
         if relay is not None:
             relay.close()
-        procs.stop_all()
+        cluster.procs.stop_all()
