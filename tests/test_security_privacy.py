@@ -24,18 +24,19 @@ MARK = "Zqxv" + secrets.token_hex(4)  # a marker no log line could hold by chanc
 KEYS = {"key-a": "tenant-a"}
 
 
-def _bodies() -> list[tuple[str, bytes, set[int]]]:
-    """(path, body, acceptable statuses): good requests and each kind of refusal, all with the marker."""
-    m = MARK
-    j = json.dumps
+def _c(body: dict, ok=frozenset({200})) -> tuple[str, bytes, set[int]]:
+    return "/v1/completions", json.dumps(body).encode(), set(ok)
 
-    def c(body: dict, ok=frozenset({200})) -> tuple[str, bytes, set[int]]:
-        return "/v1/completions", j(body).encode(), set(ok)
 
-    def chat(body: dict, ok=frozenset({200})) -> tuple[str, bytes, set[int]]:
-        return "/v1/chat/completions", j(body).encode(), set(ok)
+def _chat(body: dict, ok=frozenset({200})) -> tuple[str, bytes, set[int]]:
+    return "/v1/chat/completions", json.dumps(body).encode(), set(ok)
 
-    bad = frozenset({400})
+
+_BAD = frozenset({400})
+
+
+def _completion_bodies() -> list[tuple[str, bytes, set[int]]]:
+    m, c, bad = MARK, _c, _BAD
     return [
         c({"prompt": f"hello {m} world", "max_tokens": 8}),
         c(
@@ -59,6 +60,12 @@ def _bodies() -> list[tuple[str, bytes, set[int]]]:
         c({"prompt": m + " " * 70_000}, {413}),  # over --max-body-size
         ("/v1/completions", b'{"prompt": "' + m.encode() + b'", broken', {400}),  # malformed JSON
         ("/v1/completions", b'["' + m.encode() + b'"]', {400}),  # not an object
+    ]
+
+
+def _chat_and_tokenize_bodies() -> list[tuple[str, bytes, set[int]]]:
+    m, j, chat, bad = MARK, json.dumps, _chat, _BAD
+    return [
         chat({"messages": [{"role": "user", "content": f"my secret is {m}"}], "max_tokens": 4}),
         chat(
             {
@@ -92,6 +99,11 @@ def _bodies() -> list[tuple[str, bytes, set[int]]]:
         ("/tokenize", j({"other": m}).encode(), {400}),
         ("/detokenize", j({"tokens": [m]}).encode(), {400}),
     ]
+
+
+def _bodies() -> list[tuple[str, bytes, set[int]]]:
+    """(path, body, acceptable statuses): good requests and each kind of refusal, all with the marker."""
+    return _completion_bodies() + _chat_and_tokenize_bodies()
 
 
 @pytest.fixture(scope="module")
