@@ -189,9 +189,9 @@ def _fifo(p: Path) -> Path:
     return p
 
 
-def path_cases(d: Path, sock_dir: Path) -> list[Case]:
-    """Paths that are not plain trace files, or too big, each with the words its error must hold."""
-    good = json.dumps(AGENTX)
+def _path_tree(d: Path, sock_dir: Path, good: str) -> tuple[Path, Path]:
+    """The folders, special files and links path_cases names; returns (a session transcript, a sparse
+    file past the size cap)."""
     (d / "baddir").mkdir()
     number_cases(d / "baddir")  # a folder of bad files: the first, sorted, is named
     with socket.socket(socket.AF_UNIX) as sock:
@@ -211,6 +211,13 @@ def path_cases(d: Path, sock_dir: Path) -> list[Case]:
         f.truncate(L.MAX_BYTES + 1)  # sparse: nothing is written, nothing need be read
     (d / "small.json").write_text(good)
     (d / "nl\nname.json").write_text('{"block_size": 64, "requests": [{"t": 1e999}]}')
+    return session, big
+
+
+def path_cases(d: Path, sock_dir: Path) -> list[Case]:
+    """Paths that are not plain trace files, or too big, each with the words its error must hold."""
+    good = json.dumps(AGENTX)
+    session, big = _path_tree(d, sock_dir, good)
     gz = gzip.compress(good.encode())
     cases = [
         Case("fifo", _fifo(d / "f.json"), words="FIFO"),
