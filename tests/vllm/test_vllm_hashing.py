@@ -130,19 +130,11 @@ def _events(sub: ZmqEventSubscriber, quiet: float = 1.0) -> list:
     return out
 
 
-def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, figures):
-    """vLLM does not de-duplicate its cache: identical prompts can each leave a copy of a block
-    (here the last one, which a fully cached prompt recomputes), and each copy is stored and later
-    evicted with its own event. The router's index counts copies (tests/test_index.py), so a block
-    stays indexed until its last copy goes."""
+def _live_copies(server, rng: random.Random) -> tuple[dict[int, int], list, list[int]]:
+    """Identical prompts sent at once until some block is stored twice, then the cache filled with
+    other prompts: (block hash -> copies stored, every event seen, the duplicated prompt)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from agentkv.kv.events import BlockRemoved
-    from agentkv.route.index import BlockIndex
-
-    server = evict_server
-    rng = random.Random("duplicates")
-    server.reset_prefix_cache()
     with _subscribe(server, rng) as sub:
         copies: dict[int, int] = {}
         events: list = []
@@ -160,9 +152,14 @@ def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, fig
         for _ in range(12):
             server.complete([rng.randrange(1000, 31000) for _ in range(32 * BS)], max_tokens=1)
         events += _events(sub)
-    removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
-    assert {h: removed.count(h) for h in copies} == copies
-    # replayed in order through the index, a duplicated block is held until its last removal
+    return copies, events, prompt
+
+
+def _check_index_holds_until_last_copy(events: list, copies: dict[int, int]) -> None:
+    """Replayed in order through the index, a duplicated block is held until its last removal."""
+    from agentkv.kv.events import BlockRemoved
+    from agentkv.route.index import BlockIndex
+
     idx, seen = BlockIndex(), dict.fromkeys(copies, 0)
     for e in events:
         idx.apply(0, e)
@@ -171,7 +168,11 @@ def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, fig
                 if h in seen:
                     seen[h] += 1
                     assert idx.holds(0, h) == (seen[h] < copies[h])
-    # agentkv's engine keeps the same copies of the same blocks (its pool does not de-duplicate either)
+
+
+def _engine_copies(prompt: list[int]) -> dict[int, int]:
+    """The copies agentkv's engine keeps of the prompt's blocks, by block position, after the same
+    four requests (its pool does not de-duplicate either)."""
     from agentkv.engine.config import EngineConfig
     from agentkv.engine.engine import Engine
 
@@ -191,7 +192,25 @@ def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, fig
             eng.step()
     ours_stored = [h for e in ours if isinstance(e, BlockStored) for h in e.block_hashes]
     position = {h: i for i, h in enumerate(eng.hasher.hashes(prompt, BS))}
-    ours_copies = {position[h]: ours_stored.count(h) for h in set(ours_stored) if ours_stored.count(h) > 1}
+    return {position[h]: ours_stored.count(h) for h in set(ours_stored) if ours_stored.count(h) > 1}
+
+
+def test_duplicate_blocks_are_stored_and_removed_once_per_copy(evict_server, figures):
+    """vLLM does not de-duplicate its cache: identical prompts can each leave a copy of a block
+    (here the last one, which a fully cached prompt recomputes), and each copy is stored and later
+    evicted with its own event. The router's index counts copies (tests/test_index.py), so a block
+    stays indexed until its last copy goes."""
+    from agentkv.kv.events import BlockRemoved
+
+    server = evict_server
+    rng = random.Random("duplicates")
+    server.reset_prefix_cache()
+    copies, events, prompt = _live_copies(server, rng)
+    removed = [h for e in events if isinstance(e, BlockRemoved) for h in e.block_hashes]
+    assert {h: removed.count(h) for h in copies} == copies
+    _check_index_holds_until_last_copy(events, copies)
+    # agentkv's engine keeps the same copies of the same blocks (its pool does not de-duplicate either)
+    ours_copies = _engine_copies(prompt)
     live_position = {
         h: i
         for e in events
