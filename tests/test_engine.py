@@ -156,3 +156,48 @@ def test_block_stored_events_carry_token_ids():
     run(e)
     stored = [ev for ev in events if type(ev).__name__ == "BlockStored"]
     assert stored and [t for ev in stored for t in ev.token_ids] == ids[:48]
+
+
+def test_prefix_cache_counters_count_each_request_once_as_vllm():
+    """vLLM records a request's queries and hits once, at admission; a preempted request's
+    re-admission goes to separate counters. Four 1,000-token prompts that decode 1,500 tokens on 200
+    blocks are preempted over and over: the counters still move by their prompts, once."""
+    e = Engine(EngineConfig(num_gpu_blocks_override=200, max_model_len=2560, max_num_batched_tokens=2048))
+    shared = list(range(1, 513))  # 32 blocks, cached by a first request
+    e.add_request("warm", max_tokens=1, token_ids=shared)
+    run(e)
+    reqs = [
+        e.add_request(
+            f"r{i}", max_tokens=1500, token_ids=shared + list(range(10_000 * (i + 1), 10_000 * (i + 1) + 488))
+        )
+        for i in range(4)
+    ]
+    run(e)
+    assert e.num_preemptions >= 4 and sum(r.num_preemptions > 0 for r in reqs) >= 2
+    assert e.prefix_cache_queries == 512 + 4 * 1000
+    assert e.prefix_cache_hits == 4 * 512
+    # usage's cached_tokens: what the first admission found, as vLLM's prefill stats (set only before
+    # any preemption), although a re-admission finds the request's own blocks too
+    assert [r.num_cached_tokens for r in reqs] == [512] * 4
+    st = e.pool.stats
+    assert st.requests == 5 and st.preempted_requests == e.num_preemptions
+    assert st.preempted_hits > 0
+
+
+def test_prefix_cache_hits_are_counted_at_admission_not_at_the_first_try():
+    """A request that waits for room while its cached prefix is evicted is counted with the hits it
+    had when admitted (none), as vLLM ("Record at admission so unscheduled lookups are not counted")."""
+    e = Engine(EngineConfig(num_gpu_blocks_override=101, max_model_len=1600, max_num_batched_tokens=1600))
+    prefix = list(range(1, 161))  # 10 blocks, cached and free once this request ends
+    e.add_request("p", max_tokens=1, token_ids=prefix)
+    run(e)
+    e.add_request("a", max_tokens=150, token_ids=list(range(5000, 5000 + 1440)))  # the 90 empty blocks
+    s = e.step()
+    e.clock.advance_to(s.end)
+    b = e.add_request("b", max_tokens=1, token_ids=prefix + list(range(9000, 9200)))
+    s = e.step()  # b finds the prefix but there is no room; a's decoding then evicts the prefix
+    e.clock.advance_to(s.end)
+    assert b.first_scheduled is None and b.computed.num_blocks >= 8  # most of the prefix, then
+    run(e)
+    assert b.num_cached_tokens == 0
+    assert e.prefix_cache_queries == 160 + 1440 + 360 and e.prefix_cache_hits == 0

@@ -67,6 +67,9 @@ class Scheduler:
                 if not pool.allocate_slots(req, n, req.num_computed, req.computed):
                     break
                 self.waiting.popleft()
+                if self.config.enable_prefix_caching:  # vLLM: "Record at admission so unscheduled
+                    # lookups are not counted"; a preempted request's re-admission is counted apart
+                    pool.record_prefix_cache_stats(req.num_tokens, req.num_computed, req.num_preemptions > 0)
                 if req.num_lower_tokens:
                     req.promote_s = pool.last_promote_s
                     req.num_computed += req.num_lower_tokens
@@ -90,8 +93,10 @@ class Scheduler:
         if not first_try and pool.is_current(req.computed):
             return  # a retry, and nothing was evicted since (tiers change only then): same prefix
         computed = req.computed = pool.get_computed_blocks(
-            req.block_hashes, req.num_tokens, count=first_try, hint=req.hint, hash_array=req.hash_array
+            req.block_hashes, req.num_tokens, count=False, hint=req.hint, hash_array=req.hash_array
         )
+        if first_try:  # the policy hears of each request once (and again after a preemption)
+            pool.touch(req.block_hashes, computed.blocks)
         n_gpu = computed.num_blocks
         req.num_computed = n_gpu * bs
         limit = (req.num_tokens - 1) // bs

@@ -59,9 +59,13 @@ class LowerTier(Protocol):
 class PoolStats:
     """Counters: prefix-cache queries/hits in tokens (as vLLM's metrics), and block traffic."""
 
-    queries: int = 0  # tokens looked up (vllm:prefix_cache_queries_total)
+    queries: int = 0  # tokens looked up (vllm:prefix_cache_queries_total), once per request
     hits: int = 0  # tokens found cached (vllm:prefix_cache_hits_total)
-    lookups: int = 0  # get_computed_blocks calls
+    requests: int = 0  # requests counted in queries and hits
+    preempted_requests: int = 0  # re-admissions after preemption (vLLM counts them apart, unexported)
+    preempted_queries: int = 0
+    preempted_hits: int = 0
+    lookups: int = 0  # lookups the eviction policy was told of (`touch`)
     allocated: int = 0  # blocks handed to requests fresh (not prefix hits)
     stored: int = 0  # blocks that got a hash (became cached)
     evicted: int = 0  # cached blocks whose content was dropped to make room

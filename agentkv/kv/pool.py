@@ -91,8 +91,9 @@ class BlockPool:
         `allocate_slots`.
 
         With `num_tokens` (the prompt length), at most `(num_tokens - 1) // block_size` blocks
-        count, as vLLM recomputes the last prompt token. Counts queries and hits in tokens, and
-        tells the policy of the access, unless `count=False` (a retry of the same request).
+        count, as vLLM recomputes the last prompt token. Tells the policy of the access (`touch`)
+        and counts queries and hits in tokens, unless `count=False` (the engine's scheduler touches
+        on a request's first try and counts at its admission, as vLLM does).
         `hint` (block ids likely holding the leading hashes, e.g. the session's previous turn) with
         `hash_array` (the hashes as uint64) checks that run in bulk first; the result is the same.
         """
@@ -109,14 +110,29 @@ class BlockPool:
         else:
             found = gallop(self.cached.get, block_hashes, limit)
         computed = ComputedBlocks(found, self._epoch)
-        if not count:
-            return computed
-        self.policy.on_lookup(block_hashes, found)
-        st = self.stats
-        st.lookups += 1
-        st.queries += num_tokens if num_tokens is not None else len(block_hashes) * self.block_size
-        st.hits += len(found) * self.block_size
+        if count:
+            self.touch(block_hashes, found)
+            queries = num_tokens if num_tokens is not None else len(block_hashes) * self.block_size
+            self.record_prefix_cache_stats(queries, len(found) * self.block_size)
         return computed
+
+    def touch(self, block_hashes: Sequence[int], found: Sequence[int] | np.ndarray) -> None:
+        """Tell the eviction policy that a request looked up `block_hashes` and found `found`."""
+        self.policy.on_lookup(block_hashes, found)
+        self.stats.lookups += 1
+
+    def record_prefix_cache_stats(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None:
+        """Count one request's prefix lookup in tokens, as vLLM's `PrefixCacheStats.record`: a
+        re-admission after preemption goes to the `preempted_*` counters, not to queries and hits."""
+        st = self.stats
+        if preempted:
+            st.preempted_requests += 1
+            st.preempted_queries += num_tokens
+            st.preempted_hits += num_hits
+            return
+        st.requests += 1
+        st.queries += num_tokens
+        st.hits += num_hits
 
     def is_current(self, computed: ComputedBlocks) -> bool:
         """True while a lookup's answer stands: nothing evicted since, so (under write-back, where
