@@ -31,7 +31,7 @@ from agentkv.gate.work import OFFLOAD_BYTES, Offload
 from agentkv.serve.info import add_info_routes
 from agentkv.serve.metrics import ServerMetrics
 from agentkv.serve.protocol import GenRequest, Limits, RequestError, parse_chat, parse_completion
-from agentkv.serve.responses import DONE, ChunkWriter, full_response
+from agentkv.serve.responses import DONE, ChunkWriter, engine_times, full_response
 from agentkv.serve.runner import EngineRunner, RequestStream
 from agentkv.serve.tokenize import detokenize_body, tokenize_body
 from agentkv.trace.tokens import warm_up
@@ -181,7 +181,9 @@ class Server:
                 return self._error(
                     request, RequestError("the server is shutting down", None, 503, "ServiceUnavailableError")
                 )
-            return web.Response(body=full_response(rid, gen, n, stream.cached_tokens), content_type=JSON)
+            times = engine_times(stream.engine_req, self.options.time_scale)
+            body = full_response(rid, gen, n, stream.cached_tokens, engine=times)
+            return web.Response(body=body, content_type=JSON)
         finally:
             if not stream.finished:
                 self.runner.abort(rid)  # the client went away (cancelled) or a write failed
@@ -205,7 +207,8 @@ class Server:
                     await resp.write(writer.chunk(start, n, done))
             tail = DONE
             if gen.include_usage:
-                tail = writer.usage_chunk(stream.sent, stream.cached_tokens) + DONE
+                times = engine_times(stream.engine_req, self.options.time_scale)
+                tail = writer.usage_chunk(stream.sent, stream.cached_tokens, times) + DONE
             await resp.write(tail)
             await resp.write_eof()
         except (ConnectionError, RuntimeError) as e:  # peer gone: the finally in _generate aborts

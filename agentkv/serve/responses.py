@@ -5,7 +5,9 @@ from __future__ import annotations
 import time
 
 import msgspec
+import numpy as np
 
+from agentkv.engine.request import EngineRequest
 from agentkv.serve.protocol import GenRequest
 from agentkv.trace.tokens import output_text
 
@@ -24,6 +26,26 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None)
     if cached_tokens is not None:
         u["prompt_tokens_details"] = {"cached_tokens": cached_tokens}
     return u
+
+
+def engine_times(req: EngineRequest | None, time_scale: float) -> dict | None:
+    """agentkv's own `agentkv` object: the request's times on the engine's clock (engine seconds),
+    each output token's as seconds after `arrival`; what `agentkv bench` measures latency from."""
+    if req is None or req.first_token is None:
+        return None
+    a = req.arrival
+    times = req.token_times or [req.first_token]
+    end = req.finished_at if req.finished_at is not None else req.last_token
+    return {
+        "clock": "engine",
+        "time_scale": time_scale,
+        "arrival": a,
+        "first_scheduled": req.first_scheduled,
+        "first_token": req.first_token,
+        "end": end,
+        "token_times": np.round(np.asarray(times) - a, 9).tolist(),
+        "preemptions": req.num_preemptions,
+    }
 
 
 def text_of(start: int, n: int) -> str:
@@ -77,20 +99,28 @@ class ChunkWriter:
             + tail
         )
 
-    def usage_chunk(self, completion_tokens: int, cached_tokens: int) -> bytes:
-        """The final chunk of `stream_options.include_usage`: no choices, the usage."""
+    def usage_chunk(self, completion_tokens: int, cached_tokens: int, engine: dict | None = None) -> bytes:
+        """The final chunk of `stream_options.include_usage`: no choices, the usage (and the
+        `agentkv` object of `engine_times`, a key OpenAI clients ignore)."""
+        extra = b',"agentkv":' + _enc.encode(engine) if engine is not None else b""
         return (
             self.head
             + b'],"usage":'
             + _enc.encode(usage(self.prompt_tokens, completion_tokens, cached_tokens))
+            + extra
             + b"}\n\n"
         )
 
 
 def full_response(
-    request_id: str, gen: GenRequest, n_out: int, cached_tokens: int, finish_reason: str = "length"
+    request_id: str,
+    gen: GenRequest,
+    n_out: int,
+    cached_tokens: int,
+    finish_reason: str = "length",
+    engine: dict | None = None,
 ) -> bytes:
-    """The non-streaming body of a completion or chat completion."""
+    """The non-streaming body of a completion or chat completion (with `engine_times` as `agentkv`)."""
     text = text_of(0, n_out)
     if gen.kind == "chat":
         choice = {
@@ -111,13 +141,14 @@ def full_response(
             "prompt_logprobs": None,
         }
         obj = "text_completion"
-    return _enc.encode(
-        {
-            "id": request_id,
-            "object": obj,
-            "created": int(time.time()),
-            "model": gen.model,
-            "choices": [choice],
-            "usage": usage(len(gen.prompt_ids), n_out, cached_tokens),
-        }
-    )
+    body = {
+        "id": request_id,
+        "object": obj,
+        "created": int(time.time()),
+        "model": gen.model,
+        "choices": [choice],
+        "usage": usage(len(gen.prompt_ids), n_out, cached_tokens),
+    }
+    if engine is not None:
+        body["agentkv"] = engine
+    return _enc.encode(body)

@@ -4,9 +4,10 @@ Engine time runs at `time_scale` engine seconds per wall second. The loop keeps 
 timeline `t`: a step starts at `max(t, real_now - slack)`, where `t` is the previous step's end
 while busy, so late wake-ups (timer granularity, a busy CPU) do not turn into simulated idle
 GPU time unless the loop falls more than `slack` behind. Arrivals are stamped on the same
-timeline, so a request never starts before it arrived. New requests join between steps; an
-idle loop awaits an event (no polling). KV events emitted during a step are published as one
-EventBatch.
+timeline (`event_time`): at real time when idle (the first step then starts at the arrival),
+and no later than the next step can start when busy, so a request never starts before it
+arrived and never waits longer than it did. New requests join between steps; an idle loop
+awaits an event (no polling). KV events emitted during a step are published as one EventBatch.
 """
 
 from __future__ import annotations
@@ -89,7 +90,11 @@ class EngineRunner:
         self._events: list[KVEvent] = []
         self._itl: list[float] = []
         self.engine = Engine(
-            config, self.clock, on_event=self._events.append if publisher else None, itl_sink=self._itl
+            config,
+            self.clock,
+            on_event=self._events.append if publisher else None,
+            itl_sink=self._itl,
+            record_tokens=True,  # each token's engine time goes back in the response (`agentkv` object)
         )
         self.on_step = on_step
         self.on_finish = on_finish
@@ -97,6 +102,9 @@ class EngineRunner:
         self.jumped_s = 0.0  # engine seconds skipped because the loop fell behind real time
         self.streams: dict[str, RequestStream] = {}
         self._t = self.clock.now()
+        self._idle = True  # the loop waits for work: the timeline restarts at real time
+        self._step_end: float | None = None  # the end of the step being slept out
+        self._last_arrival = self._t  # the latest arrival stamped (an idle loop's first step starts there)
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -104,9 +112,10 @@ class EngineRunner:
     def submit(self, request_id: str, gen: GenRequest) -> RequestStream:
         """Queue a validated request; it joins the batch at the next step."""
         stream = RequestStream(request_id, gen)
-        self.clock.advance_to(self._engine_now())
+        arrival = self.event_time()
+        self.clock.advance_to(arrival)
         if gen.session_id is not None:  # a hint for session-aware eviction policies
-            self.engine.session_resumed(gen.session_id, self.clock.now())
+            self.engine.session_resumed(gen.session_id, arrival)
         stream.engine_req = self.engine.add_request(
             request_id,
             max_tokens=gen.max_tokens,
@@ -114,7 +123,9 @@ class EngineRunner:
             cache_salt=gen.cache_salt,
             session_id=gen.session_id,
             user_data=stream,
+            arrival=arrival,
         )
+        self._last_arrival = max(self._last_arrival, arrival)
         self.streams[request_id] = stream
         self._wake.set()
         return stream
@@ -125,7 +136,7 @@ class EngineRunner:
         if stream is None:
             return False
         stream.aborted = True
-        self.clock.advance_to(self._engine_now())
+        self.clock.advance_to(self.event_time())
         ok = self.engine.abort(request_id)
         if ok and self.on_finish is not None and stream.engine_req is not None:
             self.on_finish(stream.engine_req, "abort")
@@ -150,16 +161,24 @@ class EngineRunner:
             await asyncio.to_thread(self.publisher.close)
 
     def _engine_now(self) -> float:
+        """Where the next step starts: the previous step's end, or real time less the slack."""
         return max(self._t, self.real.now() - self.slack)
+
+    def event_time(self) -> float:
+        """The engine time of an arrival (or abort) now: real time when idle; when busy, real time
+        unless the timeline lags behind it, then where the next step can start (never later)."""
+        real = self.real.now()
+        if self._idle:
+            return max(real, self._t)
+        base = self._t if self._step_end is None else self._step_end
+        return min(real, max(base, real - self.slack))
 
     async def _run(self) -> None:
         engine, real = self.engine, self.real
         while True:
             if not engine.has_work():
                 self._publish()
-                self._wake.clear()
-                await self._wake.wait()
-                self._t = max(self._t, real.now())  # idle until now: the timeline restarts at real time
+                await self._idle_wait(None)
                 continue
             now = real.now()
             if now - self.slack > self._t:
@@ -173,17 +192,33 @@ class EngineRunner:
                 self._fail_all()
                 continue
             self._publish()
-            if result is None:  # nothing can run until something changes
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancel
-                    async with asyncio.timeout(0.05):
-                        await self._wake.wait()
+            if result is None:  # nothing can run until something changes: idle GPU time
+                await self._idle_wait(0.05)
                 continue
-            delay = real.wall_delay(result.end - real.now())
-            await asyncio.sleep(delay if delay > 0 else 0)
+            self._step_end = result.end
+            try:
+                delay = real.wall_delay(result.end - real.now())
+                await asyncio.sleep(delay if delay > 0 else 0)
+            finally:
+                self._step_end = None
             self._t = max(self._t, result.end)
             self.clock.advance_to(result.end)
             self._deliver(result)
+
+    async def _idle_wait(self, timeout: float | None) -> None:
+        """Wait for a submit or abort (at most `timeout` wall seconds) as idle GPU time: the next
+        step starts at the latest arrival (a wake-up later than the slack is counted as catch-up)."""
+        self._wake.clear()
+        self._idle = True
+        since = self.real.now()
+        try:
+            with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancel
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
+        finally:
+            self._idle = False
+        woken = self._wake.is_set()
+        self._t = max(self._t, since, self._last_arrival) if woken else max(self._t, self.real.now())
 
     def _fail_all(self) -> None:
         """Abort every request and wake its handler (it sees `aborted` and ends the response)."""
