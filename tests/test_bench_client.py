@@ -8,7 +8,7 @@ import socket
 import msgspec
 import pytest
 
-from agentkv.bench.client import BenchClient, classify_http_error, normalize_target
+from agentkv.bench.client import BenchClient, StreamResult, _sse_reader, classify_http_error, normalize_target
 from agentkv.bench.testserver import Behaviour, StreamTestServer
 from agentkv.errors import UserError
 
@@ -149,3 +149,17 @@ def test_helpers():
         BenchClient("http://x", api="embeddings")
     with pytest.raises(UserError, match="transport"):
         BenchClient("http://x", transport="h2")
+
+
+def test_engine_times_are_read_and_a_malformed_object_is_ignored():
+    """agentkv serve's `agentkv` object (its own clock) is kept; another shape is no failure."""
+    good = {"clock": "engine", "arrival": 5.0, "first_token": 5.1, "end": 5.3, "token_times": [0.1, 0.2, 0.3]}
+    cases = [(good, 0.1), ({"clock": "engine", "arrival": "soon"}, None), ([1, 2], None), (None, None)]
+    for obj, ttft in cases:
+        res = StreamResult()
+        on_lines, _ = _sse_reader(res)
+        usage = {"prompt_tokens": 4, "completion_tokens": 3}
+        last = {"choices": [], "usage": usage, **({"agentkv": obj} if obj is not None else {})}
+        on_lines([b'{"choices":[{"text":"a"}]}', msgspec.json.encode(last), b"[DONE]"], 1.0)
+        assert res.ok and res.output_tokens == 3, res
+        assert (res.engine.token_times[0] if res.engine else None) == ttft

@@ -212,3 +212,27 @@ def test_a_bug_mid_run_still_leaves_records_and_a_summary(tmp_path, monkeypatch)
     assert [r.index for r in read_records(tmp_path / "requests.jsonl")] == [0, 1]
     assert res.summary.requests == 2
     assert any("internal error (RuntimeError: boom)" in n for n in res.summary.notes)
+
+
+def test_driver_counts_the_next_gap_from_the_end_send_reports():
+    """`send` may return (ok, end): the plan arms the next turn `gap` after that end, not after now
+    (the bench passes the target's own end time, so client time does not pile up turn after turn)."""
+    from agentkv.trace.plan import ReplayPlan
+    from agentkv.trace.realtime import drive
+
+    t = Trace(id="g", block_size=16, session=Session(id="g", requests=turns("g", 3, gap=0.2)))
+    plan = ReplayPlan([t], lanes=1, idle_gap_cap=None)
+    dues = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        async def send(d):
+            dues.append(d.due)
+            await asyncio.sleep(0.05)
+            return True, d.due + 0.01  # "ended" 10 ms after it was due, 40 ms before now
+
+        await drive(plan, send, clock=loop.time)
+
+    asyncio.run(main())
+    assert [b - a for a, b in zip(dues, dues[1:], strict=False)] == pytest.approx([0.21, 0.21], abs=1e-6)

@@ -120,6 +120,25 @@ def test_report_of_an_empty_run_still_renders():
     assert html.count("no data") == 5
 
 
+def test_report_and_terminal_say_which_clock_each_figure_is_on():
+    from rich.console import Console
+
+    from agentkv.metrics.view import print_summary
+
+    recs = _records()
+    s = _summary(recs)
+    assert "engine clock" not in render_report(s, recs)  # no clocks recorded: nothing claimed
+    s.clocks = {"ttft": "engine", "tpot": "engine", "itl": "engine", "e2e": "engine", "duration": "client"}
+    html = render_report(s, recs)
+    assert (
+        "TTFT, TPOT, ITL and E2E on the target&#x27;s engine clock (its own timestamps); duration and "
+        "throughput on the client&#x27;s clock (wall x time scale)"
+    ) in html
+    con = Console(record=True, width=200)
+    print_summary(s, con)
+    assert "latency (ms, engine clock)" in con.export_text()
+
+
 def test_nice_ticks():
     assert nice_ticks(0, 100) == [0, 20, 40, 60, 80, 100]
     assert nice_ticks(0.0, 0.9)[-1] >= 0.9

@@ -60,14 +60,39 @@ class _Choice(msgspec.Struct):
     delta: _Delta | None = None
 
 
+class EngineTimes(msgspec.Struct):
+    """agentkv serve's `agentkv` object: the request on the engine's own clock (engine seconds);
+    `token_times` are each output token's, in seconds after `arrival`."""
+
+    arrival: float
+    first_token: float
+    end: float
+    token_times: list[float] = []
+    clock: str = "engine"
+    time_scale: float | None = None
+    first_scheduled: float | None = None
+    preemptions: int = 0
+
+
 class _Chunk(msgspec.Struct):
     choices: list[_Choice] = []
     usage: _Usage | None = None
     error: object = None
+    agentkv: msgspec.Raw = msgspec.Raw()  # decoded apart: a malformed one is ignored, not a failure
 
 
 _decode_chunk = msgspec.json.Decoder(_Chunk).decode
 _decode_chunks = msgspec.json.Decoder(list[_Chunk]).decode
+_decode_times = msgspec.json.Decoder(EngineTimes).decode
+
+
+def engine_times(raw: bytes | msgspec.Raw) -> EngineTimes | None:
+    """The `agentkv` object of a response, or None when it is not one agentkv serve writes."""
+    try:
+        t = _decode_times(raw)
+    except msgspec.DecodeError:
+        return None
+    return t if t.clock == "engine" and t.token_times else None
 
 
 class StreamResult(msgspec.Struct, kw_only=True):
@@ -83,6 +108,7 @@ class StreamResult(msgspec.Struct, kw_only=True):
     output_tokens: int = 0  # usage.completion_tokens when reported, else chunks with output
     prompt_tokens: int | None = None
     cached_tokens: int | None = None
+    engine: EngineTimes | None = None  # the server's own timestamps (agentkv serve), when it sent them
 
 
 def _has_delta(d: _Delta) -> bool:
@@ -310,6 +336,8 @@ def _sse_reader(res: StreamResult) -> tuple[OnLines, list]:
                     k += 1
             if c.usage is not None or c.error is not None:
                 _usage(res, c)
+            if c.agentkv:  # an empty Raw when absent
+                res.engine = engine_times(c.agentkv)
         if k:
             st[0] += k
             times.extend([now] * k)

@@ -138,6 +138,13 @@ def _output_args(p) -> None:
     p.add_argument("--slo", default=None, metavar="SPEC", help="goodput SLOs, e.g. ttft=2s,tpot=50ms")
     p.add_argument("--sample-every", default="1s", help="time-series sampling period (default 1s)")
     p.add_argument(
+        "--clock",
+        choices=["auto", "client"],
+        default="auto",
+        help="latencies from the target's engine clock when it stamps its responses (agentkv serve), "
+        "else the client's (default auto); client: always the client's, HTTP and client time included",
+    )
+    p.add_argument(
         "--max-connections",
         type=int,
         default=0,
@@ -219,6 +226,7 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         sample_every=parse_duration(args.sample_every, "--sample-every"),
         max_connections=args.max_connections,
         time_scale=scale,
+        clock=args.clock,
     )
 
 

@@ -17,6 +17,9 @@ from rich.table import Table
 
 from agentkv.errors import UserError
 from agentkv.metrics.summary import Summary, read_summary
+from agentkv.metrics.view import latency_clock
+
+ENGINE_TIME = {"engine", "virtual"}
 
 
 class Row(msgspec.Struct):
@@ -152,6 +155,7 @@ def compare_runs(args: argparse.Namespace) -> int:
             "b": args.b,
             "figures": compare(a, b),
             "config_diff": {k: list(v) for k, v in config_diff(a, b).items()},
+            "clocks": {"a": a.clocks, "b": b.clocks},
         }
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
         return 0
@@ -167,6 +171,13 @@ def compare_runs(args: argparse.Namespace) -> int:
         only = [k for k, v in diff.items() if k not in both and v[i] is not None]
         if only:
             con.print(f"settings only {who} records: {', '.join(only)}", style="dim", highlight=False)
+    ca, cb = latency_clock(a), latency_clock(b)
+    if ca and cb and ca != cb and not {ca, cb} <= ENGINE_TIME:  # the engine clock is simulate's
+        con.print(
+            f"latencies on different clocks: A {ca}, B {cb} (the client's clock adds HTTP and client time)",
+            style="yellow",
+            highlight=False,
+        )
     for who, s in (("A", a), ("B", b)):
         if not s.valid:
             con.print(f"{who} is INVALID: {s.invalid_reason}", style="red", markup=False)

@@ -16,6 +16,7 @@ import numpy as np
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Dist, Summary
 from agentkv.metrics.svg import PALETTE, Chart, Series
+from agentkv.metrics.view import clocks_line
 
 MAX_SESSIONS_PLOTTED = 24
 
@@ -286,8 +287,12 @@ def _plots(s: Summary, records: list[RequestRecord]) -> str:
 
 
 def _latency(s: Summary) -> str:
-    return "<h2>Latency</h2>" + _table(
-        ["metric", "mean", "p50", "p90", "p99", "max", "count"], _dist_rows(s), sortable=False
+    line = clocks_line(s)
+    clock = f'<div class="sub">{escape(line)}</div>' if line else ""
+    return (
+        "<h2>Latency</h2>"
+        + clock
+        + _table(["metric", "mean", "p50", "p90", "p99", "max", "count"], _dist_rows(s), sortable=False)
     )
 
 

@@ -20,6 +20,7 @@ import msgspec
 import numpy as np
 
 from agentkv.bench.client import BenchClient, StreamResult
+from agentkv.bench.clocks import Latency, clocks_of
 from agentkv.bench.gpu import GpuMonitor
 from agentkv.bench.hints import add_hints
 from agentkv.bench.prompts import PromptBuilder, redact_prompt
@@ -57,6 +58,7 @@ class BenchConfig:
     sample_every: float = 1.0
     max_connections: int = 0  # 0: one per concurrent request (sub-agent bursts included)
     time_scale: float = 1.0  # target seconds per wall second (agentkv serve --time-scale); see below
+    clock: str = "auto"  # latencies: "auto" (the target's engine clock when it sends one) or "client"
     monitor_gpu: bool = True
     transport: str = (
         "http1"  # the streaming HTTP client: http1 (agentkv's) or aiohttp (benchmarks/client_overhead.py)
@@ -83,6 +85,7 @@ class BenchSettings(msgspec.Struct, kw_only=True):
     max_failure_rate: float
     timeout: float
     time_scale: float
+    clock: str
     server: dict | None
     traces: list[str]
 
@@ -223,8 +226,10 @@ class BenchRun:
         """Wall seconds since the run started: the plan's clock."""
         return self.clock() - self._t0
 
-    async def _one(self, client: BenchClient, d: Dispatch) -> bool:
-        """Send one released item and record it; the shared driver reports its end to the plan."""
+    async def _one(self, client: BenchClient, d: Dispatch) -> tuple[bool, float | None]:
+        """Send one released item and record it; the shared driver reports its end to the plan: on
+        the target's engine clock when it stamps its times (the due time plus the engine's E2E, as
+        simulate), so client and HTTP time do not pile up turn after turn; else when it was read."""
         task = asyncio.current_task()
         self._tasks.add(task)
         self.stats.released += 1
@@ -251,7 +256,7 @@ class BenchRun:
                 res.detail = redact_prompt(res.detail, prompt)
             rec = self._record(d, res, ceil, out_tokens)
             self._finish(rec, res)
-            return rec.ok
+            return rec.ok, d.due + rec.e2e / self.scale if rec.clock == "engine" else None
         finally:
             self._tasks.discard(task)
             self.stats.in_flight = len(self._tasks)
@@ -262,16 +267,15 @@ class BenchRun:
         times = res.token_times
         first = (times[0] - t0) * x if times else None
         n = res.output_tokens if res.ok else len(times)
-        tpot = itl_max = None
-        if len(times) > 1:
-            gaps = np.diff(np.asarray(times)) * x
-            itl_max = float(gaps.max())
-            if res.ok:
-                self.itl.extend(gaps.tolist())
-            if n > 1:
-                tpot = (times[-1] - times[0]) * x / (n - 1)
         end = (res.end - t0) * x
         due = d.due * x
+        eng = res.engine if res.ok and self.cfg.clock == "auto" else None
+        if eng is not None:  # the target's own clock: no HTTP or client time in the latencies
+            lat = Latency.of_engine(eng)
+        else:
+            lat = Latency.of_client(times, n, x, None if first is None else first - due, end - due)
+        if res.ok:
+            self.itl.extend(lat.gaps)
         return record_for(
             item,
             due,
@@ -279,10 +283,11 @@ class BenchRun:
             sent=(res.sent - t0) * x,
             first_token=first,
             end=end,
-            ttft=None if first is None else first - due,
-            e2e=end - due,
-            tpot=tpot,
-            itl_max=itl_max,
+            ttft=lat.ttft,
+            e2e=lat.e2e,
+            tpot=lat.tpot,
+            itl_max=lat.itl_max,
+            clock="engine" if eng is not None else "",
             input_tokens=res.prompt_tokens if res.prompt_tokens else r.input_tokens,
             output_tokens=n,
             expected_output_tokens=max_tokens,
@@ -345,12 +350,8 @@ class BenchRun:
     def _summary(self, before, after, scraper: Scraper, gpu: GpuMonitor | None, base: str) -> Summary:
         cfg = self.cfg
         notes = [f"prompts: {self.prompts.description}", *self.notes]
-        if self.scale != 1.0:
-            notes.append(
-                f"time scale {self.scale:g}: the target ran {self.scale:g}x faster than real time, gaps "
-                f"were replayed {self.scale:g}x shorter and every time is in target seconds (wall x "
-                f"{self.scale:g}, so HTTP and client overheads count {self.scale:g}x too)"
-            )
+        clocks, clock_notes = clocks_of(self.records, self.scale)
+        notes += clock_notes
         if before is None:
             notes.append(f"server metrics absent: {scraper.absent_reason}")
         gpu_summary = gpu.summary() if gpu is not None else None
@@ -375,6 +376,7 @@ class BenchRun:
             max_failure_rate=cfg.max_failure_rate,
             timeout=cfg.timeout,
             time_scale=cfg.time_scale,
+            clock=cfg.clock,
             server=self.server_info,
             traces=sorted({t.id for t in self.traces}),
         )
@@ -390,6 +392,7 @@ class BenchRun:
             gpu=gpu_summary,
             notes=notes,
             max_failure_rate=cfg.max_failure_rate,
+            clocks=clocks,
         )
         add_hints(summary.top_errors, cfg.api, cfg.prompt_mode)
         return summary

@@ -42,6 +42,7 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     ceiling_tokens: int = 0  # hit tokens an unbounded prefix cache would give (trace ceiling)
     queue_s: float | None = None  # simulate: arrival -> first scheduled
     preemptions: int = 0
+    clock: str = ""  # "engine": ttft, tpot, itl_max and e2e are the target's own (agentkv serve's) times
     ok: bool = True
     error: str = ""  # reason when not ok: http_500, timeout, reset, context_overflow, not_streamed, ...
     http_status: int = 0  # the server's HTTP status when not ok (0: no HTTP answer)

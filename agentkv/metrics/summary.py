@@ -23,6 +23,7 @@ from agentkv.metrics.validity import (
 )
 
 SCHEMA = "agentkv.summary/1"
+LATENCY_FIGURES = ("ttft", "tpot", "itl", "e2e")
 
 
 class Dist(msgspec.Struct, omit_defaults=True):
@@ -131,6 +132,9 @@ class Summary(msgspec.Struct, kw_only=True):
     invalid_reasons: list[str] = msgspec.field(default_factory=list)
     gpu: dict[str, Any] | None = None  # NVML figures, or None when no GPU was monitored
     notes: list[str] = msgspec.field(default_factory=list)
+    # the clock each figure was read on (ttft, tpot, itl, e2e, duration): "engine" (the target's own
+    # timestamps), "client" (wall x time scale), "virtual" (simulate) or "mixed"; {} in older summaries
+    clocks: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "itl": "itl_max"}
@@ -289,15 +293,14 @@ def summarize(
     by_tier: dict[str, float] | None = None,
     notes: list[str] | None = None,
     max_failure_rate: float = DEFAULT_MAX_FAILURE_RATE,
+    clocks: dict[str, str] | None = None,
 ) -> Summary:
     """Build the summary of one run; `duration_s` defaults to first scheduled -> last end."""
     ok = [r for r in records if r.ok]
     if duration_s is None:
         duration_s = (max(r.end for r in records) - min(r.scheduled for r in records)) if records else 0.0
     errors = _error_counts(records)
-    inp = sum(r.input_tokens for r in ok)
-    out = sum(r.output_tokens for r in ok)
-    dur = max(duration_s, 1e-9)
+    inp, out, dur = sum(r.input_tokens for r in ok), sum(r.output_tokens for r in ok), max(duration_s, 1e-9)
     invalid = invalid_reasons(
         len(records), len(records) - len(ok), errors.get("context_overflow", 0), max_failure_rate
     )
@@ -330,6 +333,7 @@ def summarize(
         invalid_reasons=invalid,
         gpu=gpu,
         notes=[*(notes or []), *cache_notes],
+        clocks=clocks or {},
     )
 
 

@@ -6,7 +6,14 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from agentkv.metrics.summary import Dist, Summary
+from agentkv.metrics.summary import LATENCY_FIGURES, Dist, Summary
+
+CLOCKS = {
+    "engine": "the target's engine clock (its own timestamps)",
+    "client": "the client's clock (wall x time scale)",
+    "virtual": "the simulated clock",
+    "mixed": "the engine's clock for some requests, the client's for the rest",
+}
 
 
 def ms(v: float | None) -> str:
@@ -21,8 +28,26 @@ def num(v: float | None, digits: int = 0) -> str:
     return "-" if v is None else f"{v:,.{digits}f}"
 
 
-def latency_table(s: Summary, title: str = "latency (ms)") -> Table:
-    t = Table(title=title)
+def latency_clock(s: Summary) -> str | None:
+    """The clock the latency figures were read on (`Summary.clocks`), None when not recorded."""
+    found = {s.clocks[k] for k in LATENCY_FIGURES if k in s.clocks}
+    return found.pop() if len(found) == 1 else "mixed" if found else None
+
+
+def clocks_line(s: Summary) -> str | None:
+    """Which clock the latencies, and the duration and throughput, were read on (None: not recorded)."""
+    lat, dur = latency_clock(s), s.clocks.get("duration")
+    if lat is None:
+        return None
+    line = f"TTFT, TPOT, ITL and E2E on {CLOCKS.get(lat, lat)}"
+    if dur is not None and dur != lat:
+        line += f"; duration and throughput on {CLOCKS.get(dur, dur)}"
+    return line
+
+
+def latency_table(s: Summary, title: str | None = None) -> Table:
+    clock = latency_clock(s)
+    t = Table(title=title or ("latency (ms)" if clock is None else f"latency (ms, {clock} clock)"))
     for col in ("metric", "mean", "p50", "p90", "p99", "max", "count"):
         t.add_column(col, justify="left" if col == "metric" else "right")
     rows: list[tuple[str, Dist]] = [("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e)]

@@ -16,7 +16,7 @@ from agentkv.trace.plan import Dispatch, ReplayPlan
 
 async def drive(
     plan: ReplayPlan,
-    send: Callable[[Dispatch], Awaitable[bool]],
+    send: Callable[[Dispatch], Awaitable[bool | tuple[bool, float | None]]],
     *,
     clock: Callable[[], float] = time.monotonic,
     until: float | None = None,
@@ -24,22 +24,26 @@ async def drive(
     """Run `plan` to completion: `await send(dispatch)` for each item at its due time.
 
     `send` returns True on success; False or an exception marks the item failed (the session still
-    advances). `until` (a `clock` time) stops releasing new items; in-flight ones finish. The
-    first exception raised by `send` is re-raised once everything in flight has ended.
+    advances). It may return `(ok, end)` instead: the item ended at `end` on `clock` (no later
+    than now; e.g. the target's own end time), which the next turn's gap counts from. `until` (a
+    `clock` time) stops releasing new items; in-flight ones finish. The first exception raised by
+    `send` is re-raised once everything in flight has ended.
     """
     wake = asyncio.Event()
     tasks: set[asyncio.Task] = set()
     errors: list[BaseException] = []
 
     async def run(d: Dispatch) -> None:
-        ok = False
+        ok, end = False, None
         try:
-            ok = bool(await send(d))
+            got = await send(d)
+            ok, end = got if isinstance(got, tuple) else (bool(got), None)
         except Exception as e:  # re-raised below, once the plan has drained
             errors.append(e)
             plan.stop()
         finally:
-            plan.complete(d.item.id, clock(), ok)
+            now = clock()
+            plan.complete(d.item.id, now if end is None else min(end, now), ok)
             wake.set()
 
     plan.start(clock())
