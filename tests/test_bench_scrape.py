@@ -90,3 +90,13 @@ def test_scraper_says_why_metrics_are_absent():
             await srv.runner.cleanup()
 
     asyncio.run(main())
+
+
+def test_agentkv_catchup_counter_becomes_a_note():
+    from agentkv.bench.clocks import catchup_note
+
+    page = 'agentkv:engine_catchup_seconds_total{engine="0",model_name="m"} 1.5\n'
+    before, after = snapshot(page), snapshot(page.replace("1.5", "4.0"))
+    assert before.catchup_s == 1.5 and snapshot(VLLM).catchup_s is None
+    assert "skipped 2.500 engine seconds" in catchup_note(before, after)
+    assert catchup_note(before, before) is None and catchup_note(snapshot(VLLM), after) is None

@@ -10,6 +10,7 @@ import numpy as np
 
 from agentkv.bench.client import EngineTimes
 from agentkv.metrics.records import RequestRecord
+from agentkv.metrics.scrape import MetricsSnapshot
 from agentkv.metrics.summary import LATENCY_FIGURES
 
 
@@ -78,3 +79,16 @@ def clocks_of(records: Sequence[RequestRecord], scale: float) -> tuple[dict[str,
             f"shorter and every time is in target seconds{also}"
         )
     return clocks, notes
+
+
+def catchup_note(before: MetricsSnapshot | None, after: MetricsSnapshot | None) -> str | None:
+    """A note when agentkv serve fell behind real time during the run and skipped engine time."""
+    if before is None or after is None or before.catchup_s is None or after.catchup_s is None:
+        return None
+    skipped = after.catchup_s - before.catchup_s
+    if skipped <= 0:
+        return None
+    return (
+        f"the target fell behind real time and skipped {skipped:,.3f} engine seconds "
+        "(agentkv:engine_catchup_seconds_total; a busy host): they are idle time inside some latencies"
+    )

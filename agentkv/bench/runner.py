@@ -20,7 +20,7 @@ import msgspec
 import numpy as np
 
 from agentkv.bench.client import BenchClient, StreamResult
-from agentkv.bench.clocks import Latency, clocks_of
+from agentkv.bench.clocks import Latency, catchup_note, clocks_of
 from agentkv.bench.gpu import GpuMonitor
 from agentkv.bench.hints import add_hints
 from agentkv.bench.prompts import PromptBuilder, redact_prompt
@@ -352,6 +352,8 @@ class BenchRun:
         notes = [f"prompts: {self.prompts.description}", *self.notes]
         clocks, clock_notes = clocks_of(self.records, self.scale)
         notes += clock_notes
+        if (skipped := catchup_note(before, after)) is not None:
+            notes.append(skipped)
         if before is None:
             notes.append(f"server metrics absent: {scraper.absent_reason}")
         gpu_summary = gpu.summary() if gpu is not None else None

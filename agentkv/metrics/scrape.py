@@ -20,7 +20,8 @@ HITS = ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total")
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
 WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs")
-KNOWN = frozenset(QUERIES + HITS + KV_USAGE + RUNNING + WAITING)
+CATCHUP = ("agentkv:engine_catchup_seconds_total",)  # agentkv serve: engine time skipped behind real time
+KNOWN = frozenset(QUERIES + HITS + KV_USAGE + RUNNING + WAITING + CATCHUP)
 
 # Bounds on hostile text (the router parses pages from workers it does not trust): a longer line
 # is skipped unparsed (vLLM's longest, `vllm:cache_config_info`, is about 1.3 KB), and so are a
@@ -39,6 +40,7 @@ class MetricsSnapshot(msgspec.Struct, omit_defaults=True):
     kv_usage: float | None = None  # fraction 0..1
     running: float | None = None
     waiting: float | None = None
+    catchup_s: float | None = None  # agentkv serve's engine seconds skipped (a host that fell behind)
 
     def requests(self) -> float:
         """Running + waiting requests (0 for what is not exported): the router's load signal."""
@@ -82,7 +84,12 @@ def snapshot(text: str) -> MetricsSnapshot:
     """The cache and queue metrics of one /metrics page (vLLM's or SGLang's names)."""
     m = parse_prometheus(text, KNOWN)
     return MetricsSnapshot(
-        _pick(m, QUERIES), _pick(m, HITS), _pick(m, KV_USAGE, mean=True), _pick(m, RUNNING), _pick(m, WAITING)
+        _pick(m, QUERIES),
+        _pick(m, HITS),
+        _pick(m, KV_USAGE, mean=True),
+        _pick(m, RUNNING),
+        _pick(m, WAITING),
+        _pick(m, CATCHUP),
     )
 
 
