@@ -159,9 +159,8 @@ def test_block_stored_events_carry_token_ids():
 
 
 def test_prefix_cache_counters_count_each_request_once_as_vllm():
-    """vLLM records a request's queries and hits once, at admission; a preempted request's
-    re-admission goes to separate counters. Four 1,000-token prompts that decode 1,500 tokens on 200
-    blocks are preempted over and over: the counters still move by their prompts, once."""
+    """vLLM counts a request's queries and hits once, at admission (re-admissions apart): four
+    1,000-token prompts preempted over and over on 200 blocks move the counters by their prompts once."""
     e = Engine(EngineConfig(num_gpu_blocks_override=200, max_model_len=2560, max_num_batched_tokens=2048))
     shared = list(range(1, 513))  # 32 blocks, cached by a first request
     e.add_request("warm", max_tokens=1, token_ids=shared)

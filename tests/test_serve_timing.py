@@ -67,9 +67,8 @@ def test_idle_server_histograms_fit_the_clients_wall_time(scale):
 
 
 def test_busy_server_stamps_arrivals_on_its_timeline():
-    """While another request decodes, a new one waits at most for the step in flight: its TTFT is
-    no less than its own prefill and no more than the client waited (plus the lag the timeline may
-    keep behind real time, at most the slack)."""
+    """While another request decodes, a new one's TTFT is no less than its own prefill and no more
+    than the client waited, plus the lag the timeline may keep behind real time (the slack)."""
     scale = 10.0
     n = 512
 

@@ -227,9 +227,8 @@ class BenchRun:
         return self.clock() - self._t0
 
     async def _one(self, client: BenchClient, d: Dispatch) -> tuple[bool, float | None]:
-        """Send one released item and record it; the shared driver reports its end to the plan: on
-        the target's engine clock when it stamps its times (the due time plus the engine's E2E, as
-        simulate), so client and HTTP time do not pile up turn after turn; else when it was read."""
+        """Send one released item and record it; its end for the plan: the due time plus the engine's
+        E2E when the target stamps its times (as simulate: client time does not pile up), else now."""
         task = asyncio.current_task()
         self._tasks.add(task)
         self.stats.released += 1
