@@ -72,3 +72,15 @@ class PoolStats:
     alloc_failures: int = 0  # allocate_slots calls refused for lack of room
     lower_blocks: int = 0  # blocks promoted from lower tiers
     promote_s: float = 0.0  # seconds spent promoting them
+
+    def record(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None:
+        """One request's prefix lookup in tokens, as vLLM's `PrefixCacheStats.record`: a
+        re-admission after preemption goes to the `preempted_*` counters, not to queries and hits."""
+        if preempted:
+            self.preempted_requests += 1
+            self.preempted_queries += num_tokens
+            self.preempted_hits += num_hits
+            return
+        self.requests += 1
+        self.queries += num_tokens
+        self.hits += num_hits

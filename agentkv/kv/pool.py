@@ -122,17 +122,8 @@ class BlockPool:
         self.stats.lookups += 1
 
     def record_prefix_cache_stats(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None:
-        """Count one request's prefix lookup in tokens, as vLLM's `PrefixCacheStats.record`: a
-        re-admission after preemption goes to the `preempted_*` counters, not to queries and hits."""
-        st = self.stats
-        if preempted:
-            st.preempted_requests += 1
-            st.preempted_queries += num_tokens
-            st.preempted_hits += num_hits
-            return
-        st.requests += 1
-        st.queries += num_tokens
-        st.hits += num_hits
+        """Count one request's prefix lookup at admission (`PoolStats.record`, as vLLM's)."""
+        self.stats.record(num_tokens, num_hits, preempted)
 
     def is_current(self, computed: ComputedBlocks) -> bool:
         """True while a lookup's answer stands: nothing evicted since, so (under write-back, where
