@@ -44,18 +44,23 @@ def _point(traces, cfg, overrides: dict, index: int) -> tuple[int, dict, bytes, 
     return index, overrides, msgspec.json.encode(res.summary), res.wall_s
 
 
+def stream(ray, traces, configs: Sequence, grid: Sequence[dict]) -> Iterator[tuple[int, dict, bytes, float]]:
+    """Every (config, overrides) point as a task on the joined cluster, yielded as they finish."""
+    task = ray.remote(num_cpus=1, max_retries=0)(_point)
+    shared = ray.put(list(traces))  # shipped once; every task reads the same object
+    pending = [task.remote(shared, c, g, i) for i, (c, g) in enumerate(zip(configs, grid, strict=True))]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        yield ray.get(done[0])
+
+
 def run_points(
     traces, configs: Sequence, grid: Sequence[dict], address: str, num_cpus: int | None = None
 ) -> Iterator[tuple[int, dict, bytes, float]]:
-    """Every (config, overrides) point as a Ray task, yielded in the order they finish."""
+    """Join (or start) the cluster, stream every point through it, then disconnect."""
     ray = import_ray()
     connect(ray, address, num_cpus)
     try:
-        task = ray.remote(num_cpus=1, max_retries=0)(_point)
-        shared = ray.put(list(traces))  # shipped once; every task reads the same object
-        pending = [task.remote(shared, c, g, i) for i, (c, g) in enumerate(zip(configs, grid, strict=True))]
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1)
-            yield ray.get(done[0])
+        yield from stream(ray, traces, configs, grid)
     finally:
         ray.shutdown()
