@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -62,6 +63,7 @@ def ray_cluster():
         yield f"127.0.0.1:{gcs}", f"ray://127.0.0.1:{client}"
     finally:
         _stop_group(proc.pid)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _stop_group(pgid: int) -> None:
@@ -139,3 +141,13 @@ def test_a_local_sweep_never_imports_ray():
         [sys.executable, "-c", check, *SWEEP], capture_output=True, text=True, timeout=120, cwd=ROOT
     )
     assert p.returncode == 0, p.stderr
+
+
+def test_a_point_that_fails_on_ray_fails_as_it_does_locally(ray_cluster):
+    gcs, _ = ray_cluster
+    bad = ["simulate", "--max-requests", "5", "-q", "--sweep", "gpu=h200,h999"]
+    local, on_ray = _cli(*bad), _cli(*bad, "--ray", gcs)
+    assert local.returncode == on_ray.returncode == 2, on_ray.stderr
+    last = on_ray.stderr.strip().splitlines()[-1]
+    assert last == local.stderr.strip().splitlines()[-1] and "h999" in last, on_ray.stderr
+    assert "Traceback" not in on_ray.stderr, on_ray.stderr

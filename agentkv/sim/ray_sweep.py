@@ -62,5 +62,9 @@ def run_points(
     connect(ray, address, num_cpus)
     try:
         yield from stream(ray, traces, configs, grid)
+    except ray.exceptions.RayTaskError as e:  # a point's own UserError reads as it would locally
+        if isinstance(e.cause, UserError):
+            raise UserError(str(e.cause)) from None
+        raise
     finally:
         ray.shutdown()
