@@ -151,3 +151,11 @@ def test_a_point_that_fails_on_ray_fails_as_it_does_locally(ray_cluster):
     last = on_ray.stderr.strip().splitlines()[-1]
     assert last == local.stderr.strip().splitlines()[-1] and "h999" in last, on_ray.stderr
     assert "Traceback" not in on_ray.stderr, on_ray.stderr
+
+
+def test_an_address_where_nothing_listens_is_one_line():
+    pytest.importorskip("ray")
+    for address in (f"127.0.0.1:{_free_port()}", f"ray://127.0.0.1:{_free_port()}"):
+        p = _cli(*SWEEP, "--ray", address)
+        assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+        assert p.stderr.strip().splitlines()[-1].startswith(f"agentkv: error: --ray {address}: cannot join")

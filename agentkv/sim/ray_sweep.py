@@ -4,6 +4,7 @@ in the object store, results yielded as they finish. Ray is imported only here (
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Iterator, Sequence
 
 import msgspec
@@ -30,10 +31,22 @@ def connect(ray, address: str, num_cpus: int | None = None) -> None:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(num_cpus=num_cpus, include_dashboard=False, **quiet)
         return
+    _reachable(address)
     try:
         ray.init(address=address, **quiet)
     except (ConnectionError, ValueError, RuntimeError) as e:
         raise UserError(f"--ray {address}: cannot join the Ray cluster ({e})") from None
+
+
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """A UserError at once when nothing listens at `host:port` (Ray itself retries for minutes)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # `auto`, or an address Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise UserError(f"--ray {address}: cannot join the Ray cluster ({e.strerror or e})") from None
 
 
 def _point(traces, cfg, overrides: dict, index: int) -> tuple[int, dict, bytes, float]:
