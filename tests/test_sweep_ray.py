@@ -101,7 +101,7 @@ def test_a_sweep_on_ray_gives_the_local_results(ray_cluster, tmp_path):
     assert len(rows) == 4
     for name, address in (("gcs", gcs), ("client", client)):
         on_ray = _cli(*SWEEP, "--json", "--out", str(tmp_path / name), "--ray", address)
-        assert on_ray.returncode == 0, on_ray.stderr
+        assert on_ray.returncode == 0, (name, on_ray.stderr[-3000:])
         assert _comparable(json.loads(on_ray.stdout)) == _comparable(rows), name
         assert _summaries(tmp_path / name) == _summaries(tmp_path / "local")
         assert on_ray.stderr.count("done: {") == 4, on_ray.stderr
