@@ -50,6 +50,7 @@ def ray_cluster():
     gcs, client = _free_port(), _free_port()
     tmp = tempfile.mkdtemp(prefix="akvray")
     env = {**os.environ, "PYTHONPATH": str(ROOT), **AUTH}
+    env["RAY_CLIENT_SERVER_CHECK_CHANNEL_TIMEOUT_S"] = "150"  # a ray:// session's server, on a loaded box
     ray_bin = Path(sys.executable).parent / "ray"
     cmd = [str(ray_bin), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", str(gcs)]
     cmd += ["--num-cpus", "2", "--include-dashboard", "false", "--temp-dir", tmp]
