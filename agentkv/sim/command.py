@@ -42,6 +42,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=V1,V2",
         help="run a grid over a setting (repeatable), e.g. --sweep lanes=16,64 --sweep cpu_offload=0,512GB",
     )
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const="local",
+        default=None,
+        metavar="ADDRESS",
+        help="run the sweep's points as Ray tasks: on the cluster at ADDRESS (auto, ray://host:port, "
+        "host:port) or, with no address, a new local cluster (needs pip install 'agentkv[ray]')",
+    )
     p.add_argument("--out", default=None, help="write summary.json and requests.jsonl here")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
@@ -89,6 +98,10 @@ def simulate_command(args: argparse.Namespace) -> int:
 
     console = Console(stderr=True)
     cfg = sim_config_from_args(args)
+    if args.ray is not None and not args.sweep:
+        from agentkv.errors import UserError
+
+        raise UserError("--ray runs a --sweep's points on Ray; add --sweep KEY=V1,V2")
     if args.sweep:
         from agentkv.sim.sweep import run_sweep
 

@@ -137,16 +137,34 @@ def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
     return table
 
 
-def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:
-    """Run every grid point (two processes), then print the table or JSON and write the summaries."""
-    grid = parse_sweep(args.sweep)
-    configs = [apply(base, g) for g in grid]  # fail fast on a bad value, before spawning processes
-    results: list[tuple[dict, Summary]] = []
+def _local_points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]):
+    """(index, overrides, summary JSON, wall s) of every point, from two local processes, in grid order."""
     payloads = [(args.paths, args.format, c, g) for c, g in zip(configs, grid, strict=True)]
     with ProcessPoolExecutor(max_workers=min(len(grid), 2)) as pool:
-        for overrides, blob, wall, _ in pool.map(_run_one, payloads):
-            results.append((overrides, msgspec.json.decode(blob, type=Summary)))
-            console.print(f"[dim]done: {overrides} ({wall:.1f} s)[/dim]")
+        for i, (overrides, blob, wall, _) in enumerate(pool.map(_run_one, payloads)):
+            yield i, overrides, blob, wall
+
+
+def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]):
+    """The grid's results as they finish: on a Ray cluster with `--ray`, else in local processes."""
+    if getattr(args, "ray", None) is None:
+        return _local_points(args, configs, grid)
+    from agentkv.sim.command import load_traces
+    from agentkv.sim.ray_sweep import import_ray, run_points
+
+    import_ray()  # the install hint before the traces load
+    return run_points(load_traces(args.paths, args.format), configs, grid, args.ray)
+
+
+def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:
+    """Run every grid point (two processes, or Ray tasks), then print the table or JSON and write summaries."""
+    grid = parse_sweep(args.sweep)
+    configs = [apply(base, g) for g in grid]  # fail fast on a bad value, before spawning processes
+    done: dict[int, tuple[dict, Summary]] = {}
+    for i, overrides, blob, wall in _points(args, configs, grid):
+        done[i] = (overrides, msgspec.json.decode(blob, type=Summary))
+        console.print(f"[dim]done: {overrides} ({wall:.1f} s)[/dim]")
+    results = [done[i] for i in sorted(done)]  # grid order, however they finished
     if args.json:
         out = [{"overrides": o, "summary": msgspec.to_builtins(s)} for o, s in results]
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
