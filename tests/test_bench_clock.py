@@ -18,9 +18,8 @@ SCALE = 10.0  # the embedded server's default
 N = 20  # requests: about 20 s of wall time
 
 
-def test_embedded_bench_matches_simulate_on_the_bundled_sample():
-    traces = load_paths(bundled_sample())
-    sim = simulate(traces, SimConfig(lanes=16, seed=0, max_requests=N)).summary
+def _bench(traces):
+    """One embedded bench run of the plan; its summary and records."""
     with EmbeddedServer(time_scale=SCALE, max_model_len=max(needed_model_len(traces), 131072)) as srv:
         cfg = BenchConfig(
             target=srv.url,
@@ -31,7 +30,21 @@ def test_embedded_bench_matches_simulate_on_the_bundled_sample():
             time_scale=SCALE,
             monitor_gpu=False,
         )
-        res = asyncio.run(BenchRun(cfg, traces).run())
+        return asyncio.run(BenchRun(cfg, traces).run())
+
+
+def test_embedded_bench_matches_simulate_on_the_bundled_sample():
+    """Compared when the server kept real time: a server that fell behind (a busy host; it says so
+    in a catch-up note) turned host stalls into engine idle time, so that run is retried once."""
+    traces = load_paths(bundled_sample())
+    sim = simulate(traces, SimConfig(lanes=16, seed=0, max_requests=N)).summary
+    for _ in range(2):
+        res = _bench(traces)
+        lagged = [n for n in res.summary.notes if n.startswith("the target fell behind real time")]
+        if not lagged:
+            break
+    else:
+        pytest.skip(f"the embedded server fell behind real time in both runs (host too busy): {lagged[0]}")
     bench = res.summary
     assert bench.succeeded == sim.succeeded == N
     assert all(r.clock == "engine" for r in res.records)
