@@ -48,9 +48,17 @@ def _coeffs(x, base: CostCoefficients) -> CostCoefficients:
     return replace(base, **vals)
 
 
-def fit(
-    t: Target, probes: list[Probe], start: CostCoefficients | None = None
-) -> tuple[CostCoefficients, float]:
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Fitted coefficients, the overheads (wall s per request, per prompt token), and each free
+    coefficient's standard error in % of its value (from the Jacobian; large: the probes do not pin it)."""
+
+    coeffs: CostCoefficients
+    overhead: tuple[float, float]
+    stderr_pct: dict[str, float]
+
+
+def fit(t: Target, probes: list[Probe], start: CostCoefficients | None = None) -> Fit:
     """Bounded least squares on log(predicted / measured); the roofs (copy, GEMM) stay the bundled ones."""
     from scipy.optimize import least_squares
 
@@ -69,7 +77,20 @@ def fit(
     lo = [v[1] / SCALE.get(n, 1.0) for n, v in FREE.items()] + [v[1] for v in oh]
     hi = [v[2] / SCALE.get(n, 1.0) for n, v in FREE.items()] + [v[2] for v in oh]
     res = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac")
-    return _coeffs(res.x, base), (float(res.x[-2]) / 1e3, float(res.x[-1]) / 1e6)
+    return Fit(_coeffs(res.x, base), (float(res.x[-2]) / 1e3, float(res.x[-1]) / 1e6), _stderr(res))
+
+
+def _stderr(res) -> dict[str, float]:
+    """Relative standard errors (%) of the free coefficients: sqrt(diag((J'J)^-1) x residual variance)."""
+    j, r = res.jac, res.fun
+    dof = max(len(r) - len(res.x), 1)
+    cov = np.linalg.pinv(j.T @ j) * float(r @ r) / dof
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    out = {}
+    for i, n in enumerate(FREE):
+        v = abs(res.x[i])
+        out[n] = round(float(se[i] / v * 100), 2) if v > 0 else float("inf")
+    return out
 
 
 def errors(

@@ -94,12 +94,12 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
     done = [p for p in plan if p.measured_s is not None]
     fitted = None
     if len(done) >= 3:
-        coeffs, overhead = fitmod.fit(t, done)
-        mape = fitmod.errors(t, done, coeffs, overhead)
+        f = fitmod.fit(t, done)
         fitted = {
-            "coefficients": coeffs.to_dict(),
-            "overhead": {"request_s": overhead[0], "prompt_token_s": overhead[1]},
-            "mape_pct": mape,
+            "coefficients": f.coeffs.to_dict(),
+            "overhead": {"request_s": f.overhead[0], "prompt_token_s": f.overhead[1]},
+            "mape_pct": fitmod.errors(t, done, f.coeffs, f.overhead),
+            "stderr_pct": f.stderr_pct,
         }
     doc = profile_doc(f"{model_id}@{base}", base, t, server, plan, fitted, error)
     write_profile(args.out, doc)
