@@ -14,6 +14,8 @@ from agentkv.errors import UserError
 from agentkv.units import parse_duration
 
 REQUEST_WALL_S = 0.02  # planning allowance per request for HTTP and scheduling
+FAST_STEP_WALL_S = 0.002  # decode steps shorter than this (wall) show the server's own CPU time
+ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the engine, per stream
 
 
 def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.Target, int, int, int | None]:
@@ -33,6 +35,16 @@ def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.
     )
     t.cost()  # unknown GPU or model: UserError naming the choices
     return t, int(max_len), args.block_size or info.get("page_size") or 16, info.get("max_total_num_tokens")
+
+
+def stretch_decodes(t: fitmod.Target, plan: list[Probe]) -> None:
+    """Longer decode streams where the streams' arrivals, spread in wall time, cost many decode steps
+    (a fast model at a high time scale), so the first stream still decodes when the last one starts."""
+    cm = t.cost()
+    for p in plan:
+        if p.family == "decode":
+            steps = p.n * ARRIVAL_WALL_S * t.time_scale / fitmod.predict(cm, t, p)
+            p.out += int(steps)
 
 
 def est_wall_s(t: fitmod.Target, p: Probe, repeats: int) -> float:
@@ -62,6 +74,7 @@ async def calibrate(args: argparse.Namespace) -> int:
         info = await client.get_json("/server_info") or {}
         t, max_len, bs, kv_tokens = target_of(args, card, info)
         plan = make_plan(max_len, bs, t.chunk, kv_tokens)
+        stretch_decodes(t, plan)
         plan = within_budget(plan, [est_wall_s(t, p, args.repeats) for p in plan], budget)
         if not plan:
             raise UserError(f"--budget {args.budget} is too short for any probe")
@@ -103,6 +116,13 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
         }
     doc = profile_doc(f"{model_id}@{base}", base, t, server, plan, fitted, error)
     write_profile(args.out, doc)
+    fast = [p.measured_s / t.time_scale for p in done if p.family == "decode"]
+    if fast and min(fast) < FAST_STEP_WALL_S:
+        print(
+            f"agentkv: warning: decode steps of {min(fast) * 1e3:.2f} ms wall time at time scale "
+            f"{t.time_scale:g}: the server's own CPU time is in the measurements; use a lower time scale",
+            file=sys.stderr,
+        )
     if fitted:
         fams = ", ".join(f"{k} {v:.1f}%" for k, v in fitted["mape_pct"].items())
         print(f"calibrated {model_id} as {t.gpu}/{t.model} tp={t.tp}: {len(done)} probes, MAPE {fams}")
