@@ -115,7 +115,11 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     fitted = CostCoefficients(**doc["coefficients"])
     for name, se in doc["fit"]["stderr_pct"].items():  # what the probes pin, they recover
         if se < 10.0:
-            assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=0.1), name
+            assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=0.1), (
+                name,
+                se,
+                doc["fit"],
+            )
     t = F.Target(**doc["modelled_as"])
     probes = [Probe(**p) for p in doc["probes"]]
     assert F.errors(t, probes, fitted, (0.0, 0.0))["decode"] < 5.0
