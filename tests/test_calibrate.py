@@ -124,9 +124,14 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     probes = [Probe(**p) for p in doc["probes"]]
     assert F.errors(t, probes, fitted, (0.0, 0.0))["decode"] < 5.0
     true_cm, fit_cm = t.cost(TRUE), t.cost(fitted)
-    off = {p.label(): abs(F.predict(fit_cm, t, p) / F.predict(true_cm, t, p) - 1) for p in probes}
-    assert sum(off.values()) / len(off) < 0.05, off  # the fitted model predicts the true steps
-    assert max(off.values()) < 0.2, off  # short prefills, where overheads dominate, are the worst
+    off: dict[str, list[float]] = {}  # the fitted model against the steps the server ran
+    for p in probes:
+        off.setdefault(p.family, []).append(abs(F.predict(fit_cm, t, p) / F.predict(true_cm, t, p) - 1))
+    mean = {k: sum(v) / len(v) for k, v in off.items()}
+    assert mean["decode"] < 0.02 and mean["prefill_cold"] < 0.05, mean
+    # 128 new tokens after a cached past: ~25 ms of work under up to 60 ms of timing noise (serve's
+    # 20 ms wall of slack x 3), the hardest family to pin
+    assert mean["prefill_cached"] < 0.12 and max(max(v) for v in off.values()) < 0.3, off
     eng = Engine(EngineConfig(gpu="h100", model="llama3-70b", tensor_parallel_size=4, cost_profile=str(out)))
     assert eng.cost.coeffs == load_coefficients(out)
 

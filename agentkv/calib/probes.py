@@ -12,6 +12,8 @@ from agentkv.calib.plan import Probe
 from agentkv.errors import UserError
 from agentkv.trace.blocks import request_tokens
 
+SHORT_PREFILL = 1024  # new tokens up to which a prefill probe takes twice the samples
+
 
 class ProbeError(UserError):
     """A probe failed: the target stopped answering, does not stream, or does not report usage."""
@@ -82,7 +84,10 @@ class Prober:
         return statistics.median(gaps) * self.scale
 
     async def run(self, p: Probe, repeats: int) -> None:
-        """`repeats` samples of `p`; its measurement is the least (a busy host only ever adds delay)."""
+        """`repeats` samples of `p` (twice as many for short prefills, which host timing noise hurts most);
+        its measurement is the least (a busy host only ever adds delay)."""
+        if p.family != "decode" and p.new <= SHORT_PREFILL:
+            repeats *= 2
         for _ in range(repeats):
             p.samples_s.append(await (self.itl(p) if p.family == "decode" else self.ttft(p)))
         p.measured_s = min(p.samples_s)

@@ -8,7 +8,7 @@ import sys
 from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
 from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, within_budget
-from agentkv.calib.probes import Prober, run_plan
+from agentkv.calib.probes import SHORT_PREFILL, Prober, run_plan
 from agentkv.calib.profile import profile_doc, write_profile
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
@@ -59,6 +59,8 @@ def est_wall_s(t: fitmod.Target, p: Probe, repeats: int) -> float:
             fitmod.predict(cm, t, Probe("prefill_cold", new=p.past)) if p.past else 0
         )
         reqs = 2 if p.past else 1
+    if p.family != "decode" and p.new <= SHORT_PREFILL:
+        repeats *= 2
     return repeats * (eng / t.time_scale + reqs * REQUEST_WALL_S)
 
 
