@@ -17,6 +17,7 @@ COMMANDS = (  # in the order `agentkv --help` lists them
     "agentkv.route.command",  # route
     "agentkv.serve.command",  # serve
     "agentkv.bench.command",  # bench, compare
+    "agentkv.calib.command",  # calibrate
     "agentkv.security.command",  # security side-channel
 )
 

@@ -17,21 +17,10 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from agentkv.engine import calibrate
+from agentkv.engine.calibrate import FREE, SCALE
 from agentkv.engine.cost import COEFFICIENTS, CostCoefficients
 
 OUT = Path(__file__).resolve().parents[1] / "agentkv" / COEFFICIENTS
-# name: (start, lower, upper); times in seconds, rates in GB/s or fractions of the measured GEMM peak
-FREE = {
-    "gemm_eff": (0.9, 0.1, 1.0),
-    "overlap_k": (1.3, 1.0, 20.0),
-    "attn_self_eff": (0.45, 0.05, 1.0),
-    "attn_past_eff": (0.4, 0.05, 1.0),
-    "stream_gbps": (44.0, 1.0, 4000.0),
-    "past_setup_s": (100e-6, 0.0, 1e-3),
-    "launch_floor_s": (140e-6, 0.0, 1e-3),
-    "floor_k": (1.7, 1.0, 40.0),
-}
-SCALE = {"past_setup_s": 1e-6, "launch_floor_s": 1e-6}  # optimise in microseconds
 
 
 def coeffs_from(x) -> CostCoefficients:

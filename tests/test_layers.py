@@ -21,6 +21,7 @@ LAYERS = [  # lowest first; docs/architecture.md draws the same
     {"engine", "trace"},
     {"placement", "events", "metrics", "gate"},
     {"bench", "sim", "cache", "serve", "route", "security"},
+    {"calib"},  # an application on top of bench's HTTP client
     {"cli"},
 ]
 RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}

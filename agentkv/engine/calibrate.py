@@ -20,6 +20,19 @@ CALIBRATION = "data/calibration/h200-llama3-shapes.json"
 # held out of the fit: longer contexts (to 524K), measured later by scripts/gpu_long_context.py
 LONG_CONTEXT = "data/calibration/h200-llama3-long-context.json"
 PROBE_MODELS = ("llama3-8b", "llama3-70b")
+# the coefficients a fit frees (scripts/fit_cost.py, agentkv calibrate): name: (start, lower, upper);
+# times in seconds, rates in GB/s or fractions of the measured GEMM peak
+FREE = {
+    "gemm_eff": (0.9, 0.1, 1.0),
+    "overlap_k": (1.3, 1.0, 20.0),
+    "attn_self_eff": (0.45, 0.05, 1.0),
+    "attn_past_eff": (0.4, 0.05, 1.0),
+    "stream_gbps": (44.0, 1.0, 4000.0),
+    "past_setup_s": (100e-6, 0.0, 1e-3),
+    "launch_floor_s": (140e-6, 0.0, 1e-3),
+    "floor_k": (1.7, 1.0, 40.0),
+}
+SCALE = {"past_setup_s": 1e-6, "launch_floor_s": 1e-6}  # optimise in microseconds
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,8 @@ class EngineConfig:
     eviction_policy: str = "lru"
     hash_algo: str = "xxhash"  # --prefix-caching-hash-algo: xxhash | sha256 | sha256_cbor
     seed: int = 0
+    cost_profile: str | None = None  # --profile: cost coefficients from `agentkv calibrate` (None: bundled)
+    cost_profile_name: str | None = None  # the profile's name (served model @ target), for summaries
 
     def __post_init__(self) -> None:
         def bad(flag: str, msg: str) -> UserError:
@@ -83,6 +85,11 @@ class EngineConfig:
         if args.cpu_offload:
             offload = parse_capacity(args.cpu_offload, "--cpu-offload") / gib
         disk = parse_capacity(args.disk_offload, "--disk-offload") / gib if args.disk_offload else 0.0
+        profile_name = None
+        if getattr(args, "profile", None):
+            from agentkv.engine.cost import profile_name as _name
+
+            profile_name = _name(args.profile)
         return cls(
             gpu=args.gpu,
             model=args.model,
@@ -99,6 +106,8 @@ class EngineConfig:
             num_gpu_blocks_override=args.num_gpu_blocks_override,
             eviction_policy=args.eviction_policy,
             hash_algo=args.hash_algo,
+            cost_profile=getattr(args, "profile", None),
+            cost_profile_name=profile_name,
         )
 
 
@@ -143,3 +152,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help=f"{', '.join(ENGINE_POLICIES)} (default lru)",
     )
     g.add_argument("--prefix-caching-hash-algo", dest="hash_algo", default="xxhash", choices=HASH_ALGOS)
+    g.add_argument(
+        "--profile",
+        default=None,
+        metavar="FILE",
+        help="cost model coefficients from `agentkv calibrate` (default: the bundled H200 fit)",
+    )

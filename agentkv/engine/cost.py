@@ -79,6 +79,13 @@ def load_coefficients(path: str | Path | None = None) -> CostCoefficients:
         raise UserError(f"{path}: not a cost coefficient file ({type(e).__name__}: {e})") from None
 
 
+def profile_name(path: str | Path) -> str:
+    """The `name` a profile records (served model @ target), after checking it loads; else the path."""
+    load_coefficients(path)
+    name = json.loads(Path(path).read_text()).get("name")
+    return str(name) if name else str(path)
+
+
 @cache
 def _bundled() -> CostCoefficients:
     doc = json.loads(resources.files("agentkv").joinpath(COEFFICIENTS).read_text())

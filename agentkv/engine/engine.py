@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 from agentkv.engine.config import EngineConfig
-from agentkv.engine.cost import CostModel
+from agentkv.engine.cost import CostModel, load_coefficients
 from agentkv.engine.hardware import get_model
 from agentkv.engine.outputs import DecodeBurst, EngineStats, RequestOutput, StepResult
 from agentkv.engine.request import EngineRequest, Status
@@ -48,7 +48,10 @@ class Engine:
         self.itl_sink = itl_sink  # when given, every inter-token gap is appended (for ITL percentiles)
         shape = get_model(cfg.model)
         self.model_shape = shape
-        self.cost = CostModel(cfg.gpu, shape, tp=cfg.tensor_parallel_size, kv_dtype=cfg.kv_dtype)
+        coeffs = load_coefficients(cfg.cost_profile) if cfg.cost_profile else None
+        self.cost = CostModel(
+            cfg.gpu, shape, tp=cfg.tensor_parallel_size, kv_dtype=cfg.kv_dtype, coeffs=coeffs
+        )
         self.max_model_len = cfg.max_model_len or shape.max_position
         block_bytes = int(self.cost.kv_bytes_per_token * cfg.block_size)
         if cfg.num_gpu_blocks_override is not None:

@@ -1,0 +1,107 @@
+"""Fit the cost model's coefficients to probe measurements, with the cost model's own formula."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from agentkv.calib.plan import Probe
+from agentkv.engine.calibrate import FREE, SCALE
+from agentkv.engine.cost import CostCoefficients, CostModel, load_coefficients
+
+# outside the engine steps, in wall time: per request (HTTP, queueing) and per prompt token (parsing,
+# hashing); a time scale multiplies both into engine seconds
+OVERHEAD = {"request_ms": (1.0, 0.0, 1000.0), "token_us": (0.1, 0.0, 100.0)}
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """What the engine is modelled as: catalogue GPU and model, TP, KV dtype, prefill chunk, time scale."""
+
+    gpu: str
+    model: str
+    tp: int = 1
+    kv_dtype: str = "bf16"
+    chunk: int = 8192
+    time_scale: float = 1.0
+
+    def cost(self, coeffs: CostCoefficients | None = None) -> CostModel:
+        return CostModel(self.gpu, self.model, tp=self.tp, kv_dtype=self.kv_dtype, coeffs=coeffs)
+
+
+def predict(cm: CostModel, t: Target, p: Probe, overhead: tuple[float, float] = (0.0, 0.0)) -> float:
+    """Engine seconds the probe measures: chunked prefill steps to the first token (plus `overhead`,
+    wall seconds per request and per prompt token), or one decode step."""
+    if p.family == "decode":
+        return cm.step_time([], [p.ctx + p.out // 2] * p.n)
+    total, done, left = 0.0, p.past, p.new
+    while left > 0:
+        n = min(t.chunk, left)
+        total += cm.step_time([(n, done)], [])
+        done, left = done + n, left - n
+    return total + (overhead[0] + overhead[1] * (p.past + p.new)) * t.time_scale
+
+
+def _coeffs(x, base: CostCoefficients) -> CostCoefficients:
+    vals = {n: float(v) * SCALE.get(n, 1.0) for n, v in zip(FREE, x, strict=False)}
+    return replace(base, **vals)
+
+
+@dataclass(frozen=True, slots=True)
+class Fit:
+    """Fitted coefficients, the overheads (wall s per request, per prompt token), and each free
+    coefficient's standard error in % of its value (from the Jacobian; large: the probes do not pin it)."""
+
+    coeffs: CostCoefficients
+    overhead: tuple[float, float]
+    stderr_pct: dict[str, float]
+
+
+def fit(t: Target, probes: list[Probe], start: CostCoefficients | None = None) -> Fit:
+    """Bounded least squares on log(predicted / measured); the roofs (copy, GEMM) stay the bundled ones."""
+    from scipy.optimize import least_squares
+
+    base = load_coefficients()
+    pts = [p for p in probes if p.measured_s]
+    meas = np.array([p.measured_s for p in pts])
+    src = start.to_dict() if start else {n: v[0] for n, v in FREE.items()}
+
+    def residuals(x):
+        cm = t.cost(_coeffs(x, base))
+        ov = (x[-2] / 1e3, x[-1] / 1e6)
+        return np.log(np.array([predict(cm, t, p, ov) for p in pts]) / meas)
+
+    oh = list(OVERHEAD.values())
+    x0 = [src[n] / SCALE.get(n, 1.0) for n in FREE] + [v[0] for v in oh]
+    lo = [v[1] / SCALE.get(n, 1.0) for n, v in FREE.items()] + [v[1] for v in oh]
+    hi = [v[2] / SCALE.get(n, 1.0) for n, v in FREE.items()] + [v[2] for v in oh]
+    res = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac")
+    return Fit(_coeffs(res.x, base), (float(res.x[-2]) / 1e3, float(res.x[-1]) / 1e6), _stderr(res))
+
+
+def _stderr(res) -> dict[str, float]:
+    """Relative standard errors (%) of the free coefficients: sqrt(diag((J'J)^-1) x residual variance)."""
+    j, r = res.jac, res.fun
+    dof = max(len(r) - len(res.x), 1)
+    cov = np.linalg.pinv(j.T @ j) * float(r @ r) / dof
+    se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
+    out = {}
+    for i, n in enumerate(FREE):
+        v = abs(res.x[i])
+        out[n] = round(float(se[i] / v * 100), 2) if v > 0 else float("inf")
+    return out
+
+
+def errors(
+    t: Target, probes: list[Probe], coeffs: CostCoefficients, overhead: tuple[float, float]
+) -> dict[str, float]:
+    """Mean absolute percentage error per probe family (and 'all')."""
+    cm = t.cost(coeffs)
+    by: dict[str, list[float]] = {}
+    for p in probes:
+        if p.measured_s:
+            e = abs(predict(cm, t, p, overhead) / p.measured_s - 1.0) * 100
+            by.setdefault(p.family, []).append(e)
+            by.setdefault("all", []).append(e)
+    return {k: round(sum(v) / len(v), 3) for k, v in by.items()}

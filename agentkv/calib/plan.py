@@ -1,0 +1,69 @@
+"""The probe plan: which prompts to send, sized to the target's max model length and a time budget."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MIN_MODEL_LEN = 1024  # below this the probes cannot separate prefill from overheads
+COLD = (128, 512, 2048, 8192, 32768, 65536)
+CACHED_PAST = (2048, 8192, 32768)
+CACHED_NEW = (128, 1024)
+DECODE_N = (1, 8, 32)
+DECODE_CTX = (1024, 8192, 32768, 65536)
+DECODE_TOKENS_MAX = 262_144  # N x context of one decode probe (keeps the KV it needs modest)
+DECODE_OUT = 48  # output tokens per decode stream
+
+
+@dataclass(slots=True)
+class Probe:
+    """One measurement: `family` prefill_cold (new), prefill_cached (new after past) or decode (n x ctx).
+
+    `measured_s` is engine seconds (wall x time scale): TTFT for prefill, inter-token time for decode."""
+
+    family: str
+    new: int = 0
+    past: int = 0
+    n: int = 1
+    ctx: int = 0
+    out: int = 1
+    samples_s: list[float] = field(default_factory=list)
+    measured_s: float | None = None
+
+    def label(self) -> str:
+        """A short name for progress lines and tables."""
+        if self.family == "decode":
+            return f"decode n={self.n} ctx={self.ctx}"
+        return f"{self.family} new={self.new} past={self.past}"
+
+
+def make_plan(
+    max_model_len: int, block_size: int, chunk: int = 8192, kv_tokens: int | None = None
+) -> list[Probe]:
+    """Every probe that fits `max_model_len` (and half of `kv_tokens`, the KV cache, when known); a decode
+    probe's streams get enough output to still be decoding after the last one's chunked prefill."""
+    cap = min(DECODE_TOKENS_MAX, kv_tokens // 2) if kv_tokens else DECODE_TOKENS_MAX
+    room = min(max_model_len, int(kv_tokens * 0.9) if kv_tokens else max_model_len) - DECODE_OUT - 1
+    out: list[Probe] = [Probe("prefill_cold", new=n) for n in COLD if n <= room]
+    for past in CACHED_PAST:
+        for new in CACHED_NEW:
+            if past + new <= room and past <= max_model_len // 2:
+                out.append(Probe("prefill_cached", new=new, past=past))
+    for ctx in DECODE_CTX:
+        for n in DECODE_N:
+            if ctx + DECODE_OUT <= room and n * ctx <= cap:
+                out.append(Probe("decode", n=n, ctx=ctx, out=DECODE_OUT + -(-n * ctx // chunk)))
+    for p in out:
+        p.past -= p.past % block_size  # a cached past is whole blocks
+    return out
+
+
+def within_budget(probes: list[Probe], est_wall_s: list[float], budget_s: float) -> list[Probe]:
+    """The cheapest probes (by estimated wall seconds, all samples) that fit `budget_s`, in plan order."""
+    order = sorted(range(len(probes)), key=lambda i: est_wall_s[i])
+    keep, spent = set(), 0.0
+    for i in order:
+        if spent + est_wall_s[i] > budget_s:
+            break
+        keep.add(i)
+        spent += est_wall_s[i]
+    return [p for i, p in enumerate(probes) if i in keep]

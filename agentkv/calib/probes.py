@@ -1,0 +1,112 @@
+"""Run the probe plan against a target over the OpenAI API (streamed completions of token-id prompts)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import uuid
+from collections.abc import Callable
+
+from agentkv.bench.client import BenchClient, StreamResult
+from agentkv.calib.plan import Probe
+from agentkv.errors import UserError
+from agentkv.trace.blocks import request_tokens
+
+SHORT_PREFILL = 1024  # new tokens up to which a prefill probe takes twice the samples
+
+
+class ProbeError(UserError):
+    """A probe failed: the target stopped answering, does not stream, or does not report usage."""
+
+
+class Prober:
+    """Sends each probe's requests and turns wall times into engine seconds (x `time_scale`)."""
+
+    def __init__(self, client: BenchClient, model: str, block_size: int, time_scale: float):
+        self.client, self.model, self.bs, self.scale = client, model, block_size, time_scale
+        self.nonce = uuid.uuid4().hex[:12]  # unique first blocks per run: nothing is cached from before
+        self.seq = 0
+
+    def _ids(self, n: int, space: str | None = None) -> list[int]:
+        if space is None:
+            self.seq += 1
+            space = f"calib-{self.nonce}-{self.seq}"
+        m = -(-n // self.bs)
+        return request_tokens(space, list(range(m)), n, self.bs).tolist()
+
+    async def _send(self, prompt: list[int], out: int) -> StreamResult:
+        res = await self.client.stream(self.client.body(self.model, prompt, out))
+        if not res.ok:
+            hint = {
+                "not_streamed": "the target does not stream (stream: true)",
+                "incomplete": "a stream ended without [DONE]",
+            }.get(res.error, f"a request failed ({res.error})")
+            raise ProbeError(f"target {self.client.base}: {hint}: {res.detail}")
+        if res.prompt_tokens is None:
+            raise ProbeError(
+                f"target {self.client.base}: no usage in the stream (stream_options.include_usage); "
+                "calibrate needs prompt and completion token counts"
+            )
+        return res
+
+    async def ttft(self, p: Probe) -> float:
+        """Engine seconds to the first token of `p.new` tokens after `p.past` cached ones."""
+        space = f"calib-{self.nonce}-c{self.seq}"
+        self.seq += 1
+        if p.past:
+            full = self._ids(p.past + p.new, space)
+            await self._send(full[: p.past], 1)  # warm the prefix
+            prompt = full
+        else:
+            prompt = self._ids(p.new)
+        res = await self._send(prompt, 1)
+        if p.past and res.cached_tokens is not None and res.cached_tokens < p.past - self.bs:
+            raise ProbeError(
+                f"target {self.client.base}: a {p.past}-token prefix was not served from cache "
+                f"({res.cached_tokens} cached tokens); is prefix caching enabled?"
+            )
+        if not res.token_times:
+            raise ProbeError(f"target {self.client.base}: a stream carried no output tokens")
+        return (res.token_times[0] - res.sent) * self.scale
+
+    async def itl(self, p: Probe) -> float:
+        """Engine seconds per token while `p.n` streams of `p.ctx` context all decode together."""
+        results = await asyncio.gather(*(self._send(self._ids(p.ctx), p.out) for _ in range(p.n)))
+        start = max(r.token_times[0] for r in results if r.token_times)
+        end = min(r.token_times[-1] for r in results if r.token_times)
+        gaps = []
+        for r in results:
+            inside = [t for t in r.token_times if start <= t <= end]
+            if len(inside) >= 2:
+                gaps.append((inside[-1] - inside[0]) / (len(inside) - 1))
+        if not gaps:
+            raise ProbeError(f"target {self.client.base}: {p.n} streams never decoded together")
+        return statistics.median(gaps) * self.scale
+
+    async def run(self, p: Probe, repeats: int) -> None:
+        """`repeats` samples of `p` (twice as many for short prefills, which host timing noise hurts most);
+        its measurement is the least (a busy host only ever adds delay)."""
+        if p.family != "decode" and p.new <= SHORT_PREFILL:
+            repeats *= 2
+        for _ in range(repeats):
+            p.samples_s.append(await (self.itl(p) if p.family == "decode" else self.ttft(p)))
+        p.measured_s = min(p.samples_s)
+
+
+async def run_plan(
+    prober: Prober, plan: list[Probe], repeats: int, on_done: Callable[[Probe], None]
+) -> str | None:
+    """Run every probe in order after two discarded warm-up requests; the first failure's message (the
+    probes before it keep their data)."""
+    try:
+        for _ in range(2):
+            await prober.ttft(Probe("prefill_cold", new=prober.bs))
+    except UserError as e:
+        return f"warm-up: {e}"
+    for p in plan:
+        try:
+            await prober.run(p, repeats)
+        except UserError as e:
+            return f"{p.label()}: {e}"
+        on_done(p)
+    return None

@@ -1,0 +1,224 @@
+"""`agentkv calibrate`: the plan, the fit on exact data, and real runs against `agentkv serve` subprocesses
+(one started with known coefficients, which the probes must recover) and against targets that fail."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from aiohttp import web
+
+from agentkv.calib import fit as F
+from agentkv.calib.plan import Probe, make_plan, within_budget
+from agentkv.calib.run import target_of
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.cost import CostCoefficients, load_coefficients
+from agentkv.engine.engine import Engine
+from agentkv.errors import UserError
+from tests.cluster import CLI, HOST, Procs, free_ports, wait_http
+
+# a different software stack than the bundled H200 fit: what the server under test is started with
+TRUE = replace(
+    load_coefficients(),
+    gemm_eff=0.7,
+    overlap_k=1.6,
+    attn_self_eff=0.6,
+    attn_past_eff=0.3,
+    stream_gbps=80.0,
+    past_setup_s=50e-6,
+    launch_floor_s=60e-6,
+    floor_k=2.5,
+)
+SHAPE = ["--gpu", "h100", "--model", "llama3-70b", "-tp", "4"]
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict.fromkeys(
+        ("gpu", "model", "tensor_parallel_size", "kv_cache_dtype", "max_model_len", "block_size"), None
+    )
+    return argparse.Namespace(**(base | {"max_num_batched_tokens": None, "time_scale": None} | kw))
+
+
+def test_plan_fits_the_model_length_and_the_kv_cache() -> None:
+    plan = make_plan(4096, 16, 8192, kv_tokens=100_000)
+    assert plan and all(p.past + p.new + p.ctx + p.out <= 4096 for p in plan)
+    assert {p.family for p in plan} == {"prefill_cold", "prefill_cached", "decode"}
+    small_kv = make_plan(131072, 16, 8192, kv_tokens=20_000)
+    assert all(p.past + p.new + p.ctx <= 18_000 and p.n * p.ctx <= 10_000 for p in small_kv)
+    costs = [float(i) for i in range(len(plan))]
+    assert within_budget(plan, costs, 3.5) == plan[:3]
+
+
+def test_a_tiny_or_unknown_model_length_is_one_clear_error() -> None:
+    with pytest.raises(UserError, match="too small to calibrate"):
+        target_of(_args(), {"id": "m", "root": "llama3-8b", "max_model_len": 512}, {})
+    with pytest.raises(UserError, match="--max-model-len"):
+        target_of(_args(), {"id": "m", "root": "llama3-8b"}, {})
+    t, n, bs, kv = target_of(_args(max_model_len=8192), {"id": "m", "root": "llama3-8b"}, {"gpu": "h100"})
+    assert (t.gpu, t.model, n, bs, kv) == ("h100", "llama3-8b", 8192, 16, None)
+
+
+def test_the_fit_recovers_exact_measurements() -> None:
+    t = F.Target("h100", "llama3-70b", tp=4, time_scale=3.0)
+    cm = t.cost(TRUE)
+    probes = make_plan(131072, 16, 8192, kv_tokens=489_824)
+    for p in probes:
+        p.measured_s = F.predict(cm, t, p, (1e-3, 3e-7))
+    f = F.fit(t, probes)
+    assert max(F.errors(t, probes, f.coeffs, f.overhead).values()) < 0.5
+    for name in ("gemm_eff", "attn_past_eff", "stream_gbps"):  # the coefficients these probes pin
+        assert getattr(f.coeffs, name) == pytest.approx(getattr(TRUE, name), rel=0.05), name
+
+
+def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
+    truth = tmp_path / "true.json"
+    truth.write_text(json.dumps({"name": "true", "coefficients": TRUE.to_dict()}))
+    port = free_ports(1)[0]
+    procs = Procs(tmp_path / "logs")
+    serve = ["serve", "--port", str(port), "--time-scale", "3", *SHAPE, "--profile", str(truth)]
+    try:
+        wait_http(f"http://{HOST}:{port}/health", proc=procs.start("serve", serve))
+        out = tmp_path / "profile.json"
+        run = subprocess.run(
+            [
+                *CLI,
+                "calibrate",
+                "--target",
+                f"http://{HOST}:{port}",
+                "--out",
+                str(out),
+                "--budget",
+                "90s",
+                "--repeats",
+                "3",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        procs.stop_all()
+    assert run.returncode == 0, run.stderr
+    doc = json.loads(out.read_text())
+    assert doc["modelled_as"]["gpu"] == "h100" and doc["modelled_as"]["tp"] == 4
+    assert doc["server"]["server_info"]["engine"] == "agentkv" and doc["error"] is None
+    assert set(doc["fit"]["mape_pct"]) == {"prefill_cold", "prefill_cached", "decode", "all"}
+    mape = doc["fit"]["mape_pct"]  # measured vs fitted; a busy host adds noise to the short prefills
+    assert mape["decode"] < 5.0 and mape["prefill_cold"] < 15.0 and mape["prefill_cached"] < 15.0, mape
+    fitted = CostCoefficients(**doc["coefficients"])
+    for name, se in doc["fit"]["stderr_pct"].items():  # what the probes pin, they recover
+        if se < 5.0:
+            assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=0.1), (
+                name,
+                se,
+                doc["fit"],
+            )
+    t = F.Target(**doc["modelled_as"])
+    probes = [Probe(**p) for p in doc["probes"]]
+    assert F.errors(t, probes, fitted, (0.0, 0.0))["decode"] < 5.0
+    true_cm, fit_cm = t.cost(TRUE), t.cost(fitted)
+    off: dict[str, list[float]] = {}  # the fitted model against the steps the server ran
+    for p in probes:
+        off.setdefault(p.family, []).append(abs(F.predict(fit_cm, t, p) / F.predict(true_cm, t, p) - 1))
+    mean = {k: sum(v) / len(v) for k, v in off.items()}
+    assert mean["decode"] < 0.02 and mean["prefill_cold"] < 0.05, mean
+    # 128 new tokens after a cached past: ~25 ms of work under up to 60 ms of timing noise (serve's
+    # 20 ms wall of slack x 3), the hardest family to pin
+    assert mean["prefill_cached"] < 0.12 and max(max(v) for v in off.values()) < 0.3, off
+    eng = Engine(EngineConfig(gpu="h100", model="llama3-70b", tensor_parallel_size=4, cost_profile=str(out)))
+    assert eng.cost.coeffs == load_coefficients(out)
+
+
+def test_simulate_records_the_profile(tmp_path: Path) -> None:
+    prof = tmp_path / "p.json"
+    prof.write_text(json.dumps({"name": "m@http://x", "coefficients": TRUE.to_dict()}))
+    run = subprocess.run(
+        [*CLI, "simulate", "--profile", str(prof), "--max-requests", "3", "--json", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert run.returncode == 0, run.stderr
+    engine = json.loads(run.stdout)["config"]["engine"]
+    assert engine["cost_profile_name"] == "m@http://x" and engine["cost_profile"] == str(prof)
+
+
+class _Bare:
+    """A real HTTP target that lacks a feature: `mode` 'no_stream' answers one JSON, 'no_usage' streams
+    without a usage chunk."""
+
+    def __init__(self, mode: str) -> None:
+        self.mode, self.port = mode, free_ports(1)[0]
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, daemon=True).start()
+        asyncio.run_coroutine_threadsafe(self._start(), self.loop).result(10)
+
+    async def _start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/v1/models", self._models)
+        app.router.add_post("/v1/completions", self._complete)
+        self.runner = web.AppRunner(app)
+        await self.runner.setup()
+        await web.TCPSite(self.runner, HOST, self.port).start()
+
+    async def _models(self, request: web.Request) -> web.Response:
+        return web.json_response({"data": [{"id": "llama3-8b", "max_model_len": 8192}]})
+
+    async def _complete(self, request: web.Request) -> web.StreamResponse:
+        if self.mode == "no_stream":
+            return web.json_response({"choices": [{"text": "x"}], "usage": {"prompt_tokens": 1}})
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"choices": [{"text": "x"}]}\n\ndata: [DONE]\n\n')
+        return resp
+
+    def close(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+
+
+@pytest.mark.parametrize(("mode", "says"), [("no_stream", "does not stream"), ("no_usage", "no usage")])
+def test_a_target_without_streaming_or_usage_is_one_line(tmp_path: Path, mode: str, says: str) -> None:
+    target = _Bare(mode)
+    out = tmp_path / "p.json"
+    try:
+        run = subprocess.run(
+            [*CLI, "calibrate", "--target", f"http://{HOST}:{target.port}", "--out", str(out), "-q"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    finally:
+        target.close()
+    assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    assert json.loads(out.read_text())["error"]
+
+
+def test_a_target_that_dies_mid_run_keeps_the_finished_probes(tmp_path: Path) -> None:
+    port = free_ports(1)[0]
+    procs = Procs(tmp_path / "logs")
+    out = tmp_path / "p.json"
+    try:
+        serve = procs.start("serve", ["serve", "--port", str(port), *SHAPE])  # time scale 1: slow probes
+        wait_http(f"http://{HOST}:{port}/health", proc=serve)
+        cal = subprocess.Popen(
+            [*CLI, "calibrate", "--target", f"http://{HOST}:{port}", "--out", str(out), "-q"],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        time.sleep(6.0)  # the short cold prefills are done; a 32K one is running
+        procs.stop("serve")
+        _, err = cal.communicate(timeout=60)
+    finally:
+        procs.stop_all()
+    assert cal.returncode == 2 and "finished probes written" in err, err
+    assert len(err.strip().splitlines()) == 1
+    doc = json.loads(out.read_text())
+    assert doc["error"] and len(doc["probes"]) >= 2
