@@ -12,6 +12,7 @@ import time
 import aiohttp
 import pytest
 import zmq
+from zmqutil import until
 
 from agentkv.events.curve import CurveClient, CurveServer, is_local, with_host
 from agentkv.events.publisher import ZmqEventPublisher, seq_bytes
@@ -112,17 +113,6 @@ def test_a_bound_subscriber_takes_events_only_from_the_pinned_publisher():
     assert subs == (0, 0, 1) and sub.stats.malformed == 0
 
 
-async def _until(cond, timeout: float = T, tick=None) -> bool:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if cond():
-            return True
-        if tick is not None:
-            tick()
-        await asyncio.sleep(0.05)
-    return cond()
-
-
 def test_forged_publisher_never_reaches_the_router_index():
     """The worker's endpoints are taken by an impostor (its own key pair, then no CURVE at all):
     its stores and AllBlocksCleared never reach the router's index; then the real worker's do."""
@@ -155,7 +145,7 @@ def test_forged_publisher_never_reaches_the_router_index():
                     real.publish(stored(1), ts=1.0)  # maybe before the router reconnects: replay brings it
                     assert await asyncio.to_thread(real.wait_for_subscribers, 1, T)
                     real.publish(stored(2), ts=2.0)
-                    assert await _until(lambda: index.find_matches("", [1002]) == {0: Match(1)})
+                    assert await until(lambda: index.find_matches("", [1002]) == {0: Match(1)})
                     assert index.find_matches("", [1001]) == {0: Match(1)}
                 return (
                     forged_sent,

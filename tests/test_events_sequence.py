@@ -10,8 +10,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import zmq
+from zmqutil import serve_replay
 
-from agentkv.events.publisher import END_SEQ, seq_bytes
+from agentkv.events.publisher import seq_bytes
 from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.events.tracker import MAX_SEQ_JUMP, SEQ_LIMIT
 from agentkv.kv.events import BlockStored, EventBatch, encode_batch
@@ -43,14 +44,7 @@ class Wire:
         self.pub.send_multipart([b"kv-events", seq_bytes(seq), data])
 
     def _serve(self) -> None:
-        while not self._stop.is_set():
-            if not self.rep.poll(50):
-                continue
-            ident, _, start = self.rep.recv_multipart()
-            for seq in sorted(self.buffer):
-                if seq >= int.from_bytes(start, "big"):
-                    self.rep.send_multipart([ident, b"", b"kv-events", seq_bytes(seq), self.buffer[seq]])
-            self.rep.send_multipart([ident, b"", b"", END_SEQ, b""])
+        serve_replay(self.rep, lambda: self.buffer, self._stop)
 
     def close(self) -> None:
         self._stop.set()

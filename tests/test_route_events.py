@@ -8,8 +8,9 @@ import threading
 
 import aiohttp
 import zmq
+from zmqutil import serve_replay, until
 
-from agentkv.events.publisher import END_SEQ, seq_bytes
+from agentkv.events.publisher import seq_bytes
 from agentkv.kv.events import AllBlocksCleared, BlockStored, EventBatch, encode_batch
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.workers import WorkerPool, WorkerSpec, parse_load, parse_worker
@@ -38,31 +39,12 @@ class RawPublisher:
         self.pub.send_multipart([b"kv-events", seq_bytes(seq), payload])
 
     def _serve(self) -> None:
-        while not self.stop.is_set():
-            if not self.rep.poll(50):
-                continue
-            ident, _, start = self.rep.recv_multipart()
-            for seq in sorted(self.buffer):
-                if seq >= int.from_bytes(start, "big"):
-                    self.rep.send_multipart([ident, b"", b"kv-events", seq_bytes(seq), self.buffer[seq]])
-            self.rep.send_multipart([ident, b"", b"", END_SEQ, b""])
+        serve_replay(self.rep, lambda: self.buffer, self.stop)
 
     def close(self) -> None:
         self.stop.set()
         self.thread.join(2)
         self.ctx.destroy(linger=0)
-
-
-async def _until(cond, timeout: float = 5.0, tick=None) -> bool:
-    loop = asyncio.get_running_loop()
-    end = loop.time() + timeout
-    while loop.time() < end:
-        if cond():
-            return True
-        if tick is not None:
-            tick()
-        await asyncio.sleep(0.05)
-    return cond()
 
 
 def test_catch_up_malformed_gap_and_restart():
@@ -76,7 +58,7 @@ def test_catch_up_malformed_gap_and_restart():
         async with aiohttp.ClientSession() as session:
             await pool.start(session)
             try:
-                assert await _until(lambda: index.find_matches("", a) == {0: Match(4)})  # caught up by replay
+                assert await until(lambda: index.find_matches("", a) == {0: Match(4)})  # caught up by replay
                 pub.batch(1, BlockStored(block_hashes=b, parent_block_hash=a[-1]))  # never sent live
                 pub.batch(2, BlockStored(block_hashes=c, parent_block_hash=b[-1]))  # never sent live
                 live3 = pub.batch(3, BlockStored(block_hashes=d, parent_block_hash=c[-1]))
@@ -88,12 +70,12 @@ def test_catch_up_malformed_gap_and_restart():
                     pub.send(3, live3)
 
                 chain = a + b + c + d
-                assert await _until(lambda: index.find_matches("", chain) == {0: Match(16)}, tick=tick)
+                assert await until(lambda: index.find_matches("", chain) == {0: Match(16)}, tick=tick)
                 assert w.subscriber.stats.malformed >= 2 and w.subscriber.stats.gaps >= 1
                 assert w.subscriber.stats.recovered >= 2 and w.resyncs >= 1
                 # the publisher restarts (sequence back to 0): its old blocks are gone
                 restart = pub.batch(0, BlockStored(block_hashes=e))
-                assert await _until(
+                assert await until(
                     lambda: index.find_matches("", e) == {0: Match(4)}, tick=lambda: pub.send(0, restart)
                 )
                 assert index.find_matches("", a) == {} and index.blocks(0) == 4
@@ -140,12 +122,12 @@ def test_forged_huge_sequence_numbers_leave_the_router_counters_sane():
             try:
                 w = pool.workers[0]
                 first = pub.batch(0, BlockStored(block_hashes=[1, 2]))
-                assert await _until(lambda: index.blocks(0) == 2, tick=lambda: pub.send(0, first))
+                assert await until(lambda: index.blocks(0) == 2, tick=lambda: pub.send(0, first))
                 forged = encode_batch(EventBatch(0.0, [AllBlocksCleared()], None))
                 for seq in (2**64 - 1, 2**63 + 5, 2**40):
                     pub.send(seq, forged)
                 pub.send(1, pub.batch(1, BlockStored(block_hashes=[3], parent_block_hash=2)))
-                assert await _until(lambda: index.blocks(0) == 3)
+                assert await until(lambda: index.blocks(0) == 3)
                 st = w.subscriber.stats
                 return {"malformed": st.malformed, "lost": st.lost, "resets": st.resets}, index.blocks(0)
             finally:

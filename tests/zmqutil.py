@@ -1,0 +1,38 @@
+"""Test helpers for hand-driven KV-event publishers on real ZMQ sockets (shared by the event tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+
+import zmq
+
+from agentkv.events.publisher import END_SEQ, seq_bytes
+
+
+def serve_replay(rep: zmq.Socket, buffer: Callable[[], dict[int, bytes]], stop: threading.Event) -> None:
+    """Answer replay requests on a ROUTER socket from `buffer()` (seq -> payload, read anew for each
+    request: tests swap it), as vLLM's replay socket does."""
+    while not stop.is_set():
+        if not rep.poll(50):
+            continue
+        ident, _, start = rep.recv_multipart()
+        buf = buffer()
+        for seq in sorted(buf):
+            if seq >= int.from_bytes(start, "big"):
+                rep.send_multipart([ident, b"", b"kv-events", seq_bytes(seq), buf[seq]])
+        rep.send_multipart([ident, b"", b"", END_SEQ, b""])
+
+
+async def until(cond, timeout: float = 5.0, tick=None) -> bool:
+    """Poll `cond` every 50 ms (calling `tick` between polls) until it holds or `timeout` passes."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return True
+        if tick is not None:
+            tick()
+        await asyncio.sleep(0.05)
+    return cond()
