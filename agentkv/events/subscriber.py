@@ -32,21 +32,24 @@ RECONNECT_S = 1.0  # at most one reconnect per this many seconds after failed ha
 
 
 class _Base:
-    """Socket setup shared by both subscribers: SUB bound or connected, topic filter, HWM."""
+    """Socket setup shared by both subscribers: SUB bound or connected, topic filter, HWM; the
+    subclass names its context type (blocking or asyncio)."""
 
-    def _setup(
+    _context: type[zmq.Context] = zmq.Context
+
+    def __init__(
         self,
-        ctx: zmq.Context,
         endpoint: str,
-        replay_endpoint: str | None,
-        topic: str,
-        bind: bool | None,
-        start_seq: int | None,
-        replay_timeout: float,
-        rcvhwm: int,
-        curve: CurveClient | None,
+        replay_endpoint: str | None = None,
+        *,
+        topic: str = "",
+        bind: bool | None = None,
+        start_seq: int | None = None,
+        replay_timeout: float = 1.0,
+        rcvhwm: int = 100_000,
+        curve: CurveClient | None = None,
     ) -> None:
-        self._ctx = ctx
+        self._ctx = ctx = self._context()
         self.curve = curve
         self.replay_endpoint = replay_endpoint
         self.replay_timeout = replay_timeout
@@ -123,22 +126,6 @@ class ZmqEventSubscriber(_Base):
     seq checked too, so batches missed before it are replayed.
     """
 
-    def __init__(
-        self,
-        endpoint: str,
-        replay_endpoint: str | None = None,
-        *,
-        topic: str = "",
-        bind: bool | None = None,
-        start_seq: int | None = None,
-        replay_timeout: float = 1.0,
-        rcvhwm: int = 100_000,
-        curve: CurveClient | None = None,
-    ) -> None:
-        self._setup(
-            zmq.Context(), endpoint, replay_endpoint, topic, bind, start_seq, replay_timeout, rcvhwm, curve
-        )
-
     def recv(self, timeout: float | None = None) -> Received | None:
         """The next batch in sequence order, or None after `timeout` seconds (None: wait forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -209,29 +196,7 @@ class ZmqEventSubscriber(_Base):
 class AsyncZmqEventSubscriber(_Base):
     """The same subscriber for an asyncio router (zmq.asyncio): `await recv()`, `async for`."""
 
-    def __init__(
-        self,
-        endpoint: str,
-        replay_endpoint: str | None = None,
-        *,
-        topic: str = "",
-        bind: bool | None = None,
-        start_seq: int | None = None,
-        replay_timeout: float = 1.0,
-        rcvhwm: int = 100_000,
-        curve: CurveClient | None = None,
-    ) -> None:
-        self._setup(
-            zmq.asyncio.Context(),
-            endpoint,
-            replay_endpoint,
-            topic,
-            bind,
-            start_seq,
-            replay_timeout,
-            rcvhwm,
-            curve,
-        )
+    _context = zmq.asyncio.Context
 
     async def recv(self, timeout: float | None = None) -> Received | None:
         """The next batch in sequence order, or None after `timeout` seconds."""
