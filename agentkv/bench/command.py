@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 DEFAULT_EMBEDDED_TIME_SCALE = 10.0
 # exit statuses of `agentkv bench` (docs/bench.md); 2 is a usage error (agentkv.cli)
-EXIT_CRASH, EXIT_INVALID, EXIT_INTERRUPTED = 1, 3, 130
+EXIT_CRASH, EXIT_INTERRUPTED = 1, 130  # EXIT_INVALID (3): agentkv.metrics.validity
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -270,11 +270,9 @@ def _exit_status(run, result, console) -> int:
     if result.interrupted:
         return EXIT_INTERRUPTED
     if not result.summary.valid:
-        console.print(
-            f"agentkv: invalid run: {result.summary.invalid_reason} (outputs written; exit {EXIT_INVALID})",
-            markup=False,
-            highlight=False,
-        )
+        from agentkv.metrics.validity import EXIT_INVALID, invalid_line
+
+        console.print(invalid_line(result.summary), markup=False, highlight=False)
         return EXIT_INVALID
     return 0
 

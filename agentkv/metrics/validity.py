@@ -16,6 +16,7 @@ from agentkv.metrics.records import RequestRecord
 DEFAULT_MAX_FAILURE_RATE = 0.01  # above this share of failed requests the run is invalid (AgentX: 1%)
 CONTAMINATION_TOLERANCE = 0.02  # hits this far above the ceiling (a fraction) flag contamination
 TOP_ERRORS = 5
+EXIT_INVALID = 3  # the exit status of a run that finished but is invalid (bench and simulate)
 _MESSAGE_KEYS = ("message", "detail", "msg")
 _PARTIAL = re.compile(r'"(?:message|detail|msg)"\s*:\s*"((?:[^"\\]|\\.)*)')  # in a body cut short
 _NUMBER = re.compile(r"\d+")
@@ -115,3 +116,8 @@ def contamination_note(reported: float | None, metrics: float | None, ceiling: f
         "serve from this run's own prompts; the hit rates do not measure this run (cache-busting, the "
         "default, avoids earlier runs; a server no one else uses avoids other clients)"
     )
+
+
+def invalid_line(summary) -> str:
+    """The one stderr line bench and simulate print for an invalid run (outputs are written)."""
+    return f"agentkv: invalid run: {summary.invalid_reason} (outputs written; exit {EXIT_INVALID})"

@@ -129,11 +129,13 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 
 def exit_code(summary) -> int:
-    """3 (as bench) when the simulated run is invalid, with why on stderr; else 0."""
+    """EXIT_INVALID (as bench) when the simulated run is invalid, with why on stderr; else 0."""
+    from agentkv.metrics.validity import EXIT_INVALID, invalid_line
+
     if summary.valid:
         return 0
-    print(f"agentkv: invalid run: {summary.invalid_reason} (outputs written; exit 3)", file=sys.stderr)
-    return 3
+    print(invalid_line(summary), file=sys.stderr)
+    return EXIT_INVALID
 
 
 def write_run(res, out: Path) -> None:

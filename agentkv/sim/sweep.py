@@ -18,6 +18,7 @@ from rich.table import Table
 from agentkv.engine.config import EngineConfig
 from agentkv.errors import UserError
 from agentkv.metrics.summary import Summary, write_summary
+from agentkv.metrics.validity import EXIT_INVALID
 from agentkv.metrics.view import ms, num, pct
 from agentkv.sim.cluster import SimConfig, simulate
 from agentkv.units import parse_capacity, parse_duration
@@ -179,4 +180,4 @@ def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> in
     bad = [(o, s.invalid_reason) for o, s in results if not s.valid]
     for o, why in bad:
         print(f"agentkv: invalid point {o}: {why}", file=sys.stderr)
-    return 3 if bad else 0  # as a single run: 3 when a point is invalid (outputs written)
+    return EXIT_INVALID if bad else 0  # as a single run (outputs written)
