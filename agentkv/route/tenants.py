@@ -48,15 +48,20 @@ def _digest(key: str) -> bytes:
     return hashlib.sha256(key.encode("utf-8")).digest()
 
 
+def _read_text(p: Path, flag: str) -> str:
+    """A flag's file as UTF-8 text; UserError naming the flag and file when it cannot be read."""
+    try:
+        return p.read_text(encoding="utf-8")
+    except OSError as e:
+        raise UserError(f"{flag} {p}: cannot read: {e.strerror or e}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{flag} {p}: not UTF-8 text") from None
+
+
 def parse_api_keys(path: str | Path) -> dict[str, str]:
     """Read an --api-keys file into {key: tenant}; UserError naming the file and line on bad input."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"--api-keys {p}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"--api-keys {p}: not UTF-8 text") from None
+    text = _read_text(p, "--api-keys")
     stripped = text.lstrip()
     pairs: list[tuple[str, object, object]] = []  # (where, key, tenant)
     if stripped[:1] in ("{", "["):
@@ -99,12 +104,7 @@ def parse_api_keys(path: str | Path) -> dict[str, str]:
 def read_secret_file(path: str | Path) -> str:
     """The router secret from a file (its first line, surrounding whitespace stripped)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except OSError as e:
-        raise UserError(f"--router-secret-file {p}: cannot read: {e.strerror or e}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"--router-secret-file {p}: not UTF-8 text") from None
+    text = _read_text(p, "--router-secret-file")
     lines = text.strip().splitlines()
     if not lines or not lines[0].strip():
         raise UserError(f"--router-secret-file {p}: the file is empty")
