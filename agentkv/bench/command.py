@@ -250,9 +250,10 @@ def _load(args: argparse.Namespace, notes: list[str]):
     from agentkv.bench.target_info import max_model_len
     from agentkv.trace.command import load_trace_args, max_context_of
 
+    headers = request_options(args).client_args()["headers"]  # its errors before anything starts
     window, model = None, ""
     if args.target and max_context_of(args) is None:
-        window, model = max_model_len(args.target, request_options(args).client_args()["headers"], args.model)
+        window, model = max_model_len(args.target, headers, args.model)
     traces, picked = load_trace_args(args, window, f"the target's max_model_len ({model})")
     notes += picked
     return traces

@@ -110,11 +110,9 @@ class LiveStats:
     kv_usage: float | None = None
 
 
-@dataclass(slots=True)
 class BenchResult:
-    records: list[RequestRecord]
-    summary: Summary
-    interrupted: bool
+    def __init__(self, records: list[RequestRecord], summary: Summary, interrupted: bool):
+        self.records, self.summary, self.interrupted = records, summary, interrupted
 
 
 class BenchRun:
@@ -167,18 +165,23 @@ class BenchRun:
         self._file = None
 
     # ---- the run ------------------------------------------------------------------------------
+    def _client(self) -> BenchClient:
+        """The run's streaming client, with --header, --extra-body and the key (else the environment's)."""
+        c, opts = self.cfg, self.cfg.requests.client_args() if self.cfg.requests else {}
+        return BenchClient(
+            c.target,
+            api=c.api,
+            timeout=c.timeout,
+            max_connections=c.max_connections,
+            clock=self.clock,
+            transport=c.transport,
+            **opts,
+        )
+
     async def run(self) -> BenchResult:
         cfg = self.cfg
         interrupted, dropped = False, 0
-        async with BenchClient(
-            cfg.target,
-            api=cfg.api,
-            timeout=cfg.timeout,
-            max_connections=cfg.max_connections,
-            clock=self.clock,
-            transport=cfg.transport,
-            **(cfg.requests.client_args() if cfg.requests else {}),
-        ) as client:
+        async with self._client() as client:
             served = await client.models()
             if not self.model:
                 if not served:

@@ -80,7 +80,7 @@ def analyze_command(args: argparse.Namespace) -> int:
     from agentkv.cache.analyze import analyze, default_jobs
     from agentkv.cache.grid import make_grid
     from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
-    from agentkv.trace.command import load_trace_args
+    from agentkv.trace.command import load_noted
 
     plot = Path(args.plot) if args.plot else None
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
@@ -100,10 +100,8 @@ def analyze_command(args: argparse.Namespace) -> int:
         args.cpu,
         args.concurrency,
     )
-    traces, notes = load_trace_args(args)
+    traces = load_noted(args)
     err = Console(stderr=True)
-    for n in notes:
-        err.print(n, markup=False, highlight=False)
     if args.quiet or not err.is_terminal:
         result = analyze(traces, grid, jobs=jobs)
     else:

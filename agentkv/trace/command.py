@@ -84,6 +84,14 @@ def max_context_of(args: argparse.Namespace) -> int | None:
     return v
 
 
+def load_noted(args: argparse.Namespace):
+    """`load_trace_args` for commands without a summary: its notes go to stderr, the traces back."""
+    traces, notes = load_trace_args(args)
+    for n in notes:
+        print(n, file=sys.stderr)
+    return traces
+
+
 def load_trace_args(args: argparse.Namespace, window: int | None = None, window_from: str = ""):
     """The traces the trace flags select, and notes saying what was dropped, trimmed or sampled.
 
@@ -100,8 +108,9 @@ def load_trace_args(args: argparse.Namespace, window: int | None = None, window_
     traces = load_paths(args.paths or bundled_sample(), args.format, bs)
     notes: list[str] = []
     limit, source = max_context_of(args), "--max-context"
-    text = str(getattr(args, "max_context", None)).strip().lower()
-    if limit is None and window and text not in ("none", "off"):
+    raw = getattr(args, "max_context", None)
+    off = raw is not None and str(raw).strip().lower() in ("none", "off")
+    if limit is None and window and not off:
         limit, source = window, window_from or "context window"
     if limit is not None:
         traces, note = fit_context(traces, limit, getattr(args, "over_context", "drop"), source)
@@ -191,10 +200,7 @@ def stats_command(args) -> int:
         raise UserError(f"--top must be at least 1, got {top}")
     if not args.paths and not bundled_sample():
         raise UserError("no PATH given and no bundled sample in agentkv/data/traces; pass trace files")
-    traces, notes = load_trace_args(args)
-    report = compute(traces)
-    for n in notes:
-        print(n, file=sys.stderr)
+    report = compute(load_noted(args))
     if args.json:
         import msgspec
 
