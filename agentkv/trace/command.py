@@ -134,6 +134,7 @@ def _stats_parser(tsub) -> None:
     """`agentkv trace stats`."""
     p = tsub.add_parser("stats", help="per-trace and total statistics, with the prefix-cache hit ceiling")
     add_trace_args(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument(
         "--top",
