@@ -30,3 +30,10 @@ def test_format_choices_are_the_readers():
     from agentkv.trace.formats import FORMATS
 
     assert ("auto", *FORMATS) == TRACE_FORMATS
+
+
+def test_over_context_choices_are_the_policies():
+    from agentkv.trace.command import OVER_CONTEXT
+    from agentkv.trace.select import OVER_CONTEXT as POLICIES
+
+    assert OVER_CONTEXT == POLICIES

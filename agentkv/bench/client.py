@@ -10,7 +10,6 @@ read: every SSE event in one socket read shares that read's arrival time. Failur
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
@@ -19,6 +18,7 @@ import aiohttp
 import msgspec
 
 from agentkv.bench.http1 import KEEP_BYTES, Http1Pool, HttpError, OnLines
+from agentkv.bench.request_opts import REDACTED, api_key, auth_headers, secret_header
 from agentkv.errors import UserError
 
 # a 400 whose body mentions one of these is a prompt longer than the server's context window
@@ -191,7 +191,11 @@ class BenchClient:
         max_connections: int = 0,
         clock: Callable[[], float] = time.perf_counter,
         transport: str = "http1",
+        headers: dict[str, str] | None = None,
+        extra_body: dict | None = None,
     ):
+        """`headers`: sent with every request (Authorization included; None: the key in the
+        environment); `extra_body`: merged into every request body (--extra-body)."""
         if api not in ("completions", "chat"):
             raise UserError(f"--api: expected completions or chat, got {api!r}")
         if transport not in ("http1", "aiohttp"):
@@ -204,8 +208,9 @@ class BenchClient:
         self._max_connections, self.transport = max_connections, transport
         self.session: aiohttp.ClientSession | None = None
         self.pool: Http1Pool | AiohttpStreams | None = None
-        key = os.environ.get("AGENTKV_API_KEY") or os.environ.get("OPENAI_API_KEY")
-        self.headers = {"Authorization": f"Bearer {key}"} if key else {}
+        self.headers = auth_headers(api_key(None, None), {}) if headers is None else dict(headers)
+        self.extra_body = dict(extra_body or {})
+        self._secrets = [v for k, v in self.headers.items() if secret_header(k)]
 
     async def __aenter__(self) -> BenchClient:
         conn = aiohttp.TCPConnector(
@@ -266,8 +271,17 @@ class BenchClient:
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError):
             return None
 
+    def redact(self, text: str) -> str:
+        """`text` (a server's error) without the credential headers' values, should it echo them."""
+        for v in self._secrets:
+            for part in {v, v.removeprefix("Bearer ")}:
+                if len(part) >= 4:
+                    text = text.replace(part, REDACTED)
+        return text
+
     def body(self, model: str, prompt, max_tokens: int, extra: dict | None = None) -> bytes:
-        """The request JSON: streamed, usage included, `ignore_eos` so exactly `max_tokens` come back."""
+        """The request JSON: streamed, usage included, `ignore_eos` so exactly `max_tokens` come back;
+        then --extra-body's fields, then the item's own (`cache_salt`)."""
         b: dict = {
             "model": model,
             "max_tokens": max_tokens,
@@ -280,6 +294,8 @@ class BenchClient:
             b["messages"] = [{"role": "user", "content": prompt}]
         else:
             b["prompt"] = prompt
+        if self.extra_body:
+            b.update(self.extra_body)
         if extra:
             b.update(extra)
         return msgspec.json.encode(b)

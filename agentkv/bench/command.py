@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentkv.bench.request_flags import add_request_flags
 from agentkv.errors import UserError
 from agentkv.trace.command import add_trace_args
 from agentkv.units import parse_duration
@@ -91,6 +92,7 @@ def _request_args(p) -> None:
     p.add_argument(
         "--model", default=None, metavar="NAME", help="model name in requests (default: the target's first)"
     )
+    add_request_flags(p)
 
 
 def _replay_args(p) -> None:
@@ -200,6 +202,9 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         raise UserError(f"--lanes must be >= 1, got {args.lanes}")
     if args.max_requests is not None and args.max_requests < 1:
         raise UserError(f"--max-requests must be >= 1, got {args.max_requests}")
+    duration = _duration(args.duration, "--duration")
+    if args.cycle and duration is None and args.max_requests is None:
+        raise UserError("--cycle repeats the traces without end: give --duration or --max-requests")
     prompt_mode = args.prompt_mode or ("text" if args.api == "chat" else "token-ids")
     scale = (
         args.time_scale
@@ -209,7 +214,7 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
     return BenchConfig(
         target=target,
         lanes=args.lanes,
-        duration=_duration(args.duration, "--duration"),
+        duration=duration,
         max_requests=args.max_requests,
         api=args.api,
         prompt_mode=prompt_mode,
@@ -227,13 +232,31 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         max_connections=args.max_connections,
         time_scale=scale,
         clock=args.clock,
+        requests=request_options(args),
+        cycle=args.cycle_cache if args.cycle else None,
     )
 
 
-def _load(args: argparse.Namespace):
-    from agentkv.trace.formats import bundled_sample, load_paths
+def request_options(args: argparse.Namespace):
+    """--header, --extra-body and the API key, parsed (one-line errors naming the flag)."""
+    from agentkv.bench.request_opts import RequestOptions
 
-    return load_paths(args.paths or bundled_sample(), args.format)
+    return RequestOptions.from_flags(args.header, args.extra_body, args.api_key, args.api_key_file)
+
+
+def _load(args: argparse.Namespace, notes: list[str]):
+    """The selected traces; against a --target, sessions over its max_model_len (from /v1/models)
+    are dropped or trimmed as --over-context says, unless --max-context is given."""
+    from agentkv.bench.target_info import max_model_len
+    from agentkv.trace.command import load_trace_args, max_context_of
+
+    headers = request_options(args).client_args()["headers"]  # its errors before anything starts
+    window, model = None, ""
+    if args.target and max_context_of(args) is None:
+        window, model = max_model_len(args.target, headers, args.model)
+    traces, picked = load_trace_args(args, window, f"the target's max_model_len ({model})")
+    notes += picked
+    return traces
 
 
 def bench_command(args: argparse.Namespace) -> int:
@@ -244,10 +267,12 @@ def bench_command(args: argparse.Namespace) -> int:
     from agentkv.bench.live import progress_panel, run_loop
     from agentkv.bench.runner import BenchResult, BenchRun
 
-    traces = _load(args)
+    notes: list[str] = []
+    traces = _load(args, notes)
     out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     console = Console(stderr=True)
-    notes: list[str] = []
+    for n in notes:
+        console.print(n, markup=False, highlight=False)
     with contextlib.ExitStack() as stack:
         target = args.target or _start_embedded(args, traces, stack, console, notes)
         cfg = config_from_args(args, target)

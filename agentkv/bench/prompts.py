@@ -14,6 +14,7 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
+from agentkv.bench.client import BenchClient, StreamResult
 from agentkv.errors import UserError
 from agentkv.trace.blocks import DEFAULT_VOCAB, request_tokens, trace_block_tokens
 from agentkv.trace.plan import PlanItem
@@ -210,3 +211,24 @@ def redact_prompt(detail: str, prompt: msgspec.Raw | str) -> str:
             out.append(detail[i])
             i += 1
     return "".join(out)
+
+
+async def send_item(
+    client: BenchClient, prompts: PromptBuilder, model: str, item: PlanItem, max_tokens: int
+) -> StreamResult:
+    """Build the item's prompt and body and stream it. A prompt that cannot be built fails this
+    request (`client_error`), not the run; a failure's detail never quotes the prompt or a credential."""
+    prompt = ""
+    try:
+        prompt = prompts.prompt(item)
+        body = client.body(model, prompt, max_tokens, prompts.extra(item))
+    except Exception as e:
+        now = client.clock()
+        res = StreamResult(
+            ok=False, error="client_error", detail=f"{type(e).__name__}: {e}", sent=now, end=now
+        )
+    else:
+        res = await client.stream(body)
+    if not res.ok:  # keep the server's message, never the prompt it may quote
+        res.detail = client.redact(redact_prompt(res.detail, prompt))
+    return res

@@ -23,7 +23,8 @@ from agentkv.bench.client import BenchClient, StreamResult
 from agentkv.bench.clocks import Latency, catchup_note, clocks_of
 from agentkv.bench.gpu import GpuMonitor
 from agentkv.bench.hints import add_hints
-from agentkv.bench.prompts import PromptBuilder, redact_prompt
+from agentkv.bench.prompts import PromptBuilder, send_item
+from agentkv.bench.request_opts import RequestOptions
 from agentkv.bench.scrape import MetricsSnapshot, Scraper, hit_rate
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, encode_record, record_for
@@ -60,9 +61,9 @@ class BenchConfig:
     time_scale: float = 1.0  # target seconds per wall second (agentkv serve --time-scale); see below
     clock: str = "auto"  # latencies: "auto" (the target's engine clock when it sends one) or "client"
     monitor_gpu: bool = True
-    transport: str = (
-        "http1"  # the streaming HTTP client: http1 (agentkv's) or aiohttp (benchmarks/client_overhead.py)
-    )
+    requests: RequestOptions | None = None  # --header, --extra-body, the key (None: the environment's)
+    cycle: str | None = None  # repeat the trace set: "fresh" (no hits across cycles) or "shared"
+    transport: str = "http1"  # streaming client: http1 (agentkv's) or aiohttp (benchmarks/client_overhead.py)
 
 
 class BenchSettings(msgspec.Struct, kw_only=True):
@@ -88,6 +89,8 @@ class BenchSettings(msgspec.Struct, kw_only=True):
     clock: str
     server: dict | None
     traces: list[str]
+    requests: dict | None = None  # RequestOptions.settings(): credentials redacted
+    cycle: str | None = None
 
 
 @dataclass(slots=True)
@@ -143,6 +146,7 @@ class BenchRun:
             idle_gap_cap=cap,
             max_requests=cfg.max_requests,
             time_scale=1.0 / x,
+            cycle=cfg.cycle,
         )
         self.prompts = PromptBuilder(
             cfg.prompt_mode, cfg.tokenizer, tenant_salts=cfg.tenant_salts, cache_bust=cfg.cache_bust
@@ -161,17 +165,23 @@ class BenchRun:
         self._file = None
 
     # ---- the run ------------------------------------------------------------------------------
+    def _client(self) -> BenchClient:
+        """The run's streaming client, with --header, --extra-body and the key (else the environment's)."""
+        c, opts = self.cfg, self.cfg.requests.client_args() if self.cfg.requests else {}
+        return BenchClient(
+            c.target,
+            api=c.api,
+            timeout=c.timeout,
+            max_connections=c.max_connections,
+            clock=self.clock,
+            transport=c.transport,
+            **opts,
+        )
+
     async def run(self) -> BenchResult:
         cfg = self.cfg
         interrupted, dropped = False, 0
-        async with BenchClient(
-            cfg.target,
-            api=cfg.api,
-            timeout=cfg.timeout,
-            max_connections=cfg.max_connections,
-            clock=self.clock,
-            transport=cfg.transport,
-        ) as client:
+        async with self._client() as client:
             served = await client.models()
             if not self.model:
                 if not served:
@@ -240,19 +250,7 @@ class BenchRun:
             ceil = self.ceiling.hit_tokens(
                 self.prompts.ceiling_key(item), r.hash_ids, r.input_tokens, item.trace.block_size
             )
-            prompt = ""
-            try:
-                prompt = self.prompts.prompt(item)
-                body = client.body(self.model, prompt, out_tokens, self.prompts.extra(item))
-            except Exception as e:  # a prompt that cannot be built fails this request, not the run
-                now = self.clock()
-                res = StreamResult(
-                    ok=False, error="client_error", detail=f"{type(e).__name__}: {e}", sent=now, end=now
-                )
-            else:
-                res = await client.stream(body)
-            if not res.ok:  # keep the server's message, never the prompt it may quote
-                res.detail = redact_prompt(res.detail, prompt)
+            res = await send_item(client, self.prompts, self.model, item, out_tokens)
             rec = self._record(d, res, ceil, out_tokens)
             self._finish(rec, res)
             return rec.ok, d.due + rec.e2e / self.scale if rec.clock == "engine" else None
@@ -380,6 +378,8 @@ class BenchRun:
             clock=cfg.clock,
             server=self.server_info,
             traces=sorted({t.id for t in self.traces}),
+            requests=cfg.requests.settings() if cfg.requests else None,
+            cycle=cfg.cycle,
         )
         summary = summarize(
             self.records,

@@ -105,8 +105,11 @@ class StreamTestServer:
         max_model_len: int = 1 << 20,
         serial: bool = False,
         quirks: Quirks | None = None,
+        api_key: str | None = None,
     ):
         self.model, self.behave, self.max_model_len = model, behave, max_model_len
+        self.api_key = api_key  # as vllm serve --api-key: /v1/* answers 401 without this bearer key
+        self.seen_headers: list[dict[str, str]] = []  # every completion request's headers
         self.quirks = quirks or Quirks()
         self.cache: set[int] = set()
         self.queries = self.hits = 0
@@ -157,8 +160,16 @@ class StreamTestServer:
     async def _health(self, request: web.Request) -> web.Response:
         return web.Response(status=self.health_status)
 
+    def _unauthorized(self, request: web.Request) -> web.Response | None:
+        if self.api_key and request.headers.get("Authorization") != f"Bearer {self.api_key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
+        return None
+
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{"id": self.model, "object": "model"}]})
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
+        card = {"id": self.model, "object": "model", "max_model_len": self.max_model_len}
+        return web.json_response({"object": "list", "data": [card]})
 
     async def _metrics(self, request: web.Request) -> web.Response:
         usage = min(1.0, len(self.cache) / 100_000)
@@ -187,6 +198,9 @@ class StreamTestServer:
         return hit
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
+        self.seen_headers.append(dict(request.headers))
+        if (denied := self._unauthorized(request)) is not None:
+            return denied
         body = msgspec.json.decode(await request.read())
         self.seen.append(body)
         n = next(self._count)
@@ -279,6 +293,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-token-ids", action="store_true", help="token-id prompts answer 400")
     ap.add_argument("--no-chat-template", action="store_true", help="chat requests answer 400")
     ap.add_argument("--template-tokens", type=int, default=0, help="a chat template's extra tokens")
+    ap.add_argument("--api-key", default=None, help="answer 401 without 'Authorization: Bearer KEY'")
     a = ap.parse_args(argv)
     quirks = Quirks(
         completions=not a.chat_only,
@@ -292,6 +307,7 @@ def main(argv: list[str] | None = None) -> None:
             behave=lambda body, n: Behaviour(ttft=a.ttft, itl=a.itl, ignore_stream=a.ignore_stream),
             max_model_len=a.max_model_len,
             quirks=quirks,
+            api_key=a.api_key,
         )
         print(await srv.start(a.port), flush=True)
         await asyncio.Event().wait()

@@ -80,7 +80,7 @@ def analyze_command(args: argparse.Namespace) -> int:
     from agentkv.cache.analyze import analyze, default_jobs
     from agentkv.cache.grid import make_grid
     from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
-    from agentkv.trace.formats import bundled_sample, load_paths
+    from agentkv.trace.command import load_noted
 
     plot = Path(args.plot) if args.plot else None
     if plot is not None and plot.suffix.lower() not in PLOT_SUFFIXES:
@@ -100,7 +100,7 @@ def analyze_command(args: argparse.Namespace) -> int:
         args.cpu,
         args.concurrency,
     )
-    traces = load_paths(args.paths or bundled_sample(), args.format)
+    traces = load_noted(args)
     err = Console(stderr=True)
     if args.quiet or not err.is_terminal:
         result = analyze(traces, grid, jobs=jobs)

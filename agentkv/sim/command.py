@@ -58,11 +58,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=simulate_command)
 
 
-def load_traces(paths: list[str], fmt: str):
-    """The traces at `paths` (default: the bundled sample)."""
-    from agentkv.trace.formats import bundled_sample, load_paths
+def load_traces(args: argparse.Namespace):
+    """The traces the trace flags select (default: the bundled sample), and notes on the selection."""
+    from agentkv.trace.command import load_trace_args
 
-    return load_paths(paths or bundled_sample(), fmt)
+    return load_trace_args(args)
 
 
 def sim_config_from_args(args: argparse.Namespace):
@@ -106,7 +106,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         from agentkv.sim.sweep import run_sweep
 
         return run_sweep(args, cfg, console)
-    traces = load_traces(args.paths, args.format)
+    traces, notes = load_traces(args)
     if args.quiet or not sys.stderr.isatty():
         res = simulate(traces, cfg)
     else:
@@ -114,6 +114,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         with Progress(*columns, console=console, transient=True) as bar:
             task = bar.add_task("sim", total=None)
             res = simulate(traces, cfg, progress=lambda d, t: bar.update(task, completed=d, total=t))
+    res.summary.notes[:0] = notes
     if args.out:
         write_run(res, Path(args.out))
     if args.json:

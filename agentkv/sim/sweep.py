@@ -106,8 +106,8 @@ def apply(cfg: SimConfig, overrides: dict[str, str]) -> SimConfig:
 def _run_one(payload) -> tuple[dict, bytes, float, float]:
     from agentkv.sim.command import load_traces
 
-    paths, fmt, cfg, overrides = payload
-    res = simulate(load_traces(paths, fmt), cfg)
+    args, cfg, overrides = payload
+    res = simulate(load_traces(args)[0], cfg)
     return overrides, msgspec.json.encode(res.summary), res.wall_s, res.sim_s
 
 
@@ -140,7 +140,7 @@ def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
 
 def _local_points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]):
     """(index, overrides, summary JSON, wall s) of every point, from two local processes, in grid order."""
-    payloads = [(args.paths, args.format, c, g) for c, g in zip(configs, grid, strict=True)]
+    payloads = [(args, c, g) for c, g in zip(configs, grid, strict=True)]
     with ProcessPoolExecutor(max_workers=min(len(grid), 2)) as pool:
         for i, (overrides, blob, wall, _) in enumerate(pool.map(_run_one, payloads)):
             yield i, overrides, blob, wall
@@ -154,7 +154,7 @@ def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]
     from agentkv.sim.ray_sweep import import_ray, run_points
 
     import_ray()  # the install hint before the traces load
-    return run_points(load_traces(args.paths, args.format), configs, grid, args.ray)
+    return run_points(load_traces(args)[0], configs, grid, args.ray)
 
 
 def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:

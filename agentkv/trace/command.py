@@ -7,18 +7,117 @@ when a command runs, so `agentkv --help` stays quick.
 from __future__ import annotations
 
 import argparse
+import sys
 
 # "auto" + agentkv.trace.formats.FORMATS, written out (a test keeps them equal): importing the
 # readers would slow `agentkv --help`
 TRACE_FORMATS = ("auto", "agentx", "mooncake", "claude_code")
 
 
+OVER_CONTEXT = ("drop", "trim", "keep")  # agentkv.trace.select.OVER_CONTEXT, written out (import-light)
+
+
 def add_trace_args(p: argparse.ArgumentParser) -> None:
-    """Trace paths (default: the bundled sample) and --format, as simulate, cache and bench take them."""
+    """Trace paths (default: the bundled sample), --format and the selection flags, as simulate,
+    cache analyze, trace stats and bench take them; `load_trace_args` reads them."""
     p.add_argument(
         "paths", nargs="*", metavar="TRACE", help="trace files or directories (default: bundled sample)"
     )
-    p.add_argument("--format", default="auto", choices=TRACE_FORMATS)
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=TRACE_FORMATS,
+        help="input format (default: detect from file name and content)",
+    )
+    g = p.add_argument_group("trace selection")
+    g.add_argument(
+        "--trace-block-size",
+        default=None,
+        metavar="N",
+        help="tokens per hash id in Mooncake traces (default 512, as the published ones; "
+        "Dynamo's replay takes the same flag); other formats state their own",
+    )
+    g.add_argument(
+        "--traces-limit", type=int, default=None, metavar="N", help="only the first N traces, in path order"
+    )
+    g.add_argument(
+        "--sample",
+        type=int,
+        default=None,
+        metavar="N",
+        help="a random sample of N traces, seeded by --seed where the command has one (else 0)",
+    )
+    g.add_argument(
+        "--max-context",
+        default=None,
+        metavar="TOKENS",
+        help="a context window: sessions with a request whose prompt + max_tokens exceeds it are "
+        "handled by --over-context (bench default: the target's max_model_len when /v1/models "
+        "reports it; 'none' to turn off)",
+    )
+    g.add_argument(
+        "--over-context",
+        default="drop",
+        choices=OVER_CONTEXT,
+        help="drop a session tree with a request over --max-context, trim it before that request, "
+        "or keep it and only count it (default drop); Mooncake requests are dropped one by one",
+    )
+
+
+def max_context_of(args: argparse.Namespace) -> int | None:
+    """--max-context in tokens, or None (not given, or 'none'); a one-line error when it is not a count."""
+    from agentkv.errors import UserError
+
+    text = getattr(args, "max_context", None)
+    if text is None or str(text).strip().lower() in ("none", "off", "auto"):
+        return None
+    t = str(text).strip().lower()
+    mult = 1024 if t.endswith("k") else 1
+    try:
+        v = int(t[:-1] if mult > 1 else t) * mult
+    except ValueError:
+        raise UserError(
+            f"--max-context: expected a number of tokens such as 32768 or 32k, got {text!r}"
+        ) from None
+    if v < 2:
+        raise UserError(f"--max-context: must be at least 2 tokens, got {text!r}")
+    return v
+
+
+def load_noted(args: argparse.Namespace):
+    """`load_trace_args` for commands without a summary: its notes go to stderr, the traces back."""
+    traces, notes = load_trace_args(args)
+    for n in notes:
+        print(n, file=sys.stderr)
+    return traces
+
+
+def load_trace_args(args: argparse.Namespace, window: int | None = None, window_from: str = ""):
+    """The traces the trace flags select, and notes saying what was dropped, trimmed or sampled.
+
+    `window` (from `window_from`, e.g. the target's max_model_len) applies when --max-context is
+    not given; --max-context none turns both off.
+    """
+    from agentkv.trace.formats import bundled_sample, load_paths
+    from agentkv.trace.select import fit_context, parse_trace_block_size, pick
+
+    bs = parse_trace_block_size(getattr(args, "trace_block_size", None))
+    pick_args = {"sample": getattr(args, "sample", None), "limit": getattr(args, "traces_limit", None)}
+    if pick_args["sample"] is not None and pick_args["limit"] is not None:
+        pick(traces=[], **pick_args)  # the one-line error, before reading anything
+    traces = load_paths(args.paths or bundled_sample(), args.format, bs)
+    notes: list[str] = []
+    limit, source = max_context_of(args), "--max-context"
+    raw = getattr(args, "max_context", None)
+    off = raw is not None and str(raw).strip().lower() in ("none", "off")
+    if limit is None and window and not off:
+        limit, source = window, window_from or "context window"
+    if limit is not None:
+        traces, note = fit_context(traces, limit, getattr(args, "over_context", "drop"), source)
+        notes += [note] if note else []
+    traces, note = pick(traces, seed=getattr(args, "seed", 0) or 0, **pick_args)
+    notes += [note] if note else []
+    return traces, notes
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -34,15 +133,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _stats_parser(tsub) -> None:
     """`agentkv trace stats`."""
     p = tsub.add_parser("stats", help="per-trace and total statistics, with the prefix-cache hit ceiling")
-    p.add_argument(
-        "paths", nargs="*", metavar="PATH", help="trace files or directories (default: the bundled sample)"
-    )
-    p.add_argument(
-        "--format",
-        default="auto",
-        choices=TRACE_FORMATS,
-        help="input format (default: detect from file name and content)",
-    )
+    add_trace_args(p)
+    p.add_argument("--seed", type=int, default=0, help="seed of --sample (default 0)")
     p.add_argument("--json", action="store_true", help="print JSON instead of tables")
     p.add_argument(
         "--top",
@@ -100,15 +192,16 @@ def _convert_parser(tsub) -> None:
 def stats_command(args) -> int:
     """`agentkv trace stats`: load the paths (or the bundled sample), print tables or JSON."""
     from agentkv.errors import UserError
-    from agentkv.trace.formats import load_paths
+    from agentkv.trace.formats import bundled_sample
     from agentkv.trace.stats import compute
-    from agentkv.trace.stats_view import bundled_traces, render
+    from agentkv.trace.stats_view import render
 
     top = getattr(args, "top", 10)
     if top < 1:
         raise UserError(f"--top must be at least 1, got {top}")
-    traces = load_paths(args.paths, args.format) if args.paths else bundled_traces()
-    report = compute(traces)
+    if not args.paths and not bundled_sample():
+        raise UserError("no PATH given and no bundled sample in agentkv/data/traces; pass trace files")
+    report = compute(load_noted(args))
     if args.json:
         import msgspec
 

@@ -17,7 +17,7 @@ import msgspec
 
 from agentkv.errors import UserError
 from agentkv.trace.model import Request, Session, Trace
-from agentkv.trace.plan_state import Cursor, Run, Timing, Tree
+from agentkv.trace.plan_state import Cursor, Run, Timing, Tree, cycle_mode, cycle_space
 
 
 class PlanItem(msgspec.Struct, gc=False):
@@ -34,11 +34,12 @@ class PlanItem(msgspec.Struct, gc=False):
     session_key: str  # "<session.id>#<replay>": one live session; for sticky routing and salts
     tree_key: str  # "<trace.id>#<replay>": the whole live session tree
     resumed: bool = False  # first request sent after a warm-start skip (its prefix was never sent)
+    space: str = ""  # a cycling plan's hash space for this pass (plan_state.cycle_space); "": the default
 
     @property
     def hash_space(self) -> str:
         """Where its hash ids are keyed: this live session tree, or the file for global ids."""
-        return self.trace.hash_space(self.tree_key)
+        return self.space or self.trace.hash_space(self.tree_key)
 
 
 class Dispatch(msgspec.Struct, gc=False):
@@ -80,7 +81,7 @@ class ReplayPlan:
         lanes: int = 16,
         seed: int = 0,
         shuffle: bool = False,
-        cycle: bool = False,
+        cycle: bool | str | None = False,
         max_requests: int | None = None,
         warm_start: bool = False,
         idle_gap_cap: float | None = 10.0,
@@ -108,7 +109,8 @@ class ReplayPlan:
                 (stamped if t.replay == "timestamp" else self.traces).append(t)
         if not self.traces and not stamped:
             raise UserError("replay plan: the traces hold no requests to replay")
-        self.lanes, self.cycle, self.max_requests, self.warm_start = lanes, cycle, max_requests, warm_start
+        self.lanes, self.max_requests, self.warm_start = lanes, max_requests, warm_start
+        self.cycle = cycle_mode(cycle)
         self.idle_gap_cap, self.lane_idle_gap_cap, self.time_scale = (
             idle_gap_cap,
             lane_idle_gap_cap,
@@ -162,10 +164,8 @@ class ReplayPlan:
                 continue
             obj.hseq = -1
             if type(obj) is Cursor:
-                _, _, s, r, i, depth, skey = obj.rows[obj.i]
-                item = PlanItem(self.released, -1, obj.trace, 0, s, r, i, depth, skey, f"{obj.trace.id}#0")
-                obj.i += 1
-                if obj.i < len(obj.rows):
+                item = obj.item(PlanItem, self.released, self.cycle)
+                if obj.i < len(obj.rows) or (self.cycle and obj.next_cycle(self.time_scale)):
                     self._push(obj, obj.base + self.time_scale * obj.rows[obj.i][0])
             elif not obj.started:
                 self._begin(obj, key)
@@ -185,6 +185,7 @@ class ReplayPlan:
                     obj.key,
                     tree.key,
                     obj.resumed,
+                    cycle_space(tree.trace, tree.replay, self.cycle),
                 )
                 obj.resumed = False
                 tree.inflight += 1

@@ -5,7 +5,34 @@
 
 from __future__ import annotations
 
+from agentkv.errors import UserError
 from agentkv.trace.model import Session, Trace
+
+CYCLE_MODES = ("fresh", "shared")
+
+
+def cycle_mode(cycle: bool | str | None) -> str | None:
+    """A plan's `cycle`: None (no cycling), "fresh" (True: later passes share no cache with earlier
+    ones) or "shared" (every pass keys its hash ids as the first did)."""
+    if cycle is None or cycle is False:
+        return None
+    mode = "fresh" if cycle is True else cycle
+    if mode not in CYCLE_MODES:
+        raise UserError(f"replay plan: cycle must be one of {', '.join(CYCLE_MODES)}, got {cycle!r}")
+    return mode
+
+
+def cycle_space(trace: Trace, replay: int, mode: str | None) -> str:
+    """The hash space of pass `replay` of a trace in a cycling plan, or "" for the default one.
+
+    Local ids already differ per live tree; global (file-wide) ids get one space per pass when
+    "fresh". "shared" keys every pass like the first.
+    """
+    if not mode or not replay:
+        return ""
+    if mode == "shared":
+        return trace.hash_space(f"{trace.id}#0")
+    return "" if trace.hash_id_scope == "local" else f"{trace.hash_space('')}@{replay}"
 
 
 class Timing:
@@ -124,13 +151,28 @@ class Run:
 class Cursor:
     """A timestamp-mode trace: its requests in arrival order, each due at its own time."""
 
-    __slots__ = ("trace", "rows", "i", "base", "hkey", "hseq")
+    __slots__ = ("trace", "rows", "i", "base", "hkey", "hseq", "replay")
 
     def __init__(self, trace: Trace):
         rows = []
         for start, depth, s in trace.session.walk():
-            key = f"{s.id}#0"
-            rows.extend((start + r.t, len(rows), s, r, i, depth, key) for i, r in enumerate(s.requests))
+            rows.extend((start + r.t, len(rows), s, r, i, depth) for i, r in enumerate(s.requests))
         rows.sort(key=lambda x: (x[0], x[1]))
-        self.trace, self.rows, self.i, self.base = trace, rows, 0, 0.0
+        self.trace, self.rows, self.i, self.base, self.replay = trace, rows, 0, 0.0, 0
         self.hkey, self.hseq = 0.0, -1
+
+    def item(self, make, item_id: int, mode: str | None):
+        """The next row as `make(...)` (a PlanItem, lane -1) of this pass; the cursor moves past it."""
+        _, _, s, r, i, depth = self.rows[self.i]
+        self.i += 1
+        tid, n = self.trace.id, self.replay
+        space = cycle_space(self.trace, n, mode)
+        return make(item_id, -1, self.trace, n, s, r, i, depth, f"{s.id}#{n}", f"{tid}#{n}", False, space)
+
+    def next_cycle(self, scale: float) -> bool:
+        """Start the next pass: the first arrival one mean inter-arrival gap after the last one."""
+        first, last = self.rows[0][0], self.rows[-1][0]
+        gap = (last - first) / (len(self.rows) - 1) if last > first else 1.0
+        self.base += scale * (last - first + gap)
+        self.i, self.replay = 0, self.replay + 1
+        return True

@@ -135,8 +135,9 @@ def _expand(path: Path) -> list[Path]:
     return [path]
 
 
-def load(path: str | Path, fmt: str = "auto") -> list[Trace]:
-    """Read one file (any format, gzip or not) into traces."""
+def load(path: str | Path, fmt: str = "auto", block_size: int | None = None) -> list[Trace]:
+    """Read one file (any format, gzip or not) into traces; `block_size`: tokens per Mooncake hash id
+    (formats that state their block size ignore it)."""
     path = Path(path)
     data = read_bytes(path)
     if fmt == "auto":
@@ -145,15 +146,17 @@ def load(path: str | Path, fmt: str = "auto") -> list[Trace]:
         raise TraceError(
             str(path), None, None, f"unknown format '{fmt}' (expected one of: {', '.join(FORMATS)})"
         )
+    if fmt == "mooncake" and block_size is not None:
+        return _module(fmt).read(path, data, block_size)
     return _module(fmt).read(path, data)
 
 
-def load_paths(paths: list[str | Path], fmt: str = "auto") -> list[Trace]:
+def load_paths(paths: list[str | Path], fmt: str = "auto", block_size: int | None = None) -> list[Trace]:
     """Read files and directories (every trace file inside, sorted) into one list of traces."""
     traces: list[Trace] = []
     for p in paths:
         for f in _expand(Path(p)):
-            traces.extend(load(f, fmt))
+            traces.extend(load(f, fmt, block_size))
     return traces
 
 

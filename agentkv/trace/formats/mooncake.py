@@ -1,7 +1,8 @@
 """Mooncake (FAST'25 release) JSONL traces: one request a line, arrival times in ms, global block ids.
 
 A line is `{"timestamp": ms, "input_length": int, "output_length": int, "hash_ids": [int]}`; ids
-name 512-token prefix blocks shared across the whole file. One file becomes one `Trace` whose root
+name prefix blocks of `block_size` tokens (512 in the published traces; `--trace-block-size`, as
+Dynamo's replay takes it) shared across the whole file. One file becomes one `Trace` whose root
 session holds every request in file order, replayed by arrival time (`replay="timestamp"`).
 """
 
@@ -15,7 +16,7 @@ from agentkv.trace.formats._errors import from_msgspec
 from agentkv.trace.formats.limits import HashId, Millis, Tokens
 from agentkv.trace.model import Request, Session, Trace, TraceError
 
-BLOCK_SIZE = 512  # tokens per hash id in the published traces; override here or per `read` call
+BLOCK_SIZE = 512  # tokens per hash id in the published traces; per file: `read(..., block_size)`
 
 
 class _Line(msgspec.Struct, gc=False):
@@ -53,7 +54,7 @@ def read(path: Path, data: bytes, block_size: int | None = None) -> list[Trace]:
                 n,
                 "hash_ids",
                 f"{len(row.hash_ids)} blocks but input_length = {row.input_length} tokens "
-                f"implies at most {limit} blocks of {bs}",
+                f"implies at most {limit} blocks of {bs} (another block size? --trace-block-size)",
             )
         requests.append(
             Request(
