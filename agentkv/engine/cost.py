@@ -341,11 +341,11 @@ class CostModel:
     def decode_steps(self, n_decode: int, ctx_sum: int, ctx_max: int, steps: int) -> np.ndarray:
         """Seconds of `steps` consecutive pure-decode steps of the same `n_decode` sequences, each
         step one token longer: exactly `step_time([], decodes)` per step, vectorised for bursts."""
-        if self._terms is not None:
-            agg = (0, 0, 0.0, 0.0, False, 0, n_decode)
-            times = [self.step_time_agg(*agg, ctx_sum + i * n_decode, ctx_max + i) for i in range(steps)]
-            return np.array(times, dtype=np.float64)
         k = np.arange(steps, dtype=np.float64)
+        if self._terms is not None:
+            layer = self._terms.decode_layers(n_decode, ctx_sum + k * n_decode, ctx_max + k)
+            lm = _pnorm(self._lm_w, n_decode * self._lm_row, self._k)
+            return self._layers * layer + lm + (n_decode * self._gather_row + self._gather_lat)
         lin = _pnorm(self._w, n_decode * self._flop_tok, self._k)
         kv = np.maximum((ctx_sum + k * n_decode) * self._kv_tok, (ctx_max + k) * self._stream_tok)
         comm = n_decode * self._ar_tok + self._ar_lat

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from agentkv.engine.hardware import ACT_BYTES, ALLREDUCE_LATENCY_S, DTYPE_BYTES, GPU, GroupKind, ModelShape
 from agentkv.errors import UserError
 
@@ -73,6 +75,16 @@ class GroupTerm:
                 e, emax = min(e, n_decode * cap), min(emax, cap)
             t += max(e * self.entry_s, emax * self.stream_s, e * self.dec_pair)
         return self.frac * t
+
+    def decode(self, n: int, ctx_sum: np.ndarray, ctx_max: np.ndarray):
+        """`time` for pure-decode steps of `n` sequences, vectorised over steps (sum and max arrays)."""
+        if self.state_s:
+            return self.frac * n * (self.state_s + self.state_tok)
+        c, cap = self.compress, self.cap
+        e, emax = ctx_sum / c, ctx_max / c
+        if cap < INF:
+            e, emax = np.minimum(e, n * cap), np.minimum(emax, cap)
+        return self.frac * np.maximum(np.maximum(e * self.entry_s, emax * self.stream_s), e * self.dec_pair)
 
     def roof(self, batch: int, ctx: int) -> float:
         """KV bytes a decode step must read, in seconds at the roof."""
@@ -245,6 +257,19 @@ class ModelTerms:
             a += g.time(new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max)
         a += self.comm(t)
         return _pnorm(a, self.floor, self.floor_k)
+
+    def decode_layers(self, n: int, ctx_sum: np.ndarray, ctx_max: np.ndarray) -> np.ndarray:
+        """`layer` for pure-decode steps of the same `n` sequences, vectorised over steps."""
+        w, fl = self.w_ne, n * self.flop_ne
+        if self.moe is not None:
+            w += self.moe.weights_s(n)
+            fl += n * self.moe.flop_tok
+        a = _pnorm(w, fl, self.overlap_k) + self.comm(n)
+        for g in self.groups:
+            a = a + g.decode(n, ctx_sum, ctx_max)
+        if self.floor <= 0.0:
+            return a
+        return (a**self.floor_k + self.floor**self.floor_k) ** (1.0 / self.floor_k)
 
     def roofline(self, batch: int, ctx: int) -> float:
         """A decode layer's bytes at the roof: non-routed weights, the experts the batch touches, its KV."""
