@@ -44,14 +44,14 @@ def point(kind: str, layer_ms: float, **grid) -> dict:
 def predict(kind: str, p: dict) -> float:
     """The cost model's ms for one layer's part that the probe times (H200, dp=8 with EP, tp=1)."""
     from agentkv.engine.cost import CostModel
-    from agentkv.engine.cost_terms import _pnorm
+    from agentkv.engine.cost_terms import pnorm
 
     cm = CostModel("h200", "deepseek-v3", tp=1, dp=GROUP, ep=True, weight_dtype="bf16")
     t = cm.terms()
     if kind == "moe":
         moe, rank_tokens = t.moe, p["batch"] / GROUP
         w, fl = moe.weights_s(rank_tokens) / moe.frac, rank_tokens * moe.flop_tok / moe.frac
-        return _pnorm(w, fl, t.overlap_k) * 1e3
+        return pnorm(w, fl, t.overlap_k) * 1e3
     g = t.groups[0]
     return g.time(0, 0, 0, 0, 0, p["batch"], p["batch"] * p["ctx"], p["ctx"]) / g.frac * 1e3
 

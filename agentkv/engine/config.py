@@ -89,6 +89,16 @@ class EngineConfig:
         """The linear weights' dtype for the cost model: --quantization's, or None (the checkpoint's)."""
         return QUANTIZATION[self.quantization] if self.quantization else None
 
+    def cost_kwargs(self) -> dict:
+        """CostModel's parallelism and dtype arguments for this engine."""
+        return {
+            "tp": self.tensor_parallel_size,
+            "kv_dtype": self.kv_dtype,
+            "weight_dtype": self.weight_dtype,
+            "dp": self.data_parallel_size,
+            "ep": self.enable_expert_parallel,
+        }
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         """The config of the flags `add_engine_args` defines (sizes parsed, then validated)."""
@@ -137,26 +147,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default="llama3-8b",
         help=model_help(),
     )
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
-    g.add_argument(
-        "--data-parallel-size",
-        "-dp",
-        type=int,
-        default=1,
-        help="DP ranks sharing one expert group of tp x dp GPUs (MoE); each simulated engine is one rank",
-    )
-    g.add_argument(
-        "--enable-expert-parallel",
-        "-ep",
-        action="store_true",
-        help="split experts by expert over the tp x dp GPUs, with all-to-all dispatch/combine",
-    )
-    g.add_argument(
-        "--quantization",
-        default=None,
-        choices=tuple(QUANTIZATION),
-        help="weight dtype: fp8, mxfp4 or nvfp4 (fp4); default the checkpoint's (bf16, fp8 for DeepSeek)",
-    )
+    _add_parallel_args(g)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8")
     g.add_argument("--max-model-len", type=int, default=None)
@@ -193,4 +184,28 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="cost model coefficients from `agentkv calibrate` (default: the bundled H200 fit)",
+    )
+
+
+def _add_parallel_args(g) -> None:
+    """Parallelism and weight dtype, under vLLM's names."""
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    g.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="DP ranks sharing one expert group of tp x dp GPUs (MoE); each simulated engine is one rank",
+    )
+    g.add_argument(
+        "--enable-expert-parallel",
+        "-ep",
+        action="store_true",
+        help="split experts by expert over the tp x dp GPUs, with all-to-all dispatch/combine",
+    )
+    g.add_argument(
+        "--quantization",
+        default=None,
+        choices=tuple(QUANTIZATION),
+        help="weight dtype: fp8, mxfp4 or nvfp4 (fp4); default the checkpoint's (bf16, fp8 for DeepSeek)",
     )

@@ -31,6 +31,7 @@ from agentkv.engine.cost_terms import (
     group_terms,
     moe_terms,
 )
+from agentkv.engine.cost_terms import pnorm as _pnorm
 from agentkv.engine.hardware import (
     ACT_BYTES,
     ALLREDUCE_LATENCY_S,
@@ -101,13 +102,6 @@ def profile_name(path: str | Path) -> str:
 def _bundled() -> CostCoefficients:
     doc = json.loads(resources.files("agentkv").joinpath(COEFFICIENTS).read_text())
     return CostCoefficients(**doc["coefficients"])
-
-
-def _pnorm(a: float, b: float, k: float) -> float:
-    """(a^k + b^k)^(1/k): at least max(a, b), at most a + b."""
-    if a <= 0.0 or b <= 0.0:
-        return a if a > b else b
-    return (a**k + b**k) ** (1.0 / k)
 
 
 class CostModel:

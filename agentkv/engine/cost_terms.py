@@ -202,8 +202,8 @@ def dense_params(m: ModelShape, tp: int, rank_layer_params: int) -> tuple[float,
     return ne, kvb
 
 
-def _pnorm(a: float, b: float, k: float) -> float:
-    """(a^k + b^k)^(1/k), as cost._pnorm (at least max(a, b), at most a + b)."""
+def pnorm(a: float, b: float, k: float) -> float:
+    """(a^k + b^k)^(1/k): at least max(a, b), at most a + b."""
     if a <= 0.0 or b <= 0.0:
         return a if a > b else b
     return (a**k + b**k) ** (1.0 / k)
@@ -252,11 +252,11 @@ class ModelTerms:
         if self.moe is not None:
             w += self.moe.weights_s(t)
             fl += t * self.moe.flop_tok
-        a = _pnorm(w, fl, self.overlap_k) + past * self.kvb_past + (self.setup if any_past else 0.0)
+        a = pnorm(w, fl, self.overlap_k) + past * self.kvb_past + (self.setup if any_past else 0.0)
         for g in self.groups:
             a += g.time(new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max)
         a += self.comm(t)
-        return _pnorm(a, self.floor, self.floor_k)
+        return pnorm(a, self.floor, self.floor_k)
 
     def decode_layers(self, n: int, ctx_sum: np.ndarray, ctx_max: np.ndarray) -> np.ndarray:
         """`layer` for pure-decode steps of the same `n` sequences, vectorised over steps."""
@@ -264,7 +264,7 @@ class ModelTerms:
         if self.moe is not None:
             w += self.moe.weights_s(n)
             fl += n * self.moe.flop_tok
-        a = _pnorm(w, fl, self.overlap_k) + self.comm(n)
+        a = pnorm(w, fl, self.overlap_k) + self.comm(n)
         for g in self.groups:
             a = a + g.decode(n, ctx_sum, ctx_max)
         if self.floor <= 0.0:
