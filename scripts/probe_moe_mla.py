@@ -19,6 +19,9 @@ import random
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_long_context import _timeit  # noqa: E402  (the long-context probe's CUDA-event median)
+
 HIDDEN, EXPERTS, TOPK, WIDTH, GROUP = 7168, 256, 8, 2048, 8
 HEADS, LATENT, ROPE, LAYERS, MOE_LAYERS = 128, 512, 64, 61, 58
 MOE_BATCHES = (1, 8, 32, 64, 128, 256, 1024)
@@ -65,21 +68,6 @@ def compare(doc: dict) -> list[tuple[str, dict, float, float]]:
     return out
 
 
-def _timer(torch, fn, reps: int = 20) -> float:
-    """Median ms of `fn` over `reps` runs (CUDA events), after warm-up."""
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b))
-    return sorted(times)[len(times) // 2]
-
-
 def probe_moe(torch, batches) -> list[dict]:
     """Routed experts on one GPU: gate/up GEMM, SiLU x up, down GEMM per touched expert (eager)."""
     dev, dt, n = "cuda", torch.bfloat16, EXPERTS // GROUP
@@ -95,7 +83,7 @@ def probe_moe(torch, batches) -> list[dict]:
                     gu = x @ w1[e].T
                     (torch.nn.functional.silu(gu[:, :WIDTH]) * gu[:, WIDTH:]) @ w2[e].T
 
-        out.append(point("moe", _timer(torch, run), batch=batch))
+        out.append(point("moe", _timeit(run, 20, 3), batch=batch))
     return out
 
 
@@ -110,7 +98,7 @@ def probe_mla(torch, grid) -> list[dict]:
             s = torch.softmax((q @ kv.transpose(1, 2)).float() * 0.07, dim=-1).to(q.dtype)
             s @ kv[:, :, :LATENT]
 
-        out.append(point("mla", _timer(torch, run), batch=batch, ctx=ctx))
+        out.append(point("mla", _timeit(run, 20, 3), batch=batch, ctx=ctx))
     return out
 
 
