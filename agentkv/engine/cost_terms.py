@@ -113,12 +113,14 @@ def group_terms(m: ModelShape, tp: int, kv_dtype: str, heads: int, rc: RateCtx) 
     """Every group's terms on one rank with `heads` query heads (see GroupTerm)."""
     out = []
     idx_layers = {g.layers for g in m.groups if _is_indexer(g)}
+    state = sum(g.state_bytes_per_seq(tp) for g in m.groups if g.is_state) / m.layers  # layer mean
+    if state:  # all states as one term: read + written once per sequence, ~4 flops per 2-byte element
+        out.append(
+            GroupTerm(1.0, 1, INF, 0, 0, 0, 0, 0, 2.0 * state / rc.bw, 2.0 * state / (rc.attn * rc.self_eff))
+        )
     for g in m.groups:
         frac = g.num_layers / m.layers
         if g.is_state:
-            per_layer = g.state_bytes_per_seq(tp) / g.num_layers
-            tok = 2.0 * per_layer / (rc.attn * rc.self_eff)  # ~4 flops per 2-byte state element
-            out.append(GroupTerm(frac, 1, INF, 0, 0, 0, 0, 0, 2.0 * per_layer / rc.bw, tok))
             continue
         entry, stream = g.entry_bytes(kv_dtype, tp), g.entry_bytes(kv_dtype, g.kv_heads)
         if _is_indexer(g):  # scores every key at its small dim, fp8
