@@ -167,7 +167,7 @@ class CostModel:
         """True for the fitted dense layout (one full-attention group, no experts, no DP): the formula above."""
         m = self.model
         single = len(m.groups) == 1 and m.groups[0].kind is GroupKind.FULL
-        return m.is_dense and single and self.dp == 1
+        return m.is_dense and single and (self.dp == 1 or m.moe is None)
 
     def terms(self) -> ModelTerms:
         """The per-kind layer terms (any model; for the dense layout they equal the formula above)."""
