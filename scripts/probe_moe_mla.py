@@ -7,8 +7,8 @@ One GPU of an 8-GPU expert-parallel group (dp=8, --enable-expert-parallel): it h
 experts (bf16, random weights) and runs the tokens routed to them; `batch` is the whole group's tokens.
 MLA decode: 128 heads on one GPU's DP rank (attention is replicated under DP), scores against the
 512 + 64 latent, values the 512 latent dims (vLLM's absorbed path), one query per sequence.
-JSON: {"device", "torch", "parts": {"deepseek-v3-moe": {"decode": [{batch, layer_ms, model_ms}]},
-"deepseek-v3-mla": {"decode": [{batch, ctx, layer_ms, model_ms}]}}} as shared/calibration's files.
+JSON: {"device", "torch", "parts": {"deepseek-v3-moe": {"decode": [{batch, layer_GBps, layer_ms,
+model_ms}]}, "deepseek-v3-mla": {"decode": [{batch, ctx, ...}]}}}, as shared/calibration's files.
 """
 
 from __future__ import annotations
@@ -38,10 +38,18 @@ def route(batch: int, seed: int = 0) -> list[int]:
     return counts
 
 
+def layer_bytes(kind: str, batch: int, ctx: int = 0) -> float:
+    """Bytes the timed part must read: the GPU's touched experts (bf16) or the batch's latents."""
+    if kind == "moe":
+        return sum(1 for c in route(batch) if c) * 3 * HIDDEN * WIDTH * 2
+    return batch * ctx * (LATENT + ROPE) * 2
+
+
 def point(kind: str, layer_ms: float, **grid) -> dict:
-    """One measured point, with model_ms = layer time x the layers of that kind."""
+    """One measured point as the calibration file's: grid, layer_GBps, layer_ms, model_ms (x layers)."""
     layers = MOE_LAYERS if kind == "moe" else LAYERS
-    return {**grid, "layer_ms": layer_ms, "model_ms": layer_ms * layers}
+    gbps = layer_bytes(kind, grid["batch"], grid.get("ctx", 0)) / (layer_ms * 1e6)
+    return {**grid, "layer_GBps": gbps, "layer_ms": layer_ms, "model_ms": layer_ms * layers}
 
 
 def predict(kind: str, p: dict) -> float:
@@ -110,7 +118,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.compare:
         for kind, p, meas, pred in compare(json.loads(Path(args.compare).read_text())):
-            grid = ", ".join(f"{k}={v}" for k, v in p.items() if k not in ("layer_ms", "model_ms"))
+            grid = ", ".join(f"{k}={v}" for k, v in p.items() if k in ("batch", "ctx"))
             print(f"{kind} {grid}: measured {meas:.3f} ms, predicted {pred:.3f} ms ({pred / meas - 1:+.1%})")
         return 0
     try:

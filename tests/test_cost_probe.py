@@ -39,6 +39,8 @@ def _doc() -> dict:
 def test_points_and_predictions_follow_the_model():
     doc = _doc()
     assert doc["parts"]["deepseek-v3-moe"]["decode"][0]["model_ms"] == pytest.approx(0.1 * probe.MOE_LAYERS)
+    mla = doc["parts"]["deepseek-v3-mla"]["decode"][0]  # batch 1 x 4096 latents of 1,152 bytes in 0.01 ms
+    assert mla["layer_GBps"] == pytest.approx(4096 * 1152 / 0.01e-3 / 1e9)
     rows = probe.compare(doc)
     assert len(rows) == len(probe.MOE_BATCHES) + len(probe.MLA_GRID)
     moe = [pred for kind, _, _, pred in rows if kind == "moe"]
