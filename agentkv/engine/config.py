@@ -14,6 +14,8 @@ from agentkv.kv.eviction import ENGINE_POLICIES
 
 KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+# --quantization (vLLM's name): the weight dtype the cost model reads; None keeps the checkpoint's
+QUANTIZATION = {"fp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4"}
 
 
 @dataclass(slots=True)
@@ -23,6 +25,9 @@ class EngineConfig:
     gpu: str = "h200"
     model: str = "llama3-8b"
     tensor_parallel_size: int = 1
+    data_parallel_size: int = 1  # DP ranks sharing one expert group (each simulated engine is one rank)
+    enable_expert_parallel: bool = False
+    quantization: str | None = None  # fp8 | mxfp4 | nvfp4 (None: the checkpoint's dtypes)
     block_size: int = 16
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None  # None: the model's own limit
@@ -51,6 +56,10 @@ class EngineConfig:
             raise bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.tensor_parallel_size < 1:
             raise bad("tensor_parallel_size", "must be >= 1")
+        if self.data_parallel_size < 1:
+            raise bad("data_parallel_size", "must be >= 1")
+        if self.quantization is not None and self.quantization not in QUANTIZATION:
+            raise bad("quantization", f"'{self.quantization}' is not one of {', '.join(QUANTIZATION)}")
         if self.max_num_seqs < 1:
             raise bad("max_num_seqs", "must be >= 1")
         if self.max_num_batched_tokens < self.block_size:
@@ -75,6 +84,21 @@ class EngineConfig:
         """The KV element type the cost model understands: 'bf16' or 'fp8'."""
         return "fp8" if self.kv_cache_dtype.startswith("fp8") else "bf16"
 
+    @property
+    def weight_dtype(self) -> str | None:
+        """The linear weights' dtype for the cost model: --quantization's, or None (the checkpoint's)."""
+        return QUANTIZATION[self.quantization] if self.quantization else None
+
+    def cost_kwargs(self) -> dict:
+        """CostModel's parallelism and dtype arguments for this engine."""
+        return {
+            "tp": self.tensor_parallel_size,
+            "kv_dtype": self.kv_dtype,
+            "weight_dtype": self.weight_dtype,
+            "dp": self.data_parallel_size,
+            "ep": self.enable_expert_parallel,
+        }
+
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EngineConfig:
         """The config of the flags `add_engine_args` defines (sizes parsed, then validated)."""
@@ -94,6 +118,9 @@ class EngineConfig:
             gpu=args.gpu,
             model=args.model,
             tensor_parallel_size=args.tensor_parallel_size,
+            data_parallel_size=getattr(args, "data_parallel_size", 1),
+            enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
+            quantization=getattr(args, "quantization", None),
             block_size=args.block_size,
             kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
@@ -120,7 +147,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default="llama3-8b",
         help=model_help(),
     )
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    _add_parallel_args(g)
     g.add_argument("--block-size", type=int, default=16)
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8")
     g.add_argument("--max-model-len", type=int, default=None)
@@ -157,4 +184,28 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="FILE",
         help="cost model coefficients from `agentkv calibrate` (default: the bundled H200 fit)",
+    )
+
+
+def _add_parallel_args(g) -> None:
+    """Parallelism and weight dtype, under vLLM's names."""
+    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    g.add_argument(
+        "--data-parallel-size",
+        "-dp",
+        type=int,
+        default=1,
+        help="DP ranks sharing one expert group of tp x dp GPUs (MoE); each simulated engine is one rank",
+    )
+    g.add_argument(
+        "--enable-expert-parallel",
+        "-ep",
+        action="store_true",
+        help="split experts by expert over the tp x dp GPUs, with all-to-all dispatch/combine",
+    )
+    g.add_argument(
+        "--quantization",
+        default=None,
+        choices=tuple(QUANTIZATION),
+        help="weight dtype: fp8, mxfp4 or nvfp4 (fp4); default the checkpoint's (bf16, fp8 for DeepSeek)",
     )

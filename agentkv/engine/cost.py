@@ -7,7 +7,8 @@ Per layer and TP rank (see docs/cost-model.md for the derivation and the fit):
   layer  = ||(linear + attn + kv + 2 all-reduces, launch floor)||_kf
   step   = layers x layer + lm_head (one row per sequence) + logits gather
 Other GPUs scale bandwidth terms by their HBM TB/s and compute terms by their dense TFLOP/s, both
-relative to the H200 datasheet; per-layer launch costs do not scale.
+relative to the H200 datasheet; per-layer launch costs do not scale. Other model kinds (MoE, MLA,
+windows, sparse/compressed and linear attention) and DP/EP add terms in `agentkv.engine.cost_terms`.
 """
 
 from __future__ import annotations
@@ -21,12 +22,23 @@ from pathlib import Path
 
 import numpy as np
 
+from agentkv.engine.cost_terms import (
+    ModelTerms,
+    RateCtx,
+    a2a_s,
+    dense_params,
+    gemm_rate,
+    group_terms,
+    moe_terms,
+)
+from agentkv.engine.cost_terms import pnorm as _pnorm
 from agentkv.engine.hardware import (
     ACT_BYTES,
     ALLREDUCE_LATENCY_S,
     DTYPE_BYTES,
     GPU,
     KV_DTYPES,
+    GroupKind,
     ModelShape,
     get_gpu,
     get_model,
@@ -92,13 +104,6 @@ def _bundled() -> CostCoefficients:
     return CostCoefficients(**doc["coefficients"])
 
 
-def _pnorm(a: float, b: float, k: float) -> float:
-    """(a^k + b^k)^(1/k): at least max(a, b), at most a + b."""
-    if a <= 0.0 or b <= 0.0:
-        return a if a > b else b
-    return (a**k + b**k) ** (1.0 / k)
-
-
 class CostModel:
     """Seconds of one engine step on one (GPU, model, TP, dtypes) replica; cheap enough to call every step."""
 
@@ -110,8 +115,17 @@ class CostModel:
         kv_dtype: str = "bf16",
         weight_dtype: str | None = None,
         coeffs: CostCoefficients | None = None,
+        dp: int = 1,
+        ep: bool = False,
     ):
+        """`dp`: data-parallel ranks sharing the expert group (tp x dp GPUs); `ep`: experts split by
+        expert with all-to-all dispatch (vLLM's --enable-expert-parallel) rather than by width."""
         self.gpu, self.model, self.tp = get_gpu(gpu), get_model(model), tp
+        if not isinstance(dp, int) or dp < 1:
+            raise UserError(f"data parallel size must be a positive integer, got {dp!r}")
+        if ep and self.model.moe is None:
+            raise UserError(f"--enable-expert-parallel: model '{self.model.name}' has no experts")
+        self.dp, self.ep = dp, ep
         if kv_dtype not in KV_DTYPES:
             raise UserError(f"KV dtype '{kv_dtype}' is not one of {', '.join(KV_DTYPES)}")
         # weights default to the checkpoint's dtype (bf16 for the dense shapes, fp8 for DeepSeek's)
@@ -146,13 +160,65 @@ class CostModel:
         self._gather_row = ((tp - 1) / tp * m.vocab * ACT_BYTES / link) if tp > 1 else 0.0
         self._gather_lat = ALLREDUCE_LATENCY_S if tp > 1 else 0.0
         self._layers = m.layers
+        self._terms = None if self.is_legacy else self.terms()
+
+    @property
+    def is_legacy(self) -> bool:
+        """True for the fitted dense layout (one full-attention group, no experts, no DP): the formula above."""
+        m = self.model
+        single = len(m.groups) == 1 and m.groups[0].kind is GroupKind.FULL
+        return m.is_dense and single and (self.dp == 1 or m.moe is None)
+
+    def terms(self) -> ModelTerms:
+        """The per-kind layer terms (any model; for the dense layout they equal the formula above)."""
+        c, g, m, tp, dp = self.coeffs, self.gpu, self.model, self.tp, self.dp
+        peak = c.gemm_tflops * 1e12 / REF_BF16_TFLOPS
+        scale = g.hbm_tbps / REF_HBM_TBPS
+        wb, bw = DTYPE_BYTES[self.weight_dtype], self.bandwidth
+        gemm = peak * g.tflops(self.weight_dtype) * c.gemm_eff
+        rc = RateCtx(
+            bw,
+            c.stream_gbps * 1e9 * scale,
+            peak * g.bf16_tflops,
+            c.attn_self_eff,
+            c.attn_past_eff,
+            peak * gemm_rate(g, "fp8"),
+        )
+        ne, kvb = dense_params(m, tp, self.rank.layer_params)
+        moe = moe_terms(m, g, tp, dp, self.weight_dtype, bw, peak * c.gemm_eff)
+        act, group = m.hidden * ACT_BYTES, tp * dp
+        ep = self.ep and moe is not None and group > 1
+        a2a1 = a2a_s(1.0, m.moe.experts_per_token, m.hidden, group, g.gpu_link_gbps) if ep else 0.0
+        a2a_lat = 2.0 * ALLREDUCE_LATENCY_S if ep else 0.0
+        moe_ar = 0.0
+        if moe is not None and not ep and dp > 1:
+            moe_ar = ring_allreduce_s(dp * act, group, g.gpu_link_gbps, latency_s=0.0)
+        return ModelTerms(
+            w_ne=ne * wb / bw,
+            flop_ne=2.0 * ne / gemm,
+            groups=group_terms(m, tp, self.kv_dtype, self.rank.heads, rc),
+            moe=moe,
+            kvb_past=2.0 * kvb / gemm,
+            ar_half=ring_allreduce_s(act, tp, g.gpu_link_gbps, latency_s=0.0),
+            ar_lat=ALLREDUCE_LATENCY_S if tp > 1 else 0.0,
+            a2a_tok=(a2a1 - a2a_lat) / tp,  # each TP rank dispatches its share of the tokens
+            a2a_lat=a2a_lat,
+            moe_ar_tok=moe_ar,
+            overlap_k=c.overlap_k,
+            setup=c.past_setup_s,
+            floor=c.launch_floor_s,
+            floor_k=c.floor_k,
+        )
 
     # -- sizes --------------------------------------------------------------------------------
     @property
     def weights_bytes(self) -> float:
         """Weight bytes on one rank: its linear-layer shard (every expert's share, experts in the
-        checkpoint's expert dtype), lm_head/embedding shards, norms (bf16)."""
-        return self.model.rank_weight_bytes(self.tp, self.weight_dtype)
+        checkpoint's expert dtype; with DP, experts spread over all tp x dp GPUs), lm_head/embedding
+        shards, norms (bf16)."""
+        b = self.model.rank_weight_bytes(self.tp, self.weight_dtype)
+        moe = self._terms.moe if self._terms is not None else None
+        return b - moe.expert_bytes_tp + moe.expert_bytes_group if moe is not None else b
 
     @property
     def kv_bytes_per_token(self) -> float:
@@ -200,6 +266,8 @@ class CostModel:
     # -- times --------------------------------------------------------------------------------
     def decode_roofline(self, batch: int, ctx: int) -> float:
         """Lower bound of a decode step: all weights read (layers + lm_head) and all KV read, at full BW."""
+        if self._terms is not None:
+            return self._layers * self._terms.roofline(batch, ctx) + self._lm_w
         return self._layers * (self._w + batch * ctx * self._kv_tok) + self._lm_w
 
     def layer_time_agg(
@@ -212,8 +280,14 @@ class CostModel:
         n_decode: int,
         decode_ctx_sum: int,
         decode_ctx_max: int,
+        n_prefill: int | None = None,
     ) -> float:
-        """One decoder layer on one rank (what the calibration probe timed) from batch aggregates."""
+        """One decoder layer on one rank (what the calibration probe timed) from batch aggregates;
+        `n_prefill` (prefill pieces, default 1 if any new tokens) matters for windows and states."""
+        if self._terms is not None:
+            np_ = (1 if new_tokens else 0) if n_prefill is None else n_prefill
+            args = (self_pairs, past_pairs, any_past, np_, n_decode, decode_ctx_sum, decode_ctx_max)
+            return self._terms.layer(new_tokens, past_tokens, *args)
         t = new_tokens + n_decode
         lin = _pnorm(self._w, t * self._flop_tok, self._k)
         attn = (
@@ -252,6 +326,7 @@ class CostModel:
             n_decode,
             decode_ctx_sum,
             decode_ctx_max,
+            n_prefill,
         )
         lm = _pnorm(self._lm_w, rows * self._lm_row, self._k)
         gather = rows * self._gather_row + self._gather_lat
@@ -261,6 +336,10 @@ class CostModel:
         """Seconds of `steps` consecutive pure-decode steps of the same `n_decode` sequences, each
         step one token longer: exactly `step_time([], decodes)` per step, vectorised for bursts."""
         k = np.arange(steps, dtype=np.float64)
+        if self._terms is not None:
+            layer = self._terms.decode_layers(n_decode, ctx_sum + k * n_decode, ctx_max + k)
+            lm = _pnorm(self._lm_w, n_decode * self._lm_row, self._k)
+            return self._layers * layer + lm + (n_decode * self._gather_row + self._gather_lat)
         lin = _pnorm(self._w, n_decode * self._flop_tok, self._k)
         kv = np.maximum((ctx_sum + k * n_decode) * self._kv_tok, (ctx_max + k) * self._stream_tok)
         comm = n_decode * self._ar_tok + self._ar_lat
@@ -296,5 +375,5 @@ class CostModel:
     def __repr__(self) -> str:
         return (
             f"CostModel({self.gpu.name}, {self.model.name}, tp={self.tp}, kv={self.kv_dtype}, "
-            f"weights={self.weight_dtype})"
+            f"weights={self.weight_dtype}, dp={self.dp}, ep={self.ep})"
         )

@@ -49,9 +49,7 @@ class Engine:
         shape = get_model(cfg.model)
         self.model_shape = shape
         coeffs = load_coefficients(cfg.cost_profile) if cfg.cost_profile else None
-        self.cost = CostModel(
-            cfg.gpu, shape, tp=cfg.tensor_parallel_size, kv_dtype=cfg.kv_dtype, coeffs=coeffs
-        )
+        self.cost = CostModel(cfg.gpu, shape, coeffs=coeffs, **cfg.cost_kwargs())
         self.max_model_len = cfg.max_model_len or shape.max_position
         block_bytes = int(self.cost.kv_bytes_per_token * cfg.block_size)
         if cfg.num_gpu_blocks_override is not None:

@@ -42,6 +42,7 @@ def read_deepseek(f: Fields) -> ModelShape:
     )
     all_layers = tuple(range(layers))
     sparse = f.model_type == "deepseek_v32"
+    topk = idx_heads = 0
     groups = [
         LayerGroup(
             MLA,
@@ -55,7 +56,7 @@ def read_deepseek(f: Fields) -> ModelShape:
     ]
     if sparse:
         idx_dim, idx_heads = f.num("index_head_dim"), f.num("index_n_heads")
-        f.num("index_topk")  # the sparse top-k: a cost-model input (part 3), required here
+        topk = f.num("index_topk")  # the sparse top-k: keys each query attends (the cost model's)
         groups.append(
             LayerGroup(
                 MLA,
@@ -78,6 +79,9 @@ def read_deepseek(f: Fields) -> ModelShape:
         weight_dtype=wd,
         expert_dtype=ed,
         family=f.model_type,
+        qk_rope_dim=rope,
+        index_topk=topk,
+        index_heads=idx_heads,
     )
 
 
@@ -166,7 +170,7 @@ def read_deepseek_v4(f: Fields) -> ModelShape:
     for i, r in enumerate(ratios):
         if r not in V4_RATIOS:
             raise f.error("compress_ratios", f"ratio {r} at layer {i} is not one vLLM serves (0, 1, 4, 128)")
-    f.num("index_topk")  # the sparse top-k: a cost-model input (part 3), required here
+    topk = f.num("index_topk")  # the sparse top-k over the 1/4 compressed cache
     n, k, mi = f.num("n_routed_experts"), f.num("num_experts_per_tok"), f.num("moe_intermediate_size")
     shared = f.num("n_shared_experts", 0, minimum=0)
     h = c["hidden"]
@@ -182,6 +186,8 @@ def read_deepseek_v4(f: Fields) -> ModelShape:
         weight_dtype=wd,
         expert_dtype=ed,
         family="deepseek_v4",
+        index_topk=topk,
+        index_heads=f.num("index_n_heads"),
     )
 
 

@@ -70,6 +70,9 @@ class ModelShape:
     expert_dtype: str | None = None  # the checkpoint's routed experts, when they differ (MXFP4: fp4)
     family: str = "llama"
     source: str = ""  # where the figures come from
+    qk_rope_dim: int = 0  # MLA (DeepSeek V2/V3/V3.2, Kimi): RoPE dims of qk; > 0 means absorbed MLA decode
+    index_topk: int = 0  # sparse attention (V3.2, V4): keys each query attends after the indexer (0: dense)
+    index_heads: int = 0  # the lightning indexer's heads (its cost over all keys)
 
     def __post_init__(self) -> None:
         for f in ("layers", "hidden", "heads", "kv_heads", "head_dim", "intermediate", "vocab"):
