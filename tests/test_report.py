@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkv.bench.report import render_report, write_report
+from agentkv.metrics.report import render_report, write_report
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Sample, summarize
 from agentkv.metrics.svg import nice_ticks
