@@ -43,15 +43,17 @@ def write_records_csv(records: list[RequestRecord], path: str | Path) -> Path:
     return p
 
 
-def _stats(d: Dist, name: str) -> dict[str, float | None]:
-    """vLLM's mean_/median_/std_/pN_{name}_ms keys from one distribution (seconds -> ms)."""
+def _stats(d: Dist, name: str, keys: list[str]) -> dict[str, float | None]:
+    """vLLM's mean_/median_/std_/pN_{name}_ms keys from one distribution (seconds -> ms; None when
+    nothing was measured)."""
 
     def ms(v):
         return None if v is None else v * 1000
 
     out = {f"mean_{name}_ms": ms(d.mean), f"median_{name}_ms": ms(d.p50), f"std_{name}_ms": ms(d.std)}
-    for key, v in (d.percentiles or {"p99": d.p99}).items():
-        out[f"{key}_{name}_ms"] = ms(v)
+    ps = d.percentiles or {"p50": d.p50, "p90": d.p90, "p99": d.p99}
+    for key in keys:
+        out[f"{key}_{name}_ms"] = ms(ps.get(key))
     return out
 
 
@@ -117,8 +119,10 @@ def vllm_result(s: Summary, records: list[RequestRecord]) -> dict:
         "max_output_tokens_per_s": peak_output_rate(records),
         "max_concurrent_requests": peak_concurrency(records),
     }
-    for d, name in ((s.ttft, "ttft"), (s.tpot, "tpot"), (s.itl, "itl"), (s.e2e, "e2el")):
-        out.update(_stats(d, name))
+    dists = ((s.ttft, "ttft"), (s.tpot, "tpot"), (s.itl, "itl"), (s.e2e, "e2el"))
+    keys = next((list(d.percentiles) for d, _ in dists if d.percentiles), ["p50", "p90", "p99"])
+    for d, name in dists:
+        out.update(_stats(d, name, keys))
     return out
 
 

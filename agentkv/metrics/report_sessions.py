@@ -172,7 +172,11 @@ def hit_rate_svg(records: list[RequestRecord], width: int = 1300) -> str:
     a = Area(left, top, width - left - 70, row_h * max(1, len(rows)))
     sx = Scale(0, 100, False, a.left, a.left + a.width)
     known = [v for _, h, c, _ in rows for v in (h, c) if v is not None]
-    data = f' data-xlim="0,100" data-xdata="{100 * min(known):.6g},{100 * max(known):.6g}"' if known else ""
+    data = (
+        f' data-xlim="0,100" data-xfixed="1" data-xdata="{100 * min(known):.6g},{100 * max(known):.6g}"'
+        if known
+        else ""
+    )
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" width="{width}" '
         f'height="{height}" role="img" aria-label="{escape(title)}"{data}>',

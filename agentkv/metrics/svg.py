@@ -225,6 +225,10 @@ class Chart:
         if xe and ye:
             parts.append(f' data-xdata="{xe[0]:.6g},{xe[1]:.6g}" data-ydata="{ye[0]:.6g},{ye[1]:.6g}"')
         parts.append(f' data-xlog="{int(sx.log)}" data-ylog="{int(sy.log)}"')
+        if self.ymin is not None and self.ymax is not None:
+            parts.append(' data-yfixed="1"')  # set by the chart (0-100%), not fitted
+        elif self.ymin == 0 and any(s.kind == "bars" for s in self.series):
+            parts.append(' data-ybars="1"')  # bars stand on zero: only the top is fitted
         return "".join(parts)
 
     def _labels(self, a: Area, has_right: bool, sx: Scale, sy: Scale | None) -> str:
