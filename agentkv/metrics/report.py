@@ -55,7 +55,10 @@ document.querySelectorAll('table.sortable th').forEach(function (th, col) {
 
 
 def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:,.1f} ms"
+    """A latency in seconds as "12.3 ms", or "45.6 s" from 10 s on (long waits read as seconds)."""
+    if v is None:
+        return "-"
+    return f"{v:,.1f} s" if abs(v) >= 10 else f"{v * 1000:,.1f} ms"
 
 
 def _pct(v: float | None) -> str:

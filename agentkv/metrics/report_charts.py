@@ -53,7 +53,8 @@ def over_time_chart(records: list[RequestRecord], field: str, title: str, ylabel
         tips = [
             f"#{r.id} {r.session}: {v:,.1f} ms at {r.scheduled:,.1f} s" for r, v in zip(ok, vs, strict=True)
         ]
-        c.add(Series("each request", ts, vs, "dots", color="#9ca3af", tips=tips))
+        color = "#9ca3af" if len(ok) >= LINES_FROM else "#2563eb"  # grey under percentile lines
+        c.add(Series("each request", ts, vs, "dots", color=color, tips=tips))
     if len(ok) < LINES_FROM:
         return c
     mids, pcts, counts = binned_percentiles(ts, vs, _bins(len(ok)))
