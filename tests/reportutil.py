@@ -91,8 +91,8 @@ _RECTS = (
     "<script>var o=document.createElement('pre');o.id='agentkv-rects';o.textContent=JSON.stringify("
     "Array.from(document.querySelectorAll('svg.chart')).map(function(s){var b=s.getBoundingClientRect();"
     "return [s.getAttribute('aria-label'),b.left,b.top+window.scrollY,b.width,b.height];}));"
-    "document.body.appendChild(o);</script>"
-)
+    "document.body.appendChild(o);console.error('agentkv-probe');</script>"
+)  # the console.error proves the console check sees errors: it must appear, and nothing else
 
 
 def chromium() -> str:
@@ -123,7 +123,7 @@ def run_chromium(exe: str, args: list[str], timeout: float = 60.0) -> subprocess
 
 def screenshot(exe: str, page: Path, shot: Path, height: int = 5000) -> tuple[list, list[str]]:
     """Screenshot `page` 1400 px wide into `shot`; return each chart's (label, x, y, w, h) and the
-    console lines Chromium logged."""
+    console lines the page logged (the probe's own line left out)."""
     probe = page.with_name(page.stem + "-probe.html")
     probe.write_text(page.read_text(encoding="utf-8") + _RECTS, encoding="utf-8")
     p = run_chromium(
@@ -139,7 +139,9 @@ def screenshot(exe: str, page: Path, shot: Path, height: int = 5000) -> tuple[li
     m = re.search(r'<pre id="agentkv-rects">([^<]*)</pre>', p.stdout)
     assert m, f"chromium gave no DOM: rc {p.returncode}, {p.stderr[-500:]}"
     console = [ln for ln in p.stderr.splitlines() if re.search(r":CONSOLE[:(]", ln)]
-    return json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&")), console
+    assert any("agentkv-probe" in ln for ln in console), f"the console check saw nothing: {p.stderr[-500:]}"
+    rects = json.loads(m.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    return rects, [ln for ln in console if "agentkv-probe" not in ln]
 
 
 def read_png(path: Path, rows: int | None = None) -> np.ndarray:

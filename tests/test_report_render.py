@@ -26,7 +26,7 @@ def _agentkv(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def bench_run(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("bench") / "run"
-    _agentkv("bench", "--duration", "6s", "--lanes", "4", "--out", str(out), "-q")
+    _agentkv("bench", "--duration", "4s", "--lanes", "4", "--out", str(out), "-q")
     return out
 
 
@@ -34,7 +34,7 @@ def bench_run(tmp_path_factory) -> Path:
 def sim_run(tmp_path_factory, shared_dir) -> Path:
     traces = sorted((shared_dir / "traces" / "claude-code").glob("*.json*"))[:20]
     out = tmp_path_factory.mktemp("sim") / "run"
-    _agentkv("simulate", *map(str, traces), "--max-requests", "600", "--out", str(out), "-q")
+    _agentkv("simulate", *map(str, traces), "--lanes", "20", "--max-requests", "300", "--out", str(out), "-q")
     return out
 
 
