@@ -73,7 +73,9 @@ def histogram(values, max_bins: int = 40) -> tuple[list[float], list[float], lis
     lo, hi = float(v.min()), float(v.max())
     log = lo > 0 and (hi / lo >= LOG_SPAN or hi / float(np.median(v)) >= SKEW)
     n = min(max_bins, max(5, int(np.sqrt(v.size)) + 1))
-    edges = np.geomspace(lo, hi, n + 1) if log else np.linspace(lo, hi if hi > lo else lo + 1, n + 1)
+    if hi <= lo:  # one value: a bar in the middle of a small range around it
+        lo, hi, n = lo - 0.05 * abs(lo) - 0.5, hi + 0.05 * abs(hi) + 0.5, 5
+    edges = np.geomspace(lo, hi, n + 1) if log else np.linspace(lo, hi, n + 1)
     counts, edges = np.histogram(v, bins=edges)
     return edges[:-1].tolist(), edges[1:].tolist(), counts.astype(float).tolist(), log
 

@@ -15,6 +15,7 @@ from html import escape
 from typing import NamedTuple
 
 MAX_POINTS = 4000
+PAD = 0.04  # fitted y axes leave this share of the data's span free above and below
 LOG_SPAN = 100.0  # auto log scale when positive data spans this factor or more
 PALETTE = (
     "#2563eb",
@@ -163,9 +164,12 @@ class Chart:
         ext = _extent(ys, log)
         if ext is None:
             return None
-        if lo is None:
+        span = ext[1] - ext[0]
+        if lo is None:  # fitted: a little room, so a line at the data's edge is not drawn on the frame
             lo = ext[0] if log or ext[0] < 0 or ext[0] > 0.3 * ext[1] else 0.0
-        hi = ext[1] if hi is None else hi
+            lo = lo / 1.03 if log else lo - PAD * span if lo != 0 else 0.0
+        if hi is None:
+            hi = ext[1] * 1.03 if log else ext[1] + PAD * span
         return Scale(lo, hi if hi > lo else lo + (abs(lo) or 1.0), log, a.top + a.height, a.top)
 
     def _x_scale(self, a: Area) -> Scale | None:
