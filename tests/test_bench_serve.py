@@ -148,6 +148,8 @@ def test_compare_simulate_and_bench_of_the_same_traces(tmp_path):
     assert {p.name for p in (tmp_path / "bench").iterdir()} == {
         "requests.jsonl",
         "summary.json",
+        "records.csv",
+        "vllm_result.json",
         "report.html",
     }
     p = subprocess.run(

@@ -2,7 +2,8 @@
 --target, live progress, outputs.
 
 Outputs in --out: requests.jsonl (appended as requests finish), summary.json (the schema
-`agentkv simulate` writes) and report.html. The summary is written even after Ctrl-C.
+`agentkv simulate` writes), records.csv, vllm_result.json and report.html (agentkv.metrics.export).
+They are written even after Ctrl-C.
 Import-light at module level: the CLI builds every parser.
 """
 
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from agentkv.bench.request_flags import add_request_flags
 from agentkv.errors import UserError
+from agentkv.metrics.flags import add_output_flags
 from agentkv.trace.command import add_trace_args
 from agentkv.units import parse_duration
 
@@ -166,7 +168,7 @@ def _output_args(p) -> None:
         help="share of failed requests above which the run is invalid (exit 3), e.g. 1%% or 0.05 "
         "(default 1%%)",
     )
-    p.add_argument("--no-report", action="store_true", help="skip report.html")
+    add_output_flags(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no live progress display")
 
@@ -283,7 +285,7 @@ def bench_command(args: argparse.Namespace) -> int:
             run.on_tick = lambda r: live.update(progress_panel(r), refresh=True)
             stack.enter_context(live)
         result: BenchResult = run_loop(run.run(), args.loop)
-    _write_outputs(args, result, out)
+    _write_outputs(args, result, out, run.itl)
     return _exit_status(run, result, console)
 
 
@@ -328,19 +330,24 @@ def _start_embedded(
     return srv.url
 
 
-def _write_outputs(args: argparse.Namespace, result, out: Path) -> None:
-    """summary.json and report.html into `out`, then the summary on the terminal (or as JSON)."""
+def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None) -> None:
+    """summary.json, records.csv, vllm_result.json and report.html into `out` (the latency
+    percentiles recomputed when --percentiles asks for others), then the summary on the terminal
+    (or as JSON)."""
     import msgspec
     from rich.console import Console
 
-    from agentkv.metrics.summary import write_summary
+    from agentkv.metrics.dist import DEFAULT_PERCENTILES
+    from agentkv.metrics.export import write_outputs
+    from agentkv.metrics.summary import with_percentiles
     from agentkv.metrics.view import print_summary, sessions_table
 
-    write_summary(result.summary, out / "summary.json")
-    if not args.no_report:
-        from agentkv.bench.report import write_report
-
-        write_report(result.summary, result.records, out / "report.html")
+    pcts = getattr(args, "percentiles", None) or DEFAULT_PERCENTILES
+    if tuple(pcts) != DEFAULT_PERCENTILES:
+        result.summary = with_percentiles(result.summary, result.records, itl_values, pcts)
+    written = write_outputs(
+        out, result.summary, result.records, report=not args.no_report, itl_values=itl_values
+    )
     if args.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(result.summary), indent=2).decode() + "\n")
     else:
@@ -348,8 +355,7 @@ def _write_outputs(args: argparse.Namespace, result, out: Path) -> None:
         print_summary(result.summary, con)
         if result.summary.sessions:
             con.print(sessions_table(result.summary))
-        files = "requests.jsonl, summary.json" + ("" if args.no_report else ", report.html")
-        con.print(f"[dim]wrote {files} to {out}[/dim]")
+        con.print(f"[dim]wrote {', '.join(['requests.jsonl', *written])} to {out}[/dim]")
 
 
 def compare_command(args: argparse.Namespace) -> int:

@@ -12,6 +12,7 @@ import numpy as np
 
 from agentkv import __version__
 from agentkv.errors import UserError
+from agentkv.metrics.dist import DEFAULT_PERCENTILES, Dist, latency_dists
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.validity import (
     DEFAULT_MAX_FAILURE_RATE,
@@ -24,25 +25,6 @@ from agentkv.metrics.validity import (
 
 SCHEMA = "agentkv.summary/1"
 LATENCY_FIGURES = ("ttft", "tpot", "itl", "e2e")
-
-
-class Dist(msgspec.Struct, omit_defaults=True):
-    """A distribution in seconds (or tokens): count, mean and percentiles."""
-
-    count: int = 0
-    mean: float | None = None
-    p50: float | None = None
-    p90: float | None = None
-    p99: float | None = None
-    max: float | None = None
-
-    @classmethod
-    def of(cls, values) -> Dist:
-        a = np.asarray([v for v in values if v is not None], dtype=float)
-        if a.size == 0:
-            return cls()
-        p50, p90, p99 = np.percentile(a, [50, 90, 99])
-        return cls(int(a.size), float(a.mean()), float(p50), float(p90), float(p99), float(a.max()))
 
 
 class Throughput(msgspec.Struct):
@@ -275,6 +257,16 @@ def _goodput(records: list[RequestRecord], slo: dict[str, float] | None, dur: fl
     return Goodput(slo, good / len(records) if records else None, good / dur)
 
 
+def with_percentiles(s: Summary, records: list[RequestRecord], itl_values, percentiles) -> Summary:
+    """`s` with its latency distributions recomputed at `percentiles` (--percentiles); ITL kept as
+    it was when the token gaps (`itl_values`) are not at hand."""
+    ok = [r for r in records if r.ok]
+    dists = latency_dists(ok, itl_values, percentiles)
+    if itl_values is None:
+        dists.pop("itl")
+    return msgspec.structs.replace(s, **dists)
+
+
 def summarize(
     records: list[RequestRecord],
     *,
@@ -294,6 +286,7 @@ def summarize(
     notes: list[str] | None = None,
     max_failure_rate: float = DEFAULT_MAX_FAILURE_RATE,
     clocks: dict[str, str] | None = None,
+    percentiles: tuple[float, ...] = DEFAULT_PERCENTILES,
 ) -> Summary:
     """Build the summary of one run; `duration_s` defaults to first scheduled -> last end."""
     ok = [r for r in records if r.ok]
@@ -316,10 +309,7 @@ def summarize(
         errors=errors,
         top_errors=top_errors(records),
         duration_s=duration_s,
-        ttft=Dist.of(r.ttft for r in ok),
-        tpot=Dist.of(r.tpot for r in ok),
-        itl=Dist.of(itl_values if itl_values is not None else (r.itl_max for r in ok)),
-        e2e=Dist.of(r.e2e for r in ok),
+        **latency_dists(ok, itl_values, percentiles),
         input_tokens=inp,
         output_tokens=out,
         throughput=_throughput(inp, out, len(ok), dur, gpus, power_w) if duration_s > 0 else None,

@@ -1,18 +1,22 @@
-"""A small SVG chart writer for the self-contained report: dots, lines, steps and bars, two y axes.
+"""A small SVG chart writer for the self-contained report: dots, lines, steps and bars, two y axes,
+linear or log scales fitted to the data.
 
 No JavaScript and no external assets: the report opens offline and anywhere. Points carry
-`<title>` tooltips; series longer than `MAX_POINTS` are thinned evenly so pages stay small.
+`<title>` tooltips; series longer than `MAX_POINTS` are thinned evenly so pages stay small. Each
+`<svg>` carries its axis limits and data extent (`data-xlim`, `data-ylim`, `data-xdata`,
+`data-ydata`), so a test can check that the axes fit what is drawn.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from html import escape
 from typing import NamedTuple
 
 MAX_POINTS = 4000
+PAD = 0.04  # fitted y axes leave this share of the data's span free above and below
+LOG_SPAN = 100.0  # auto log scale when positive data spans this factor or more
 PALETTE = (
     "#2563eb",
     "#dc2626",
@@ -40,6 +44,19 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return [round(i * step, 12) for i in range(first, last + 1)]
 
 
+def log_ticks(lo: float, hi: float) -> list[float]:
+    """Tick values for a log axis covering [lo, hi] (lo > 0): decades, with 2 and 5 in between
+    when the range spans three decades or fewer. The first and last ticks bound the range."""
+    e0, e1 = math.floor(math.log10(lo) + 1e-9), math.ceil(math.log10(hi) - 1e-9)
+    e1 = max(e1, e0 + 1) if hi > lo else e1
+    steps = (1, 2, 5) if e1 - e0 <= 3 else (1,)
+    vals = [m * 10.0**e for e in range(e0, e1 + 1) for m in steps]
+    below = [v for v in vals if v <= lo * (1 + 1e-9)]
+    above = [v for v in vals if v >= hi * (1 - 1e-9)]
+    first, last = (below[-1] if below else vals[0]), (above[0] if above else vals[-1])
+    return [float(f"{v:.12g}") for v in vals if first <= v <= last]
+
+
 def fmt(v: float) -> str:
     """A short tick label: 1.2M, 35k, 0.25, 12."""
     a = abs(v)
@@ -61,11 +78,14 @@ class Series:
     color: str = ""
     right: bool = False  # plot against the right-hand y axis
     tips: list[str] | None = None
-    width: float = 0.0  # bars: width in x units
+    width: float = 0.0  # bars: width in x units (bars centred on xs)
     dash: bool = False  # lines: dashed, so a line drawn over an equal one still shows
+    x2s: list[float] | None = None  # bars: each bar spans xs[i]..x2s[i] (histograms, log axes)
+    legend: bool = True  # False: drawn, not listed (e.g. the grey "rest" of many sessions)
+    stroke: float = 1.8  # lines: width in pixels
 
 
-class _Area(NamedTuple):
+class Area(NamedTuple):
     """The plot rectangle inside a chart, in pixels: axes, grid and series are drawn against it."""
 
     left: int
@@ -74,9 +94,41 @@ class _Area(NamedTuple):
     height: int
 
 
+class Scale:
+    """Data -> pixels along one axis, linear or log, over [lo, hi] (the outer ticks)."""
+
+    def __init__(self, lo: float, hi: float, log: bool, p0: float, p1: float):
+        self.log = log
+        self.ticks = log_ticks(lo, hi) if log else nice_ticks(lo, hi)
+        self.lo, self.hi = min(self.ticks[0], lo), max(self.ticks[-1], hi)
+        if self.hi <= self.lo:
+            self.hi = self.lo + 1.0
+        self.p0, self.p1 = p0, p1
+        self._f = (lambda v: math.log10(max(v, 1e-300))) if log else (lambda v: v)
+        self._a, self._b = self._f(self.lo), self._f(self.hi)
+
+    def __call__(self, v: float) -> float:
+        return self.p0 + (self._f(v) - self._a) / (self._b - self._a) * (self.p1 - self.p0)
+
+    def ok(self, v) -> bool:
+        """Whether `v` can be drawn on this scale (finite, and > 0 on a log scale)."""
+        return v is not None and math.isfinite(v) and (v > 0 or not self.log)
+
+
+def _extent(vals: list[float], log: bool) -> tuple[float, float] | None:
+    vals = [v for v in vals if v is not None and math.isfinite(v) and (v > 0 or not log)]
+    return (min(vals), max(vals)) if vals else None
+
+
+def _auto_log(vals: list[float]) -> bool:
+    pos = [v for v in vals if v is not None and math.isfinite(v)]
+    return bool(pos) and min(pos) > 0 and max(pos) / min(pos) >= LOG_SPAN
+
+
 @dataclass(slots=True)
 class Chart:
-    """One chart: add series, then `svg()`."""
+    """One chart: add series, then `svg()`. y axes fit the data (0 included when it is near, or
+    forced with ymin=0); `ylog`/`xlog` None picks a log scale when positive data spans 100x."""
 
     title: str
     xlabel: str
@@ -89,6 +141,9 @@ class Chart:
     y2min: float | None = None
     y2max: float | None = None
     series: list[Series] = field(default_factory=list)
+    ylog: bool | None = False
+    xlog: bool | None = False
+    marks: list[tuple[float, str]] = field(default_factory=list)  # labelled vertical lines at x
 
     def add(self, s: Series) -> Chart:
         if not s.color:
@@ -96,14 +151,36 @@ class Chart:
         self.series.append(s)
         return self
 
-    def _range(self, right: bool) -> tuple[float, float] | None:
-        ys = [y for s in self.series if s.right == right for y in s.ys if y is not None and math.isfinite(y)]
-        if not ys:
-            return None
+    def _ys(self, right: bool) -> list[float]:
+        return [y for s in self.series if s.right == right for y in s.ys]
+
+    def _xs(self) -> list[float]:
+        return [x for s in self.series for x in (*s.xs, *(s.x2s or ()))]
+
+    def _y_scale(self, right: bool, a: Area) -> Scale | None:
+        ys = self._ys(right)
         lo, hi = (self.y2min, self.y2max) if right else (self.ymin, self.ymax)
-        lo = min(min(ys), 0.0) if lo is None else lo
-        hi = max(ys) if hi is None else hi
-        return lo, hi if hi > lo else lo + 1.0
+        log = (self.ylog if self.ylog is not None else lo is None and _auto_log(ys)) and not right
+        ext = _extent(ys, log)
+        if ext is None:
+            return None
+        span = ext[1] - ext[0]
+        if lo is None:  # fitted: a little room, so a line at the data's edge is not drawn on the frame
+            lo = ext[0] if log or ext[0] < 0 or ext[0] > 0.3 * ext[1] else 0.0
+            lo = lo / 1.03 if log else lo - PAD * span if lo != 0 else 0.0
+        if hi is None:
+            hi = ext[1] * 1.03 if log else ext[1] + PAD * span
+        return Scale(lo, hi if hi > lo else lo + (abs(lo) or 1.0), log, a.top + a.height, a.top)
+
+    def _x_scale(self, a: Area) -> Scale | None:
+        xs = self._xs()
+        log = self.xlog if self.xlog is not None else _auto_log(xs)
+        ext = _extent(xs + [m[0] for m in self.marks], log)
+        if ext is None:
+            return None
+        pad = max((s.width for s in self.series if s.kind == "bars"), default=0.0) / 2
+        lo, hi = ext[0] - pad, ext[1] + pad
+        return Scale(lo, hi if hi > lo else lo + (abs(lo) or 1.0), log, a.left, a.left + a.width)
 
     def svg(self) -> str:
         """The chart as one `<svg>` element; a "no data" note when nothing finite is plotted."""
@@ -111,43 +188,63 @@ class Chart:
         left, right_pad, bottom = 64, (64 if self.y2label else 20), 44
         pw = w - left - right_pad
         legend, rows = self._legend(left, pw)
-        top = 32 + 14 * rows
-        area = _Area(left, top, pw, h - top - bottom)
-        out = [
-            f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" '
-            f'width="{w}" height="{h}" role="img" aria-label="{escape(self.title)}">',
-            f'<text x="{w / 2}" y="18" class="title" text-anchor="middle">{escape(self.title)}</text>',
-        ]
-        xs = [x for s in self.series for x in s.xs if x is not None and math.isfinite(x)]
-        yl, yr = self._range(False), self._range(True)
-        if not xs or (yl is None and yr is None):
-            out.append(
-                f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle" class="empty">no data</text></svg>'
+        area = Area(left, 32 + 14 * rows, pw, h - 32 - 14 * rows - bottom)
+        sx, syl, syr = self._x_scale(area), self._y_scale(False, area), self._y_scale(True, area)
+        head = (
+            f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {w} {h}" width="{w}" '
+            f'height="{h}" role="img" aria-label="{escape(self.title)}"{self._data_attrs(sx, syl)}>'
+            f'<text x="{w / 2}" y="18" class="title" text-anchor="middle">{escape(self.title)}</text>'
+        )
+        if sx is None or (syl is None and syr is None):
+            return (
+                head
+                + f'<text x="{w / 2}" y="{h / 2}" text-anchor="middle" class="empty">no data</text></svg>'
             )
-            return "".join(out)
-        bar_pad = max((s.width for s in self.series if s.kind == "bars"), default=0.0) / 2
-        axis, sx = _x_axis(min(xs) - bar_pad, max(xs) + bar_pad, area)
-        out.append(axis)
-        scales = {}
-        for side, rng in ((False, yl), (True, yr)):
-            if rng is not None:
-                axis, scales[side] = _y_axis(rng, side, area)
-                out.append(axis)
-        out.append(self._labels(area, True in scales))
+        out = [head, _x_axis(sx, area)]
+        for side, sc in ((False, syl), (True, syr)):
+            if sc is not None:
+                out.append(_y_axis(sc, side, area))
+        out.append(self._labels(area, syr is not None, sx, syl))
+        base = area.top + area.height
         for s in self.series:
-            sy = scales.get(s.right) or scales.get(not s.right)
-            out.append(_draw(s, sx, sy, area.top + area.height))
+            sy = (syr if s.right else syl) or syl or syr
+            out.append(_draw(s, sx, sy, base))
+        for x, label in self.marks:
+            if sx.ok(x):
+                px = sx(x)
+                out.append(
+                    f'<line x1="{px:.1f}" x2="{px:.1f}" y1="{area.top}" y2="{base}" class="mark"/>'
+                    f'<text x="{px + 3:.1f}" y="{area.top + 11}" class="marklabel">{escape(label)}</text>'
+                )
         out.append(legend)
         out.append("</svg>")
         return "".join(out)
 
-    def _labels(self, a: _Area, has_right: bool) -> str:
-        """The x axis label under the plot, the y label on the left and, if plotted, the y2 label."""
+    def _data_attrs(self, sx: Scale | None, sy: Scale | None) -> str:
+        """Axis limits and the extent of the drawn data, for checks that the axes fit the data."""
+        if sx is None or sy is None:
+            return ""
+        xe, ye = _extent(self._xs(), sx.log), _extent(self._ys(False), sy.log)
+        parts = [f' data-xlim="{sx.lo:.6g},{sx.hi:.6g}" data-ylim="{sy.lo:.6g},{sy.hi:.6g}"']
+        if xe and ye:
+            parts.append(f' data-xdata="{xe[0]:.6g},{xe[1]:.6g}" data-ydata="{ye[0]:.6g},{ye[1]:.6g}"')
+        parts.append(f' data-xlog="{int(sx.log)}" data-ylog="{int(sy.log)}"')
+        if self.ymin is not None and self.ymax is not None:
+            parts.append(' data-yfixed="1"')  # set by the chart (0-100%), not fitted
+        elif self.ymin == 0 and any(s.kind == "bars" for s in self.series):
+            parts.append(' data-ybars="1"')  # bars stand on zero: only the top is fitted
+        return "".join(parts)
+
+    def _labels(self, a: Area, has_right: bool, sx: Scale, sy: Scale | None) -> str:
+        """The x axis label under the plot, the y label on the left and, if plotted, the y2 label;
+        "(log)" marks a log axis."""
+        xl = self.xlabel + (" (log scale)" if sx.log else "")
+        yl = self.ylabel + (" (log scale)" if sy is not None and sy.log else "")
         out = [
             f'<text x="{a.left + a.width / 2}" y="{self.height - 6}" text-anchor="middle" class="label">'
-            f"{escape(self.xlabel)}</text>",
+            f"{escape(xl)}</text>",
             f'<text transform="translate(14 {a.top + a.height / 2}) rotate(-90)" text-anchor="middle" '
-            f'class="label">{escape(self.ylabel)}</text>',
+            f'class="label">{escape(yl)}</text>',
         ]
         if self.y2label and has_right:
             out.append(
@@ -158,10 +255,11 @@ class Chart:
 
     def _legend(self, left: float, pw: float) -> tuple[str, int]:
         """Legend swatches in rows under the title; returns the markup and the number of rows."""
-        if len(self.series) < 2:
+        shown = [s for s in self.series if s.legend]
+        if len(shown) < 2 and len(shown) == len(self.series):
             return "", 0
         parts, x, row = [], left + 4, 0
-        for s in self.series:
+        for s in shown:
             span = 20 + 6.2 * len(s.name)
             if x + span > left + pw and x > left + 4:
                 x, row = left + 4, row + 1
@@ -171,37 +269,25 @@ class Chart:
                 f'<text x="{x + 14:.0f}" y="{y + 9}">{escape(s.name)}</text></g>'
             )
             x += span + 10
-        return "".join(parts), row + 1
+        return "".join(parts), (row + 1 if shown else 0)
 
 
-def _x_axis(xlo: float, xhi: float, a: _Area) -> tuple[str, Callable[[float], float]]:
-    """The plot frame and the x grid with its tick labels, and the x -> pixel scale."""
-    xt = nice_ticks(xlo, xhi if xhi > xlo else xlo + 1)
-    xlo, xhi = min(xt[0], xlo), max(xt[-1], xhi)
-
-    def sx(x: float) -> float:
-        return a.left + (x - xlo) / (xhi - xlo) * a.width
-
+def _x_axis(sx: Scale, a: Area) -> str:
+    """The plot frame and the x grid with its tick labels."""
     out = [f'<rect x="{a.left}" y="{a.top}" width="{a.width}" height="{a.height}" class="plot"/>']
     bottom = a.top + a.height
-    for x in xt:
+    for x in sx.ticks:
         out.append(
             f'<line x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{a.top}" y2="{bottom}" class="grid"/>'
             f'<text x="{sx(x):.1f}" y="{bottom + 16}" text-anchor="middle">{fmt(x)}</text>'
         )
-    return "".join(out), sx
+    return "".join(out)
 
 
-def _y_axis(rng: tuple[float, float], right: bool, a: _Area) -> tuple[str, Callable[[float], float]]:
-    """One y axis's tick labels (the left one with grid lines too), and its y -> pixel scale."""
-    ticks = nice_ticks(*rng)
-    lo, hi = min(ticks[0], rng[0]), max(ticks[-1], rng[1])
-
-    def sy(y: float) -> float:
-        return a.top + a.height - (y - lo) / (hi - lo) * a.height
-
+def _y_axis(sy: Scale, right: bool, a: Area) -> str:
+    """One y axis's tick labels (the left one with grid lines too)."""
     out = []
-    for y in ticks:
+    for y in sy.ticks:
         if right:
             out.append(f'<text x="{a.left + a.width + 6}" y="{sy(y) + 4:.1f}">{fmt(y)}</text>')
         else:
@@ -210,7 +296,7 @@ def _y_axis(rng: tuple[float, float], right: bool, a: _Area) -> tuple[str, Calla
                 'class="grid"/>'
                 f'<text x="{a.left - 6}" y="{sy(y) + 4:.1f}" text-anchor="end">{fmt(y)}</text>'
             )
-    return "".join(out), sy
+    return "".join(out)
 
 
 def _thin(s: Series) -> list[int]:
@@ -221,32 +307,39 @@ def _thin(s: Series) -> list[int]:
     return [int(i * step) for i in range(MAX_POINTS)]
 
 
-def _draw(s: Series, sx, sy, base: float) -> str:
-    idx = [
-        i
-        for i in _thin(s)
-        if s.xs[i] is not None and s.ys[i] is not None and math.isfinite(s.xs[i]) and math.isfinite(s.ys[i])
-    ]
+def _tip(s: Series, i: int) -> str:
+    return f"<title>{escape(s.tips[i])}</title>" if s.tips else ""
+
+
+def _bars(s: Series, idx: list[int], sx: Scale, sy: Scale, base: float) -> str:
+    bars = []
+    for i in idx:
+        if s.x2s is not None:
+            x0, x1 = sx(s.xs[i]), sx(s.x2s[i])
+        else:
+            x0, x1 = sx(s.xs[i] - s.width / 2), sx(s.xs[i] + s.width / 2)
+        y = sy(s.ys[i]) if s.ys[i] > 0 or not sy.log else base
+        bars.append(
+            f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(0.5, x1 - x0 - 1):.1f}" '
+            f'height="{max(0.0, base - y):.1f}">{_tip(s, i)}</rect>'
+        )
+    return f'<g fill="{s.color}" fill-opacity="0.8">{"".join(bars)}</g>'
+
+
+def _draw(s: Series, sx: Scale, sy: Scale, base: float) -> str:
+    ok_y = (lambda v: v is not None and math.isfinite(v)) if s.kind == "bars" else sy.ok
+    idx = [i for i in _thin(s) if sx.ok(s.xs[i]) and ok_y(s.ys[i])]
     if not idx:
         return ""
     c = s.color
     if s.kind == "dots":
-        dots = []
-        for i in idx:
-            tip = f"<title>{escape(s.tips[i])}</title>" if s.tips else ""
-            dots.append(f'<circle cx="{sx(s.xs[i]):.1f}" cy="{sy(s.ys[i]):.1f}" r="2.6">{tip}</circle>')
+        dots = [
+            f'<circle cx="{sx(s.xs[i]):.1f}" cy="{sy(s.ys[i]):.1f}" r="2.6">{_tip(s, i)}</circle>'
+            for i in idx
+        ]
         return f'<g fill="{c}" fill-opacity="0.6">{"".join(dots)}</g>'
     if s.kind == "bars":
-        bars = []
-        for i in idx:
-            x0, x1 = sx(s.xs[i] - s.width / 2), sx(s.xs[i] + s.width / 2)
-            y = sy(s.ys[i])
-            tip = f"<title>{escape(s.tips[i])}</title>" if s.tips else ""
-            bars.append(
-                f'<rect x="{x0:.1f}" y="{y:.1f}" width="{max(0.5, x1 - x0 - 1):.1f}" '
-                f'height="{max(0.0, base - y):.1f}">{tip}</rect>'
-            )
-        return f'<g fill="{c}" fill-opacity="0.8">{"".join(bars)}</g>'
+        return _bars(s, idx, sx, sy, base)
     pts = []
     prev_y = None
     for i in idx:
@@ -257,6 +350,6 @@ def _draw(s: Series, sx, sy, base: float) -> str:
         prev_y = y
     dash = ' stroke-dasharray="5 4"' if s.dash else ""
     return (
-        f'<polyline fill="none" stroke="{c}" stroke-width="1.8"{dash} points="{" ".join(pts)}">'
+        f'<polyline fill="none" stroke="{c}" stroke-width="{s.stroke:g}"{dash} points="{" ".join(pts)}">'
         f"<title>{escape(s.name)}</title></polyline>"
     )

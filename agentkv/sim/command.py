@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from agentkv.engine.config import EngineConfig, add_engine_args
+from agentkv.metrics.flags import add_output_flags
 from agentkv.placement import POLICIES, add_kv_weight_arg
 from agentkv.trace.command import add_trace_args
 
@@ -51,7 +52,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="run the sweep's points as Ray tasks: on the cluster at ADDRESS (auto, ray://host:port, "
         "host:port) or, with no address, a new local cluster (needs pip install 'agentkv[ray]')",
     )
-    p.add_argument("--out", default=None, help="write summary.json and requests.jsonl here")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="write requests.jsonl, summary.json, records.csv, vllm_result.json and report.html here "
+        "(a --sweep: one summary per point)",
+    )
+    add_output_flags(p)
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_engine_args(p)
@@ -91,10 +99,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     """Entry point of `agentkv simulate`: one run with a progress bar, or a sweep grid."""
     import msgspec
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentkv.metrics.view import print_summary
-    from agentkv.sim.cluster import simulate
 
     console = Console(stderr=True)
     cfg = sim_config_from_args(args)
@@ -107,16 +113,14 @@ def simulate_command(args: argparse.Namespace) -> int:
 
         return run_sweep(args, cfg, console)
     traces, notes = load_traces(args)
-    if args.quiet or not sys.stderr.isatty():
-        res = simulate(traces, cfg)
-    else:
-        columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task("sim", total=None)
-            res = simulate(traces, cfg, progress=lambda d, t: bar.update(task, completed=d, total=t))
+    res, itl = _run(traces, cfg, console, args.quiet or not sys.stderr.isatty())
     res.summary.notes[:0] = notes
+    if args.percentiles:
+        from agentkv.metrics.summary import with_percentiles
+
+        res.summary = with_percentiles(res.summary, res.records, itl, args.percentiles)
     if args.out:
-        write_run(res, Path(args.out))
+        write_run(res, Path(args.out), report=not args.no_report, itl_values=itl)
     if args.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(res.summary), indent=2).decode() + "\n")
     else:
@@ -129,6 +133,22 @@ def simulate_command(args: argparse.Namespace) -> int:
     return exit_code(res.summary)
 
 
+def _run(traces, cfg, console, quiet: bool):
+    """One simulated run (with a progress bar unless `quiet`); its result and every token gap."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from agentkv.sim.cluster import Cluster
+
+    if quiet:
+        cluster = Cluster(traces, cfg)
+        return cluster.run(), cluster.itl
+    columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("sim", total=None)
+        cluster = Cluster(traces, cfg, lambda d, t: bar.update(task, completed=d, total=t))
+        return cluster.run(), cluster.itl
+
+
 def exit_code(summary) -> int:
     """EXIT_INVALID (as bench) when the simulated run is invalid, with why on stderr; else 0."""
     from agentkv.metrics.validity import EXIT_INVALID, invalid_line
@@ -139,13 +159,13 @@ def exit_code(summary) -> int:
     return EXIT_INVALID
 
 
-def write_run(res, out: Path) -> None:
-    """requests.jsonl and summary.json of one run into `out`."""
+def write_run(res, out: Path, report: bool = True, itl_values=None) -> None:
+    """requests.jsonl, then what bench writes too (agentkv.metrics.export), of one run into `out`."""
+    from agentkv.metrics.export import write_outputs
     from agentkv.metrics.records import encode_record
-    from agentkv.metrics.summary import write_summary
 
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "requests.jsonl", "wb") as f:
         for r in res.records:
             f.write(encode_record(r) + b"\n")
-    write_summary(res.summary, out / "summary.json")
+    write_outputs(out, res.summary, res.records, report=report, itl_values=itl_values)

@@ -1,24 +1,21 @@
-"""The self-contained report.html of a run: headline figures, five plots, per-session and error tables.
+"""The self-contained report.html of a run: headline figures, latency over time and distributions,
+cache and load, per-session swim lanes, hit rates and context growth, tables and the configuration.
 
 Everything is inline (CSS, SVG, a few lines of JavaScript to sort tables): no network, no CDN.
-Works for `bench` and `simulate` runs alike, since both write the same records and summary.
+Written by `bench` and `simulate` alike (layer 4, so both applications can import it), since both
+write the same records and summary.
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
 from html import escape
 from pathlib import Path
 
-import msgspec
-import numpy as np
-
 from agentkv.metrics.records import RequestRecord
-from agentkv.metrics.summary import Dist, Summary
-from agentkv.metrics.svg import PALETTE, Chart, Series
+from agentkv.metrics.report_charts import cache_chart, distribution_charts, load_chart, over_time_chart
+from agentkv.metrics.report_sessions import context_chart, hit_rate_svg, swimlanes_svg
+from agentkv.metrics.summary import Summary
 from agentkv.metrics.view import clocks_line
-
-MAX_SESSIONS_PLOTTED = 24
 
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1340px;
@@ -32,7 +29,9 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 10px}.sub{color
 .grid{display:flex;flex-wrap:wrap;gap:14px}.panel{background:#fff;border:1px solid #e5e7eb;border-radius:8px;padding:6px}
 svg.chart{max-width:100%;height:auto}svg.chart text{font-size:11px;fill:#374151}svg.chart .title{font-size:13px;font-weight:600}
 svg.chart .label{font-size:12px}svg.chart .plot{fill:#fff;stroke:#d1d5db}svg.chart .grid{stroke:#eef0f3}
-svg.chart .empty{fill:#9ca3af;font-size:14px}
+svg.chart .empty{fill:#9ca3af;font-size:14px}svg.chart .mark{stroke:#111827;stroke-dasharray:3 3}
+svg.chart .marklabel{font-size:11px;fill:#111827}.config{display:flex;gap:14px;align-items:flex-start}.config table{flex:1}
+.config td:last-child{text-align:left;word-break:break-all}
 table{border-collapse:collapse;background:#fff;font-size:13px}th,td{border:1px solid #e5e7eb;padding:4px 8px;
 text-align:right}th{background:#f3f4f6;cursor:pointer;user-select:none}td:first-child,th:first-child{text-align:left}
 .notes li{font-size:13px;color:#374151}code{font-size:12px;white-space:pre-wrap;word-break:break-all}
@@ -56,7 +55,10 @@ document.querySelectorAll('table.sortable th').forEach(function (th, col) {
 
 
 def _ms(v: float | None) -> str:
-    return "-" if v is None else f"{v * 1000:,.1f} ms"
+    """A latency in seconds as "12.3 ms", or "45.6 s" from 10 s on (long waits read as seconds)."""
+    if v is None:
+        return "-"
+    return f"{v:,.1f} s" if abs(v) >= 10 else f"{v * 1000:,.1f} ms"
 
 
 def _pct(v: float | None) -> str:
@@ -82,155 +84,20 @@ def _table(headers: list[str], rows: list[list], sortable: bool = True) -> str:
     return f"<table{cls}><thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>"
 
 
-def ttft_chart(records: list[RequestRecord]) -> Chart:
-    ok = [r for r in records if r.ok and r.ttft is not None]
-    c = Chart("TTFT vs input length", "input tokens", "TTFT (ms)")
-    for depth, name in ((0, "main session"), (1, "sub-agent")):
-        rs = [r for r in ok if (r.depth > 0) == bool(depth)]
-        if rs:
-            c.add(
-                Series(
-                    name,
-                    [r.input_tokens for r in rs],
-                    [r.ttft * 1000 for r in rs],
-                    "dots",
-                    tips=[
-                        f"#{r.id} {r.session}: {r.input_tokens:,} in, cached {r.cached_tokens}, "
-                        f"TTFT {r.ttft * 1000:,.1f} ms"
-                        for r in rs
-                    ],
-                )
-            )
-    return c
+def _pct_keys(s: Summary) -> list[str]:
+    """The percentiles the summary holds (--percentiles), in order; the fixed three for old summaries."""
+    for d in (s.ttft, s.tpot, s.itl, s.e2e):
+        if d.percentiles:
+            return list(d.percentiles)
+    return ["p50", "p90", "p99"]
 
 
-def tpot_chart(records: list[RequestRecord]) -> Chart:
-    v = np.asarray([r.tpot * 1000 for r in records if r.ok and r.tpot is not None], dtype=float)
-    c = Chart("TPOT distribution", "TPOT (ms per output token)", "requests")
-    if v.size:
-        counts, edges = np.histogram(v, bins=min(40, max(5, int(np.sqrt(v.size)) + 1)))
-        mids = ((edges[:-1] + edges[1:]) / 2).tolist()
-        c.add(
-            Series(
-                "requests",
-                mids,
-                counts.astype(float).tolist(),
-                "bars",
-                width=float(edges[1] - edges[0]),
-                tips=[
-                    f"{a:,.2f}-{b:,.2f} ms: {n}"
-                    for a, b, n in zip(edges[:-1], edges[1:], counts, strict=True)
-                ],
-            )
-        )
-    return c
-
-
-def cache_chart(records: list[RequestRecord], s: Summary) -> Chart:
-    c = Chart("Cache hit over time", "time (s)", "hit rate (%)", ymin=0, ymax=100)
-    done = sorted((r for r in records if r.ok), key=lambda r: r.end)
-    rep = [r for r in done if r.cached_tokens is not None and r.input_tokens]
-    if rep:
-        c.add(
-            Series(
-                "per request (reported)",
-                [r.end for r in rep],
-                [100 * r.cached_tokens / r.input_tokens for r in rep],
-                "dots",
-                tips=[f"#{r.id}: {r.cached_tokens:,} of {r.input_tokens:,} cached" for r in rep],
-            )
-        )
-        cum_c = np.cumsum([r.cached_tokens for r in rep])
-        cum_i = np.cumsum([r.input_tokens for r in rep])
-        c.add(Series("cumulative (reported)", [r.end for r in rep], (100 * cum_c / cum_i).tolist(), "line"))
-    if done:  # the ceiling counts the trace's tokens (the server's may differ: a chat template)
-        cum_ceil = np.cumsum([r.ceiling_tokens for r in done])
-        cum_in = np.cumsum([max(1, r.trace_input_tokens or r.input_tokens) for r in done])
-        c.add(
-            Series(
-                "cumulative ceiling",
-                [r.end for r in done],
-                (100 * cum_ceil / cum_in).tolist(),
-                "line",
-                dash=True,
-            )
-        )
-    xs, ys = [], []
-    for a, b in zip(s.timeline, s.timeline[1:], strict=False):
-        if None in (a.prefix_hits, a.prefix_queries, b.prefix_hits, b.prefix_queries):
-            continue
-        dq = b.prefix_queries - a.prefix_queries
-        if dq > 0:
-            xs.append(b.t)
-            ys.append(100 * (b.prefix_hits - a.prefix_hits) / dq)
-    if xs:
-        c.add(Series("server metrics (per interval)", xs, ys, "step"))
-    return c
-
-
-def load_chart(s: Summary) -> Chart:
-    tl = s.timeline
-    c = Chart(
-        "In-flight requests and KV usage over time",
-        "time (s)",
-        "requests",
-        "KV cache usage (%)",
-        y2min=0,
-        y2max=100,
-    )
-    if tl:
-        ts = [p.t for p in tl]
-        if any(p.running is not None for p in tl):
-            c.add(Series("running (server)", ts, [p.running for p in tl], "step"))
-            c.add(Series("waiting (server)", ts, [p.waiting for p in tl], "step"))
-        c.add(Series("in flight (client)", ts, [p.in_flight for p in tl], "step", dash=True))
-        if any(p.kv_usage is not None for p in tl):
-            c.add(
-                Series(
-                    "KV usage",
-                    ts,
-                    [None if p.kv_usage is None else 100 * p.kv_usage for p in tl],
-                    "line",
-                    right=True,
-                )
-            )
-    return c
-
-
-def context_chart(records: list[RequestRecord]) -> Chart:
-    c = Chart("Per-session context growth", "time (s)", "input tokens", width=1300, height=340)
-    trees: dict[str, list[RequestRecord]] = defaultdict(list)
-    for r in records:
-        trees[r.tree or r.session].append(r)
-    largest = sorted(trees, key=lambda k: -max(r.input_tokens for r in trees[k]))[:MAX_SESSIONS_PLOTTED]
-    for n, key in enumerate(sorted(largest)):
-        rs = sorted(trees[key], key=lambda r: r.scheduled)
-        color = PALETTE[n % len(PALETTE)]
-        main = [r for r in rs if r.depth == 0]
-        subs = [r for r in rs if r.depth > 0]
-        if main:
-            c.add(
-                Series(key, [r.scheduled for r in main], [r.input_tokens for r in main], "line", color=color)
-            )
-        if subs:
-            c.add(
-                Series(
-                    f"{key} sub-agents",
-                    [r.scheduled for r in subs],
-                    [r.input_tokens for r in subs],
-                    "dots",
-                    color=color,
-                    tips=[f"{r.session} #{r.index}: {r.input_tokens:,} tokens" for r in subs],
-                )
-            )
-    return c
-
-
-def _dist_rows(s: Summary) -> list[list]:
+def _dist_rows(s: Summary, keys: list[str]) -> list[list]:
     rows = []
-    d: Dist
     for name, d in (("TTFT", s.ttft), ("TPOT", s.tpot), ("ITL", s.itl), ("E2E", s.e2e)):
-        rows.append([name, _ms(d.mean), _ms(d.p50), _ms(d.p90), _ms(d.p99), _ms(d.max), f"{d.count:,}"])
+        ps = d.percentiles or {"p50": d.p50, "p90": d.p90, "p99": d.p99}
+        cells = [_ms(ps.get(k)) for k in keys]
+        rows.append([name, _ms(d.mean), _ms(d.std), *cells, _ms(d.max), f"{d.count:,}"])
     return rows
 
 
@@ -276,24 +143,36 @@ def _heading(s: Summary, title: str) -> str:
     return "".join(parts)
 
 
-def _plots(s: Summary, records: list[RequestRecord]) -> str:
-    """The four half-width charts, then the full-width context growth chart."""
-    charts = [ttft_chart(records), tpot_chart(records), cache_chart(records, s), load_chart(s)]
+def _panels(charts) -> str:
+    return "".join(f'<div class="panel">{c if isinstance(c, str) else c.svg()}</div>' for c in charts)
+
+
+def _plots(s: Summary, records: list[RequestRecord], itl_values) -> str:
+    """Latency over time and distributions, cache and load (half width), then the per-session
+    views (full width)."""
+    over_time = [
+        over_time_chart(records, "ttft", "TTFT over time", "TTFT (ms)"),
+        over_time_chart(records, "tpot", "TPOT over time", "TPOT (ms per output token)"),
+    ]
     return (
-        '<h2>Plots</h2><div class="grid">'
-        + "".join(f'<div class="panel">{c.svg()}</div>' for c in charts)
-        + f'<div class="panel">{context_chart(records).svg()}</div></div>'
+        '<h2>Latency over time</h2><div class="grid">'
+        + _panels(over_time)
+        + '</div><h2>Latency distributions</h2><div class="grid">'
+        + _panels(distribution_charts(s, records, itl_values))
+        + '</div><h2>Cache and load</h2><div class="grid">'
+        + _panels([cache_chart(records, s), load_chart(s)])
+        + '</div><h2>Sessions over time</h2><div class="grid">'
+        + _panels([swimlanes_svg(records), hit_rate_svg(records), context_chart(records)])
+        + "</div>"
     )
 
 
 def _latency(s: Summary) -> str:
     line = clocks_line(s)
     clock = f'<div class="sub">{escape(line)}</div>' if line else ""
-    return (
-        "<h2>Latency</h2>"
-        + clock
-        + _table(["metric", "mean", "p50", "p90", "p99", "max", "count"], _dist_rows(s), sortable=False)
-    )
+    keys = _pct_keys(s)
+    headers = ["metric", "mean", "std", *keys, "max", "count"]
+    return "<h2>Latency</h2>" + clock + _table(headers, _dist_rows(s, keys), sortable=False)
 
 
 def _errors(s: Summary) -> str:
@@ -363,16 +242,62 @@ def _sessions(s: Summary) -> str:
     return "<h2>Sessions</h2>" + _table(_SESSION_HEADERS, rows)
 
 
+def _flat(prefix: str, v, out: list[list[str]]) -> None:
+    """Nested settings as (dotted key, value) rows; long lists shortened with their length."""
+    if isinstance(v, dict):
+        for k, x in v.items():
+            _flat(f"{prefix}.{k}" if prefix else str(k), x, out)
+    elif isinstance(v, list) and v and not isinstance(v[0], (dict, list)):
+        shown = ", ".join(str(x) for x in v[:12])
+        out.append([prefix, shown + (f", … ({len(v)} in all)" if len(v) > 12 else "")])
+    else:
+        out.append([prefix, "-" if v is None else str(v).lower() if isinstance(v, bool) else str(v)])
+
+
 def _config(s: Summary) -> str:
-    cfg = msgspec.json.encode(s.config).decode()
-    return f"<h2>Configuration</h2><code>{escape(cfg)}</code>"
+    """The run's settings as a two-column table (nested settings flattened to dotted keys)."""
+    rows: list[list[str]] = []
+    _flat("", s.config, rows)
+    if not rows:
+        return ""
+    half = (len(rows) + 1) // 2
+    tables = "".join(
+        _table(["setting", "value"], part, sortable=False) for part in (rows[:half], rows[half:]) if part
+    )
+    return f'<h2>Configuration</h2><div class="config">{tables}</div>'
 
 
-def render_report(s: Summary, records: list[RequestRecord]) -> str:
-    """The report page as one HTML string."""
-    title = f"agentkv {s.kind}: {s.target}"
+def title_of(s: Summary) -> str:
+    """`agentkv bench: MODEL on TARGET`: the served model, and the embedded server described rather
+    than its throwaway loopback URL."""
+    cfg = s.config or {}
+    model = cfg.get("model") or (cfg.get("engine") or {}).get("model") or ""
+    target = s.target
+    server = cfg.get("server") or {}
+    if any(n.startswith("target: the embedded server") for n in s.notes):
+        gpu = server.get("gpu") or "simulated GPU"
+        target = f"the embedded agentkv serve (simulated {str(gpu).upper()}, time scale {cfg.get('time_scale', 1):g})"
+    elif server.get("engine") == "agentkv":
+        target = f"agentkv serve at {s.target}"
+    if s.kind == "simulate":
+        return f"agentkv simulate: {s.target}"
+    return f"agentkv {s.kind}: {model} on {target}" if model else f"agentkv {s.kind}: {target}"
+
+
+def render_report(s: Summary, records: list[RequestRecord], itl_values=None) -> str:
+    """The report page as one HTML string; `itl_values` (every token gap, seconds) feeds the ITL
+    histogram when the run kept them."""
+    title = title_of(s)
     body = "".join(
-        (_heading(s, title), _plots(s, records), _latency(s), _errors(s), _gpu(s), _sessions(s), _config(s))
+        (
+            _heading(s, title),
+            _latency(s),
+            _plots(s, records, itl_values),
+            _errors(s),
+            _gpu(s),
+            _sessions(s),
+            _config(s),
+        )
     )
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(title)}</title>'
@@ -381,8 +306,8 @@ def render_report(s: Summary, records: list[RequestRecord]) -> str:
     )
 
 
-def write_report(s: Summary, records: list[RequestRecord], path: str | Path) -> Path:
+def write_report(s: Summary, records: list[RequestRecord], path: str | Path, itl_values=None) -> Path:
     """Write report.html (UTF-8) and return its path."""
     p = Path(path)
-    p.write_text(render_report(s, records), encoding="utf-8")
+    p.write_text(render_report(s, records, itl_values), encoding="utf-8")
     return p
