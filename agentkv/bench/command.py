@@ -310,6 +310,7 @@ def _write_outputs(args: argparse.Namespace, result, out: Path) -> None:
 
     from agentkv.metrics.summary import write_summary
     from agentkv.metrics.view import print_summary, sessions_table
+    from agentkv.terminal import show
 
     write_summary(result.summary, out / "summary.json")
     if not args.no_report:
@@ -322,7 +323,7 @@ def _write_outputs(args: argparse.Namespace, result, out: Path) -> None:
         con = Console()
         print_summary(result.summary, con)
         if result.summary.sessions:
-            con.print(sessions_table(result.summary))
+            show(con, sessions_table(result.summary))
         files = "requests.jsonl, summary.json" + ("" if args.no_report else ", report.html")
         con.print(f"[dim]wrote {files} to {out}[/dim]")
 

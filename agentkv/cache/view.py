@@ -15,6 +15,7 @@ from rich.table import Table
 
 from agentkv.cache.analyze import Analysis, CellResult
 from agentkv.errors import UserError
+from agentkv.terminal import show
 
 PLOT_SUFFIXES = (".html", ".svg")
 _STYLE = (
@@ -87,7 +88,7 @@ def render(a: Analysis, console: Console) -> None:
         f"{a.model} {a.kv_cache_dtype} KV, {a.kv_bytes_per_token:,} bytes a token; {order}"
     )
     for t in tables(a):
-        console.print(t)
+        show(console, t)
     if any(r.too_big for r in a.results):
         console.print(
             "[yellow]too big: requests larger than the whole pool; not replayed, their input tokens "

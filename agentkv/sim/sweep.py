@@ -21,6 +21,7 @@ from agentkv.metrics.summary import Summary, write_summary
 from agentkv.metrics.validity import EXIT_INVALID
 from agentkv.metrics.view import ms, num, pct
 from agentkv.sim.cluster import SimConfig, simulate
+from agentkv.terminal import show
 from agentkv.units import parse_capacity, parse_duration
 
 _GIB = float(1 << 30)
@@ -170,7 +171,7 @@ def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> in
         out = [{"overrides": o, "summary": msgspec.to_builtins(s)} for o, s in results]
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
     else:
-        Console().print(_table(list(grid[0]), results))
+        show(Console(), _table(list(grid[0]), results))
     if args.out:
         out_dir = Path(args.out)
         out_dir.mkdir(parents=True, exist_ok=True)
