@@ -12,6 +12,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+EXIT_INTERRUPTED = 130  # a run stopped by Ctrl-C (what finished is written), as a shell reports SIGINT
+
 
 def compact(x: float) -> str:
     """A count in a few characters (950, 21.3k, 4.87M, 1.02B), for cells that must stay narrow."""
@@ -94,8 +96,8 @@ def ignore_sigint() -> None:
 class StopRequest:
     """`with StopRequest(note) as stop:` the first SIGINT sets `stop.requested` (and prints `note`
     on stderr) so the work can finish or drop the item in hand and write what is done; a second
-    raises KeyboardInterrupt. Leaves SIGINT alone off the main thread or when it is ignored (a
-    background job)."""
+    raises KeyboardInterrupt. Installed even when the shell started us with SIGINT ignored (a
+    background job), as bench does; a no-op off the main thread."""
 
     def __init__(self, note: str = "") -> None:
         self.note, self.requested, self._old = note, False, None
@@ -115,9 +117,7 @@ class StopRequest:
 
     def __enter__(self) -> StopRequest:
         if threading.current_thread() is threading.main_thread():
-            old = signal.getsignal(signal.SIGINT)
-            if old is not signal.SIG_IGN:
-                self._old = signal.signal(signal.SIGINT, self._on_signal)
+            self._old = signal.signal(signal.SIGINT, self._on_signal)
         return self
 
     def __exit__(self, *exc) -> None:

@@ -75,9 +75,8 @@ def analyze_command(args: argparse.Namespace) -> int:
     """`agentkv cache analyze`: load the traces (or the bundled sample), run the grid, print and plot."""
     import msgspec
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentkv.cache.analyze import analyze, default_jobs
+    from agentkv.cache.analyze import default_jobs
     from agentkv.cache.grid import make_grid
     from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
     from agentkv.trace.formats import bundled_sample, load_paths
@@ -101,25 +100,7 @@ def analyze_command(args: argparse.Namespace) -> int:
         args.concurrency,
     )
     traces = load_paths(args.paths or bundled_sample(), args.format)
-    err = Console(stderr=True)
-    if args.quiet or not err.is_terminal:
-        result = analyze(traces, grid, jobs=jobs)
-    else:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("preparing accesses", total=None)
-            result = analyze(
-                traces,
-                grid,
-                jobs=jobs,
-                progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
-            )
+    result = _run(args, traces, grid, jobs)
     if plot is not None:
         write_plot(result, plot)
     if args.json:
@@ -129,4 +110,44 @@ def analyze_command(args: argparse.Namespace) -> int:
         render(result, console)
         if plot is not None:
             console.print(f"chart: {plot}")
+    if result.interrupted:
+        from agentkv.terminal import EXIT_INTERRUPTED
+
+        total = len(grid.capacities) * len(grid.block_sizes) * len(grid.policies)
+        print(f"agentkv: interrupted: {len(result.results)} of {total} replays done (shown)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
+
+
+def _run(args: argparse.Namespace, traces, grid, jobs: int):
+    """The analysis, with a progress bar and ETA on a terminal; the first Ctrl-C keeps the replays
+    finished and drops the ones in hand, a second stops at once."""
+    from rich.console import Console
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from agentkv.cache.analyze import analyze
+    from agentkv.terminal import StopRequest
+
+    err = Console(stderr=True)
+    show = not args.quiet and err.is_terminal
+    note = "agentkv: stopping: keeping the finished replays (Ctrl-C again to quit now)"
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with (
+        StopRequest(note) as stop,
+        Progress(*columns, TimeRemainingColumn(), console=err, transient=True, disable=not show) as bar,
+    ):
+        task = bar.add_task("preparing accesses", total=None)
+        return analyze(
+            traces,
+            grid,
+            jobs=jobs,
+            progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
+            stop=stop,
+        )

@@ -91,10 +91,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     """Entry point of `agentkv simulate`: one run with a progress bar, or a sweep grid."""
     import msgspec
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from agentkv.metrics.view import print_summary
-    from agentkv.sim.cluster import simulate
 
     console = Console(stderr=True)
     cfg = sim_config_from_args(args)
@@ -106,14 +104,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         from agentkv.sim.sweep import run_sweep
 
         return run_sweep(args, cfg, console)
-    traces = load_traces(args.paths, args.format)
-    if args.quiet or not sys.stderr.isatty():
-        res = simulate(traces, cfg)
-    else:
-        columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=console, transient=True) as bar:
-            task = bar.add_task("sim", total=None)
-            res = simulate(traces, cfg, progress=lambda d, t: bar.update(task, completed=d, total=t))
+    res, interrupted = _run_one(args, cfg, console)
     if args.out:
         write_run(res, Path(args.out))
     if args.json:
@@ -125,7 +116,60 @@ def simulate_command(args: argparse.Namespace) -> int:
             f"({res.sim_s / max(res.wall_s, 1e-9):,.0f}x real time, "
             f"{len(res.records) / max(res.wall_s, 1e-9):,.0f} requests per wall second)[/dim]"
         )
+    if interrupted:
+        print("agentkv: interrupted: the summary covers the requests released before Ctrl-C", file=sys.stderr)
+        from agentkv.terminal import EXIT_INTERRUPTED
+
+        return EXIT_INTERRUPTED
     return exit_code(res.summary)
+
+
+def _run_one(args: argparse.Namespace, cfg, console):
+    """(result, interrupted): one simulated run with a progress bar (and ETA) on a terminal. The
+    first Ctrl-C stops releasing requests, lets those in flight finish and keeps the run; a second
+    stops at once."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    from agentkv.sim.cluster import Cluster
+    from agentkv.terminal import StopRequest
+
+    cluster = Cluster(load_traces(args.paths, args.format), cfg)
+    show = not args.quiet and sys.stderr.isatty()
+    columns = (
+        TextColumn("simulating"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+    )
+    note = "agentkv: stopping: finishing the requests in flight (Ctrl-C again to quit now)"
+    with (
+        StopRequest(note) as stop,
+        Progress(*columns, console=console, transient=True, disable=not show) as bar,
+    ):
+        task = bar.add_task("sim", total=None)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            if stop.requested:
+                cluster.plan.stop()  # idempotent: nothing more is released
+
+        cluster.progress = progress
+        res = cluster.run()
+    if stop.requested:
+        res.summary.notes.append(
+            f"interrupted (Ctrl-C) after {len(res.records):,} of {cluster.total:,} requests: "
+            "no request was released after it, those in flight finished"
+        )
+    return res, stop.requested
 
 
 def exit_code(summary) -> int:
