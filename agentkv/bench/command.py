@@ -36,10 +36,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_bench_args(p)
     p.set_defaults(func=bench_command)
-    p = sub.add_parser("compare", help="two run summaries (bench or simulate) side by side, with differences")
-    p.add_argument("a", metavar="A", help="summary.json or a run folder")
-    p.add_argument("b", metavar="B", help="summary.json or a run folder")
+    p = sub.add_parser(
+        "compare",
+        help="N runs (bench or simulate) against the first: better/worse beyond a noise band, "
+        "warnings when they replayed different requests or settings",
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="summary.json files or run folders (with requests.jsonl: the noise band and request "
+        "set come from it); the first is the baseline",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE.html",
+        help="also write the comparison as a self-contained HTML page",
+    )
     p.set_defaults(func=compare_command)
 
 
