@@ -90,7 +90,12 @@ def _load_args(p) -> None:
 
 def _request_args(p) -> None:
     """Requests."""
-    p.add_argument("--api", default="completions", choices=["completions", "chat"])
+    p.add_argument(
+        "--api",
+        default="completions",
+        choices=["completions", "chat"],
+        help="/v1/completions or /v1/chat/completions (default completions)",
+    )
     p.add_argument(
         "--prompt-mode",
         default=None,
@@ -110,7 +115,7 @@ def _request_args(p) -> None:
 
 def _replay_args(p) -> None:
     """Replay."""
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the replay plan (default 0)")
     p.add_argument(
         "--warm-start", action="store_true", help="start each lane's first trace at a random point"
     )

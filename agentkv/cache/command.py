@@ -137,6 +137,8 @@ def _run(args: argparse.Namespace, traces, grid, jobs: int):
 
     err = Console(stderr=True)
     show = not args.quiet and err.is_terminal
+    if not args.quiet and not show:  # no bar (piped): one line, so a long run is not silent
+        err.print("analyzing (Ctrl-C stops and keeps the finished replays)", highlight=False)
     note = "agentkv: stopping: keeping the finished replays (Ctrl-C again to quit now)"
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with (

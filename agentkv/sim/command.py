@@ -22,16 +22,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_trace_args(p)
     p.add_argument("--workers", type=int, default=1, help="simulated engines (default 1)")
     p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
-    p.add_argument("--router", default="kv_aware", choices=POLICIES)
+    p.add_argument(
+        "--router", default="kv_aware", choices=POLICIES, help="placement policy (default kv_aware)"
+    )
     add_kv_weight_arg(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the replay plan (default 0)")
     p.add_argument(
         "--warm-start", action="store_true", help="start each lane's first trace at a random point"
     )
     p.add_argument(
         "--idle-gap-cap", default="10s", help="longest gap while nothing is in flight (default 10s)"
     )
-    p.add_argument("--max-requests", type=int, default=None)
+    p.add_argument("--max-requests", type=int, default=None, help="stop after releasing this many requests")
     p.add_argument(
         "--duration", default=None, help="stop releasing requests after this simulated time, e.g. 10m"
     )
@@ -142,6 +144,10 @@ def _run_one(args: argparse.Namespace, cfg, console):
 
     cluster = Cluster(load_traces(args.paths, args.format), cfg)
     show = not args.quiet and sys.stderr.isatty()
+    if not args.quiet and not show:  # no bar (piped): one line, so a long run is not silent
+        print(
+            f"simulating {cluster.total:,} requests (Ctrl-C stops and keeps what finished)", file=sys.stderr
+        )
     columns = (
         TextColumn("simulating"),
         BarColumn(),

@@ -18,7 +18,12 @@ def add_trace_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "paths", nargs="*", metavar="TRACE", help="trace files or directories (default: bundled sample)"
     )
-    p.add_argument("--format", default="auto", choices=TRACE_FORMATS)
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=TRACE_FORMATS,
+        help="trace format (default: detect from file name and content)",
+    )
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
