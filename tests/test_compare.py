@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import shutil
 import subprocess
 import sys
 
@@ -161,3 +163,45 @@ def test_bad_inputs_are_one_line(tmp_path):
     ):
         p = _cli(*args)
         assert p.returncode == 2 and needle in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def _bars(html: str, title: str) -> tuple[list[tuple[float, float]], tuple[float, float]]:
+    """(y, height) of each bar and (top, height) of the plot frame, in the chart titled `title`."""
+    svg = next(s for s in html.split("<svg")[1:] if f'aria-label="{title}"' in s)
+    frame = re.search(r'<rect x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)" class="plot"', svg)
+    bars = re.findall(r'<rect x="[\d.]+" y="([\d.]+)" width="[\d.]+" height="([\d.]+)"><title>', svg)
+    return [(float(y), float(h)) for y, h in bars], (float(frame[1]), float(frame[2]))
+
+
+def test_html_bars_fit_their_axes_and_render(tmp_path):
+    rng = np.random.default_rng(4)
+    base = rng.uniform(0.1, 0.2, 100)
+    runs = [
+        _run("a", _records(base, 800)),
+        _run("b", _records(base * 2, 800)),
+        _run("c", _records(base * 3, 900)),
+    ]
+    from agentkv.bench.compare_view import write_html
+
+    rows = compare(runs)
+    page = tmp_path / "compare.html"
+    write_html(runs, rows, config_diff(runs), warnings(runs, config_diff(runs)), page)
+    html = page.read_text()
+    bars, (top, height) = _bars(html, "TTFT p50")
+    values = [c.value for c in next(r for r in rows if r.name == "TTFT p50").cells]
+    assert len(bars) == 3
+    for (y, h), v in zip(bars, values, strict=True):
+        assert top <= y and y + h == pytest.approx(top + height, abs=0.2)  # inside the frame, on zero
+        assert h / bars[-1][1] == pytest.approx(v / values[-1], rel=0.02)  # heights follow the values
+    assert bars[-1][1] > 0.5 * height  # the axis is fitted to the data, not far above it
+    exe = shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        pytest.skip("no chromium to render the page (the SVG was checked above)")
+    shot = tmp_path / "compare.png"
+    args = ["--headless", "--no-sandbox", "--disable-gpu", f"--user-data-dir={tmp_path / 'profile'}"]
+    subprocess.run(
+        [exe, *args, f"--screenshot={shot}", "--window-size=1200,1400", page.as_uri()],
+        capture_output=True,
+        timeout=120,
+    )
+    assert shot.exists() and shot.stat().st_size > 20_000  # a rendering, not a blank page
