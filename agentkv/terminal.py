@@ -88,6 +88,21 @@ def show(console: Console, table: Table) -> None:
         console.width = width
 
 
+def progress_bar(console: Console, label: str = "{task.description}", show: bool = True):
+    """The progress bar of long work: label, bar, done/total, elapsed and ETA (`show=False`: silent)."""
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
+
+    columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"))
+    return Progress(*columns, TimeRemainingColumn(), console=console, transient=True, disable=not show)
+
+
 def ignore_sigint() -> None:
     """In a worker process: leave Ctrl-C to the parent, which decides what to keep."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)

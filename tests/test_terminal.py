@@ -16,7 +16,7 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from agentkv.cli import build_parser
+from agentkv.cli import build_parser, main
 from agentkv.terminal import show
 
 ENV = {**os.environ, "COLUMNS": "80"}
@@ -97,25 +97,7 @@ def _interrupt(args: list[str], marker: str, delay: float = 0.3) -> tuple[subpro
 
 def test_simulate_first_ctrl_c_keeps_what_finished(tmp_path):
     synth = tmp_path / "synth"
-    p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "agentkv.cli",
-            "trace",
-            "synth",
-            "--sessions",
-            "12",
-            "--seed",
-            "3",
-            "-o",
-            str(synth),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert p.returncode == 0, p.stderr
+    assert main(["trace", "synth", "--sessions", "12", "--seed", "3", "-o", str(synth)]) == 0
     res, err = _interrupt(["simulate", str(synth), "--out", str(tmp_path / "out")], "simulating")
     assert res.returncode == 130 and "Traceback" not in err and "interrupted" in err
     s = json.loads((tmp_path / "out" / "summary.json").read_text())

@@ -123,28 +123,16 @@ def _run(args: argparse.Namespace, traces, grid, jobs: int):
     """The analysis, with a progress bar and ETA on a terminal; the first Ctrl-C keeps the replays
     finished and drops the ones in hand, a second stops at once."""
     from rich.console import Console
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
 
     from agentkv.cache.analyze import analyze
-    from agentkv.terminal import StopRequest
+    from agentkv.terminal import StopRequest, progress_bar
 
     err = Console(stderr=True)
     show = not args.quiet and err.is_terminal
     if not args.quiet and not show:  # no bar (piped): one line, so a long run is not silent
         err.print("analyzing (Ctrl-C stops and keeps the finished replays)", highlight=False)
     note = "agentkv: stopping: keeping the finished replays (Ctrl-C again to quit now)"
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with (
-        StopRequest(note) as stop,
-        Progress(*columns, TimeRemainingColumn(), console=err, transient=True, disable=not show) as bar,
-    ):
+    with StopRequest(note) as stop, progress_bar(err, show=show) as bar:
         task = bar.add_task("preparing accesses", total=None)
         return analyze(
             traces,

@@ -130,17 +130,8 @@ def _run_one(args: argparse.Namespace, cfg, console):
     """(result, interrupted): one simulated run with a progress bar (and ETA) on a terminal. The
     first Ctrl-C stops releasing requests, lets those in flight finish and keeps the run; a second
     stops at once."""
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-
     from agentkv.sim.cluster import Cluster
-    from agentkv.terminal import StopRequest
+    from agentkv.terminal import StopRequest, progress_bar
 
     cluster = Cluster(load_traces(args.paths, args.format), cfg)
     show = not args.quiet and sys.stderr.isatty()
@@ -148,19 +139,8 @@ def _run_one(args: argparse.Namespace, cfg, console):
         print(
             f"simulating {cluster.total:,} requests (Ctrl-C stops and keeps what finished)", file=sys.stderr
         )
-    columns = (
-        TextColumn("simulating"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("ETA"),
-        TimeRemainingColumn(),
-    )
     note = "agentkv: stopping: finishing the requests in flight (Ctrl-C again to quit now)"
-    with (
-        StopRequest(note) as stop,
-        Progress(*columns, console=console, transient=True, disable=not show) as bar,
-    ):
+    with StopRequest(note) as stop, progress_bar(console, "simulating", show) as bar:
         task = bar.add_task("sim", total=None)
 
         def progress(done: int, total: int) -> None:
