@@ -65,7 +65,8 @@ def fit(table: Table, width: int) -> int:
     for i, col in enumerate(texts):
         natural = max(1, _width([col.header, *col.cells]))
         least = min(20, _longest_word([col.header, *col.cells]))
-        col.overflow, col.width = "fold", max(least, min(natural, left // (len(texts) - i)))
+        col.no_wrap, col.overflow = False, "fold"
+        col.width = max(least, min(natural, left // (len(texts) - i)))
         left -= col.width
     return used + sum(c.width for c in texts)
 
@@ -88,8 +89,8 @@ def show(console: Console, table: Table) -> None:
         console.width = width
 
 
-def progress_bar(console: Console, label: str = "{task.description}", show: bool = True):
-    """The progress bar of long work: label, bar, done/total, elapsed and ETA (`show=False`: silent)."""
+def progress_bar(console: Console, label: str = "{task.description}", visible: bool = True):
+    """The progress bar of long work: label, bar, done/total, elapsed and ETA (`visible=False`: silent)."""
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -100,7 +101,7 @@ def progress_bar(console: Console, label: str = "{task.description}", show: bool
     )
 
     columns = (TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"))
-    return Progress(*columns, TimeRemainingColumn(), console=console, transient=True, disable=not show)
+    return Progress(*columns, TimeRemainingColumn(), console=console, transient=True, disable=not visible)
 
 
 def ignore_sigint() -> None:

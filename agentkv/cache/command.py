@@ -132,7 +132,7 @@ def _run(args: argparse.Namespace, traces, grid, jobs: int):
     if not args.quiet and not show:  # no bar (piped): one line, so a long run is not silent
         err.print("analyzing (Ctrl-C stops and keeps the finished replays)", highlight=False)
     note = "agentkv: stopping: keeping the finished replays (Ctrl-C again to quit now)"
-    with StopRequest(note) as stop, progress_bar(err, show=show) as bar:
+    with StopRequest(note) as stop, progress_bar(err, visible=show) as bar:
         task = bar.add_task("preparing accesses", total=None)
         return analyze(
             traces,
