@@ -148,6 +148,11 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--max-num-batched-tokens", type=int, default=8192, help="token budget of a step (default 8192)"
     )
+    _add_cache_args(g)
+
+
+def _add_cache_args(g) -> None:
+    """The KV cache's tiers, block count, eviction, hashing and the cost profile (add_engine_args)."""
     g.add_argument(
         "--kv-offloading-size",
         type=float,
