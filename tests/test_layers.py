@@ -16,7 +16,7 @@ PKG = Path(__file__).resolve().parents[1] / "agentkv"
 
 LAYERS = [  # lowest first; docs/architecture.md draws the same
     {"agentkv", "errors", "data"},
-    {"units"},
+    {"units", "terminal"},
     {"kv"},
     {"engine", "trace"},
     {"placement", "events", "metrics", "gate"},

@@ -39,10 +39,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_bench_args(p)
     p.set_defaults(func=bench_command)
-    p = sub.add_parser("compare", help="two run summaries (bench or simulate) side by side, with differences")
-    p.add_argument("a", metavar="A", help="summary.json or a run folder")
-    p.add_argument("b", metavar="B", help="summary.json or a run folder")
+    p = sub.add_parser(
+        "compare",
+        help="N runs (bench or simulate) against the first: better/worse beyond a noise band, "
+        "warnings when they replayed different requests or settings",
+    )
+    p.add_argument(
+        "runs",
+        nargs="+",
+        metavar="RUN",
+        help="summary.json files or run folders (with requests.jsonl: the noise band and request "
+        "set come from it); the first is the baseline",
+    )
     p.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="FILE.html",
+        help="also write the comparison as a self-contained HTML page",
+    )
     p.set_defaults(func=compare_command)
 
 
@@ -78,7 +93,12 @@ def _load_args(p) -> None:
 
 def _request_args(p) -> None:
     """Requests."""
-    p.add_argument("--api", default="completions", choices=["completions", "chat"])
+    p.add_argument(
+        "--api",
+        default="completions",
+        choices=["completions", "chat"],
+        help="/v1/completions or /v1/chat/completions (default completions)",
+    )
     p.add_argument(
         "--prompt-mode",
         default=None,
@@ -99,7 +119,7 @@ def _request_args(p) -> None:
 
 def _replay_args(p) -> None:
     """Replay."""
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the replay plan (default 0)")
     p.add_argument(
         "--warm-start", action="store_true", help="start each lane's first trace at a random point"
     )
@@ -341,6 +361,7 @@ def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None)
     from agentkv.metrics.export import write_outputs
     from agentkv.metrics.summary import with_percentiles
     from agentkv.metrics.view import print_summary, sessions_table
+    from agentkv.terminal import show
 
     pcts = getattr(args, "percentiles", None) or DEFAULT_PERCENTILES
     if tuple(pcts) != DEFAULT_PERCENTILES:
@@ -354,7 +375,7 @@ def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None)
         con = Console()
         print_summary(result.summary, con)
         if result.summary.sessions:
-            con.print(sessions_table(result.summary))
+            show(con, sessions_table(result.summary))
         con.print(f"[dim]wrote {', '.join(['requests.jsonl', *written])} to {out}[/dim]")
 
 

@@ -1,59 +1,111 @@
-"""`agentkv compare A B`: two run summaries side by side (bench or simulate), with differences.
+"""`agentkv compare RUN1 RUN2 [RUN3 ...]`: N run summaries (bench or simulate) against the first.
 
-A and B are summary.json files or the run folders holding them. Each figure shows A, B, B - A
-and (B - A) / A; settings that differ are listed under the table.
+Each run is a summary.json file or a run folder (its requests.jsonl, when there, gives the noise
+band and the request set). Every figure is marked better or worse than the baseline only beyond
+its noise band: max(2% relative (1 point for hit rates), the 95% bootstrap interval of the
+difference over requests, paired when both runs replayed the same requests). Settings are
+aligned (bench's server info in simulate's vLLM names) and differences listed; a warning says
+when runs replayed different request sets or different workload settings.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from rich.console import Console
-from rich.table import Table
+import numpy as np
 
 from agentkv.errors import UserError
+from agentkv.metrics.records import RequestRecord, read_records
 from agentkv.metrics.summary import Summary, read_summary
 from agentkv.metrics.view import latency_clock
 
-ENGINE_TIME = {"engine", "virtual"}
+ENGINE_TIME = {"engine", "virtual"}  # the target's own clock and simulate's: comparable
+
+FLOOR = 0.02  # relative: run-to-run jitter of a server below which nothing is called a change
+FLOOR_PP = 0.01  # hit rates and fractions: one percentage point
+RESAMPLES = 200
+# settings that shape the request stream: when they differ, so do the requests replayed
+WORKLOAD = ("lanes", "seed", "warm_start", "idle_gap_cap", "max_requests", "duration", "traces")
+# bench records the server's /get_server_info (SGLang names); simulate, vLLM's: one name each
+SERVER_NAMES = {
+    "server.served_model_name": "engine.model",
+    "server.gpu": "engine.gpu",
+    "server.tp_size": "engine.tensor_parallel_size",
+    "server.page_size": "engine.block_size",
+    "server.context_length": "engine.max_model_len",
+    "server.max_running_requests": "engine.max_num_seqs",
+    "server.chunked_prefill_size": "engine.max_num_batched_tokens",
+    "server.dp_size": "workers",
+}
 
 
-class Row(msgspec.Struct):
+class Run(msgspec.Struct):
+    """One run: its name (as given), summary and, when beside it, its per-request records."""
+
     name: str
-    unit: str  # ms | % | s | tok/s | req/s | "" (a count)
-    a: float | None
-    b: float | None
-    diff: float | None
-    rel: float | None  # (b - a) / a
+    summary: Summary
+    records: list[RequestRecord] | None = None
 
 
-def load(path: str) -> Summary:
-    """A summary from a summary.json path or a run folder."""
+def load(path: str) -> Run:
+    """A run from a summary.json path or a run folder (with its requests.jsonl when there)."""
     p = Path(path)
     if p.is_dir():
         p = p / "summary.json"
     if not p.is_file():
         raise UserError(f"{path}: no summary.json there (give a summary.json file or a run folder)")
-    return read_summary(p)
+    summary = read_summary(p)
+    rec = p.parent / "requests.jsonl"
+    records = read_records(rec) if p.name == "summary.json" and rec.is_file() else None
+    return Run(name=path, summary=summary, records=records)
 
 
 _Get = Callable[[Summary], float | None]
+_Sample = Callable[[list[RequestRecord]], np.ndarray] | None  # per-request columns (n, k)
+_Stat = Callable[[np.ndarray], np.ndarray] | None  # (B, n, k) -> (B,)
 
 
-def _dist(field: str) -> list[tuple[str, str, _Get]]:
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """A compared figure: how to read it from a summary, which way is better, and (for the noise
+    band) how to sample it per request and compute it over a resample."""
+
+    name: str
+    unit: str  # ms | s | % | tok/s | req/s | "" (a count)
+    better: str | None  # "lower" | "higher" | None (neither: a property of the workload)
+    get: _Get
+    sample: _Sample = None
+    stat: _Stat = None
+
+
+def _column(field: str) -> _Sample:
+    def sample(recs: list[RequestRecord]) -> np.ndarray:
+        vals = [getattr(r, field) for r in recs]
+        return np.asarray([[np.nan if v is None else v] for v in vals], dtype=float)
+
+    return sample
+
+
+_STATS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "mean": lambda x: np.nanmean(x[..., 0], axis=1),
+    "p50": lambda x: np.nanpercentile(x[..., 0], 50, axis=1),
+    "p90": lambda x: np.nanpercentile(x[..., 0], 90, axis=1),
+    "p99": lambda x: np.nanpercentile(x[..., 0], 99, axis=1),
+}
+
+
+def _dist(field: str, bootstrap: bool = True) -> list[Figure]:
+    def get(stat: str) -> _Get:
+        return lambda s: (lambda v: None if v is None else v * 1000)(getattr(getattr(s, field), stat))
+
+    sample = _column(field) if bootstrap else None
     return [
-        (
-            f"{field.upper()} {stat}",
-            "ms",
-            lambda s, f=field, st=stat: (lambda v: None if v is None else v * 1000)(
-                getattr(getattr(s, f), st)
-            ),
-        )
-        for stat in ("mean", "p50", "p90", "p99")
+        Figure(f"{field.upper()} {st}", "ms", "lower", get(st), sample, _STATS[st] if bootstrap else None)
+        for st in ("mean", "p50", "p90", "p99")
     ]
 
 
@@ -61,126 +113,231 @@ def _tp(attr: str) -> _Get:
     return lambda s: getattr(s.throughput, attr) if s.throughput else None
 
 
-FIGURES: list[tuple[str, str, _Get]] = [
-    ("requests", "", lambda s: s.requests),
-    ("succeeded", "", lambda s: s.succeeded),
-    ("failed", "", lambda s: s.failed),
-    ("duration", "s", lambda s: s.duration_s),
-    ("input tokens", "", lambda s: s.input_tokens),
-    ("output tokens", "", lambda s: s.output_tokens),
-    ("input tok/s", "tok/s", _tp("input_tokens_per_s")),
-    ("output tok/s", "tok/s", _tp("output_tokens_per_s")),
-    ("requests/s", "req/s", _tp("requests_per_s")),
+def _hits(recs: list[RequestRecord]) -> np.ndarray:
+    return np.asarray([[r.cached_tokens or 0, r.input_tokens] for r in recs], dtype=float)
+
+
+def _ratio(x: np.ndarray) -> np.ndarray:
+    return x[..., 0].sum(axis=1) / np.maximum(x[..., 1].sum(axis=1), 1.0)
+
+
+FIGURES: list[Figure] = [
+    Figure("requests", "", None, lambda s: s.requests),
+    Figure("succeeded", "", None, lambda s: s.succeeded),
+    Figure("failed", "", "lower", lambda s: s.failed),
+    Figure("duration", "s", None, lambda s: s.duration_s),
+    Figure("input tokens", "", None, lambda s: s.input_tokens),
+    Figure("output tokens", "", None, lambda s: s.output_tokens),
+    Figure("input tok/s", "tok/s", "higher", _tp("input_tokens_per_s")),
+    Figure("output tok/s", "tok/s", "higher", _tp("output_tokens_per_s")),
+    Figure("output tok/s per GPU", "tok/s", "higher", _tp("output_tokens_per_s_per_gpu")),
+    Figure("requests/s", "req/s", "higher", _tp("requests_per_s")),
     *_dist("ttft"),
     *_dist("tpot"),
-    *_dist("itl"),
+    *_dist("itl", bootstrap=False),  # the summary's ITL is over every token gap, not in the records
     *_dist("e2e"),
-    ("cache hit: reported", "%", lambda s: s.cache.reported),
-    ("cache hit: server metrics", "%", lambda s: s.cache.metrics),
-    ("cache hit: ceiling", "%", lambda s: s.cache.ceiling),
-    ("goodput", "%", lambda s: s.goodput.fraction if s.goodput else None),
-    ("preemptions", "", lambda s: s.preemptions),
-    ("sessions", "", lambda s: len(s.sessions)),
+    Figure("cache hit: reported", "%", "higher", lambda s: s.cache.reported, _hits, _ratio),
+    Figure("cache hit: server metrics", "%", "higher", lambda s: s.cache.metrics),
+    Figure("cache hit: ceiling", "%", None, lambda s: s.cache.ceiling),
+    Figure("goodput", "%", "higher", lambda s: s.goodput.fraction if s.goodput else None),
+    Figure("preemptions", "", "lower", lambda s: s.preemptions),
+    Figure("sessions", "", None, lambda s: len(s.sessions)),
 ]
 
 
-def compare(a: Summary, b: Summary) -> list[Row]:
+class Cell(msgspec.Struct, omit_defaults=True):
+    """One run's figure against the baseline: value, difference, the noise band and the verdict."""
+
+    value: float | None
+    diff: float | None = None  # value - baseline
+    rel: float | None = None  # diff / |baseline|
+    band: float | None = None  # noise band: relative, or absolute points for "%" figures
+    verdict: str = ""  # better | worse | same (within the band) | changed (no better direction) | ""
+
+
+class Row(msgspec.Struct):
+    name: str
+    unit: str
+    better: str | None
+    cells: list[Cell]  # one per run; the first is the baseline
+
+
+def request_key(r: RequestRecord) -> tuple[str, str, int]:
+    """What identifies a replayed request across runs: trace, live session, position in it."""
+    return (r.trace, r.session, r.index)
+
+
+def request_sets(runs: list[Run]) -> list[str]:
+    """Warnings when a run replayed other requests than the baseline (by request id when both have
+    requests.jsonl, else by the per-session turn counts of the summaries)."""
+    base, out = runs[0], []
+    for run in runs[1:]:
+        if base.records is not None and run.records is not None:
+            a = {request_key(r) for r in base.records}
+            b = {request_key(r) for r in run.records}
+            if a != b:
+                out.append(
+                    f"{run.name} replayed a different request set than {base.name}: {len(b - a):,} "
+                    f"requests only in {run.name}, {len(a - b):,} only in {base.name} "
+                    f"({len(a & b):,} in both); figures over different requests compare loosely"
+                )
+            continue
+        sa = sorted((x.trace, x.session, x.turns, x.sub_requests) for x in base.summary.sessions)
+        sb = sorted((x.trace, x.session, x.turns, x.sub_requests) for x in run.summary.sessions)
+        if sa != sb or base.summary.requests != run.summary.requests:
+            out.append(
+                f"{run.name} replayed a different request set than {base.name} "
+                f"({run.summary.requests:,} vs {base.summary.requests:,} requests, sessions differ "
+                "in count or turns; no requests.jsonl beside a summary to compare request by request)"
+            )
+    return out
+
+
+def _aligned(x: np.ndarray, y: np.ndarray, ka: list, kb: list) -> tuple[np.ndarray, np.ndarray] | None:
+    """x and y restricted to the requests both have, in one order (None when they share none)."""
+    ib = {k: i for i, k in enumerate(kb)}
+    pairs = [(i, ib[k]) for i, k in enumerate(ka) if k in ib]
+    if len(pairs) < 2:
+        return None
+    ia, jb = (np.asarray(v) for v in zip(*pairs, strict=True))
+    return x[ia], y[jb]
+
+
+def _bootstrap(
+    fig: Figure, a: list[RequestRecord], b: list[RequestRecord], paired: bool, rng
+) -> float | None:
+    """Half the 95% bootstrap interval of stat(b) - stat(a), resampling requests (the same ones in
+    both runs when `paired`), over the succeeded requests; None when either has under 2."""
+    a, b = [r for r in a if r.ok], [r for r in b if r.ok]
+    x, y = fig.sample(a), fig.sample(b)  # type: ignore[misc]
+    if paired and (both := _aligned(x, y, [request_key(r) for r in a], [request_key(r) for r in b])):
+        x, y = both
+    else:
+        paired = False
+    if len(x) < 2 or len(y) < 2:
+        return None
+    ia = rng.integers(0, len(x), (RESAMPLES, len(x)))
+    ib = ia if paired else rng.integers(0, len(y), (RESAMPLES, len(y)))
+    with np.errstate(all="ignore"):
+        d = fig.stat(y[ib]) - fig.stat(x[ia])  # type: ignore[misc]
+    d = d[np.isfinite(d)]
+    if d.size < RESAMPLES // 2:
+        return None
+    lo, hi = np.percentile(d, [2.5, 97.5])
+    return float(hi - lo) / 2
+
+
+def _cell(fig: Figure, base: float | None, v: float | None, ci: float | None) -> Cell:
+    """The value against the baseline, with its band and verdict."""
+    if v is None or base is None:
+        return Cell(v)
+    diff = v - base
+    rel = diff / abs(base) if base else None
+    if fig.unit == "%":
+        band = max(FLOOR_PP, ci or 0.0)
+        moved = abs(diff) > band
+    else:
+        if fig.unit == "ms" and ci is not None:
+            ci *= 1000  # the bootstrap ran on seconds
+        band = max(FLOOR, (ci / abs(base)) if ci is not None and base else 0.0)
+        moved = (abs(rel) > band) if rel is not None else diff != 0
+        if fig.unit == "" and fig.better is not None:  # counts (failures, preemptions): any change
+            moved, band = diff != 0, 0.0
+    if not moved:
+        verdict = "same"
+    elif fig.better is None:
+        verdict = "changed"
+    else:
+        verdict = "better" if (diff < 0) == (fig.better == "lower") else "worse"
+    return Cell(v, diff, rel, band, verdict)
+
+
+def compare(runs: list[Run], seed: int = 0) -> list[Row]:
+    """Every figure of every run against the first run (the baseline)."""
+    rng = np.random.default_rng(seed)
+    base = runs[0]
+    same_set = [
+        base.records is not None
+        and r.records is not None
+        and {request_key(x) for x in base.records} == {request_key(x) for x in r.records}
+        for r in runs
+    ]
     rows = []
-    for name, unit, get in FIGURES:
-        va, vb = get(a), get(b)
-        diff = vb - va if va is not None and vb is not None else None
-        rel = diff / va if diff is not None and va else None
-        rows.append(Row(name, unit, va, vb, diff, rel))
+    for fig in FIGURES:
+        vb = fig.get(base.summary)
+        cells = [Cell(vb)]
+        for i, run in enumerate(runs[1:], 1):
+            ci = None
+            if fig.sample is not None and base.records is not None and run.records is not None:
+                ci = _bootstrap(fig, base.records, run.records, same_set[i], rng)
+            cells.append(_cell(fig, vb, fig.get(run.summary), ci))
+        rows.append(Row(fig.name, fig.unit, fig.better, cells))
     return rows
 
 
-def config_diff(a: Summary, b: Summary) -> dict[str, tuple[object, object]]:
-    """Settings whose values differ (or that only one run has), flattened one level."""
-
-    def flat(c: dict) -> dict:
-        out = {}
-        for k, v in c.items():
-            if isinstance(v, dict) and k != "slo":
-                out.update({f"{k}.{k2}": v2 for k2, v2 in v.items()})
-            else:
-                out[k] = v
-        return out
-
-    fa, fb = flat(a.config), flat(b.config)
-    return {k: (fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb)) if fa.get(k) != fb.get(k)}
-
-
-def _fmt(v: float | None, unit: str) -> str:
-    if v is None:
-        return "-"
-    if unit == "%":
-        return f"{v:.1%}"
-    if unit in ("ms", "s"):
-        return f"{v:,.1f}"
-    if unit in ("tok/s", "req/s"):
-        return f"{v:,.2f}" if abs(v) < 100 else f"{v:,.0f}"
-    return f"{v:,.0f}"
+def settings(s: Summary) -> dict[str, object]:
+    """A run's settings flattened one level, bench's server info renamed to simulate's names."""
+    out: dict[str, object] = {}
+    for k, v in s.config.items():
+        if isinstance(v, dict) and k != "slo":
+            out.update({f"{k}.{k2}": v2 for k2, v2 in v.items()})
+        else:
+            out[k] = v
+    for src, dst in SERVER_NAMES.items():
+        if src in out:
+            val = out.pop(src)
+            out.setdefault(dst, val)
+    if "model" in out:  # bench: the model name it asked for
+        out.setdefault("engine.model", out.pop("model"))
+    return out
 
 
-def _fmt_diff(r: Row) -> str:
-    if r.diff is None:
-        return "-"
-    if r.unit == "%":
-        return f"{r.diff * 100:+.1f} pp"
-    return ("+" if r.diff > 0 else "") + _fmt(r.diff, r.unit)
+def config_diff(runs: list[Run]) -> dict[str, list[object]]:
+    """Settings whose values differ between runs (None where a run does not record it)."""
+    flat = [settings(r.summary) for r in runs]
+    keys = sorted(set().union(*flat))
+    return {k: [f.get(k) for f in flat] for k in keys if len({repr(f.get(k)) for f in flat}) > 1}
 
 
-def table(a: Summary, b: Summary, name_a: str, name_b: str) -> Table:
-    t = Table(title=f"A: {a.kind} {a.target}\nB: {b.kind} {b.target}")
-    t.add_column("figure")
-    t.add_column(f"A ({name_a})", justify="right")
-    t.add_column(f"B ({name_b})", justify="right")
-    t.add_column("B - A", justify="right")
-    t.add_column("(B - A) / A", justify="right")
-    for r in compare(a, b):
-        label = f"{r.name} ({r.unit})" if r.unit in ("ms", "s") else r.name
-        rel = "-" if r.rel is None else f"{r.rel:+.1%}"
-        style = "" if r.rel is None or abs(r.rel) < 0.1 else "yellow"
-        t.add_row(label, _fmt(r.a, r.unit), _fmt(r.b, r.unit), _fmt_diff(r), rel, style=style)
-    t.add_row("valid", str(a.valid), str(b.valid), "", "")
-    return t
+def warnings(runs: list[Run], diff: dict[str, list[object]]) -> list[str]:
+    """What makes the comparison loose: other requests, other workload settings, invalid runs."""
+    out = request_sets(runs)
+    for key in WORKLOAD:
+        vals = diff.get(key)
+        if vals is not None and all(v is not None for v in vals):
+            out.append(
+                f"workload setting {key} differs ({', '.join(map(repr, vals))}): the request streams differ"
+            )
+    clocks = {r.name: latency_clock(r.summary) for r in runs}
+    known = {c for c in clocks.values() if c}
+    if len(known) > 1 and not known <= ENGINE_TIME:
+        on = ", ".join(f"{n} {c}" for n, c in clocks.items() if c)
+        out.append(f"latencies on different clocks ({on}): the client's clock adds HTTP and client time")
+    for r in runs:
+        s = r.summary
+        if not s.valid:
+            out.append(f"{r.name} is INVALID: {s.invalid_reason}")
+        if s.cache.contaminated:
+            out.append(f"{r.name}'s cache was contaminated: hits above its ceiling")
+    return out
 
 
 def compare_runs(args: argparse.Namespace) -> int:
-    """Print (or write as JSON) the comparison of the two runs the flags name."""
-    a, b = load(args.a), load(args.b)
+    """Print (or write as JSON, or as HTML) the comparison of the runs the flags name."""
+    from agentkv.bench.compare_view import print_comparison, to_json, write_html
+
+    if len(args.runs) < 2:
+        raise UserError("compare: give at least two runs (summary.json files or run folders)")
+    runs = [load(p) for p in args.runs]
+    rows = compare(runs)
+    diff = config_diff(runs)
+    warn = warnings(runs, diff)
+    if args.out:
+        write_html(runs, rows, diff, warn, Path(args.out))
     if args.json:
-        out = {
-            "a": args.a,
-            "b": args.b,
-            "figures": compare(a, b),
-            "config_diff": {k: list(v) for k, v in config_diff(a, b).items()},
-            "clocks": {"a": a.clocks, "b": b.clocks},
-        }
-        sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
-        return 0
-    con = Console()
-    con.print(table(a, b, Path(args.a).name or args.a, Path(args.b).name or args.b))
-    diff = config_diff(a, b)
-    both = {k: v for k, v in diff.items() if None not in v}
-    if both:
-        con.print("[bold]settings that differ[/bold]")
-        for k, (va, vb) in both.items():
-            con.print(f"  {k}: A={va!r}  B={vb!r}", markup=False, highlight=False)
-    for who, i in (("A", 0), ("B", 1)):
-        only = [k for k, v in diff.items() if k not in both and v[i] is not None]
-        if only:
-            con.print(f"settings only {who} records: {', '.join(only)}", style="dim", highlight=False)
-    ca, cb = latency_clock(a), latency_clock(b)
-    if ca and cb and ca != cb and not {ca, cb} <= ENGINE_TIME:  # the engine clock is simulate's
-        con.print(
-            f"latencies on different clocks: A {ca}, B {cb} (the client's clock adds HTTP and client time)",
-            style="yellow",
-            highlight=False,
-        )
-    for who, s in (("A", a), ("B", b)):
-        if not s.valid:
-            con.print(f"{who} is INVALID: {s.invalid_reason}", style="red", markup=False)
-        if s.cache.contaminated:
-            con.print(f"{who}'s cache was contaminated: hits above its ceiling", style="yellow")
+        print(to_json(runs, rows, diff, warn))
+    else:
+        print_comparison(runs, rows, diff, warn)
+        if args.out:
+            print(f"wrote {args.out}")
     return 0

@@ -14,7 +14,7 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 
 import msgspec
@@ -26,6 +26,7 @@ from agentkv.kv.eviction import make_policy
 from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
+from agentkv.terminal import ignore_sigint
 from agentkv.trace.accesses import Arrival, BlockRequest, arrivals, block_accesses, check_block_size
 from agentkv.trace.ceiling import ceiling_tokens
 from agentkv.trace.model import Trace
@@ -76,6 +77,7 @@ class Analysis(msgspec.Struct, kw_only=True):
     ceilings: list[Ceiling]
     results: list[CellResult]
     seconds: float
+    interrupted: bool = False  # stopped by Ctrl-C: `results` holds the cells that finished
 
 
 def replay_tiered(pool: BlockPool, requests: Sequence[BlockRequest]) -> tuple[int, int, int, int]:
@@ -211,6 +213,10 @@ class _Progress:
     callback: Callable[[int, int, str], None] | None
     total: int
     done: int = 0
+    stop: object = None  # anything with a `requested` flag (agentkv.terminal.StopRequest)
+
+    def stopped(self) -> bool:
+        return bool(getattr(self.stop, "requested", False))
 
     def step(self, what: str) -> None:
         self.done += 1
@@ -236,12 +242,15 @@ def _accesses(
 def _run_cells(
     grid: Grid, requests: dict[int, list[BlockRequest]], cells: list[_Cell], jobs: int, tick: _Progress
 ) -> list[CellResult]:
-    """Every cell's result, in `cells` order: here one by one, or in `jobs` forked workers."""
+    """Every cell's result, in `cells` order: here one by one, or in `jobs` forked workers; on a
+    stop request, the cells finished so far."""
     jobs = max(1, min(jobs, len(cells)))
     if jobs > 1 and "fork" in mp.get_all_start_methods():
         return _run_forked(grid, requests, cells, jobs, tick)
     results = []
     for cell in cells:
+        if tick.stopped():
+            break
         results.append(run_cell(grid, requests[cell[0]], *cell))
         tick.step(f"{cell[2]} at {cell[1][0]}, block size {cell[0]}")
     return results
@@ -250,18 +259,25 @@ def _run_cells(
 def _run_forked(
     grid: Grid, requests: dict[int, list[BlockRequest]], cells: list[_Cell], jobs: int, tick: _Progress
 ) -> list[CellResult]:
-    """The cells run in `jobs` forked workers that inherit the accesses, sorted back to `cells` order."""
+    """The cells run in `jobs` forked workers that inherit the accesses, sorted back to `cells` order.
+    On a stop request the cells in hand are dropped (their workers ended) and the rest cancelled."""
     results: list[CellResult] = []
     ctx = mp.get_context("fork")
     _SHARED.update(grid=grid, requests=requests, belady_lock=ctx.Lock())
+    ex = ProcessPoolExecutor(jobs, mp_context=ctx, initializer=ignore_sigint)
+    pending = {ex.submit(_run_shared, *cell) for cell in cells}
     try:
-        with ProcessPoolExecutor(jobs, mp_context=ctx) as ex:
-            futures = [ex.submit(_run_shared, *cell) for cell in cells]
-            for fut in as_completed(futures):
+        while pending and not tick.stopped():
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for fut in done:
                 r = fut.result()
                 results.append(r)
                 tick.step(f"{r.policy} at {r.capacity}, block size {r.block_size}")
     finally:
+        workers = list(getattr(ex, "_processes", {}).values()) if pending else []
+        ex.shutdown(wait=not pending, cancel_futures=True)
+        for w in workers:
+            w.terminate()
         _SHARED.clear()
     order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
     results.sort(key=lambda r: order[(r.block_size, r.capacity, r.policy)])
@@ -274,8 +290,10 @@ def analyze(
     *,
     jobs: int = 1,
     progress: Callable[[int, int, str], None] | None = None,
+    stop: object = None,
 ) -> Analysis:
-    """Run every cell of `grid` on `traces`; `progress(done, total, what)` after each cell."""
+    """Run every cell of `grid` on `traces`; `progress(done, total, what)` after each cell. When
+    `stop.requested` turns true (Ctrl-C), the cells finished so far, marked `interrupted`."""
     t0 = time.perf_counter()
     if not any(t.num_requests for t in traces):
         raise UserError("cache analyze: the traces hold no requests")
@@ -283,7 +301,7 @@ def analyze(
         check_block_size(traces, bs)
     arrived = arrivals(traces, grid.concurrency)
     cells = [(bs, cap, pol) for bs in grid.block_sizes for cap in grid.capacities for pol in grid.policies]
-    tick = _Progress(progress, len(cells) + len(grid.block_sizes))
+    tick = _Progress(progress, len(cells) + len(grid.block_sizes), stop=stop)
     requests, ceilings = _accesses(arrived, grid.block_sizes, tick)
     results = _run_cells(grid, requests, cells, jobs, tick)
     return Analysis(
@@ -303,4 +321,5 @@ def analyze(
         ceilings=ceilings,
         results=results,
         seconds=time.perf_counter() - t0,
+        interrupted=len(results) < len(cells),
     )

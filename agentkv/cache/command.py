@@ -75,9 +75,8 @@ def analyze_command(args: argparse.Namespace) -> int:
     """`agentkv cache analyze`: load the traces (or the bundled sample), run the grid, print and plot."""
     import msgspec
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentkv.cache.analyze import analyze, default_jobs
+    from agentkv.cache.analyze import default_jobs
     from agentkv.cache.grid import make_grid
     from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
     from agentkv.trace.command import load_noted
@@ -101,25 +100,7 @@ def analyze_command(args: argparse.Namespace) -> int:
         args.concurrency,
     )
     traces = load_noted(args)
-    err = Console(stderr=True)
-    if args.quiet or not err.is_terminal:
-        result = analyze(traces, grid, jobs=jobs)
-    else:
-        with Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=err,
-            transient=True,
-        ) as bar:
-            task = bar.add_task("preparing accesses", total=None)
-            result = analyze(
-                traces,
-                grid,
-                jobs=jobs,
-                progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
-            )
+    result = _run(args, traces, grid, jobs)
     if plot is not None:
         write_plot(result, plot)
     if args.json:
@@ -129,4 +110,34 @@ def analyze_command(args: argparse.Namespace) -> int:
         render(result, console)
         if plot is not None:
             console.print(f"chart: {plot}")
+    if result.interrupted:
+        from agentkv.terminal import EXIT_INTERRUPTED
+
+        total = len(grid.capacities) * len(grid.block_sizes) * len(grid.policies)
+        print(f"agentkv: interrupted: {len(result.results)} of {total} replays done (shown)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
+
+
+def _run(args: argparse.Namespace, traces, grid, jobs: int):
+    """The analysis, with a progress bar and ETA on a terminal; the first Ctrl-C keeps the replays
+    finished and drops the ones in hand, a second stops at once."""
+    from rich.console import Console
+
+    from agentkv.cache.analyze import analyze
+    from agentkv.terminal import StopRequest, progress_bar
+
+    err = Console(stderr=True)
+    show = not args.quiet and err.is_terminal
+    if not args.quiet and not show:  # no bar (piped): one line, so a long run is not silent
+        err.print("analyzing (Ctrl-C stops and keeps the finished replays)", highlight=False)
+    note = "agentkv: stopping: keeping the finished replays (Ctrl-C again to quit now)"
+    with StopRequest(note) as stop, progress_bar(err, visible=show) as bar:
+        task = bar.add_task("preparing accesses", total=None)
+        return analyze(
+            traces,
+            grid,
+            jobs=jobs,
+            progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
+            stop=stop,
+        )

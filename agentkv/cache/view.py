@@ -15,6 +15,7 @@ from rich.table import Table
 
 from agentkv.cache.analyze import Analysis, CellResult
 from agentkv.errors import UserError
+from agentkv.terminal import show
 
 PLOT_SUFFIXES = (".html", ".svg")
 _STYLE = (
@@ -28,7 +29,9 @@ def _pct(x: float) -> str:
     return f"{100 * x:.1f}%"
 
 
-def _cell_text(r: CellResult, tiers: bool) -> str:
+def _cell_text(r: CellResult | None, tiers: bool) -> str:
+    if r is None:  # not replayed: the run was interrupted
+        return "-"
     text = _pct(r.hit_rate)
     if tiers and r.query_tokens:
         gpu, cpu = (r.tier_hit_tokens.get(k, 0) / r.query_tokens for k in ("GPU", "CPU"))
@@ -56,20 +59,22 @@ def tables(a: Analysis) -> list[Table]:
             t.add_column(head, justify="right")
         online = [p for p in a.policies if p != "belady"]
         best = {
-            cap: max((cells[(bs, cap, p)].hit_rate for p in online), default=None) for cap in a.capacities
+            cap: max((cells[k].hit_rate for p in online if (k := (bs, cap, p)) in cells), default=None)
+            for cap in a.capacities
         }
         for p in online:
             row = []
             for cap in a.capacities:
-                r = cells[(bs, cap, p)]
+                r = cells.get((bs, cap, p))
                 text = _cell_text(r, tiers)
-                row.append(f"[bold]{text}[/bold]" if len(online) > 1 and r.hit_rate == best[cap] else text)
+                bold = r is not None and len(online) > 1 and r.hit_rate == best[cap]
+                row.append(f"[bold]{text}[/bold]" if bold else text)
             t.add_row(p, *row)
         if "belady" in a.policies:
             t.add_section()
             t.add_row(
                 "belady (offline optimum)",
-                *(_cell_text(cells[(bs, cap, "belady")], tiers) for cap in a.capacities),
+                *(_cell_text(cells.get((bs, cap, "belady")), tiers) for cap in a.capacities),
             )
         t.add_row("unbounded cache (ceiling)", *([_pct(ceilings[bs].hit_rate)] * len(a.capacities)))
         out.append(t)
@@ -87,13 +92,15 @@ def render(a: Analysis, console: Console) -> None:
         f"{a.model} {a.kv_cache_dtype} KV, {a.kv_bytes_per_token:,} bytes a token; {order}"
     )
     for t in tables(a):
-        console.print(t)
+        show(console, t)
     if any(r.too_big for r in a.results):
         console.print(
             "[yellow]too big: requests larger than the whole pool; not replayed, their input tokens "
             "count as misses[/yellow]"
         )
     console.print(f"[dim]{len(a.results)} replays in {a.seconds:.1f} s[/dim]")
+    if a.interrupted:
+        console.print("[yellow]interrupted: '-' marks replays that did not run[/yellow]")
 
 
 def charts(a: Analysis) -> list[str]:

@@ -19,7 +19,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g = p.add_argument_group("what the target runs (default: read from /v1/models and /server_info)")
     g.add_argument("--gpu", default=None, help="catalogue GPU (server_info 'gpu', else h200)")
     g.add_argument("--model", default=None, help="catalogue model (the served model's root/id)")
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=None)
+    g.add_argument(
+        "--tensor-parallel-size", "-tp", type=int, default=None, help="GPUs per engine (default 1)"
+    )
     g.add_argument("--kv-cache-dtype", default=None, help="bf16 or fp8 (default bf16)")
     g.add_argument("--max-model-len", type=int, default=None, help="when /v1/models has none")
     g.add_argument("--block-size", type=int, default=None, help="prefix cache block (server_info page_size)")

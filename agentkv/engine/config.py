@@ -148,13 +148,32 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help=model_help(),
     )
     _add_parallel_args(g)
-    g.add_argument("--block-size", type=int, default=16)
+    g.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
     g.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8")
-    g.add_argument("--max-model-len", type=int, default=None)
-    g.add_argument("--gpu-memory-utilization", type=float, default=0.9)
-    g.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=True)
-    g.add_argument("--max-num-seqs", type=int, default=256)
-    g.add_argument("--max-num-batched-tokens", type=int, default=8192)
+    g.add_argument(
+        "--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's own)"
+    )
+    g.add_argument(
+        "--gpu-memory-utilization",
+        type=float,
+        default=0.9,
+        help="share of GPU memory for weights, activations and KV cache (default 0.9)",
+    )
+    g.add_argument(
+        "--enable-prefix-caching",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="reuse cached KV blocks across requests (default on)",
+    )
+    g.add_argument("--max-num-seqs", type=int, default=256, help="most requests in a batch (default 256)")
+    g.add_argument(
+        "--max-num-batched-tokens", type=int, default=8192, help="token budget of a step (default 8192)"
+    )
+    _add_cache_args(g)
+
+
+def _add_cache_args(g) -> None:
+    """The KV cache's tiers, block count, eviction, hashing and the cost profile (add_engine_args)."""
     g.add_argument(
         "--kv-offloading-size",
         type=float,
@@ -171,14 +190,25 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--disk-offload", default=None, metavar="SIZE", help="SSD tier below the CPU tier, e.g. 2TB"
     )
-    g.add_argument("--num-gpu-blocks-override", type=int, default=None)
+    g.add_argument(
+        "--num-gpu-blocks-override",
+        type=int,
+        default=None,
+        help="GPU KV blocks, instead of sizing from memory",
+    )
     g.add_argument(
         "--eviction-policy",
         default="lru",
         choices=ENGINE_POLICIES,
         help=f"{', '.join(ENGINE_POLICIES)} (default lru)",
     )
-    g.add_argument("--prefix-caching-hash-algo", dest="hash_algo", default="xxhash", choices=HASH_ALGOS)
+    g.add_argument(
+        "--prefix-caching-hash-algo",
+        dest="hash_algo",
+        default="xxhash",
+        choices=HASH_ALGOS,
+        help="block hash function (default xxhash)",
+    )
     g.add_argument(
         "--profile",
         default=None,
@@ -189,7 +219,13 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
 
 def _add_parallel_args(g) -> None:
     """Parallelism and weight dtype, under vLLM's names."""
-    g.add_argument("--tensor-parallel-size", "-tp", type=int, default=1)
+    g.add_argument(
+        "--tensor-parallel-size",
+        "-tp",
+        type=int,
+        default=1,
+        help="GPUs per engine (tensor parallel; default 1)",
+    )
     g.add_argument(
         "--data-parallel-size",
         "-dp",

@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentkv.metrics.summary import LATENCY_FIGURES, Dist, Summary
+from agentkv.terminal import show
 
 CLOCKS = {
     "engine": "the target's engine clock (its own timestamps)",
@@ -138,9 +139,9 @@ def sessions_table(s: Summary, top: int = 20) -> Table:
 
 def print_summary(s: Summary, console: Console | None = None) -> None:
     console = console or Console()
-    console.print(overview_table(s))
+    show(console, overview_table(s))
     if s.top_errors:
-        console.print(errors_table(s))
-    console.print(latency_table(s))
+        show(console, errors_table(s))
+    show(console, latency_table(s))
     for note in s.notes:
         console.print(f"[dim]note: {note}[/dim]")

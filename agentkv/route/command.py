@@ -36,13 +36,15 @@ def _listen_args(p) -> None:
         help="an engine and, if it publishes KV events, its ZMQ event (and replay) endpoint, e.g. "
         "http://127.0.0.1:8001=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558 (repeatable)",
     )
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
 
 
 def _policy_args(p) -> None:
     """The placement policy and kv_aware's knobs."""
-    p.add_argument("--policy", default="kv_aware", choices=POLICIES)
+    p.add_argument(
+        "--policy", default="kv_aware", choices=POLICIES, help="placement policy (default kv_aware)"
+    )
     add_kv_weight_arg(p)
     p.add_argument(
         "--temperature", type=float, default=0.0, help="kv_aware: softmax sampling temperature (0: argmin)"
@@ -188,7 +190,12 @@ def _health_args(p) -> None:
         metavar="N",
         help="blocks indexed per worker; stores past it are dropped and counted (default 4,194,304)",
     )
-    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default info)",
+    )
 
 
 def _door_args(p) -> None:

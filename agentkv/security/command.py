@@ -46,7 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--confidence", type=float, default=0.95, help="confidence level of the intervals (default 0.95)"
     )
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     p.add_argument("--model", default=None, help="model name in requests (default: the target's first)")
     p.add_argument(
         "--timeout", type=float, default=60.0, metavar="S", help="per-request time limit (default 60)"

@@ -48,7 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="output length of chat requests without max_tokens (completions: 16, as vLLM)",
     )
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default warning)",
+    )
     add_engine_args(p)
     p.set_defaults(func=serve_command)
 

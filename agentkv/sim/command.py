@@ -23,16 +23,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_trace_args(p)
     p.add_argument("--workers", type=int, default=1, help="simulated engines (default 1)")
     p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
-    p.add_argument("--router", default="kv_aware", choices=POLICIES)
+    p.add_argument(
+        "--router", default="kv_aware", choices=POLICIES, help="placement policy (default kv_aware)"
+    )
     add_kv_weight_arg(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the replay plan (default 0)")
     p.add_argument(
         "--warm-start", action="store_true", help="start each lane's first trace at a random point"
     )
     p.add_argument(
         "--idle-gap-cap", default="10s", help="longest gap while nothing is in flight (default 10s)"
     )
-    p.add_argument("--max-requests", type=int, default=None)
+    p.add_argument("--max-requests", type=int, default=None, help="stop after releasing this many requests")
     p.add_argument(
         "--duration", default=None, help="stop releasing requests after this simulated time, e.g. 10m"
     )
@@ -112,9 +114,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         from agentkv.sim.sweep import run_sweep
 
         return run_sweep(args, cfg, console)
-    traces, notes = load_traces(args)
-    res, itl = _run(traces, cfg, console, args.quiet or not sys.stderr.isatty())
-    res.summary.notes[:0] = notes
+    res, itl, interrupted = _run_one(args, cfg, console)
     if args.percentiles:
         from agentkv.metrics.summary import with_percentiles
 
@@ -130,23 +130,46 @@ def simulate_command(args: argparse.Namespace) -> int:
             f"({res.sim_s / max(res.wall_s, 1e-9):,.0f}x real time, "
             f"{len(res.records) / max(res.wall_s, 1e-9):,.0f} requests per wall second)[/dim]"
         )
+    if interrupted:
+        print("agentkv: interrupted: the summary covers the requests released before Ctrl-C", file=sys.stderr)
+        from agentkv.terminal import EXIT_INTERRUPTED
+
+        return EXIT_INTERRUPTED
     return exit_code(res.summary)
 
 
-def _run(traces, cfg, console, quiet: bool):
-    """One simulated run (with a progress bar unless `quiet`); its result and every token gap."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
+def _run_one(args: argparse.Namespace, cfg, console):
+    """(result, token gaps, interrupted): one simulated run with a progress bar (and ETA) on a terminal. The
+    first Ctrl-C stops releasing requests, lets those in flight finish and keeps the run; a second
+    stops at once."""
     from agentkv.sim.cluster import Cluster
+    from agentkv.terminal import StopRequest, progress_bar
 
-    if quiet:
-        cluster = Cluster(traces, cfg)
-        return cluster.run(), cluster.itl
-    columns = (TextColumn("simulating"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    with Progress(*columns, console=console, transient=True) as bar:
+    traces, notes = load_traces(args)
+    cluster = Cluster(traces, cfg)
+    show = not args.quiet and sys.stderr.isatty()
+    if not args.quiet and not show:  # no bar (piped): one line, so a long run is not silent
+        print(
+            f"simulating {cluster.total:,} requests (Ctrl-C stops and keeps what finished)", file=sys.stderr
+        )
+    note = "agentkv: stopping: finishing the requests in flight (Ctrl-C again to quit now)"
+    with StopRequest(note) as stop, progress_bar(console, "simulating", show) as bar:
         task = bar.add_task("sim", total=None)
-        cluster = Cluster(traces, cfg, lambda d, t: bar.update(task, completed=d, total=t))
-        return cluster.run(), cluster.itl
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+            if stop.requested:
+                cluster.plan.stop()  # idempotent: nothing more is released
+
+        cluster.progress = progress
+        res = cluster.run()
+    if stop.requested:
+        res.summary.notes.append(
+            f"interrupted (Ctrl-C) after {len(res.records):,} of {cluster.total:,} requests: "
+            "no request was released after it, those in flight finished"
+        )
+    res.summary.notes[:0] = notes
+    return res, cluster.itl, stop.requested
 
 
 def exit_code(summary) -> int:

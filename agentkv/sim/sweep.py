@@ -7,8 +7,9 @@ import argparse
 import dataclasses
 import itertools
 import sys
+import time
 import typing
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from pathlib import Path
 
 import msgspec
@@ -21,6 +22,7 @@ from agentkv.metrics.summary import Summary, write_summary
 from agentkv.metrics.validity import EXIT_INVALID
 from agentkv.metrics.view import ms, num, pct
 from agentkv.sim.cluster import SimConfig, simulate
+from agentkv.terminal import EXIT_INTERRUPTED, StopRequest, ignore_sigint, show
 from agentkv.units import parse_capacity, parse_duration
 
 _GIB = float(1 << 30)
@@ -138,18 +140,30 @@ def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
     return table
 
 
-def _local_points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]):
-    """(index, overrides, summary JSON, wall s) of every point, from two local processes, in grid order."""
+def _local_points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict], stop: StopRequest):
+    """(index, overrides, summary JSON, wall s) of every point as it finishes, from two local
+    processes; on a stop request the points not finished are dropped and the workers ended."""
     payloads = [(args, c, g) for c, g in zip(configs, grid, strict=True)]
-    with ProcessPoolExecutor(max_workers=min(len(grid), 2)) as pool:
-        for i, (overrides, blob, wall, _) in enumerate(pool.map(_run_one, payloads)):
-            yield i, overrides, blob, wall
+    pool = ProcessPoolExecutor(max_workers=min(len(grid), 2), initializer=ignore_sigint)
+    futures = {pool.submit(_run_one, p): i for i, p in enumerate(payloads)}
+    pending = set(futures)
+    try:
+        while pending and not stop.requested:
+            done, pending = wait(pending, timeout=0.2, return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=futures.__getitem__):
+                overrides, blob, wall, _ = f.result()
+                yield futures[f], overrides, blob, wall
+    finally:
+        workers = list(getattr(pool, "_processes", {}).values()) if pending else []
+        pool.shutdown(wait=False, cancel_futures=True)
+        for w in workers:  # the points in hand: dropped
+            w.terminate()
 
 
-def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]):
+def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict], stop: StopRequest):
     """The grid's results as they finish: on a Ray cluster with `--ray`, else in local processes."""
     if getattr(args, "ray", None) is None:
-        return _local_points(args, configs, grid)
+        return _local_points(args, configs, grid, stop)
     from agentkv.sim.command import load_traces
     from agentkv.sim.ray_sweep import import_ray, run_points
 
@@ -157,26 +171,56 @@ def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]
     return run_points(load_traces(args)[0], configs, grid, args.ray)
 
 
+def _eta(started: float, done: int, total: int) -> str:
+    """`3/8 points, 41 s elapsed, ETA 1m08s` (ETA: the mean time a point has taken so far)."""
+    elapsed = time.monotonic() - started
+    line = f"{done}/{total} points, {_secs(elapsed)} elapsed"
+    return line + (f", ETA {_secs(elapsed / done * (total - done))}" if 0 < done < total else "")
+
+
+def _secs(x: float) -> str:
+    return f"{x:.0f} s" if x < 60 else f"{int(x // 60)}m{int(x % 60):02d}s"
+
+
+def _collect(args, configs, grid, console: Console) -> tuple[dict[int, tuple[dict, Summary]], bool]:
+    """Every point's summary as it finishes, with progress and an ETA; the first Ctrl-C keeps the
+    finished points and drops the rest, a second stops at once. Returns (points, interrupted)."""
+    done: dict[int, tuple[dict, Summary]] = {}
+    started = time.monotonic()
+    note = (
+        "agentkv: stopping: keeping the finished points, dropping the ones in hand (Ctrl-C again to quit now)"
+    )
+    with StopRequest(note) as stop:
+        for i, overrides, blob, wall in _points(args, configs, grid, stop):
+            done[i] = (overrides, msgspec.json.decode(blob, type=Summary))
+            point = " ".join(f"{k}={v}" for k, v in overrides.items())
+            console.print(f"[dim]{_eta(started, len(done), len(grid))}: done {point} ({wall:.1f} s)[/dim]")
+            if stop.requested:
+                break
+    return done, stop.requested
+
+
 def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:
-    """Run every grid point (two processes, or Ray tasks), then print the table or JSON and write summaries."""
+    """Run every grid point (two processes, or Ray tasks), then print the table or JSON and write
+    summaries; interrupted, the finished points are printed and written and the exit status is 130."""
     grid = parse_sweep(args.sweep)
     configs = [apply(base, g) for g in grid]  # fail fast on a bad value, before spawning processes
-    done: dict[int, tuple[dict, Summary]] = {}
-    for i, overrides, blob, wall in _points(args, configs, grid):
-        done[i] = (overrides, msgspec.json.decode(blob, type=Summary))
-        console.print(f"[dim]done: {overrides} ({wall:.1f} s)[/dim]")
+    done, interrupted = _collect(args, configs, grid, console)
     results = [done[i] for i in sorted(done)]  # grid order, however they finished
     if args.json:
         out = [{"overrides": o, "summary": msgspec.to_builtins(s)} for o, s in results]
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
-    else:
-        Console().print(_table(list(grid[0]), results))
+    elif results:
+        show(Console(), _table(list(grid[0]), results))
     if args.out:
         out_dir = Path(args.out)
         out_dir.mkdir(parents=True, exist_ok=True)
         for i, (overrides, s) in enumerate(results):
             name = "-".join(f"{k}={v}" for k, v in overrides.items()).replace("/", "_") or str(i)
             write_summary(s, out_dir / f"summary-{name}.json")
+    if interrupted:
+        print(f"agentkv: interrupted: {len(results)} of {len(grid)} points done (written)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     bad = [(o, s.invalid_reason) for o, s in results if not s.valid]
     for o, why in bad:
         print(f"agentkv: invalid point {o}: {why}", file=sys.stderr)

@@ -6,6 +6,8 @@ from rich.console import Console
 from rich.table import Table
 
 from agentkv.errors import UserError
+from agentkv.terminal import compact as num
+from agentkv.terminal import show
 from agentkv.trace.model import Trace
 from agentkv.trace.stats import Dist, StatsReport, TraceStats
 
@@ -20,15 +22,6 @@ def bundled_traces() -> list[Trace]:
             "no PATH given and no bundled sample in agentkv/data/traces; pass trace files or directories"
         )
     return load_paths(files)
-
-
-def num(x: float) -> str:
-    """A count in a few characters: 950, 21.3k, 4.87M, 1.02B."""
-    x = float(x)
-    for unit, div in (("B", 1e9), ("M", 1e6), ("k", 1e3)):
-        if abs(x) >= div:
-            return f"{x / div:.3g}{unit}"
-    return f"{x:.3g}" if x != int(x) else f"{int(x)}"
 
 
 def secs(x: float) -> str:
@@ -82,7 +75,7 @@ def trace_table(report: StatsReport, top: int = 10) -> Table:
     """One row per trace; when there are more than `top`, the `top` largest by input and a total."""
     t = Table(title="Traces", title_justify="left")
     for c in _COLS:
-        t.add_column(c, justify="left" if c == "trace" else "right", no_wrap=True)
+        t.add_column(c, justify="left" if c == "trace" else "right")
     rows = report.traces
     shown = rows if len(rows) <= top else sorted(rows, key=lambda r: -r.input_tokens)[:top]
     for r in shown:
@@ -113,7 +106,7 @@ def totals_table(report: StatsReport) -> Table:
     tot = report.total
     t = Table(title="Totals", title_justify="left")
     for c in ("quantity", "count", "p50", "p90", "p99", "mean", "max"):
-        t.add_column(c, justify="left" if c == "quantity" else "right", no_wrap=True)
+        t.add_column(c, justify="left" if c == "quantity" else "right")
     dists: list[tuple[str, Dist, bool]] = [
         ("input tokens / request", tot.input, False),
         ("output tokens / request", tot.output, False),
@@ -141,7 +134,5 @@ def render(report: StatsReport, top: int = 10, console: Console | None = None) -
     """Print the per-trace table and the totals table."""
     if console is None:
         console = Console()
-        if not console.is_terminal:  # piped: no terminal width to fit, so do not wrap the tables
-            console = Console(width=max(console.width, 140))
-    console.print(trace_table(report, top))
-    console.print(totals_table(report))
+    show(console, trace_table(report, top))
+    show(console, totals_table(report))
