@@ -1,0 +1,74 @@
+"""`agentkv bench --sweep lanes=1,2,4,8`: one full run per load point (OUT/point-<k>/), then
+OUT/sweep.json and OUT/sweep.html (output throughput per GPU against interactivity, SLO compliance
+per point, and the knee: the highest load meeting the --slo goodput target).
+
+Its flags are in bench/load_flags.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+SWEEP_KEYS = {"lanes": int, "session_rate": float, "think_scale": float}
+SCHEMA = "agentkv.bench-sweep/1"
+
+
+def parse_sweep(spec: str) -> tuple[str, list]:
+    """`lanes=1,2,4` -> ("lanes", [1, 2, 4]); one key, values typed and checked."""
+    from agentkv.errors import UserError
+
+    key, sep, vals = spec.partition("=")
+    key = key.strip().lstrip("-").replace("-", "_")
+    if not sep or key not in SWEEP_KEYS:
+        raise UserError(f"--sweep: expected KEY=V1,V2,... with KEY in {', '.join(SWEEP_KEYS)}, got {spec!r}")
+    out = []
+    for v in (v.strip() for v in vals.split(",")):
+        if not v:
+            continue
+        try:
+            x = SWEEP_KEYS[key](v)
+        except ValueError:
+            raise UserError(f"--sweep {key}: {v!r} is not a {SWEEP_KEYS[key].__name__}") from None
+        if not (math.isfinite(x) and (x > 0 or (key == "think_scale" and x == 0))):
+            raise UserError(f"--sweep {key}: values must be > 0, got {v!r}")
+        out.append(x)
+    if not out:
+        raise UserError(f"--sweep {key}: no values given")
+    if len(set(out)) != len(out):
+        raise UserError(f"--sweep {key}: a value is repeated in {vals!r}")
+    # lowest load first: more lanes or sessions per second is more load, a larger think scale less
+    return key, sorted(out, reverse=key == "think_scale")
+
+
+RunPoint = Callable[[argparse.Namespace, Path], tuple[int, object]]
+
+
+def run_sweep(args: argparse.Namespace, run_point: RunPoint, out: Path, console) -> int:
+    """Run every point (`run_point(args, folder) -> (exit status, BenchResult)`), then write the
+    sweep's JSON and HTML and print its table; stops at the first interrupted or crashed point."""
+    from agentkv.bench.command import _rate
+    from agentkv.bench.sweep_view import point_row, print_table, write_sweep
+    from agentkv.metrics.summary import parse_slo
+    from agentkv.metrics.validity import EXIT_INVALID
+
+    key, values = parse_sweep(args.sweep)
+    slo = parse_slo(args.slo)
+    attain = _rate(args.slo_attainment, "--slo-attainment")
+    rows, status = [], 0
+    for k, v in enumerate(values):
+        a = argparse.Namespace(**vars(args))
+        setattr(a, key, v)
+        console.print(f"[bold]sweep point {k + 1}/{len(values)}: {key}={v:g}[/bold]")
+        code, result = run_point(a, out / f"point-{k}")
+        rows.append(point_row(k, key, v, result, slo, attain))
+        if code not in (0, EXIT_INVALID):  # interrupted or crashed: keep what is done
+            status = code
+            break
+    doc = write_sweep(out, key, rows, slo, attain)
+    print_table(doc, args.json)
+    if status:
+        return status
+    return EXIT_INVALID if any(not r["valid"] for r in rows) else 0
