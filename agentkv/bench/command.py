@@ -232,9 +232,9 @@ def bench_command(args: argparse.Namespace) -> int:
     console = Console(stderr=True)
     config_from_args(args, "")  # bad flags fail here, before a server starts
     if args.sweep:
-        from agentkv.bench.sweep import parse_sweep
+        from agentkv.bench.sweep import sweep_settings
 
-        parse_sweep(args.sweep)
+        sweep_settings(args)
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
         target = args.target or _start_embedded(args, traces, stack, console, notes)

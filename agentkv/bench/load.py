@@ -63,6 +63,8 @@ def parse_warmup(text: str | None) -> tuple[int, float]:
     if t.isdigit():
         return int(t), 0.0
     try:
+        if not t[-1].isalpha():  # 2.5: neither a count nor a duration with its unit
+            raise UserError(t)
         s = parse_duration(t, "--warmup")
     except UserError:
         raise UserError(

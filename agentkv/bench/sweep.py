@@ -43,20 +43,25 @@ def parse_sweep(spec: str) -> tuple[str, list]:
     return key, sorted(out, reverse=key == "think_scale")
 
 
+def sweep_settings(args: argparse.Namespace) -> tuple[str, list, dict[str, float], float]:
+    """The key, values, SLO and attainment of a --sweep, checked (before any server starts)."""
+    from agentkv.bench.command import _rate
+    from agentkv.metrics.summary import parse_slo
+
+    key, values = parse_sweep(args.sweep)
+    return key, values, parse_slo(args.slo), _rate(args.slo_attainment, "--slo-attainment")
+
+
 RunPoint = Callable[[argparse.Namespace, Path], tuple[int, object]]
 
 
 def run_sweep(args: argparse.Namespace, run_point: RunPoint, out: Path, console) -> int:
     """Run every point (`run_point(args, folder) -> (exit status, BenchResult)`), then write the
     sweep's JSON and HTML and print its table; stops at the first interrupted or crashed point."""
-    from agentkv.bench.command import _rate
     from agentkv.bench.sweep_view import point_row, print_table, write_sweep
-    from agentkv.metrics.summary import parse_slo
     from agentkv.metrics.validity import EXIT_INVALID
 
-    key, values = parse_sweep(args.sweep)
-    slo = parse_slo(args.slo)
-    attain = _rate(args.slo_attainment, "--slo-attainment")
+    key, values, slo, attain = sweep_settings(args)
     rows, status = [], 0
     for k, v in enumerate(values):
         a = argparse.Namespace(**vars(args))

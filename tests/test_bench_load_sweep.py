@@ -1,0 +1,110 @@
+"""`agentkv bench --sweep lanes=...` against a test server of known capacity (at most 2 requests
+stream at once, 5 ms a token): the sweep's knee under a TTFT SLO is that capacity, throughput
+stops growing there, and every point leaves its usual outputs plus sweep.json and sweep.html."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentkv.bench.sweep_view import knee
+from agentkv.cli import main
+from agentkv.metrics.summary import read_summary
+from agentkv.trace.formats.agentx import write_agentx
+from agentkv.trace.model import Request, Session, Trace
+
+CAPACITY, ITL, OUT_TOKENS = 2, 0.005, 25  # one request streams for ~125 ms; 2 at once
+
+
+@pytest.fixture
+def capped_server():
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agentkv.bench.testserver", "--port", "0", "--itl", str(ITL)]
+        + ["--max-running", str(CAPACITY)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = p.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        yield url
+    finally:
+        p.terminate()
+        p.wait(10)
+
+
+def write_traces(folder: Path, n: int = 6, turns: int = 40) -> Path:
+    """Sessions with no think time: each lane keeps one request in flight all the time."""
+    folder.mkdir()
+    for s in range(n):
+        reqs = [
+            Request(
+                t=i * 0.001,
+                input_tokens=64 + 32 * i,
+                output_tokens=OUT_TOKENS,
+                hash_ids=list(range(s * 1000, s * 1000 + 4 + 2 * i)),
+            )
+            for i in range(turns)
+        ]
+        write_agentx(
+            Trace(id=f"s{s}", block_size=16, session=Session(id=f"s{s}", requests=reqs)),
+            folder / f"s{s}.json",
+        )
+    return folder
+
+
+def test_sweep_finds_the_known_capacity_as_the_slo_knee(capped_server, tmp_path, capsys):
+    traces, out = write_traces(tmp_path / "traces"), tmp_path / "sweep"
+    argv = [
+        "bench",
+        str(traces),
+        "--target",
+        capped_server,
+        "--duration",
+        "1.2s",
+        "--quiet",
+        "--out",
+        str(out),
+    ]
+    argv += ["--sweep", "lanes=4,1,3,2", "--slo", "ttft=60ms"]  # any order: run lowest load first
+    assert main(argv) == 0
+    doc = json.loads((out / "sweep.json").read_text())
+    pts = doc["points"]
+    assert [p["lanes"] for p in pts] == [1, 2, 3, 4] and doc["key"] == "lanes"
+    # up to the capacity nothing waits; above it a third (lanes 3) or half (lanes 4) of requests
+    # queue for a whole ~125 ms stream, so fewer than 90% meet TTFT <= 60 ms
+    assert [p["meets_slo"] for p in pts] == [True, True, False, False], [p["slo_share"] for p in pts]
+    assert doc["knee"] == 1 and pts[doc["knee"]]["lanes"] == CAPACITY
+    tps = [p["output_tokens_per_s"] for p in pts]
+    assert tps[1] > 1.6 * tps[0]  # below capacity throughput grows with the load
+    assert max(tps[2:]) < 1.35 * tps[1]  # at capacity it stops growing
+    for p in pts:  # a TPOT of ~5 ms: ~200 tok/s per user whatever the load (the server's own pace)
+        assert 80 < p["interactivity_tokens_per_s_per_user"] < 1 / ITL * 1.1
+        assert p["output_tokens_per_s_per_gpu"] is None and p["gpus"] is None  # unknown: per server
+        assert p["slo_share"]["ttft"] == pytest.approx(p["goodput_fraction"])
+        run = out / p["dir"]
+        s = read_summary(run / "summary.json")
+        assert s.config["lanes"] == p["lanes"] and s.requests == p["requests"] > 0
+        assert (run / "requests.jsonl").stat().st_size > 0 and (run / "report.html").exists()
+    assert doc["throughput_per"] == "server"
+    html = (out / "sweep.html").read_text()
+    assert "<svg" in html and "knee: lanes=2" in html and "output tok/s per server" in html
+    assert html.count("<circle") == 5  # four points and the knee marker
+    printed = capsys.readouterr().out
+    assert "knee: lanes=2" in printed
+
+
+def row(k: int, meets: bool | None) -> dict:
+    return {"k": k, "lanes": k + 1, "meets_slo": meets}
+
+
+def test_the_knee_is_the_end_of_the_first_run_of_points_meeting_the_slo():
+    assert knee([row(0, True), row(1, False), row(2, True)])[0]["k"] == 0  # a noisy later pass is no knee
+    best, why = knee([row(0, True), row(1, True)])
+    assert best["k"] == 1 and "at or above the highest load" in why
+    assert knee([row(0, False), row(1, True)])[0] is None
+    assert knee([row(0, None)]) == (None, "no --slo: no knee")
