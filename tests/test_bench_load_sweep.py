@@ -5,8 +5,6 @@ stops growing there, and every point leaves its usual outputs plus sweep.json an
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,25 +14,15 @@ from agentkv.cli import main
 from agentkv.metrics.summary import read_summary
 from agentkv.trace.formats.agentx import write_agentx
 from agentkv.trace.model import Request, Session, Trace
+from tests.serveutil import stream_server_process
 
 CAPACITY, ITL, OUT_TOKENS = 2, 0.005, 25  # one request streams for ~125 ms; 2 at once
 
 
 @pytest.fixture
 def capped_server():
-    p = subprocess.Popen(
-        [sys.executable, "-m", "agentkv.bench.testserver", "--port", "0", "--itl", str(ITL)]
-        + ["--max-running", str(CAPACITY)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        url = p.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), url
+    with stream_server_process("--itl", str(ITL), "--max-running", str(CAPACITY)) as url:
         yield url
-    finally:
-        p.terminate()
-        p.wait(10)
 
 
 def write_traces(folder: Path, n: int = 6, turns: int = 40) -> Path:

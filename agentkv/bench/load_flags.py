@@ -20,6 +20,11 @@ def add_load_args(p) -> None:
         help="session trees replayed at once, each starting the next trace when it drains (closed "
         "loop; default 16); with --session-rate a cap on trees at once (default: no cap)",
     )
+    _open_loop_args(p)
+
+
+def _open_loop_args(p) -> None:
+    """Session arrivals, warm-up, think scale and the sweep."""
     p.add_argument(
         "--session-rate",
         type=float,

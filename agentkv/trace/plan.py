@@ -59,6 +59,11 @@ def _check(name: str, v: float | None, lo: float, *, allow_none: bool = True, st
         )
 
 
+def _count(name: str, v: int | None, allow_none: bool) -> None:
+    if (v is not None or not allow_none) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise UserError(f"replay plan: {name} must be an integer >= 1, got {v!r}")
+
+
 class ReplayPlan:
     """N session lanes over a shared trace queue (or trees arriving at `session_rate` per second, with
     `lanes` as a cap, None for none), plus timestamp-mode traces; see docs/replay.md.
@@ -82,14 +87,8 @@ class ReplayPlan:
         session_rate: float | None = None,
         arrivals: str = "poisson",
     ):
-        if (lanes is not None or session_rate is None) and (
-            isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1
-        ):
-            raise UserError(f"replay plan: lanes must be an integer >= 1, got {lanes!r}")
-        if max_requests is not None and (
-            isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1
-        ):
-            raise UserError(f"replay plan: max_requests must be an integer >= 1, got {max_requests!r}")
+        _count("lanes", lanes, allow_none=session_rate is not None)
+        _count("max_requests", max_requests, allow_none=True)
         _check("idle_gap_cap", idle_gap_cap, 0.0)
         _check("lane_idle_gap_cap", lane_idle_gap_cap, 0.0)
         _check("time_scale", time_scale, 0.0, allow_none=False)
