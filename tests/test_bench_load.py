@@ -92,6 +92,8 @@ def test_think_scale_shortens_gaps_but_not_latencies():
         (["--sweep", "lanes=2,2"], "repeated"),
         (["--sweep", "lanes="], "no values"),
         (["--sweep", "lanes=1,2", "--slo", "ttft=1s", "--slo-attainment", "150%"], "--slo-attainment"),
+        (["--sweep", "lanes=1,2", "--slo-search", "2"], "--slo-search needs --sweep and --slo"),
+        (["--sweep", "lanes=1,2", "--slo", "ttft=1s", "--slo-search", "-1"], "--slo-search must be >= 0"),
     ],
 )
 def test_bad_load_flags_are_one_line_errors_before_any_server_starts(flags, message, capsys, tmp_path):

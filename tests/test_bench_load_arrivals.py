@@ -113,3 +113,8 @@ def test_session_rate_over_http_starts_trees_on_time():
     assert res.summary.config["session_rate"] == 10.0 and res.summary.config["arrivals"] == "constant"
     assert any("session trees arrived (constant, 10/s" in n for n in res.summary.notes)
     assert all(r.ok for r in res.records) and len({r.lane for r in res.records}) >= 1
+
+
+def test_the_session_rate_is_in_target_seconds_like_every_reported_figure():
+    cfg = BenchConfig("http://127.0.0.1:9", lanes=None, session_rate=3.0, time_scale=4.0)
+    assert BenchRun(cfg, many(2)).plan.arrivals.rate == 12.0  # a target 4x faster: 12 a wall second

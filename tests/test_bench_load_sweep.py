@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from agentkv.bench.sweep import between
 from agentkv.bench.sweep_view import knee
 from agentkv.cli import main
 from agentkv.metrics.summary import read_summary
@@ -58,11 +59,14 @@ def test_sweep_finds_the_known_capacity_as_the_slo_knee(capped_server, tmp_path,
         "--out",
         str(out),
     ]
-    argv += ["--sweep", "lanes=4,1,3,2", "--slo", "ttft=60ms"]  # any order: run lowest load first
+    # a grid of 1 and 4 lanes (any order: lowest load first), then the SLO search halves the gap
+    # between the knee and the first point past it: 2 (meets), 3 (misses), then nothing is left
+    argv += ["--sweep", "lanes=4,1", "--slo", "ttft=60ms", "--slo-search", "3"]
     assert main(argv) == 0
     doc = json.loads((out / "sweep.json").read_text())
     pts = doc["points"]
     assert [p["lanes"] for p in pts] == [1, 2, 3, 4] and doc["key"] == "lanes"
+    assert [p["k"] for p in pts] == [0, 2, 3, 1]  # run order: the grid, then the search
     # up to the capacity nothing waits; above it a third (lanes 3) or half (lanes 4) of requests
     # queue for a whole ~125 ms stream, so fewer than 90% meet TTFT <= 60 ms
     assert [p["meets_slo"] for p in pts] == [True, True, False, False], [p["slo_share"] for p in pts]
@@ -75,6 +79,7 @@ def test_sweep_finds_the_known_capacity_as_the_slo_knee(capped_server, tmp_path,
         assert p["output_tokens_per_s_per_gpu"] is None and p["gpus"] is None  # unknown: per server
         assert p["slo_share"]["ttft"] == pytest.approx(p["goodput_fraction"])
         run = out / p["dir"]
+        assert p["dir"] == f"point-{p['k']}"
         s = read_summary(run / "summary.json")
         assert s.config["lanes"] == p["lanes"] and s.requests == p["requests"] > 0
         assert (run / "requests.jsonl").stat().st_size > 0 and (run / "report.html").exists()
@@ -96,3 +101,15 @@ def test_the_knee_is_the_end_of_the_first_run_of_points_meeting_the_slo():
     assert best["k"] == 1 and "at or above the highest load" in why
     assert knee([row(0, False), row(1, True)])[0] is None
     assert knee([row(0, None)]) == (None, "no --slo: no knee")
+
+
+def test_the_slo_search_halves_the_gap_past_the_knee():
+    rates = [
+        {"k": 0, "session_rate": 1.0, "meets_slo": True},
+        {"k": 1, "session_rate": 4.0, "meets_slo": False},
+    ]
+    assert between("session_rate", rates) == 2.5
+    lanes = [{"k": 0, "lanes": 4, "meets_slo": True}, {"k": 1, "lanes": 5, "meets_slo": False}]
+    assert between("lanes", lanes) is None  # no whole number of lanes in between
+    assert between("lanes", [row(0, True), row(1, True)]) is None  # no point past the knee
+    assert between("lanes", [row(0, False), row(1, False)]) is None  # no knee

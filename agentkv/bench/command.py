@@ -231,7 +231,7 @@ def bench_command(args: argparse.Namespace) -> int:
     out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     console = Console(stderr=True)
     config_from_args(args, "")  # bad flags fail here, before a server starts
-    if args.sweep:
+    if args.sweep or args.slo_search:
         from agentkv.bench.sweep import sweep_settings
 
         sweep_settings(args)

@@ -22,7 +22,7 @@ class LoadConfig:
     """How much load a run offers (BenchConfig's load fields)."""
 
     lanes: int | None = DEFAULT_LANES  # closed loop: trees at once; with session_rate a cap (None: none)
-    session_rate: float | None = None  # new session trees per second (wall), open loop
+    session_rate: float | None = None  # new session trees per (target) second, open loop
     arrivals: str = "poisson"  # poisson | constant spacing of those arrivals (seeded by seed)
     warmup_requests: int = 0  # the first N released requests are warm-up
     warmup_s: float = 0.0  # requests due in the first S wall seconds are warm-up
@@ -89,7 +89,8 @@ def check(cfg: LoadConfig) -> None:
 
 def build_plan(cfg, traces: Sequence[Trace], x: float) -> ReplayPlan:
     """The replay plan of a bench config against a target `x` times faster than real time: gaps
-    shrink x times (time scale) and scale by think_scale; the idle cap is in target seconds."""
+    shrink x times (time scale) and scale by think_scale; the idle cap and the session rate are in
+    target seconds, as every reported figure is (so x sessions a wall second per session a second)."""
     check(cfg)
     return ReplayPlan(
         traces,
@@ -99,7 +100,7 @@ def build_plan(cfg, traces: Sequence[Trace], x: float) -> ReplayPlan:
         idle_gap_cap=None if cfg.idle_gap_cap is None else cfg.idle_gap_cap / x,
         max_requests=cfg.max_requests,
         time_scale=cfg.think_scale / x,
-        session_rate=cfg.session_rate,
+        session_rate=None if cfg.session_rate is None else cfg.session_rate * x,
         arrivals=cfg.arrivals,
     )
 

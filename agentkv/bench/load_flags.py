@@ -71,6 +71,14 @@ def _open_loop_args(p) -> None:
         "--slo limit (default 90%%)",
     )
     p.add_argument(
+        "--slo-search",
+        type=int,
+        default=0,
+        metavar="N",
+        help="--sweep with --slo: then run up to N more points, each halfway between the knee and "
+        "the next point, to close in on the highest load meeting the SLO (default 0)",
+    )
+    p.add_argument(
         "--duration",
         default="60s",
         help="stop releasing requests after this wall time, then let in-flight ones end; "

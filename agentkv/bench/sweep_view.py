@@ -91,7 +91,7 @@ def write_sweep(out: Path, key: str, rows: list[dict], slo: dict[str, float], at
         "slo_attainment": attain,
         "throughput_per": per,
         "points": rows,
-        "knee": None if best is None else best["k"],
+        "knee": None if best is None else rows.index(best),  # its position in points
         "knee_note": why,
     }
     out.mkdir(parents=True, exist_ok=True)
@@ -132,8 +132,8 @@ def curve(doc: dict) -> Chart:
             pick = [xs[i] for i in idx], [ys[i] for i in idx], [tips[i] for i in idx]
             ch.add(Series(name, pick[0], pick[1], kind="dots", color=color, tips=pick[2]))
     if doc["knee"] is not None:
-        r = rows[doc["knee"]]
-        ch.add(Series(f"knee: {key}={r[key]:g}", [xs[r["k"]]], [ys[r["k"]]], kind="dots", color="#000"))
+        i = doc["knee"]
+        ch.add(Series(f"knee: {key}={rows[i][key]:g}", [xs[i]], [ys[i]], kind="dots", color="#000"))
     return ch
 
 
