@@ -115,14 +115,15 @@ def measured(records: list[RequestRecord]) -> list[RequestRecord]:
     return [r for r in records if not r.warmup]
 
 
-def load_notes(cfg: LoadConfig, plan: ReplayPlan, warm: int) -> list[str]:
+def load_notes(cfg: LoadConfig, plan: ReplayPlan, warm: int, x: float = 1.0) -> list[str]:
     """What the summary says about the load: arrivals, lane-cap waits, warm-up left out, think scale."""
     notes = []
     a = plan.arrivals
     if a is not None:
         cap = f"at most {cfg.lanes} at once" if cfg.lanes else "no cap on trees at once"
         notes.append(
-            f"load: {a.arrived} session trees arrived ({cfg.arrivals}, {cfg.session_rate:g}/s, {cap})"
+            f"load: {a.arrived} session trees arrived ({cfg.arrivals}, {cfg.session_rate:g}/s"
+            f"{'' if x == 1.0 else f' of target time, {a.rate:g} a wall second'}, {cap})"
             + (
                 f"; {a.delayed} waited for a free lane, {a.delay_total / a.delayed:.3f} s on average "
                 "(the wait is not in their latencies: it is load the cap refused)"

@@ -341,7 +341,11 @@ class BenchRun:
         cfg = self.cfg
         records = load.measured(self.records)
         warm = len(self.records) - len(records)
-        notes = [f"prompts: {self.prompts.description}", *self.notes, *load.load_notes(cfg, self.plan, warm)]
+        notes = [
+            f"prompts: {self.prompts.description}",
+            *self.notes,
+            *load.load_notes(cfg, self.plan, warm, self.scale),
+        ]
         clocks, clock_notes = clocks_of(records, self.scale)
         notes += clock_notes
         if (skipped := catchup_note(before, after)) is not None:

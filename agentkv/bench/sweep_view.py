@@ -169,7 +169,7 @@ def _table_html(doc: dict) -> str:
             ok = r["meets_slo"]
             cells += [
                 _cell(r["goodput_fraction"], ".1%"),
-                f'<span class="{"ok" if ok else "no"}">{ok}</span>',
+                f'<span class="{"ok" if ok else "no"}">{"yes" if ok else "no"}</span>',
             ]
         body.append("<tr>" + "".join(f"<td>{c}</td>" for c in cells) + "</tr>")
     return (
@@ -203,7 +203,8 @@ def print_table(doc: dict, as_json: bool) -> None:
     key, names = doc["key"], list(doc["slo"])
     gpu = doc["throughput_per"] == "gpu"
     t = Table(title=f"bench sweep over {key}")
-    heads = [key, "valid", "out tok/s" + ("/GPU" if gpu else ""), "tok/s/user", "TTFT p50 ms", "TPOT p50 ms"]
+    heads = [key, "valid", f"out tok/s per {'GPU' if gpu else 'server'}", "tok/s per user", "TTFT p50 ms"]
+    heads.append("TPOT p50 ms")
     for h in [*heads, *(f"{n} met" for n in names), *(["meets"] if names else [])]:
         t.add_column(h, justify="right")
     for r in doc["points"]:
