@@ -87,7 +87,7 @@ def test_think_scale_shortens_gaps_but_not_latencies():
         (["--warmup", "2.5"], "--warmup: expected"),
         (["--lanes", "0"], "--lanes must be >= 1"),
         (["--sweep", "gpus=1,2"], "--sweep: expected KEY=V1,V2"),
-        (["--sweep", "lanes=1,x"], "--sweep lanes: 'x' is not a int"),
+        (["--sweep", "lanes=1,x"], "--sweep lanes: 'x' is not a whole number"),
         (["--sweep", "lanes=0,2"], "--sweep lanes: values must be > 0"),
         (["--sweep", "lanes=2,2"], "repeated"),
         (["--sweep", "lanes="], "no values"),

@@ -125,7 +125,7 @@ def load_notes(cfg: LoadConfig, plan: ReplayPlan, warm: int, x: float = 1.0) -> 
             f"load: {a.arrived} session trees arrived ({cfg.arrivals}, {cfg.session_rate:g}/s"
             f"{'' if x == 1.0 else f' of target time, {a.rate:g} a wall second'}, {cap})"
             + (
-                f"; {a.delayed} waited for a free lane, {a.delay_total / a.delayed:.3f} s on average "
+                f"; {a.delayed} waited for a free lane, {a.delay_total / a.delayed * x:.3f} s on average "
                 "(the wait is not in their latencies: it is load the cap refused)"
                 if a.delayed
                 else ""

@@ -12,14 +12,14 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
+from agentkv.errors import UserError
+
 SWEEP_KEYS = {"lanes": int, "session_rate": float, "think_scale": float}
 SCHEMA = "agentkv.bench-sweep/1"
 
 
 def parse_sweep(spec: str) -> tuple[str, list]:
     """`lanes=1,2,4` -> ("lanes", [1, 2, 4]); one key, values typed and checked."""
-    from agentkv.errors import UserError
-
     key, sep, vals = spec.partition("=")
     key = key.strip().lstrip("-").replace("-", "_")
     if not sep or key not in SWEEP_KEYS:
@@ -31,7 +31,8 @@ def parse_sweep(spec: str) -> tuple[str, list]:
         try:
             x = SWEEP_KEYS[key](v)
         except ValueError:
-            raise UserError(f"--sweep {key}: {v!r} is not a {SWEEP_KEYS[key].__name__}") from None
+            what = "a whole number" if SWEEP_KEYS[key] is int else "a number"
+            raise UserError(f"--sweep {key}: {v!r} is not {what}") from None
         if not (math.isfinite(x) and (x > 0 or (key == "think_scale" and x == 0))):
             raise UserError(f"--sweep {key}: values must be > 0, got {v!r}")
         out.append(x)
@@ -46,7 +47,6 @@ def parse_sweep(spec: str) -> tuple[str, list]:
 def sweep_settings(args: argparse.Namespace) -> tuple[str, list, dict[str, float], float]:
     """The key, values, SLO and attainment of a --sweep, checked (before any server starts)."""
     from agentkv.bench.command import _rate
-    from agentkv.errors import UserError
     from agentkv.metrics.summary import parse_slo
 
     if args.slo_search and not (args.sweep and args.slo):
