@@ -19,7 +19,7 @@ from agentkv.trace.model import Request, Session, Trace
 def session(tid: str, n: int, think: float = 0.0, out: int = 5) -> Trace:
     reqs = [
         Request(
-            t=i,
+            t=i * 0.001,
             input_tokens=64 + 32 * i,
             output_tokens=out,
             hash_ids=list(range(4 + 2 * i)),
