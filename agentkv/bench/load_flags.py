@@ -17,8 +17,18 @@ def add_load_args(p) -> None:
         "--lanes",
         type=int,
         default=None,
+        metavar="N",
         help="session trees replayed at once, each starting the next trace when it drains (closed "
         "loop; default 16); with --session-rate a cap on trees at once (default: no cap)",
+    )
+    p.add_argument(
+        "--duration",
+        default="60s",
+        help="stop releasing requests after this wall time, then let in-flight ones end; "
+        "'none' runs the traces out (default 60s)",
+    )
+    p.add_argument(
+        "--max-requests", type=int, default=None, metavar="N", help="stop after releasing N requests"
     )
     _open_loop_args(p)
 
@@ -77,13 +87,4 @@ def _open_loop_args(p) -> None:
         metavar="N",
         help="--sweep with --slo: then run up to N more points, each halfway between the knee and "
         "the next point, to close in on the highest load meeting the SLO (default 0)",
-    )
-    p.add_argument(
-        "--duration",
-        default="60s",
-        help="stop releasing requests after this wall time, then let in-flight ones end; "
-        "'none' runs the traces out (default 60s)",
-    )
-    p.add_argument(
-        "--max-requests", type=int, default=None, metavar="N", help="stop after releasing N requests"
     )
