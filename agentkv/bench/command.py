@@ -227,14 +227,14 @@ def bench_command(args: argparse.Namespace) -> int:
     """Entry point of `agentkv bench` (one run, or with --sweep one run per load point)."""
     from rich.console import Console
 
-    traces = _load(args)
-    out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
-    console = Console(stderr=True)
-    config_from_args(args, "")  # bad flags fail here, before a server starts
+    config_from_args(args, "")  # bad flags fail here, before traces load or a server starts
     if args.sweep or args.slo_search:
         from agentkv.bench.sweep import sweep_settings
 
         sweep_settings(args)
+    traces = _load(args)
+    out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    console = Console(stderr=True)
     notes: list[str] = []
     with contextlib.ExitStack() as stack:
         target = args.target or _start_embedded(args, traces, stack, console, notes)
