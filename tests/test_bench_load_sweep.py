@@ -5,6 +5,7 @@ stops growing there, and every point leaves its usual outputs plus sweep.json an
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,8 @@ def test_sweep_finds_the_known_capacity_as_the_slo_knee(capped_server, tmp_path,
     html = (out / "sweep.html").read_text()
     assert "<svg" in html and "knee: lanes=2" in html and "output tok/s per server" in html
     assert html.count("<circle") == 5  # four points and the knee marker
+    for n in (1, 2, 3, 4):  # each dot labelled with its load
+        assert re.search(rf'<text x="[\d.]+" y="[\d.]+">{n}</text>', html)
     printed = capsys.readouterr().out
     assert "knee: lanes=2" in printed
 

@@ -3,6 +3,7 @@ InferenceX-style curve of output throughput per GPU against interactivity) and t
 
 from __future__ import annotations
 
+import re
 import sys
 from html import escape
 from pathlib import Path
@@ -137,6 +138,13 @@ def curve(doc: dict) -> Chart:
     return ch
 
 
+def labelled(svg: str, key: str) -> str:
+    """The curve with each point's load written beside its dot (read back from the dots' tooltips)."""
+    dots = re.findall(r'<circle cx="([-\d.]+)" cy="([-\d.]+)" r="[\d.]+"><title>' + key + r"=([^:<]+):", svg)
+    text = "".join(f'<text x="{float(x) + 5:.1f}" y="{float(y) - 5:.1f}">{v}</text>' for x, y, v in dots)
+    return svg.replace("</svg>", f"{text}</svg>")
+
+
 def _slo_tip(r: dict) -> str:
     if r["goodput_fraction"] is None:
         return ""
@@ -188,7 +196,7 @@ def _html(doc: dict) -> str:
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>agentkv bench sweep: {key}'
         f"</title><style>{_CSS}</style></head><body><h1>agentkv bench sweep over {escape(key)}</h1>"
         f"<p>SLO: {escape(slo)}; a point meets it when {doc['slo_attainment']:.0%} of its requests meet "
-        f"every limit. {escape(knee_line)}.</p>{curve(doc).svg()}{_table_html(doc)}</body></html>"
+        f"every limit. {escape(knee_line)}.</p>{labelled(curve(doc).svg(), key)}{_table_html(doc)}</body></html>"
     )
 
 
