@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import re
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -108,6 +112,30 @@ def test_sweep_over_session_rate_without_an_slo(capped_server, tmp_path):
         assert s.config["session_rate"] == p["session_rate"] and s.config["lanes"] is None
         trees.append(len({x.session for x in s.sessions}))
     assert trees[0] in (3, 4) and trees[1] in (12, 13)  # 1 s at 3/s and 12/s, the first at once
+
+
+def test_ctrl_c_mid_sweep_keeps_the_points_done(capped_server, tmp_path):
+    traces, out = write_traces(tmp_path / "traces"), tmp_path / "sweep"
+    argv = [sys.executable, "-m", "agentkv.cli", "bench", str(traces), "--target", capped_server]
+    argv += ["--duration", "1s", "--quiet", "--out", str(out), "--sweep", "lanes=1,2,3"]
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (out / "point-1" / "requests.jsonl").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=30)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.returncode == 130, err
+    doc = json.loads((out / "sweep.json").read_text())
+    assert [(x["lanes"], x["valid"], x["invalid_reason"]) for x in doc["points"]] == [
+        (1, True, ""),
+        (2, False, "interrupted"),
+    ]
+    assert not (out / "point-2").exists() and "Traceback" not in err
 
 
 def row(k: int, meets: bool | None) -> dict:
