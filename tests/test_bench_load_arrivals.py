@@ -8,6 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
+from agentkv.bench.load import LoadConfig, load_notes
 from agentkv.bench.runner import BenchConfig, BenchRun
 from agentkv.bench.testserver import Behaviour, StreamTestServer
 from agentkv.errors import UserError
@@ -118,3 +119,12 @@ def test_session_rate_over_http_starts_trees_on_time():
 def test_the_session_rate_is_in_target_seconds_like_every_reported_figure():
     cfg = BenchConfig("http://127.0.0.1:9", lanes=None, session_rate=3.0, time_scale=4.0)
     assert BenchRun(cfg, many(2)).plan.arrivals.rate == 12.0  # a target 4x faster: 12 a wall second
+
+
+def test_a_session_rate_over_timestamp_traces_says_it_had_no_effect():
+    stamped = [trace("m", [req(0.0), req(0.5)], replay="timestamp")]
+    plan = ReplayPlan(stamped, lanes=None, session_rate=5.0)
+    spans = simulate_schedule(plan, lambda it: 0.1)
+    assert [s.start for s in spans] == [0.0, 0.5] and plan.arrivals.arrived == 0  # their own timeline
+    notes = load_notes(LoadConfig(lanes=None, session_rate=5.0), plan, 0)
+    assert any(n.startswith("--session-rate had no effect: timestamp-mode traces") for n in notes)

@@ -131,6 +131,11 @@ def load_notes(cfg: LoadConfig, plan: ReplayPlan, warm: int, x: float = 1.0) -> 
                 else ""
             )
         )
+    if a is not None and not plan.traces:
+        notes.append(
+            "--session-rate had no effect: timestamp-mode traces (Mooncake) arrive on their own "
+            "timeline (--think-scale scales it)"
+        )
     if cfg.warmup_requests or cfg.warmup_s:
         notes.append(
             f"warm-up: {warm} requests sent and left out of every statistic (warmup: true in requests.jsonl)"

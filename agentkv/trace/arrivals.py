@@ -6,6 +6,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
+from collections import deque
 
 from agentkv.errors import UserError
 
@@ -40,7 +41,7 @@ class Arrivals:
         self.lanes = 0  # slots handed out so far
         self.backlog = self.arrived = self.delayed = 0
         self.delay_total = 0.0
-        self.waiting_since: list[float] = []  # arrival keys of the backlog, oldest first
+        self.waiting_since: deque[float] = deque()  # arrival keys of the backlog, oldest first
         self.hkey, self.hseq = 0.0, -1
 
     def gap(self) -> float:

@@ -379,7 +379,7 @@ class ReplayPlan:
         if a.backlog:
             a.backlog -= 1
             a.delayed += 1
-            a.delay_total += key - a.waiting_since.pop(0)
+            a.delay_total += key - a.waiting_since.popleft()
             self._pull(lane, key)
         else:
             a.release(lane)
