@@ -1,11 +1,13 @@
 """Helpers shared by the agentkv serve HTTP tests (tests/test_serve*.py): a server in-process on the
-test's event loop, SSE and /metrics readers."""
+test's event loop, SSE and /metrics readers; the bench's streaming test server in its own process."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import json
+import subprocess
+import sys
 
 import aiohttp
 from prometheus_client.parser import text_string_to_metric_families
@@ -64,3 +66,21 @@ async def settle(server: Server, timeout: float = 5.0) -> None:
             return
         await asyncio.sleep(0.01)
     raise AssertionError(f"engine still holds {list(server.runner.engine.requests)}")
+
+
+@contextlib.contextmanager
+def stream_server_process(*flags: str):
+    """`python -m agentkv.bench.testserver` on a free loopback port with `flags`; yields its URL,
+    stopped by pid (a bench killed or interrupted on its own leaves it serving)."""
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agentkv.bench.testserver", "--port", "0", *flags],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        url = p.stdout.readline().strip()
+        assert url.startswith("http://127.0.0.1:"), url
+        yield url
+    finally:
+        p.terminate()
+        p.wait(10)

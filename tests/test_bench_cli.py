@@ -15,6 +15,7 @@ import pytest
 
 from agentkv.metrics.records import read_records
 from agentkv.metrics.summary import read_summary
+from tests.serveutil import stream_server_process
 
 BENCH = [sys.executable, "-m", "agentkv.cli", "bench"]
 
@@ -22,18 +23,8 @@ BENCH = [sys.executable, "-m", "agentkv.cli", "bench"]
 @pytest.fixture
 def server():
     """The test server in its own process (tokens 2 ms apart), so the bench can be killed on its own."""
-    p = subprocess.Popen(
-        [sys.executable, "-m", "agentkv.bench.testserver", "--port", "0", "--itl", "0.002"],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        url = p.stdout.readline().strip()
-        assert url.startswith("http://127.0.0.1:"), url
+    with stream_server_process("--itl", "0.002") as url:
         yield url
-    finally:
-        p.terminate()
-        p.wait(10)
 
 
 def _start(url: str, out: Path, preexec_fn=None) -> subprocess.Popen:

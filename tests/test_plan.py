@@ -195,7 +195,7 @@ def test_stop_and_until_end_the_run():
 
 def test_bad_input_gives_clear_errors():
     t = trace("x", [req(0)])
-    for kw in ({"lanes": 0}, {"time_scale": 0}, {"idle_gap_cap": -1}, {"max_requests": 0}):
+    for kw in ({"lanes": 0}, {"time_scale": -1}, {"idle_gap_cap": -1}, {"max_requests": 0}):
         with pytest.raises(UserError, match=next(iter(kw))):
             ReplayPlan([t], **kw)
     with pytest.raises(UserError, match="replay must be"):

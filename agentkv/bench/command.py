@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agentkv.bench.load_flags import add_load_args
 from agentkv.bench.request_flags import add_request_flags
 from agentkv.errors import UserError
 from agentkv.metrics.flags import add_output_flags
@@ -64,31 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def add_bench_args(p: argparse.ArgumentParser) -> None:
     """The flags of `agentkv bench`."""
     add_trace_args(p)
-    _load_args(p.add_argument_group("target and load"))
+    add_load_args(p.add_argument_group("target and load"))
     _request_args(p.add_argument_group("requests"))
     _replay_args(p.add_argument_group("replay"))
     _output_args(p.add_argument_group("output and measurement"))
-
-
-def _load_args(p) -> None:
-    """Target and load."""
-    p.add_argument(
-        "--target",
-        default=None,
-        metavar="URL",
-        help="OpenAI-compatible server, e.g. http://127.0.0.1:8000 (default: start agentkv serve, "
-        "a simulated H200 with Llama-3.1-8B, on a free loopback port)",
-    )
-    p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
-    p.add_argument(
-        "--duration",
-        default="60s",
-        help="stop releasing requests after this wall time, then let in-flight ones end; "
-        "'none' runs the traces out (default 60s)",
-    )
-    p.add_argument(
-        "--max-requests", type=int, default=None, metavar="N", help="stop after releasing N requests"
-    )
 
 
 def _request_args(p) -> None:
@@ -217,11 +197,10 @@ def _rate(text: str, flag: str) -> float:
 
 def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
     """The BenchConfig of the flags, against `target` (durations and SLOs parsed)."""
+    from agentkv.bench.load import DEFAULT_LANES, check, parse_warmup
     from agentkv.bench.runner import BenchConfig
     from agentkv.metrics.summary import parse_slo
 
-    if args.lanes < 1:
-        raise UserError(f"--lanes must be >= 1, got {args.lanes}")
     if args.max_requests is not None and args.max_requests < 1:
         raise UserError(f"--max-requests must be >= 1, got {args.max_requests}")
     duration = _duration(args.duration, "--duration")
@@ -233,9 +212,15 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         if args.time_scale is not None
         else (1.0 if args.target else DEFAULT_EMBEDDED_TIME_SCALE)
     )
-    return BenchConfig(
+    warm_n, warm_s = parse_warmup(args.warmup)
+    cfg = BenchConfig(
         target=target,
-        lanes=args.lanes,
+        lanes=args.lanes if args.lanes is not None or args.session_rate else DEFAULT_LANES,
+        session_rate=args.session_rate,
+        arrivals=args.arrivals,
+        warmup_requests=warm_n,
+        warmup_s=warm_s,
+        think_scale=args.think_scale,
         duration=duration,
         max_requests=args.max_requests,
         api=args.api,
@@ -257,6 +242,8 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         requests=request_options(args),
         cycle=args.cycle_cache if args.cycle else None,
     )
+    check(cfg)
+    return cfg
 
 
 def request_options(args: argparse.Namespace):
@@ -282,13 +269,14 @@ def _load(args: argparse.Namespace, notes: list[str]):
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    """Entry point of `agentkv bench`."""
+    """Entry point of `agentkv bench` (one run, or with --sweep one run per load point)."""
     from rich.console import Console
-    from rich.live import Live
 
-    from agentkv.bench.live import progress_panel, run_loop
-    from agentkv.bench.runner import BenchResult, BenchRun
+    config_from_args(args, "")  # bad flags fail here, before traces load or a server starts
+    if args.sweep or args.slo_search:
+        from agentkv.bench.sweep import sweep_settings
 
+        sweep_settings(args)
     notes: list[str] = []
     traces = _load(args, notes)
     out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
@@ -297,16 +285,32 @@ def bench_command(args: argparse.Namespace) -> int:
         console.print(n, markup=False, highlight=False)
     with contextlib.ExitStack() as stack:
         target = args.target or _start_embedded(args, traces, stack, console, notes)
-        cfg = config_from_args(args, target)
-        run = BenchRun(cfg, traces, out=out, notes=notes)
-        live = None
+        if not args.sweep:
+            return _run_one(args, traces, target, out, console, notes)[0]
+        from agentkv.bench.sweep import run_sweep
+
+        return run_sweep(
+            args, lambda a, o: _run_one(a, traces, target, o, console, notes, show=False), out, console
+        )
+
+
+def _run_one(args, traces, target: str, out: Path, console, notes, show: bool = True):
+    """One measured run against `target` into `out`: (exit status, BenchResult)."""
+    from rich.live import Live
+
+    from agentkv.bench.live import progress_panel, run_loop
+    from agentkv.bench.runner import BenchRun
+
+    cfg = config_from_args(args, target)
+    run = BenchRun(cfg, traces, out=out, notes=notes)
+    with contextlib.ExitStack() as stack:
         if not args.quiet and console.is_terminal:
             live = Live(progress_panel(run), console=console, auto_refresh=False, transient=True)
             run.on_tick = lambda r: live.update(progress_panel(r), refresh=True)
             stack.enter_context(live)
-        result: BenchResult = run_loop(run.run(), args.loop)
-    _write_outputs(args, result, out, run.itl)
-    return _exit_status(run, result, console)
+        result = run_loop(run.run(), args.loop)
+    _write_outputs(args, result, out, run.itl, show)
+    return _exit_status(run, result, console), result
 
 
 def _exit_status(run, result, console) -> int:
@@ -350,10 +354,10 @@ def _start_embedded(
     return srv.url
 
 
-def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None) -> None:
+def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None, show: bool = True) -> None:
     """summary.json, records.csv, vllm_result.json and report.html into `out` (the latency
     percentiles recomputed when --percentiles asks for others), then the summary on the terminal
-    (or as JSON)."""
+    (or as JSON) unless `show` is False (a sweep point)."""
     import msgspec
     from rich.console import Console
 
@@ -369,6 +373,8 @@ def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None)
     written = write_outputs(
         out, result.summary, result.records, report=not args.no_report, itl_values=itl_values
     )
+    if not show:
+        return
     if args.json:
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(result.summary), indent=2).decode() + "\n")
     else:

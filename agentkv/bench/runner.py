@@ -16,9 +16,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import msgspec
 import numpy as np
 
+from agentkv.bench import load
 from agentkv.bench.client import BenchClient, StreamResult
 from agentkv.bench.clocks import Latency, catchup_note, clocks_of
 from agentkv.bench.gpu import GpuMonitor
@@ -32,16 +32,15 @@ from agentkv.metrics.summary import Sample, Summary, summarize
 from agentkv.metrics.validity import DEFAULT_MAX_FAILURE_RATE
 from agentkv.trace.ceiling import CeilingTracker
 from agentkv.trace.model import Trace
-from agentkv.trace.plan import Dispatch, ReplayPlan
+from agentkv.trace.plan import Dispatch
 from agentkv.trace.realtime import drive
 
 
 @dataclass(slots=True)
-class BenchConfig:
-    """One measured run: the target, the replay plan's settings and the request options."""
+class BenchConfig(load.LoadConfig):
+    """One measured run: the target, the load (bench/load.py), replay settings and request options."""
 
     target: str
-    lanes: int = 16
     duration: float | None = 60.0  # stop releasing after this many seconds (None: run the traces out)
     max_requests: int | None = None
     api: str = "completions"
@@ -66,10 +65,9 @@ class BenchConfig:
     transport: str = "http1"  # streaming client: http1 (agentkv's) or aiohttp (benchmarks/client_overhead.py)
 
 
-class BenchSettings(msgspec.Struct, kw_only=True):
+class BenchSettings(load.LoadSettings, kw_only=True):
     """What summary.json's `config` records of a bench run (the settings that shaped it)."""
 
-    lanes: int
     seed: int
     warm_start: bool
     idle_gap_cap: float | None
@@ -136,18 +134,8 @@ class BenchRun:
             raise UserError(f"--time-scale must be > 0, got {cfg.time_scale}")
         # a target running X times faster than real time gets gaps X times shorter; every time we
         # report is then multiplied by X, so results read in the target's own seconds
-        self.scale = x = cfg.time_scale
-        cap = None if cfg.idle_gap_cap is None else cfg.idle_gap_cap / x
-        self.plan = ReplayPlan(
-            self.traces,
-            lanes=cfg.lanes,
-            seed=cfg.seed,
-            warm_start=cfg.warm_start,
-            idle_gap_cap=cap,
-            max_requests=cfg.max_requests,
-            time_scale=1.0 / x,
-            cycle=cfg.cycle,
-        )
+        self.scale = cfg.time_scale
+        self.plan = load.build_plan(cfg, self.traces, cfg.time_scale)
         self.prompts = PromptBuilder(
             cfg.prompt_mode, cfg.tokenizer, tenant_salts=cfg.tenant_salts, cache_bust=cfg.cache_bust
         )
@@ -267,11 +255,12 @@ class BenchRun:
         end = (res.end - t0) * x
         due = d.due * x
         eng = res.engine if res.ok and self.cfg.clock == "auto" else None
+        warm = load.is_warmup(self.cfg, d)
         if eng is not None:  # the target's own clock: no HTTP or client time in the latencies
             lat = Latency.of_engine(eng)
         else:
             lat = Latency.of_client(times, n, x, None if first is None else first - due, end - due)
-        if res.ok:
+        if res.ok and not warm:
             self.itl.extend(lat.gaps)
         return record_for(
             item,
@@ -294,6 +283,7 @@ class BenchRun:
             error=res.error,
             http_status=0 if res.ok else res.status,
             error_detail="" if res.ok else res.detail,
+            warmup=warm,
         )
 
     def _finish(self, rec: RequestRecord, res: StreamResult) -> None:
@@ -346,8 +336,14 @@ class BenchRun:
     # ---- summary --------------------------------------------------------------------------
     def _summary(self, before, after, scraper: Scraper, gpu: GpuMonitor | None, base: str) -> Summary:
         cfg = self.cfg
-        notes = [f"prompts: {self.prompts.description}", *self.notes]
-        clocks, clock_notes = clocks_of(self.records, self.scale)
+        records = load.measured(self.records)
+        warm = len(self.records) - len(records)
+        notes = [
+            f"prompts: {self.prompts.description}",
+            *self.notes,
+            *load.load_notes(cfg, self.plan, warm, self.scale),
+        ]
+        clocks, clock_notes = clocks_of(records, self.scale)
         notes += clock_notes
         if (skipped := catchup_note(before, after)) is not None:
             notes.append(skipped)
@@ -358,7 +354,7 @@ class BenchRun:
             reason = gpu.absent_reason if gpu is not None else "disabled"
             notes.append(f"GPU monitoring absent: {reason}")
         config = BenchSettings(
-            lanes=cfg.lanes,
+            **load.settings_of(cfg),
             seed=cfg.seed,
             warm_start=cfg.warm_start,
             idle_gap_cap=cfg.idle_gap_cap,
@@ -382,7 +378,7 @@ class BenchRun:
             cycle=cfg.cycle,
         )
         summary = summarize(
-            self.records,
+            records,
             kind="bench",
             target=base,
             config=config,
@@ -396,4 +392,5 @@ class BenchRun:
             clocks=clocks,
         )
         add_hints(summary.top_errors, cfg.api, cfg.prompt_mode)
+        summary.warmup_requests = warm
         return summary

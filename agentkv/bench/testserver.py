@@ -104,6 +104,7 @@ class StreamTestServer:
         behave: Behave | None = None,
         max_model_len: int = 1 << 20,
         serial: bool = False,
+        max_running: int | None = None,
         quirks: Quirks | None = None,
         api_key: str | None = None,
     ):
@@ -116,7 +117,9 @@ class StreamTestServer:
         self.running = self.waiting = 0
         self.seen: list[dict] = []  # every request body, in arrival order
         self._count = itertools.count()
-        self._serial = asyncio.Semaphore(1) if serial else None
+        # a known capacity: at most this many requests stream at once, the rest wait (serial: 1)
+        cap = 1 if serial else max_running
+        self._serial = asyncio.Semaphore(cap) if cap else None
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self.url = ""
@@ -288,6 +291,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--itl", type=float, default=0.0, help="seconds between tokens")
     ap.add_argument("--ttft", type=float, default=0.0, help="seconds before the first token")
     ap.add_argument("--max-model-len", type=int, default=1 << 20)
+    ap.add_argument("--max-running", type=int, default=None, help="stream at most N requests at once")
     ap.add_argument("--ignore-stream", action="store_true", help="answer one JSON document, not SSE")
     ap.add_argument("--chat-only", action="store_true", help="/v1/completions answers 404")
     ap.add_argument("--no-token-ids", action="store_true", help="token-id prompts answer 400")
@@ -306,6 +310,7 @@ def main(argv: list[str] | None = None) -> None:
         srv = StreamTestServer(
             behave=lambda body, n: Behaviour(ttft=a.ttft, itl=a.itl, ignore_stream=a.ignore_stream),
             max_model_len=a.max_model_len,
+            max_running=a.max_running,
             quirks=quirks,
             api_key=a.api_key,
         )

@@ -49,6 +49,7 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     error_detail: str = ""  # when not ok: the first 512 bytes of the error body, or what went wrong
     recorded_api_time: float | None = None
     recorded_ttft: float | None = None
+    warmup: bool = False  # sent during bench --warmup: left out of every statistic
 
 
 def record_for(item: PlanItem, scheduled: float, **measured) -> RequestRecord:

@@ -107,6 +107,7 @@ class Summary(msgspec.Struct, kw_only=True):
     cache: CacheHits = msgspec.field(default_factory=CacheHits)
     goodput: Goodput | None = None
     preemptions: int = 0
+    warmup_requests: int = 0  # bench --warmup: requests sent first and left out of every figure here
     sessions: list[SessionRollup] = msgspec.field(default_factory=list)
     timeline: list[Sample] = msgspec.field(default_factory=list)
     valid: bool = True
@@ -148,6 +149,11 @@ def _meets(r: RequestRecord, slo: dict[str, float]) -> bool:
         if v is None and key == "ttft":
             return False
     return True
+
+
+def slo_fraction(records: list[RequestRecord], slo: dict[str, float]) -> float | None:
+    """The share of `records` meeting every SLO of `slo` (a failed request never does); None if none."""
+    return sum(1 for r in records if _meets(r, slo)) / len(records) if records else None
 
 
 def session_rollups(records: list[RequestRecord]) -> list[SessionRollup]:

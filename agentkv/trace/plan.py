@@ -11,11 +11,12 @@ import heapq
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 import msgspec
 
 from agentkv.errors import UserError
+from agentkv.trace.arrivals import Arrivals
 from agentkv.trace.model import Request, Session, Trace
 from agentkv.trace.plan_state import Cursor, Run, Timing, Tree, cycle_mode, cycle_space
 
@@ -49,15 +50,6 @@ class Dispatch(msgspec.Struct, gc=False):
     item: PlanItem
 
 
-class Span(msgspec.Struct, gc=False):
-    """One item as `simulate_schedule` ran it: sent at `start`, done at `end`."""
-
-    item: PlanItem
-    start: float
-    end: float
-    ok: bool = True
-
-
 def _check(name: str, v: float | None, lo: float, *, allow_none: bool = True, strict: bool = False):
     if v is None and allow_none:
         return
@@ -68,8 +60,14 @@ def _check(name: str, v: float | None, lo: float, *, allow_none: bool = True, st
         )
 
 
+def _count(name: str, v: int | None, allow_none: bool) -> None:
+    if (v is not None or not allow_none) and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+        raise UserError(f"replay plan: {name} must be an integer >= 1, got {v!r}")
+
+
 class ReplayPlan:
-    """N session lanes over a shared trace queue, plus timestamp-mode traces; see docs/replay.md.
+    """N session lanes over a shared trace queue (or trees arriving at `session_rate` per second, with
+    `lanes` as a cap, None for none), plus timestamp-mode traces; see docs/replay.md.
 
     Times are whatever clock the driver uses (seconds). The plan never reads a clock itself.
     """
@@ -78,7 +76,7 @@ class ReplayPlan:
         self,
         traces: Iterable[Trace],
         *,
-        lanes: int = 16,
+        lanes: int | None = 16,
         seed: int = 0,
         shuffle: bool = False,
         cycle: bool | str | None = False,
@@ -87,16 +85,14 @@ class ReplayPlan:
         idle_gap_cap: float | None = 10.0,
         lane_idle_gap_cap: float | None = None,
         time_scale: float = 1.0,
+        session_rate: float | None = None,
+        arrivals: str = "poisson",
     ):
-        if isinstance(lanes, bool) or not isinstance(lanes, int) or lanes < 1:
-            raise UserError(f"replay plan: lanes must be an integer >= 1, got {lanes!r}")
-        if max_requests is not None and (
-            isinstance(max_requests, bool) or not isinstance(max_requests, int) or max_requests < 1
-        ):
-            raise UserError(f"replay plan: max_requests must be an integer >= 1, got {max_requests!r}")
+        _count("lanes", lanes, allow_none=session_rate is not None)
+        _count("max_requests", max_requests, allow_none=True)
         _check("idle_gap_cap", idle_gap_cap, 0.0)
         _check("lane_idle_gap_cap", lane_idle_gap_cap, 0.0)
-        _check("time_scale", time_scale, 0.0, allow_none=False, strict=True)
+        _check("time_scale", time_scale, 0.0, allow_none=False)
         self.traces: list[Trace] = []
         stamped: list[Trace] = []
         for t in traces:
@@ -124,7 +120,8 @@ class ReplayPlan:
         self._cursors = [Cursor(t) for t in stamped]
         self._info: dict[int, Timing] = {}
         self._replays: dict[str, int] = {}
-        self._lane_used = [False] * lanes
+        self._lane_used: set[int] = set()
+        self.arrivals = None if session_rate is None else Arrivals(session_rate, arrivals, lanes, seed)
         self._heap: list[tuple[float, int, Run | Cursor]] = []
         self._seq = 0
         self._offset = 0.0  # heap keys are due + offset; a plan-wide idle shift raises it
@@ -143,7 +140,9 @@ class ReplayPlan:
             for c in self._cursors:  # `base` is a heap key: later idle shifts move the whole timeline
                 c.base = now + self._offset - self.time_scale * t0
                 self._push(c, c.base + self.time_scale * c.rows[0][0])
-        for lane in range(self.lanes):
+        if self.arrivals is not None and self.traces:  # the first tree arrives at once
+            self._push(self.arrivals, now + self._offset)
+        for lane in range(0 if self.arrivals is not None else self.lanes):
             self._pull(lane, now + self._offset)
         self._plan_shift(now)
 
@@ -167,6 +166,9 @@ class ReplayPlan:
                 item = obj.item(PlanItem, self.released, self.cycle)
                 if obj.i < len(obj.rows) or (self.cycle and obj.next_cycle(self.time_scale)):
                     self._push(obj, obj.base + self.time_scale * obj.rows[obj.i][0])
+            elif type(obj) is Arrivals:
+                self._arrive(obj, key)
+                continue
             elif not obj.started:
                 self._begin(obj, key)
                 continue
@@ -274,9 +276,9 @@ class ReplayPlan:
         replay = self._replays.get(trace.id, 0)
         self._replays[trace.id] = replay + 1
         skip = 0
-        if self.warm_start and not self._lane_used[lane]:
+        if self.warm_start and lane not in self._lane_used:
             skip = self._warm_rng.randrange(len(trace.session.requests) or 1)
-        self._lane_used[lane] = True
+        self._lane_used.add(lane)
         self.trees_started += 1
         self.active_trees += 1
         tree = Tree(lane, trace, replay)
@@ -316,7 +318,10 @@ class ReplayPlan:
                 tree = r.tree
                 tree.finished = True
                 self.active_trees -= 1
-                self._pull(tree.lane, key)
+                if self.arrivals is None:
+                    self._pull(tree.lane, key)
+                else:
+                    self._free_lane(tree.lane, key)
                 return
             p.live -= 1
             p.cdone.add(r.cidx)
@@ -343,47 +348,45 @@ class ReplayPlan:
                     r.gkey -= excess
 
     def _plan_shift(self, now: float) -> None:
-        """Nothing in flight anywhere: the next timer fires at most `idle_gap_cap` after `now`."""
+        """Nothing in flight anywhere: the next timer fires at most `idle_gap_cap` after `now`;
+        session arrivals keep their own times (the rate is the load asked for)."""
         if self.idle_gap_cap is None:
             return
-        due = self.next_due()
+        due, a = self.next_due(), self.arrivals
+        if a is not None and a.hseq >= 0:
+            keys = (k for k, q, o in self._heap if o.hseq == q and o is not a)
+            due = min(keys, default=None)
+            due = None if due is None else due - self._offset
         if due is not None and due > now + self.idle_gap_cap:
             self._offset += due - now - self.idle_gap_cap
+            if a is not None and a.hseq >= 0:
+                self._push(a, a.hkey + due - now - self.idle_gap_cap)
+
+    def _arrive(self, a: Arrivals, key: float) -> None:
+        """A new session tree arrives: it takes a free lane slot or waits for one; arm the next."""
+        a.arrived += 1
+        lane = a.slot()
+        if lane is None:
+            a.backlog += 1
+            a.waiting_since.append(key)
+        else:
+            self._pull(lane, key)
+        if self.cycle or len(self._queue) > a.backlog:
+            self._push(a, key + a.gap())
+
+    def _free_lane(self, lane: int, key: float) -> None:
+        """A tree drained in rate mode: the oldest waiting arrival takes its lane, else it is free."""
+        a = self.arrivals
+        if a.backlog:
+            a.backlog -= 1
+            a.delayed += 1
+            a.delay_total += key - a.waiting_since.popleft()
+            self._pull(lane, key)
+        else:
+            a.release(lane)
 
 
-def simulate_schedule(
-    plan: ReplayPlan,
-    service_time: Callable[[PlanItem], float],
-    *,
-    start: float = 0.0,
-    until: float | None = None,
-    ok: Callable[[PlanItem], bool] | None = None,
-) -> list[Span]:
-    """Run `plan` on a virtual clock where each item takes `service_time(item)` with no queueing.
+# the reference virtual-clock driver lives beside the plan; re-exported here for its callers
+from agentkv.trace.schedule import Span, simulate_schedule  # noqa: E402
 
-    The reference driver: returns every released item with its (start, end), in release order.
-    Ends are processed before releases at the same instant; `until` stops releasing after it.
-    """
-    if plan.cycle and plan.max_requests is None and until is None:
-        raise ValueError("simulate_schedule: a cycling plan needs max_requests or until to end")
-    plan.start(start)
-    spans: list[Span] = []
-    ends: list[tuple[float, int, Span]] = []
-    while True:
-        due = plan.next_due()
-        if ends and (due is None or ends[0][0] <= due):
-            end, _, sp = heapq.heappop(ends)
-            plan.complete(sp.item.id, end, sp.ok)
-            continue
-        if due is None:
-            return spans
-        if until is not None and due > until:
-            plan.stop()
-            continue
-        for d in plan.pop_due(due):
-            dur = service_time(d.item)
-            if not dur >= 0:
-                raise ValueError(f"simulate_schedule: service_time gave {dur!r} for item {d.item.id}")
-            sp = Span(d.item, d.due, d.due + dur, True if ok is None else bool(ok(d.item)))
-            spans.append(sp)
-            heapq.heappush(ends, (sp.end, d.item.id, sp))
+__all__ = ["Dispatch", "PlanItem", "ReplayPlan", "Span", "simulate_schedule"]

@@ -1,0 +1,149 @@
+"""Load control of `agentkv bench`: closed-loop lanes or open-loop session arrivals, warm-up, think
+scaling. The settings, the replay plan they shape, which requests are warm-up, and the notes."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import msgspec
+
+from agentkv.errors import UserError
+from agentkv.metrics.records import RequestRecord
+from agentkv.trace.model import Trace
+from agentkv.trace.plan import Dispatch, ReplayPlan
+from agentkv.units import parse_duration
+
+DEFAULT_LANES = 16
+
+
+@dataclass(slots=True, kw_only=True)
+class LoadConfig:
+    """How much load a run offers (BenchConfig's load fields)."""
+
+    lanes: int | None = DEFAULT_LANES  # closed loop: trees at once; with session_rate a cap (None: none)
+    session_rate: float | None = None  # new session trees per (target) second, open loop
+    arrivals: str = "poisson"  # poisson | constant spacing of those arrivals (seeded by seed)
+    warmup_requests: int = 0  # the first N released requests are warm-up
+    warmup_s: float = 0.0  # requests due in the first S wall seconds are warm-up
+    think_scale: float = 1.0  # multiplies think/tool gaps only; latencies stay the target's
+
+
+class LoadSettings(msgspec.Struct, kw_only=True):
+    """What summary.json's `config` records of the load (BenchSettings extends it)."""
+
+    lanes: int | None
+    session_rate: float | None = None
+    arrivals: str | None = None
+    warmup: str | None = None  # "100 requests" or "30s"
+    think_scale: float = 1.0
+
+
+def settings_of(cfg: LoadConfig) -> dict:
+    """The LoadSettings fields of a config, as keyword arguments."""
+    warm = None
+    if cfg.warmup_requests:
+        warm = f"{cfg.warmup_requests} requests"
+    elif cfg.warmup_s:
+        warm = f"{cfg.warmup_s:g}s"
+    return {
+        "lanes": cfg.lanes,
+        "session_rate": cfg.session_rate,
+        "arrivals": cfg.arrivals if cfg.session_rate else None,
+        "warmup": warm,
+        "think_scale": cfg.think_scale,
+    }
+
+
+def parse_warmup(text: str | None) -> tuple[int, float]:
+    """`--warmup 20` (requests) or `--warmup 30s` (a duration) -> (requests, seconds); 0 for none."""
+    t = str(text or "").strip().lower()
+    if t in ("", "0", "none", "off"):
+        return 0, 0.0
+    if t.isdigit():
+        return int(t), 0.0
+    try:
+        if not t[-1].isalpha():  # 2.5: neither a count nor a duration with its unit
+            raise UserError(t)
+        s = parse_duration(t, "--warmup")
+    except UserError:
+        raise UserError(
+            f"--warmup: expected a request count (20) or a duration (30s), got {text!r}"
+        ) from None
+    if not s > 0:
+        raise UserError(f"--warmup must be > 0, got {text!r}")
+    return 0, s
+
+
+def check(cfg: LoadConfig) -> None:
+    """One-line errors for load settings no run can use."""
+    if cfg.session_rate is None and cfg.lanes is None:
+        raise UserError("--lanes is needed without --session-rate")
+    if cfg.lanes is not None and cfg.lanes < 1:
+        raise UserError(f"--lanes must be >= 1, got {cfg.lanes}")
+    if cfg.session_rate is not None and not 0 < cfg.session_rate < float("inf"):
+        raise UserError(f"--session-rate must be > 0 sessions/s, got {cfg.session_rate:g}")
+    if not 0 <= cfg.think_scale < float("inf"):
+        raise UserError(f"--think-scale must be >= 0, got {cfg.think_scale:g}")
+
+
+def build_plan(cfg, traces: Sequence[Trace], x: float) -> ReplayPlan:
+    """The replay plan of a bench config against a target `x` times faster than real time: gaps
+    shrink x times (time scale) and scale by think_scale; the idle cap and the session rate are in
+    target seconds, as every reported figure is (so x sessions a wall second per session a second)."""
+    check(cfg)
+    return ReplayPlan(
+        traces,
+        lanes=cfg.lanes,
+        seed=cfg.seed,
+        warm_start=cfg.warm_start,
+        idle_gap_cap=None if cfg.idle_gap_cap is None else cfg.idle_gap_cap / x,
+        max_requests=cfg.max_requests,
+        time_scale=cfg.think_scale / x,
+        session_rate=None if cfg.session_rate is None else cfg.session_rate * x,
+        arrivals=cfg.arrivals,
+        cycle=cfg.cycle,
+    )
+
+
+def is_warmup(cfg: LoadConfig, d: Dispatch) -> bool:
+    """Whether a released request is warm-up: among the first N released or due in the first S."""
+    return d.item.id < cfg.warmup_requests or d.due < cfg.warmup_s
+
+
+def measured(records: list[RequestRecord]) -> list[RequestRecord]:
+    """The records statistics are computed from: warm-up ones left out."""
+    return [r for r in records if not r.warmup]
+
+
+def load_notes(cfg: LoadConfig, plan: ReplayPlan, warm: int, x: float = 1.0) -> list[str]:
+    """What the summary says about the load: arrivals, lane-cap waits, warm-up left out, think scale."""
+    notes = []
+    a = plan.arrivals
+    if a is not None:
+        cap = f"at most {cfg.lanes} at once" if cfg.lanes else "no cap on trees at once"
+        notes.append(
+            f"load: {a.arrived} session trees arrived ({cfg.arrivals}, {cfg.session_rate:g}/s"
+            f"{'' if x == 1.0 else f' of target time, {a.rate:g} a wall second'}, {cap})"
+            + (
+                f"; {a.delayed} waited for a free lane, {a.delay_total / a.delayed * x:.3f} s on average "
+                "(the wait is not in their latencies: it is load the cap refused)"
+                if a.delayed
+                else ""
+            )
+        )
+    if a is not None and not plan.traces:
+        notes.append(
+            "--session-rate had no effect: timestamp-mode traces (Mooncake) arrive on their own "
+            "timeline (--think-scale scales it)"
+        )
+    if cfg.warmup_requests or cfg.warmup_s:
+        notes.append(
+            f"warm-up: {warm} requests sent and left out of every statistic (warmup: true in requests.jsonl)"
+        )
+    if cfg.think_scale != 1.0:
+        notes.append(
+            f"think scale {cfg.think_scale:g}: think and tool gaps between turns were replayed at "
+            f"{cfg.think_scale:g}x their recorded length; latencies are the target's, unscaled"
+        )
+    return notes
