@@ -102,7 +102,10 @@ class Offload:
         return self._pool
 
     def start(self) -> None:
-        """Spawn every worker process now (in the background), not on the first large body."""
+        """Spawn every worker process now (in the background), not on the first large body; with no
+        processes (a thread), run the set-up here."""
+        if self.processes <= 0 and self._init is not None:
+            self._init(*self._init_args)
         if self.processes > 0:
             pool = self._ensure()
             for _ in range(self.processes):

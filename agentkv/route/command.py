@@ -36,7 +36,12 @@ def _listen_args(p) -> None:
         help="an engine and, if it publishes KV events, its ZMQ event (and replay) endpoint, e.g. "
         "http://127.0.0.1:8001=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558 (repeatable)",
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this host only, as agentkv serve; 0.0.0.0 for every "
+        "interface, behind --api-keys)",
+    )
     p.add_argument("--port", type=int, default=8000)
 
 
