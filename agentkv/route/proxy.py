@@ -34,6 +34,7 @@ from agentkv.route.index import Match, TenantIndex
 from agentkv.route.metrics import RouterStats, render_metrics
 from agentkv.route.prepare import Prepared, init_child, prepare, prepare_in_child
 from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
+from agentkv.route.replica import SessionTieKvAware, tie_key
 from agentkv.route.tenants import Tenants, router_secret
 from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec
 
@@ -59,6 +60,7 @@ class RouterConfig:
     kv_weight: float = KV_WEIGHT
     temperature: float = 0.0
     affinity: float = 8.0  # blocks a session's worker may cost above the best and still keep it
+    tie_break: str = "rotate"  # kv_aware ties: "rotate", or "session" (keyed hash: replicas agree)
     approx_capacity: int = 65_536
     approx_ttl: float = 300.0
     health_interval: float = 1.0
@@ -102,6 +104,7 @@ class Router:
             forget=self.approx.clear_worker,
         )
         self.stats = RouterStats()
+        self.tie_key = tie_key(cfg.secret)  # replicas given one secret break ties alike
         self.policy = self._make_policy()
         self.session: aiohttp.ClientSession | None = None
         self.guard = None  # the listening site's ConnectionGuard (set by listen.py)
@@ -131,12 +134,14 @@ class Router:
         without affinity, or least_loaded in place of the stateful others."""
         if self.cfg.policy != "kv_aware":
             return make_policy("least_loaded" if retry else self.cfg.policy)
-        return make_policy(
-            "kv_aware",
-            weight=self.cfg.kv_weight,
-            temperature=self.cfg.temperature,
-            affinity=0.0 if retry else self.cfg.affinity,
-        )
+        kw = {
+            "weight": self.cfg.kv_weight,
+            "temperature": self.cfg.temperature,
+            "affinity": 0.0 if retry else self.cfg.affinity,
+        }
+        if self.cfg.tie_break == "session":
+            return SessionTieKvAware(self.tie_key, **kw)
+        return make_policy("kv_aware", **kw)
 
     def _new_policy(self) -> None:
         """Workers came or went: policy state indexes the healthy list, so start it afresh."""
