@@ -12,27 +12,9 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, post
+from cluster import Cluster, descendants, post
 
 pytestmark = pytest.mark.slow
-
-
-def _children(pid: int) -> list[int]:
-    """Every descendant of `pid` (from /proc: ppid in field 4 of stat)."""
-    parents: dict[int, list[int]] = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            parents.setdefault(ppid, []).append(int(d.name))
-    out, todo = [], [pid]
-    while todo:
-        kids = parents.get(todo.pop(), [])
-        out += kids
-        todo += kids
-    return out
 
 
 def _listeners(port: int) -> list[tuple[str, int]]:
@@ -93,7 +75,7 @@ def _wait_serving(c: Cluster, j: int, parent, n: int, timeout: float = 60.0) -> 
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         assert parent.poll() is None, c.procs.output(f"router{j}")
-        owners = _socket_owners(_children(parent.pid))
+        owners = _socket_owners(descendants(parent.pid))
         held = [owners[inode] for _, inode in _listeners(c.router_ports[j]) if inode in owners]
         if len(held) == n:
             return held
@@ -121,7 +103,7 @@ def test_processes_share_the_port_on_loopback_and_stop_with_the_parent(worker):
     for k in range(8):
         status, _ = post(c.router_url(0) + "/v1/completions", {"prompt": [1, 2, 3, k], "max_tokens": 1})
         assert status == 200
-    family = _children(parent.pid)  # routers and their parser processes
+    family = descendants(parent.pid)  # routers and their parser processes
     assert len(family) >= 2 + 2  # two routers, a parser process each
     os.kill(parent.pid, signal.SIGTERM)
     assert parent.wait(30) == 0, c.procs.output("router0")
@@ -135,7 +117,7 @@ def test_a_child_that_dies_stops_the_others_and_fails_the_parent(worker):
     )
     c.wait_workers()
     routers = _wait_serving(c, 1, parent, 2)
-    family = _children(parent.pid)
+    family = descendants(parent.pid)
     os.kill(routers[0], signal.SIGKILL)
     assert parent.wait(30) != 0
     assert "exited with -9; stopping the others" in c.procs.output("router1")

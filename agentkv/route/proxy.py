@@ -35,12 +35,13 @@ from agentkv.route.metrics import RouterStats, render_metrics
 from agentkv.route.prepare import Prepared, init_child, prepare, prepare_in_child
 from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
 from agentkv.route.replica import SessionTieKvAware, tie_key
-from agentkv.route.tenants import Tenants, router_secret
+from agentkv.route.tenants import Tenant, Tenants, router_secret
 from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec
 
 log = logging.getLogger("agentkv.route")
 
 _NO_MATCH = Match(0)
+_ASK = object()  # _generate's tenant not yet known: authenticate the request
 FALLBACK_MAX_MODEL_LEN = 1 << 20  # the hashing bound until a worker reports its max_model_len
 
 
@@ -158,6 +159,10 @@ class Router:
         )
         await self.pool.start(self.session)
         self.offload.start()
+        if self.hasher.tokenizer.kind == "builtin":  # before listening: not on the first request's time
+            from agentkv.trace.tokens import warm_up
+
+            warm_up()
         if not self.cfg.max_model_len:
             self._learner = asyncio.create_task(self._learn_max_model_len(), name="route-max-model-len")
         if self.tenants.open:
@@ -208,9 +213,9 @@ class Router:
     async def _limited(self, request: web.Request, chat: bool) -> web.StreamResponse:
         """At most `max_streams_per_tenant` requests of one tenant in flight; 429 past it."""
         limit = self.cfg.max_streams_per_tenant
-        tenant = self.tenants.authenticate(request.headers) if limit else None
-        if tenant is None:  # no limit, or unauthenticated (_generate answers 401)
-            return await self._generate(request, chat)
+        tenant = self.tenants.authenticate(request.headers)
+        if tenant is None or not limit:  # unauthenticated (_generate answers 401), or no limit
+            return await self._generate(request, chat, tenant)
         n = self._streams.get(tenant.id, 0)
         if n >= limit:
             self.stats.throttled += 1
@@ -221,7 +226,7 @@ class Router:
             )
         self._streams[tenant.id] = n + 1
         try:
-            return await self._generate(request, chat)
+            return await self._generate(request, chat, tenant)
         finally:
             n = self._streams[tenant.id] - 1
             if n:
@@ -314,10 +319,12 @@ class Router:
         st.route_seconds += time.perf_counter() - t0
         return w
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, chat: bool, tenant: Tenant | None | object = _ASK):
+        """Authenticate (unless `tenant` is given: already done), prepare, choose, forward, retry."""
         st = self.stats
-        tenant = self.tenants.authenticate(request.headers)
-        if tenant is None:
+        if tenant is _ASK:
+            tenant = self.tenants.authenticate(request.headers)
+        if not isinstance(tenant, Tenant):
             st.unauthorized += 1
             return _error(401, "missing or invalid API key", "AuthenticationError")
         try:
