@@ -12,7 +12,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from cluster import Cluster, descendants, post
+from cluster import Cluster, descendants, get_text, metric_sum, post
 
 pytestmark = pytest.mark.slow
 
@@ -100,9 +100,13 @@ def test_processes_share_the_port_on_loopback_and_stop_with_the_parent(worker):
     routers = _wait_serving(c, 0, parent, 2)
     assert len(set(routers)) == 2  # two processes, each its own listener
     assert {addr for addr, _ in _listeners(c.router_ports[0])} == {"0100007F"}  # 127.0.0.1 only
-    for k in range(8):
+    for k in range(24):  # a new connection each: the kernel spreads them over the two
         status, _ = post(c.router_url(0) + "/v1/completions", {"prompt": [1, 2, 3, k], "max_tokens": 1})
         assert status == 200
+    time.sleep(1.5)  # each process leaves its /metrics page for the others every second
+    page = get_text(c.router_url(0) + "/metrics")
+    per = [metric_sum(page, f'agentkv_router_requests_total{{process="{k}"}}') for k in "01"]
+    assert sum(per) == 24 and min(per) > 0, per  # one scrape shows both; both served (all on one: p = 2^-23)
     family = descendants(parent.pid)  # routers and their parser processes
     assert len(family) >= 2 + 2  # two routers, a parser process each
     os.kill(parent.pid, signal.SIGTERM)

@@ -15,8 +15,8 @@ from agentkv.route.proxy import Router, RouterConfig
 log = logging.getLogger("agentkv.route")
 
 
-def run_router(cfg: RouterConfig, process: int | None = None) -> None:
-    """Serve until interrupted; `process`: this one's index among `--processes` (the port is shared)."""
+def run_router(cfg: RouterConfig) -> None:
+    """Serve until interrupted (under `--processes N`, on a port shared with the others)."""
     router = Router(cfg)
     log.info(
         "agentkv route on http://%s:%d, policy %s, %d workers%s",
@@ -24,7 +24,7 @@ def run_router(cfg: RouterConfig, process: int | None = None) -> None:
         cfg.port,
         cfg.policy,
         len(cfg.workers),
-        "" if process is None else f" (process {process}, pid {os.getpid()})",
+        "" if cfg.process is None else f" (process {cfg.process}, pid {os.getpid()})",
     )
     loop_factory = asyncio.new_event_loop
     try:  # uvloop when present: about a third less CPU per proxied request
@@ -34,7 +34,7 @@ def run_router(cfg: RouterConfig, process: int | None = None) -> None:
     except ImportError:
         pass
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(_serve(router, cfg, process is not None))
+        runner.run(_serve(router, cfg, cfg.process is not None))
 
 
 async def _serve(router: Router, cfg: RouterConfig, shared: bool) -> None:

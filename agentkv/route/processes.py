@@ -6,17 +6,22 @@ children and then only waits: SIGTERM or SIGINT is forwarded to each child by pi
 that exits on its own stops the rest (the exit status says which failed). Each child is a whole
 router: its own event loop, KV-event subscribers, health checks and parser processes; the
 kernel spreads new connections over them. A child dies with its parent (PR_SET_PDEATHSIG).
+`/metrics`, answered by whichever process the scrape reaches, holds every process's series with a
+`process` label: each leaves its page in a private folder every second for the others to read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import multiprocessing as mp
 import os
 import secrets
+import shutil
 import signal
 import sys
+import tempfile
 import time
 
 from agentkv.errors import UserError
@@ -34,7 +39,7 @@ def _child(cfg, index: int, level: str, parent: int) -> None:
     from agentkv.route.listen import run_router
 
     try:
-        run_router(cfg, process=index)
+        run_router(dataclasses.replace(cfg, process=index))
     except UserError as e:
         print(f"agentkv: error: {e}", file=sys.stderr)
         sys.exit(2)
@@ -47,6 +52,7 @@ def run_processes(cfg, n: int, level: str) -> int:
     if cfg.secret is None and not os.environ.get(SECRET_ENV):
         os.environ[SECRET_ENV] = secrets.token_hex(32)  # inherited: one secret for all children
     ctx = mp.get_context("spawn")
+    cfg = dataclasses.replace(cfg, metrics_dir=tempfile.mkdtemp(prefix="agentkv-route-metrics-"))
     children = [
         ctx.Process(target=_child, args=(cfg, k, level, os.getpid()), name=f"route-{k}") for k in range(n)
     ]
@@ -75,6 +81,7 @@ def run_processes(cfg, n: int, level: str) -> int:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+        shutil.rmtree(cfg.metrics_dir, ignore_errors=True)
 
 
 def _wait(children: list, stop, stopping) -> int:

@@ -31,7 +31,7 @@ from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.forward import CONNECT_ERRORS, Retry, forward
 from agentkv.route.index import Match, TenantIndex
-from agentkv.route.metrics import RouterStats, render_metrics
+from agentkv.route.metrics import RouterStats, merge_processes, publish_page, render_metrics, sibling_pages
 from agentkv.route.prepare import Prepared, init_child, prepare, prepare_in_child
 from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
 from agentkv.route.replica import SessionTieKvAware, tie_key
@@ -75,6 +75,8 @@ class RouterConfig:
     max_index_blocks: int = 1 << 22  # indexed blocks per worker (stores past it are dropped, counted)
     host: str = "127.0.0.1"
     port: int = 8000
+    process: int | None = None  # this one's index under `--processes N` (the port is shared)
+    metrics_dir: str | None = None  # where the N processes leave their /metrics pages for each other
     extra: dict = field(default_factory=dict)
 
 
@@ -165,6 +167,11 @@ class Router:
             warm_up()
         if not self.cfg.max_model_len:
             self._learner = asyncio.create_task(self._learn_max_model_len(), name="route-max-model-len")
+        if self.cfg.metrics_dir is not None:
+            self._publisher = asyncio.create_task(
+                publish_page(self.cfg.metrics_dir, str(self.cfg.process), lambda: render_metrics(self)),
+                name="route-metrics-page",
+            )
         if self.tenants.open:
             log.info("no --api-keys: requests are not authenticated and client cache_salt passes through")
         else:
@@ -176,8 +183,9 @@ class Router:
             )
 
     async def _cleanup(self, app: web.Application) -> None:
-        if getattr(self, "_learner", None) is not None:
-            self._learner.cancel()
+        for task in (getattr(self, "_learner", None), getattr(self, "_publisher", None)):
+            if task is not None:
+                task.cancel()
         await self.pool.close()
         if self.session is not None:
             await self.session.close()
@@ -277,9 +285,15 @@ class Router:
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
+        """This router's metrics; under `--processes N` every process's, labelled `process`."""
         if (refused := self._admin_refusal(request)) is not None:
             return refused
-        return web.Response(text=render_metrics(self), content_type="text/plain", charset="utf-8")
+        text = render_metrics(self)
+        if self.cfg.metrics_dir is not None:
+            pages = sibling_pages(self.cfg.metrics_dir)
+            pages[str(self.cfg.process)] = text
+            text = merge_processes(pages)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # -- routing ---------------------------------------------------------------------------------
     def choose(self, tenant: str, h: Hashed, session: str, exclude: set[int]) -> Worker:
