@@ -83,6 +83,15 @@ def _wait_serving(c: Cluster, j: int, parent, n: int, timeout: float = 60.0) -> 
     raise TimeoutError(f"{n} router processes did not come up: {c.procs.output(f'router{j}')}")
 
 
+def _start_two(c: Cluster, j: int):
+    """`route --processes 2` on router port j (one parser process each): the parent and the two
+    router processes, once both listen."""
+    flags = ["--processes", "2", "--parse-processes", "1", "--health-interval", "0.5"]
+    parent = c.start_router(flags, j=j, name=f"router{j}")
+    c.wait_workers()
+    return parent, _wait_serving(c, j, parent, 2)
+
+
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
     """One `agentkv serve` worker and two router ports, every process stopped at the end."""
@@ -93,11 +102,7 @@ def worker(tmp_path_factory):
 
 def test_processes_share_the_port_on_loopback_and_stop_with_the_parent(worker):
     c = worker
-    parent = c.start_router(
-        ["--processes", "2", "--parse-processes", "1", "--health-interval", "0.5"], j=0, name="router0"
-    )
-    c.wait_workers()
-    routers = _wait_serving(c, 0, parent, 2)
+    parent, routers = _start_two(c, 0)
     assert len(set(routers)) == 2  # two processes, each its own listener
     assert {addr for addr, _ in _listeners(c.router_ports[0])} == {"0100007F"}  # 127.0.0.1 only
     for k in range(24):  # a new connection each: the kernel spreads them over the two
@@ -116,11 +121,7 @@ def test_processes_share_the_port_on_loopback_and_stop_with_the_parent(worker):
 
 def test_a_child_that_dies_stops_the_others_and_fails_the_parent(worker):
     c = worker
-    parent = c.start_router(
-        ["--processes", "2", "--parse-processes", "1", "--health-interval", "0.5"], j=1, name="router1"
-    )
-    c.wait_workers()
-    routers = _wait_serving(c, 1, parent, 2)
+    parent, routers = _start_two(c, 1)
     family = descendants(parent.pid)
     os.kill(routers[0], signal.SIGKILL)
     assert parent.wait(30) != 0
@@ -128,3 +129,32 @@ def test_a_child_that_dies_stops_the_others_and_fails_the_parent(worker):
     assert _gone(family, 10), _alive(family)
     with pytest.raises(OSError):
         urllib.request.urlopen(c.router_url(1) + "/health", timeout=2)
+
+
+def test_bad_processes_flags_are_one_line_errors(capsys):
+    """Refused before any child starts: a taken port (even one a listener shares by SO_REUSEPORT),
+    --port 0, and a count out of range."""
+    import socket
+
+    from agentkv.cli import main
+
+    taken = socket.socket()
+    taken.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        port = taken.getsockname()[1]
+        base = ["route", "--worker", "http://127.0.0.1:9"]
+        for extra, said in (
+            (
+                ["--port", str(port), "--processes", "2"],
+                f"cannot listen on 127.0.0.1:{port}: Address already in use",
+            ),
+            (["--port", "0", "--processes", "2"], "--processes over 1 needs a fixed --port"),
+            (["--processes", "0"], "--processes must be 1 to 256, got 0"),
+        ):
+            assert main([*base, *extra]) == 2
+            err = capsys.readouterr().err
+            assert said in err and len(err.strip().splitlines()) == 1, err
+    finally:
+        taken.close()

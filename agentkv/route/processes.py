@@ -20,6 +20,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import sys
 import tempfile
 import time
@@ -45,10 +46,22 @@ def _child(cfg, index: int, level: str, parent: int) -> None:
         sys.exit(2)
 
 
+def _check_port_free(host: str, port: int) -> None:
+    """UserError when host:port is taken: the children share it through SO_REUSEPORT, so a listener
+    there that set it too (another `--processes` router) would otherwise take half the traffic."""
+    try:
+        family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+        with socket.create_server((host, port), family=family):
+            pass
+    except OSError as e:
+        raise UserError(f"cannot listen on {host}:{port}: {os.strerror(e.errno) if e.errno else e}") from None
+
+
 def run_processes(cfg, n: int, level: str) -> int:
     """Start `n` router processes on cfg.port and wait for them; the exit status."""
     if cfg.port == 0:
         raise UserError("--processes over 1 needs a fixed --port (each process would pick its own)")
+    _check_port_free(cfg.host, cfg.port)
     if cfg.secret is None and not os.environ.get(SECRET_ENV):
         os.environ[SECRET_ENV] = secrets.token_hex(32)  # inherited: one secret for all children
     ctx = mp.get_context("spawn")
