@@ -27,12 +27,23 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cluster.py: the process scaffolding
 import aiohttp
-from cluster import Cluster, wait_http
+from cluster import CLI, Cluster, descendants, wait_http
 
 from agentkv.trace.tokens import token_text
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = ROOT / ".venv-peers" / "sglang" / "bin" / "python"
+# `agentkv` under cProfile counting CPU time (process_time), not wall time: an idle event loop costs nothing
+PROFILED = """import cProfile, sys, time
+from agentkv.cli import main
+p = cProfile.Profile(time.process_time)
+p.enable()
+try:
+    main(sys.argv[2:])
+finally:
+    p.disable()
+    p.dump_stats(sys.argv[1])
+"""
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -122,6 +133,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def tree_cpu_seconds(pid: int) -> float:
+    """`cpu_seconds` of `pid` and its live descendants (`--processes` children, parser processes)."""
+    total = 0.0
+    for p in [pid, *descendants(pid)]:
+        try:
+            total += cpu_seconds(p)
+        except (OSError, IndexError, ValueError):
+            continue
+    return total
+
+
 def start_peer(c: Cluster, name: str, j: int, extra: Sequence[str] = ()) -> subprocess.Popen:
     """sglang-router (`--policy cache_aware`) from .venv-peers/sglang on router port j, before the workers."""
     args = ["-m", "sglang_router.launch_router", "--worker-urls", *c.urls, "--policy", "cache_aware"]
@@ -139,15 +161,22 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--time-scale", type=float, default=100.0, help="engine speed-up of the workers")
     ap.add_argument("--policy", default="kv_aware")
     ap.add_argument("--peer", action="store_true", help="also measure sglang-router from .venv-peers/sglang")
+    ap.add_argument("--processes", type=int, default=1, help="agentkv route --processes N")
+    ap.add_argument(
+        "--profile",
+        metavar="FILE",
+        default=None,
+        help="run the router under cProfile (one process) and print where its CPU goes; stats to FILE",
+    )
     return ap.parse_args()
 
 
 async def _measure_ours(c: Cluster, args: argparse.Namespace) -> None:
     """`agentkv route` in front of the workers: the load direct, then through it, and its CPU time."""
     urls = c.urls
-    router = c.start_router(
-        ["--policy", args.policy, "--tokenizer", "builtin", "--log-level", "warning"], name="route"
-    )
+    exe = [sys.executable, "-c", PROFILED, args.profile] if args.profile else CLI
+    flags = ["--policy", args.policy, "--tokenizer", "builtin", "--log-level", "warning"]
+    router = c.start_router([*flags, "--processes", str(args.processes)], name="route", exe=exe)
     await asyncio.to_thread(c.wait_ready)
     print(
         f"{args.rate:.0f} req/s for {args.seconds:.0f} s, {args.prompt_len}-token text prompts, 4 output tokens "
@@ -156,15 +185,24 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> None:
     )
     await load(urls, args.rate, 3.0, args.prompt_len, seed=0)  # the workers' cold start, discarded
     base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1)
-    cpu0 = cpu_seconds(router.pid)
+    cpu0 = tree_cpu_seconds(router.pid)
     via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2)
-    cpu = cpu_seconds(router.pid) - cpu0
-    _report(f"agentkv route ({args.policy})", base, via)
+    cpu = tree_cpu_seconds(router.pid) - cpu0
+    _report(
+        f"agentkv route ({args.policy}, {args.processes} process{'es' if args.processes > 1 else ''})",
+        base,
+        via,
+    )
     print(
         f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
-        f"({cpu / args.seconds * 100:.0f}% of one core at this rate)"
+        f"({cpu / args.seconds * 100:.0f}% of one core at this rate; every router process counted)"
     )
     c.procs.stop("route")
+    if args.profile:
+        import pstats
+
+        print(f"  where the router's CPU went (cProfile, whole run; stats in {args.profile}):")
+        pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
 
 
 async def _measure_peer(c: Cluster, args: argparse.Namespace) -> None:

@@ -82,6 +82,24 @@ def _signal(p: subprocess.Popen, sig: int, group: bool) -> None:
             (os.killpg if group else os.kill)(p.pid, sig)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every live descendant of `pid` (children, theirs, ...), from /proc (ppid: field 4 of stat)."""
+    parents: dict[int, list[int]] = {}
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                ppid = int((d / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(d.name))
+    out, todo = [], [pid]
+    while todo:
+        kids = parents.get(todo.pop(), [])
+        out += kids
+        todo += kids
+    return out
+
+
 def stop_processes(procs: Iterable[subprocess.Popen], grace: float = 15.0, *, group: bool = False) -> None:
     """SIGTERM each by pid (after a SIGCONT, so a stalled one can act on it), wait up to `grace` seconds
     for all, then SIGKILL what is left. `group`: signal each one's process group (it leads its session)."""

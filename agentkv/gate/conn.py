@@ -179,7 +179,12 @@ class GuardedSite(web.TCPSite):
             return GuardedHandler(self.guard, server, loop=loop, **kwargs)
 
         self._server = await loop.create_server(
-            factory, self._host, self._port, backlog=self._backlog, reuse_address=self._reuse_address
+            factory,
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=self._reuse_address,
+            reuse_port=self._reuse_port,
         )
 
 
@@ -198,13 +203,19 @@ def make_runner(app: web.Application, limits: HttpLimits) -> web.AppRunner:
 
 
 async def start_site(
-    runner: web.AppRunner, host: str, port: int, limits: HttpLimits, fds_per_connection: int = 1
+    runner: web.AppRunner,
+    host: str,
+    port: int,
+    limits: HttpLimits,
+    fds_per_connection: int = 1,
+    reuse_port: bool = False,
 ) -> ConnectionGuard:
-    """Bind `runner` (set up) on host:port behind a ConnectionGuard; the guard."""
+    """Bind `runner` (set up) on host:port behind a ConnectionGuard; the guard. `reuse_port`: share the
+    port with sibling processes (SO_REUSEPORT: the kernel spreads connections over them)."""
     return_freed_memory()
     cap = limits.max_connections or default_max_connections(fds_per_connection)
     guard = ConnectionGuard(cap)
-    site = GuardedSite(runner, host, port, guard, backlog=1024)
+    site = GuardedSite(runner, host, port, guard, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     asyncio.get_running_loop().set_exception_handler(guard.on_loop_error)
     return guard

@@ -26,15 +26,25 @@ from agentkv.gate.errors import RequestError
 OFFLOAD_BYTES = 32 << 10  # bodies from this size on are parsed in a worker process
 
 
-def _child_init(init: Callable[..., None] | None, args: tuple) -> None:
-    """In each worker process: die with the parent, leave Ctrl-C to it, then the caller's set-up."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    with contextlib.suppress(Exception):  # Linux: SIGTERM when the parent dies; freed bodies go back
+def die_with_parent(parent: int) -> None:
+    """Linux: SIGTERM this process when its parent dies (PR_SET_PDEATHSIG); exit now if the parent
+    `parent` already died while this process was starting (then the signal would never come)."""
+    with contextlib.suppress(Exception):
         import ctypes
 
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGTERM)
-        libc.mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD, as gate.conn.return_freed_memory
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(0)
+
+
+def _child_init(init: Callable[..., None] | None, args: tuple, parent: int) -> None:
+    """In each worker process: die with the parent, leave Ctrl-C to it, then the caller's set-up."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
+    with contextlib.suppress(Exception):  # freed bodies go back to the system
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, 128 << 10)  # M_MMAP_THRESHOLD, as gate.conn.return_freed_memory
     with contextlib.suppress(OSError):
         os.nice(10)  # background work: the server's event loop gets the CPU first
     if init is not None:
@@ -97,12 +107,15 @@ class Offload:
                 self.processes,
                 mp_context=mp.get_context("spawn"),
                 initializer=_child_init,
-                initargs=(self._init, self._init_args),
+                initargs=(self._init, self._init_args, os.getpid()),
             )
         return self._pool
 
     def start(self) -> None:
-        """Spawn every worker process now (in the background), not on the first large body."""
+        """Spawn every worker process now (in the background), not on the first large body; with no
+        processes (a thread), run the set-up here."""
+        if self.processes <= 0 and self._init is not None:
+            self._init(*self._init_args)
         if self.processes > 0:
             pool = self._ensure()
             for _ in range(self.processes):
@@ -123,6 +136,9 @@ class Offload:
             raise RequestError("a parser process died; please retry", None, 503) from None
 
     def close(self) -> None:
+        """Stop the processes and wait for them (a parse under way finishes; queued ones are cancelled).
+        Waiting matters in a process that multiprocessing started (`route --processes`): its exit
+        closes queues before the pool's own thread would send the processes their stop signal."""
         pool, self._pool = self._pool, None
         if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -36,8 +36,21 @@ def _listen_args(p) -> None:
         help="an engine and, if it publishes KV events, its ZMQ event (and replay) endpoint, e.g. "
         "http://127.0.0.1:8001=tcp://127.0.0.1:5557,tcp://127.0.0.1:5558 (repeatable)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1: this host only, as agentkv serve; 0.0.0.0 for every "
+        "interface, behind --api-keys)",
+    )
     p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000)")
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=1,
+        metavar="N",
+        help="router processes sharing --port (SO_REUSEPORT), each with its own event subscribers; the "
+        "kernel spreads connections over them (default 1)",
+    )
 
 
 def _policy_args(p) -> None:
@@ -56,6 +69,14 @@ def _policy_args(p) -> None:
         metavar="BLOCKS",
         help="kv_aware: a session (x-session-id) keeps its worker while within this many blocks "
         "of the best cost and not overloaded (default 8; 0 turns it off)",
+    )
+    p.add_argument(
+        "--tie-break",
+        choices=("rotate", "session"),
+        default=None,
+        help="kv_aware: among workers of equal cost, rotate (spreads idle load best), or go where a keyed "
+        "hash of the session id points, the same on every replica given one --router-secret-file "
+        "(default: rotate; session with --processes over 1)",
     )
 
 
@@ -246,6 +267,7 @@ def config_from_args(args: argparse.Namespace):
         kv_weight=args.kv_weight,
         temperature=args.temperature,
         affinity=args.affinity,
+        tie_break=args.tie_break or ("session" if args.processes > 1 else "rotate"),
         approx_capacity=args.approx_capacity,
         approx_ttl=args.approx_ttl,
         health_interval=args.health_interval,
@@ -264,6 +286,8 @@ def config_from_args(args: argparse.Namespace):
 
 def _check_numbers(args: argparse.Namespace) -> None:
     """One-line errors for numeric flags out of range (before anything starts)."""
+    if not 1 <= args.processes <= 256:
+        raise UserError(f"--processes must be 1 to 256, got {args.processes}")
     if args.block_size < 1:
         raise UserError(f"--block-size must be >= 1, got {args.block_size}")
     if args.approx_capacity < 1 or not args.approx_ttl > 0:
@@ -340,7 +364,12 @@ def _secret(args: argparse.Namespace) -> str | None:
 
 def route_command(args: argparse.Namespace) -> int:
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    cfg = config_from_args(args)
+    if args.processes > 1:
+        from agentkv.route.processes import run_processes
+
+        return run_processes(cfg, args.processes, args.log_level.upper())
     from agentkv.route.listen import run_router
 
-    run_router(config_from_args(args))
+    run_router(cfg)
     return 0

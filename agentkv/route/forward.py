@@ -70,7 +70,7 @@ async def _first_byte(
     upstream = None
     try:
         async with deadline:
-            upstream = await router.session.post(w.spec.url + path, data=payload, headers=headers)
+            upstream = await router.session.post(w.url(path), data=payload, headers=headers)
             if upstream.status in RETRY_STATUS:
                 raise Retry(f"HTTP {upstream.status}")
             return upstream, await upstream.content.readany()

@@ -184,6 +184,7 @@ class BlockIndex:
 
 
 DEFAULT_TENANT = ""
+_EMPTY = Match(0)
 
 
 class TenantIndex:
@@ -194,7 +195,11 @@ class TenantIndex:
     by its salt (vLLM reports `cache_salt` in the first block's `extra_keys`) or by its first
     hash, which the router registered (`expect`) when it hashed that tenant's request.
     Unattributed runs go to DEFAULT_TENANT, the unsalted namespace. Salted hashes already
-    differ per tenant; separate indexes make isolation hold by construction, not only by hash.
+    differ per tenant; separate indexes make isolation hold by construction, not only by hash,
+    except for one case: a run another router replica routed carries no salt in agentkv serve's
+    events and no root this replica registered, so it lands in DEFAULT_TENANT; a salted tenant's
+    lookup reads that index too (its hashes, salted by its secret-derived salt, match only runs
+    computed under that same salt), so replicas see each other's placements.
     A removal is applied to every tenant's sets for that worker (a C-level set difference each).
     """
 
@@ -271,7 +276,14 @@ class TenantIndex:
     def find_matches(self, tenant: str, hashes: Sequence[int]) -> dict[int, Match]:
         """Longest cached prefix per worker, looked up in `tenant`'s index only."""
         idx = self.indexes.get(tenant)
-        return idx.find_matches(hashes) if idx is not None else {}
+        own = idx.find_matches(hashes) if idx is not None else {}
+        if tenant == DEFAULT_TENANT or not self.salts:
+            return own
+        loose = self.indexes[DEFAULT_TENANT].find_matches(hashes)  # other replicas' unattributed runs
+        for w, m in loose.items():
+            if m.blocks > own.get(w, _EMPTY).blocks:
+                own[w] = m
+        return own
 
     def blocks(self, worker: int) -> int:
         return sum(idx.blocks(worker) for idx in self.indexes.values())

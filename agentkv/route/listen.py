@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 
 from agentkv.errors import UserError
@@ -15,14 +16,15 @@ log = logging.getLogger("agentkv.route")
 
 
 def run_router(cfg: RouterConfig) -> None:
-    """Serve until interrupted."""
+    """Serve until interrupted (under `--processes N`, on a port shared with the others)."""
     router = Router(cfg)
     log.info(
-        "agentkv route on http://%s:%d, policy %s, %d workers",
+        "agentkv route on http://%s:%d, policy %s, %d workers%s",
         cfg.host,
         cfg.port,
         cfg.policy,
         len(cfg.workers),
+        "" if cfg.process is None else f" (process {cfg.process}, pid {os.getpid()})",
     )
     loop_factory = asyncio.new_event_loop
     try:  # uvloop when present: about a third less CPU per proxied request
@@ -32,10 +34,10 @@ def run_router(cfg: RouterConfig) -> None:
     except ImportError:
         pass
     with asyncio.Runner(loop_factory=loop_factory) as runner:
-        runner.run(_serve(router, cfg))
+        runner.run(_serve(router, cfg, cfg.process is not None))
 
 
-async def _serve(router: Router, cfg: RouterConfig) -> None:
+async def _serve(router: Router, cfg: RouterConfig, shared: bool) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -44,7 +46,9 @@ async def _serve(router: Router, cfg: RouterConfig) -> None:
     await runner.setup()
     try:
         # each client connection may hold one to its worker: two descriptors per connection
-        router.guard = await start_site(runner, cfg.host, cfg.port, cfg.http, fds_per_connection=2)
+        router.guard = await start_site(
+            runner, cfg.host, cfg.port, cfg.http, fds_per_connection=2, reuse_port=shared
+        )
     except OSError as e:
         await runner.cleanup()
         raise UserError(f"cannot listen on {cfg.host}:{cfg.port}: {e.strerror}") from None

@@ -3,8 +3,10 @@ health, load, indexed blocks and event-stream health (`agentkv_router_*`)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -174,3 +176,52 @@ def render_metrics(router: Router) -> str:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RouterCollector(router))
     return generate_latest(registry).decode()
+
+
+class _Fixed(Collector):
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> Iterator[Metric]:
+        return iter(self.families)
+
+
+def merge_processes(pages: dict[str, str]) -> str:
+    """One exposition of several router processes' pages ({process index: page}), every sample
+    labelled with its `process`: `route --processes N` answers a scrape with all N."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    merged: dict[str, Metric] = {}
+    for process, page in pages.items():
+        for fam in text_string_to_metric_families(page):
+            into = merged.get(fam.name)
+            if into is None:
+                into = merged[fam.name] = Metric(fam.name, fam.documentation, fam.type)
+            into.samples += [s._replace(labels={**s.labels, "process": process}) for s in fam.samples]
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Fixed(list(merged.values())))
+    return generate_latest(registry).decode()
+
+
+PAGE_INTERVAL_S = 1.0  # how often each of `--processes N` leaves its page for the others
+
+
+async def publish_page(folder: str, process: str, render: Callable[[], str]) -> None:
+    """Every PAGE_INTERVAL_S, this process's page as `folder/<process>.prom` (written whole, renamed)."""
+    import asyncio
+
+    path = Path(folder) / f"{process}.prom"
+    while True:
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(render(), encoding="utf-8")
+        tmp.replace(path)
+        await asyncio.sleep(PAGE_INTERVAL_S)
+
+
+def sibling_pages(folder: str) -> dict[str, str]:
+    """{process: page} of every page in `folder` (at most PAGE_INTERVAL_S old)."""
+    out = {}
+    for p in Path(folder).glob("*.prom"):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            out[p.stem] = p.read_text(encoding="utf-8")
+    return out

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import msgspec
 
 from agentkv.gate.errors import RequestError
-from agentkv.gate.jsonbody import decode_object
+from agentkv.gate.jsonbody import decode_object, long_int_list
 from agentkv.kv.hashing import make_hasher
 from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
 
@@ -33,18 +33,17 @@ def prepare(
 ) -> Prepared:
     """The Prepared form of `body`; RequestError 400 when it is not a JSON object, nests too deep, or
     (with `refuse`: `limit` is the workers' own max_model_len) its prompt certainly has more than
-    `limit` tokens: no worker would take it, so it is not re-encoded and sent on."""
+    `limit` tokens: no worker would take it, so it is not re-encoded and sent on. A token-id list
+    that long is refused on its raw bytes, before it is decoded."""
+    if refuse and (n := long_int_list(body, limit)):
+        raise _too_long(limit, f"a list of {n} token ids", chat)
     data = decode_object(body)
     if tenant_salt:
         data["cache_salt"] = tenant_salt  # the tenant's namespace, whatever the client sent
     salt = data.get("cache_salt") if isinstance(data.get("cache_salt"), str) else None
     hashed = hasher.hash(data, chat, salt, limit)
     if refuse and hashed.too_long:
-        raise RequestError(
-            f"This model's maximum context length is {limit} tokens. However, your request has more "
-            f"than {limit} input tokens. Please reduce the length of the input.",
-            "messages" if chat else "prompt",
-        )
+        raise _too_long(limit, f"more than {limit} input tokens", chat)
     payload = _encode(data)
     sid = data.get("session_id")
     session = str(sid) if type(sid) in (str, int) else ""
@@ -53,6 +52,15 @@ def prepare(
     out = data.get("max_completion_tokens") or data.get("max_tokens") or (256 if chat else 16)
     max_out = out if type(out) is int and 0 < out < 1 << 32 else 0
     return Prepared(payload, hashed, session, max_out)
+
+
+def _too_long(limit: int, what: str, chat: bool) -> RequestError:
+    """vLLM's 400 for a prompt past the context length."""
+    return RequestError(
+        f"This model's maximum context length is {limit} tokens. However, your request has {what}. "
+        "Please reduce the length of the input.",
+        "messages" if chat else "prompt",
+    )
 
 
 _child: RequestHasher | None = None

@@ -31,15 +31,17 @@ from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.forward import CONNECT_ERRORS, Retry, forward
 from agentkv.route.index import Match, TenantIndex
-from agentkv.route.metrics import RouterStats, render_metrics
+from agentkv.route.metrics import RouterStats, merge_processes, publish_page, render_metrics, sibling_pages
 from agentkv.route.prepare import Prepared, init_child, prepare, prepare_in_child
 from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
-from agentkv.route.tenants import Tenants, router_secret
+from agentkv.route.replica import SessionTieKvAware, tie_key
+from agentkv.route.tenants import Tenant, Tenants, router_secret
 from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec
 
 log = logging.getLogger("agentkv.route")
 
 _NO_MATCH = Match(0)
+_ASK = object()  # _generate's tenant not yet known: authenticate the request
 FALLBACK_MAX_MODEL_LEN = 1 << 20  # the hashing bound until a worker reports its max_model_len
 
 
@@ -59,6 +61,7 @@ class RouterConfig:
     kv_weight: float = KV_WEIGHT
     temperature: float = 0.0
     affinity: float = 8.0  # blocks a session's worker may cost above the best and still keep it
+    tie_break: str = "rotate"  # kv_aware ties: "rotate", or "session" (keyed hash: replicas agree)
     approx_capacity: int = 65_536
     approx_ttl: float = 300.0
     health_interval: float = 1.0
@@ -72,6 +75,8 @@ class RouterConfig:
     max_index_blocks: int = 1 << 22  # indexed blocks per worker (stores past it are dropped, counted)
     host: str = "127.0.0.1"
     port: int = 8000
+    process: int | None = None  # this one's index under `--processes N` (the port is shared)
+    metrics_dir: str | None = None  # where the N processes leave their /metrics pages for each other
     extra: dict = field(default_factory=dict)
 
 
@@ -102,6 +107,7 @@ class Router:
             forget=self.approx.clear_worker,
         )
         self.stats = RouterStats()
+        self.tie_key = tie_key(cfg.secret)  # replicas given one secret break ties alike
         self.policy = self._make_policy()
         self.session: aiohttp.ClientSession | None = None
         self.guard = None  # the listening site's ConnectionGuard (set by listen.py)
@@ -131,12 +137,14 @@ class Router:
         without affinity, or least_loaded in place of the stateful others."""
         if self.cfg.policy != "kv_aware":
             return make_policy("least_loaded" if retry else self.cfg.policy)
-        return make_policy(
-            "kv_aware",
-            weight=self.cfg.kv_weight,
-            temperature=self.cfg.temperature,
-            affinity=0.0 if retry else self.cfg.affinity,
-        )
+        kw = {
+            "weight": self.cfg.kv_weight,
+            "temperature": self.cfg.temperature,
+            "affinity": 0.0 if retry else self.cfg.affinity,
+        }
+        if self.cfg.tie_break == "session":
+            return SessionTieKvAware(self.tie_key, **kw)
+        return make_policy("kv_aware", **kw)
 
     def _new_policy(self) -> None:
         """Workers came or went: policy state indexes the healthy list, so start it afresh."""
@@ -153,8 +161,17 @@ class Router:
         )
         await self.pool.start(self.session)
         self.offload.start()
+        if self.hasher.tokenizer.kind == "builtin":  # before listening: not on the first request's time
+            from agentkv.trace.tokens import warm_up
+
+            warm_up()
         if not self.cfg.max_model_len:
             self._learner = asyncio.create_task(self._learn_max_model_len(), name="route-max-model-len")
+        if self.cfg.metrics_dir is not None:
+            self._publisher = asyncio.create_task(
+                publish_page(self.cfg.metrics_dir, str(self.cfg.process), lambda: render_metrics(self)),
+                name="route-metrics-page",
+            )
         if self.tenants.open:
             log.info("no --api-keys: requests are not authenticated and client cache_salt passes through")
         else:
@@ -166,8 +183,9 @@ class Router:
             )
 
     async def _cleanup(self, app: web.Application) -> None:
-        if getattr(self, "_learner", None) is not None:
-            self._learner.cancel()
+        for task in (getattr(self, "_learner", None), getattr(self, "_publisher", None)):
+            if task is not None:
+                task.cancel()
         await self.pool.close()
         if self.session is not None:
             await self.session.close()
@@ -203,9 +221,9 @@ class Router:
     async def _limited(self, request: web.Request, chat: bool) -> web.StreamResponse:
         """At most `max_streams_per_tenant` requests of one tenant in flight; 429 past it."""
         limit = self.cfg.max_streams_per_tenant
-        tenant = self.tenants.authenticate(request.headers) if limit else None
-        if tenant is None:  # no limit, or unauthenticated (_generate answers 401)
-            return await self._generate(request, chat)
+        tenant = self.tenants.authenticate(request.headers)
+        if tenant is None or not limit:  # unauthenticated (_generate answers 401), or no limit
+            return await self._generate(request, chat, tenant)
         n = self._streams.get(tenant.id, 0)
         if n >= limit:
             self.stats.throttled += 1
@@ -216,7 +234,7 @@ class Router:
             )
         self._streams[tenant.id] = n + 1
         try:
-            return await self._generate(request, chat)
+            return await self._generate(request, chat, tenant)
         finally:
             n = self._streams[tenant.id] - 1
             if n:
@@ -267,9 +285,15 @@ class Router:
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
+        """This router's metrics; under `--processes N` every process's, labelled `process`."""
         if (refused := self._admin_refusal(request)) is not None:
             return refused
-        return web.Response(text=render_metrics(self), content_type="text/plain", charset="utf-8")
+        text = render_metrics(self)
+        if self.cfg.metrics_dir is not None:
+            pages = sibling_pages(self.cfg.metrics_dir)
+            pages[str(self.cfg.process)] = text
+            text = merge_processes(pages)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # -- routing ---------------------------------------------------------------------------------
     def choose(self, tenant: str, h: Hashed, session: str, exclude: set[int]) -> Worker:
@@ -309,10 +333,12 @@ class Router:
         st.route_seconds += time.perf_counter() - t0
         return w
 
-    async def _generate(self, request: web.Request, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, chat: bool, tenant: Tenant | None | object = _ASK):
+        """Authenticate (unless `tenant` is given: already done), prepare, choose, forward, retry."""
         st = self.stats
-        tenant = self.tenants.authenticate(request.headers)
-        if tenant is None:
+        if tenant is _ASK:
+            tenant = self.tenants.authenticate(request.headers)
+        if not isinstance(tenant, Tenant):
             st.unauthorized += 1
             return _error(401, "missing or invalid API key", "AuthenticationError")
         try:
