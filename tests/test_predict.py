@@ -19,7 +19,6 @@ from agentkv.trace.model import Request, Session, Trace
 from tests.cluster import CLI, HOST, Procs, free_ports, wait_http
 from tests.test_calibrate import TRUE
 
-SHARED = Path("/work/shared/traces/claude-code")
 SOURCES = ("trace_0001", "trace_0008", "trace_0027", "trace_0046", "trace_0052", "trace_0064")
 SERVE = ["--gpu", "h100", "--model", "qwen2.5-7b", "--time-scale", "1"]
 
@@ -50,15 +49,16 @@ def _cli(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def measured(tmp_path_factory) -> dict:
+def measured(tmp_path_factory, shared_dir) -> dict:
     """Serve (H100, Qwen2.5-7B, known coefficients) calibrated, then benched on six trimmed shared traces."""
-    if not SHARED.is_dir():
-        pytest.skip(f"{SHARED} is not here")
     tmp = tmp_path_factory.mktemp("predict")
     traces = tmp / "traces"
     traces.mkdir()
     for n in SOURCES:
-        write_agentx(trimmed(load_paths([SHARED / f"{n}.json.gz"])[0]), traces / f"{n}.json")
+        write_agentx(
+            trimmed(load_paths([shared_dir / "traces" / "claude-code" / f"{n}.json.gz"])[0]),
+            traces / f"{n}.json",
+        )
     truth = tmp / "true.json"
     truth.write_text(json.dumps({"name": "true", "coefficients": TRUE.to_dict()}))
     port = free_ports(1)[0]

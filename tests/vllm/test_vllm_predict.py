@@ -1,0 +1,106 @@
+"""Calibrate the live vLLM (CPU build, tiny model) within a small budget, bench shared traces the
+calibration never saw, and predict that run with the profile: `agentkv predict` beside what vLLM did.
+
+The probes are synthetic prompts; the traces are four Claude Code sessions (8 turns each, lengths / 8,
+16 output tokens, think times capped at 1 s) on four lanes. The bounds are what holds on a busy
+2-core machine shared with other work (docs/cost-model.md has the figures); each still fails a
+predictor that ignores the profile (the bundled H200 coefficients run this model ~100x too fast).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from vllm_runs import agentkv
+from vllm_server import BLOCK_SIZE
+
+from agentkv.engine.cost import load_coefficients
+from agentkv.trace.formats import load_paths
+from agentkv.trace.formats.agentx import write_agentx
+from tests.test_predict import trimmed
+
+pytestmark = pytest.mark.vllm
+
+SOURCES = ("trace_0119", "trace_0137", "trace_0167", "trace_0229")  # not in the suite's other traces
+
+
+def _figures(doc: dict) -> str:
+    o, h, tp = doc["overall"], doc["hit_rate"], doc["throughput"]
+    lat = ", ".join(
+        f"{f.upper()} MAPE {o[f]['mape_pct']:.1f}% (bias {o[f]['bias_pct']:+.1f}%)" for f in o if o[f]
+    )
+    return (
+        f"{doc['requests']} requests: {lat}; hit rate {h['measured']:.2%} vs {h['predicted']:.2%}; "
+        f"throughput {tp['diff_pct']:+.2f}%"
+    )
+
+
+def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared_dir, tmp_path, figures):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for n in SOURCES:
+        src = load_paths([shared_dir / "traces" / "claude-code" / f"{n}.json.gz"])[0]
+        write_agentx(trimmed(src, turns=8, max_output=16), traces / f"{n}.json")
+    prof = tmp_path / "profile.json"
+    url, model = main_server.url, str(vllm_env.model_dir)
+    shape = ["--model", model, "--block-size", str(BLOCK_SIZE)]
+    agentkv("calibrate", "--target", url, "--out", str(prof), "--budget", "45s", *shape, "-q", timeout=180)
+    fit = json.loads(prof.read_text())["fit"]
+    run = tmp_path / "run"
+    agentkv(
+        "bench",
+        str(traces),
+        "--target",
+        url,
+        "--lanes",
+        "4",
+        "--duration",
+        "none",
+        "--out",
+        str(run),
+        "-q",
+        "--no-report",
+        "--json",
+    )
+    agentkv(
+        "predict",
+        str(run),
+        "--profile",
+        str(prof),
+        "--traces",
+        str(traces),
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--out",
+        str(tmp_path / "p"),
+    )
+    doc = json.loads((tmp_path / "p" / "prediction.json").read_text())
+    wrong = tmp_path / "bundled.json"  # the same profile with the bundled H200 coefficients
+    wrong.write_text(
+        json.dumps(json.loads(prof.read_text()) | {"coefficients": load_coefficients().to_dict()})
+    )
+    agentkv(
+        "predict",
+        str(run),
+        "--profile",
+        str(wrong),
+        "--traces",
+        str(traces),
+        "--block-size",
+        str(BLOCK_SIZE),
+        "--out",
+        str(tmp_path / "w"),
+    )
+    bad = json.loads((tmp_path / "w" / "prediction.json").read_text())
+    figures["predict (calibrated)"] = f"fit MAPE {fit['mape_pct']}; " + _figures(doc)
+    figures["predict (bundled H200 coefficients)"] = _figures(bad)
+
+    assert doc["requests"] == 32 and doc["failed_requests_skipped"] == 0
+    assert abs(doc["hit_rate"]["diff_points"]) < 1.0  # one prefix-cache model: the same hits
+    assert abs(doc["throughput"]["diff_pct"]) < 10.0
+    o, b = doc["overall"], bad["overall"]
+    assert o["e2e"]["mape_pct"] < 60.0 and abs(o["e2e"]["bias_pct"]) < 40.0, o
+    assert o["ttft"]["mape_pct"] < 70.0 and abs(o["ttft"]["median_pct"]) < 60.0, o
+    assert abs(o["tpot"]["median_pct"]) < 60.0, o
+    assert b["e2e"]["bias_pct"] < -80.0 and b["ttft"]["bias_pct"] < -80.0, b  # the control is far off
