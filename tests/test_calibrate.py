@@ -17,7 +17,7 @@ from aiohttp import web
 
 from agentkv.calib import fit as F
 from agentkv.calib.plan import Probe, make_plan, within_budget
-from agentkv.calib.run import target_of
+from agentkv.calib.run import est_wall_s, plan_for, slowdown, target_of
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostCoefficients, load_coefficients
 from agentkv.engine.engine import Engine
@@ -56,6 +56,25 @@ def test_plan_fits_the_model_length_and_the_kv_cache() -> None:
     assert busy and all(p.new + p.n * (p.ctx + p.out) <= 18_000 for p in busy)
     costs = [float(i) for i in range(len(plan))]
     assert within_budget(plan, costs, 3.5) == plan[:3]
+
+
+def test_a_slower_target_gets_fewer_probes_cheapest_first() -> None:
+    t = F.Target("h100", "llama3-70b", tp=4)
+    args = argparse.Namespace(repeats=2, budget="60s")
+    cm = t.cost()
+    speed = (
+        F.predict(cm, t, Probe("prefill_cold", new=512)),
+        F.predict(cm, t, Probe("decode", n=1, ctx=512, out=16)),
+    )
+    quick = plan_for(t, make_plan(131072, 16, 8192, kv_tokens=489_824), speed, args, 60.0)
+    slow = plan_for(
+        t, make_plan(131072, 16, 8192, kv_tokens=489_824), (speed[0] * 100, speed[1] * 100), args, 60.0
+    )
+    assert slowdown(t, speed) == pytest.approx((1.0, 1.0)) and 0 < len(slow) < len(quick)
+    est = [est_wall_s(t, p, 2) for p in quick]
+    assert est == sorted(est) and sum(est) <= 60.0
+    with pytest.raises(UserError, match="too short"):
+        plan_for(t, make_plan(131072, 16, 8192), speed, argparse.Namespace(repeats=2, budget="1ms"), 0.001)
 
 
 def test_a_tiny_or_unknown_model_length_is_one_clear_error() -> None:
@@ -167,7 +186,7 @@ def test_simulate_records_the_profile(tmp_path: Path) -> None:
 
 class _Bare:
     """A real HTTP target that lacks a feature: `mode` 'no_stream' answers one JSON, 'no_usage' streams
-    without a usage chunk."""
+    without a usage chunk, 'tiny' says its max model length is 512."""
 
     def __init__(self, mode: str) -> None:
         self.mode, self.port = mode, free_ports(1)[0]
@@ -184,7 +203,8 @@ class _Bare:
         await web.TCPSite(self.runner, HOST, self.port).start()
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "llama3-8b", "max_model_len": 8192}]})
+        n = 512 if self.mode == "tiny" else 8192
+        return web.json_response({"data": [{"id": "llama3-8b", "max_model_len": n}]})
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         if self.mode == "no_stream":
@@ -199,7 +219,10 @@ class _Bare:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-@pytest.mark.parametrize(("mode", "says"), [("no_stream", "does not stream"), ("no_usage", "no usage")])
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [("no_stream", "does not stream"), ("no_usage", "no usage"), ("tiny", "too small to calibrate")],
+)
 def test_a_target_without_streaming_or_usage_is_one_line(tmp_path: Path, mode: str, says: str) -> None:
     target = _Bare(mode)
     out = tmp_path / "p.json"
@@ -213,7 +236,10 @@ def test_a_target_without_streaming_or_usage_is_one_line(tmp_path: Path, mode: s
     finally:
         target.close()
     assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1
-    assert json.loads(out.read_text())["error"]
+    if mode == "tiny":  # refused before any probe: nothing to keep
+        assert not out.exists()
+    else:
+        assert json.loads(out.read_text())["error"]
 
 
 def test_a_target_that_dies_mid_run_keeps_the_finished_probes(tmp_path: Path) -> None:
