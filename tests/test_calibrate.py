@@ -17,7 +17,7 @@ from aiohttp import web
 
 from agentkv.calib import fit as F
 from agentkv.calib.plan import Probe, make_plan, within_budget
-from agentkv.calib.run import target_of
+from agentkv.calib.run import est_wall_s, plan_for, slowdown, target_of
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostCoefficients, load_coefficients
 from agentkv.engine.engine import Engine
@@ -49,11 +49,32 @@ def _args(**kw) -> argparse.Namespace:
 def test_plan_fits_the_model_length_and_the_kv_cache() -> None:
     plan = make_plan(4096, 16, 8192, kv_tokens=100_000)
     assert plan and all(p.past + p.new + p.ctx + p.out <= 4096 for p in plan)
-    assert {p.family for p in plan} == {"prefill_cold", "prefill_cached", "decode"}
+    assert {p.family for p in plan} == {"prefill_cold", "prefill_cached", "decode", "interference"}
     small_kv = make_plan(131072, 16, 8192, kv_tokens=20_000)
     assert all(p.past + p.new + p.ctx <= 18_000 and p.n * p.ctx <= 10_000 for p in small_kv)
+    busy = [p for p in small_kv if p.family == "interference"]  # prefill + the streams beside it fit
+    assert busy and all(p.new + p.n * (p.ctx + p.out) <= 18_000 for p in busy)
     costs = [float(i) for i in range(len(plan))]
     assert within_budget(plan, costs, 3.5) == plan[:3]
+
+
+def test_a_slower_target_gets_fewer_probes_cheapest_first() -> None:
+    t = F.Target("h100", "llama3-70b", tp=4)
+    args = argparse.Namespace(repeats=2, budget="60s")
+    cm = t.cost()
+    speed = (
+        F.predict(cm, t, Probe("prefill_cold", new=512)),
+        F.predict(cm, t, Probe("decode", n=1, ctx=512, out=16)),
+    )
+    quick = plan_for(t, make_plan(131072, 16, 8192, kv_tokens=489_824), speed, args, 60.0)
+    slow = plan_for(
+        t, make_plan(131072, 16, 8192, kv_tokens=489_824), (speed[0] * 100, speed[1] * 100), args, 60.0
+    )
+    assert slowdown(t, speed) == pytest.approx((1.0, 1.0)) and 0 < len(slow) < len(quick)
+    est = [est_wall_s(t, p, 2) for p in quick]
+    assert est == sorted(est) and sum(est) <= 60.0
+    with pytest.raises(UserError, match="too short"):
+        plan_for(t, make_plan(131072, 16, 8192), speed, argparse.Namespace(repeats=2, budget="1ms"), 0.001)
 
 
 def test_a_tiny_or_unknown_model_length_is_one_clear_error() -> None:
@@ -109,12 +130,13 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["modelled_as"]["gpu"] == "h100" and doc["modelled_as"]["tp"] == 4
     assert doc["server"]["server_info"]["engine"] == "agentkv" and doc["error"] is None
-    assert set(doc["fit"]["mape_pct"]) == {"prefill_cold", "prefill_cached", "decode", "all"}
+    assert set(doc["fit"]["mape_pct"]) == {"prefill_cold", "prefill_cached", "decode", "interference", "all"}
     mape = doc["fit"]["mape_pct"]  # measured vs fitted; a busy host adds noise to the short prefills
     assert mape["decode"] < 5.0 and mape["prefill_cold"] < 15.0 and mape["prefill_cached"] < 15.0, mape
+    _check_stalls(doc)
     fitted = CostCoefficients(**doc["coefficients"])
     for name, se in doc["fit"]["stderr_pct"].items():  # what the probes pin, they recover
-        if se < 5.0:
+        if se is not None and se < 5.0:
             assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=0.1), (
                 name,
                 se,
@@ -136,6 +158,18 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     assert eng.cost.coeffs == load_coefficients(out)
 
 
+def _check_stalls(doc: dict) -> None:
+    """A long prefill beside decoding streams stalls them for one mixed step, as long as the model the
+    server ran says, and far longer than a plain decode step."""
+    t = F.Target(**doc["modelled_as"])
+    stalls = [Probe(**p) for p in doc["probes"] if p["family"] == "interference"]
+    assert {p.new for p in stalls} == {2048, 8192}, doc["probes"]
+    for p in stalls:
+        plain = F.predict(t.cost(TRUE), t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out))
+        assert p.measured_s > 3 * plain, (p, plain)
+        assert p.measured_s == pytest.approx(F.predict(t.cost(TRUE), t, p), rel=0.25), p
+
+
 def test_simulate_records_the_profile(tmp_path: Path) -> None:
     prof = tmp_path / "p.json"
     prof.write_text(json.dumps({"name": "m@http://x", "coefficients": TRUE.to_dict()}))
@@ -152,7 +186,7 @@ def test_simulate_records_the_profile(tmp_path: Path) -> None:
 
 class _Bare:
     """A real HTTP target that lacks a feature: `mode` 'no_stream' answers one JSON, 'no_usage' streams
-    without a usage chunk."""
+    without a usage chunk, 'tiny' says its max model length is 512."""
 
     def __init__(self, mode: str) -> None:
         self.mode, self.port = mode, free_ports(1)[0]
@@ -169,7 +203,8 @@ class _Bare:
         await web.TCPSite(self.runner, HOST, self.port).start()
 
     async def _models(self, request: web.Request) -> web.Response:
-        return web.json_response({"data": [{"id": "llama3-8b", "max_model_len": 8192}]})
+        n = 512 if self.mode == "tiny" else 8192
+        return web.json_response({"data": [{"id": "llama3-8b", "max_model_len": n}]})
 
     async def _complete(self, request: web.Request) -> web.StreamResponse:
         if self.mode == "no_stream":
@@ -184,7 +219,10 @@ class _Bare:
         self.loop.call_soon_threadsafe(self.loop.stop)
 
 
-@pytest.mark.parametrize(("mode", "says"), [("no_stream", "does not stream"), ("no_usage", "no usage")])
+@pytest.mark.parametrize(
+    ("mode", "says"),
+    [("no_stream", "does not stream"), ("no_usage", "no usage"), ("tiny", "too small to calibrate")],
+)
 def test_a_target_without_streaming_or_usage_is_one_line(tmp_path: Path, mode: str, says: str) -> None:
     target = _Bare(mode)
     out = tmp_path / "p.json"
@@ -198,7 +236,10 @@ def test_a_target_without_streaming_or_usage_is_one_line(tmp_path: Path, mode: s
     finally:
         target.close()
     assert run.returncode == 2 and says in run.stderr and len(run.stderr.strip().splitlines()) == 1
-    assert json.loads(out.read_text())["error"]
+    if mode == "tiny":  # refused before any probe: nothing to keep
+        assert not out.exists()
+    else:
+        assert json.loads(out.read_text())["error"]
 
 
 def test_a_target_that_dies_mid_run_keeps_the_finished_probes(tmp_path: Path) -> None:

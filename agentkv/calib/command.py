@@ -1,4 +1,5 @@
-"""`agentkv calibrate --target URL --out profile.json`: probe a running engine, fit the cost model, save.
+"""`agentkv calibrate --target URL --out profile.json`: probe a running engine, fit the cost model, save;
+`agentkv predict RUN_DIR --profile profile.json --traces TRACE...`: simulate a bench run with it, beside what it measured.
 
 Import-light at module level (the CLI builds every parser); the client and scipy load when it runs."""
 
@@ -7,6 +8,7 @@ from __future__ import annotations
 import argparse
 
 from agentkv.errors import UserError
+from agentkv.trace.command import TRACE_FORMATS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -29,6 +31,40 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--time-scale", type=float, default=None, help="engine s per wall s (server_info, else 1)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=calibrate_command)
+    _add_predict(sub)
+
+
+def _add_predict(sub: argparse._SubParsersAction) -> None:
+    """The flags of `agentkv predict`."""
+    p = sub.add_parser(
+        "predict",
+        help="simulate a bench run with a calibrate profile: predicted TTFT/TPOT/E2E beside the measured",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of an `agentkv bench` run")
+    p.add_argument("--profile", required=True, help="profile JSON written by `agentkv calibrate`")
+    p.add_argument(
+        "--traces",
+        nargs="+",
+        default=None,
+        metavar="TRACE",
+        help="the trace files or folders the run replayed, as bench was given them (default: bundled sample)",
+    )
+    p.add_argument("--format", default="auto", choices=TRACE_FORMATS)
+    p.add_argument(
+        "--out", default=None, help="where predictions.jsonl and prediction.json go (default RUN_DIR)"
+    )
+    g = p.add_argument_group("the engine (default: what the profile's /server_info and /v1/models said)")
+    g.add_argument("--block-size", type=int, default=None, help="the target's KV block size (default 16)")
+    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="the target's KV cache blocks")
+    g.add_argument("--max-num-seqs", type=int, default=None, help="(default 256)")
+    p.add_argument(
+        "--no-overhead",
+        action="store_true",
+        help="leave out the profile's per-request and per-prompt-token overheads (HTTP, parsing)",
+    )
+    p.add_argument("--json", action="store_true", help="print prediction.json instead of the table")
+    p.set_defaults(func=predict_command)
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
@@ -40,3 +76,19 @@ def calibrate_command(args: argparse.Namespace) -> int:
     if args.repeats < 1:
         raise UserError("--repeats must be >= 1")
     return asyncio.run(calibrate(args))
+
+
+def predict_command(args: argparse.Namespace) -> int:
+    """Entry point of `agentkv predict`."""
+    from agentkv.calib.predict import predict_run, print_prediction
+    from agentkv.trace.formats import bundled_sample, load_paths
+
+    traces = load_paths(args.traces or bundled_sample(), args.format)
+    doc = predict_run(args, traces)
+    if args.json:
+        import json
+
+        print(json.dumps(doc, indent=1))
+    else:
+        print_prediction(doc)
+    return 0

@@ -5,20 +5,24 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 MIN_MODEL_LEN = 1024  # below this the probes cannot separate prefill from overheads
-COLD = (128, 512, 2048, 8192, 32768, 65536)
-CACHED_PAST = (2048, 8192, 32768)
+COLD = (128, 512, 2048, 4096, 8192, 32768, 65536)
+CACHED_PAST = (2048, 4096, 8192, 32768)
 CACHED_NEW = (128, 1024)
 DECODE_N = (1, 8, 32)
-DECODE_CTX = (1024, 8192, 32768, 65536)
+DECODE_CTX = (1024, 4096, 8192, 32768, 65536)
 DECODE_TOKENS_MAX = 262_144  # N x context of one decode probe (keeps the KV it needs modest)
 DECODE_OUT = 48  # output tokens per decode stream
+INTERFERE_NEW = (2048, 8192)  # a cold prefill of this many tokens arrives ...
+INTERFERE_N, INTERFERE_CTX = 8, 1024  # ... while this many streams of this context decode
 
 
 @dataclass(slots=True)
 class Probe:
-    """One measurement: `family` prefill_cold (new), prefill_cached (new after past) or decode (n x ctx).
+    """One measurement: `family` prefill_cold (new), prefill_cached (new after past), decode (n x ctx)
+    or interference (a cold prefill of `new`, sent `lead_s` wall seconds after n x ctx streams start).
 
-    `measured_s` is engine seconds (wall x time scale): TTFT for prefill, inter-token time for decode."""
+    `measured_s` is engine seconds (wall x time scale): TTFT for prefill, inter-token time for decode,
+    the longest decode gap across the prefill for interference."""
 
     family: str
     new: int = 0
@@ -26,6 +30,7 @@ class Probe:
     n: int = 1
     ctx: int = 0
     out: int = 1
+    lead_s: float = 0.0
     samples_s: list[float] = field(default_factory=list)
     measured_s: float | None = None
 
@@ -33,6 +38,8 @@ class Probe:
         """A short name for progress lines and tables."""
         if self.family == "decode":
             return f"decode n={self.n} ctx={self.ctx}"
+        if self.family == "interference":
+            return f"interference new={self.new} beside n={self.n} ctx={self.ctx}"
         return f"{self.family} new={self.new} past={self.past}"
 
 
@@ -52,6 +59,10 @@ def make_plan(
         for n in DECODE_N:
             if ctx + DECODE_OUT <= room and n * ctx <= cap:
                 out.append(Probe("decode", n=n, ctx=ctx, out=DECODE_OUT + -(-n * ctx // chunk)))
+    for new in INTERFERE_NEW:
+        busy = INTERFERE_N * (INTERFERE_CTX + DECODE_OUT)
+        if new <= room and busy <= cap and (not kv_tokens or new + busy <= kv_tokens * 0.9):
+            out.append(Probe("interference", new=new, n=INTERFERE_N, ctx=INTERFERE_CTX, out=DECODE_OUT))
     for p in out:
         p.past -= p.past % block_size  # a cached past is whole blocks
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+import time
 import uuid
 from collections.abc import Callable
 
@@ -83,27 +84,66 @@ class Prober:
             raise ProbeError(f"target {self.client.base}: {p.n} streams never decoded together")
         return statistics.median(gaps) * self.scale
 
+    async def stall(self, p: Probe) -> float | None:
+        """Engine seconds of the longest decode gap while a cold `p.new`-token prefill, sent `p.lead_s`
+        wall seconds after `p.n` streams of `p.ctx` tokens, runs beside them (None: no stream was
+        decoding across it)."""
+        streams = [asyncio.create_task(self._send(self._ids(p.ctx), p.out)) for _ in range(p.n)]
+        try:
+            await asyncio.sleep(p.lead_s)
+            pre = await self._send(self._ids(p.new), 1)
+            results = await asyncio.gather(*streams)
+        finally:
+            for task in streams:
+                task.cancel()
+        if not pre.token_times:
+            raise ProbeError(f"target {self.client.base}: a stream carried no output tokens")
+        lo, hi = pre.sent, pre.token_times[0]
+        gaps = [
+            b - a
+            for r in results
+            for a, b in zip(r.token_times, r.token_times[1:], strict=False)
+            if b > lo and a < hi  # the gap overlaps the prefill
+        ]
+        return max(gaps) * self.scale if gaps else None
+
     async def run(self, p: Probe, repeats: int) -> None:
         """`repeats` samples of `p` (twice as many for short prefills, which host timing noise hurts most);
         its measurement is the least (a busy host only ever adds delay)."""
         if p.family != "decode" and p.new <= SHORT_PREFILL:
             repeats *= 2
+        measure = {"decode": self.itl, "interference": self.stall}.get(p.family, self.ttft)
         for _ in range(repeats):
-            p.samples_s.append(await (self.itl(p) if p.family == "decode" else self.ttft(p)))
-        p.measured_s = min(p.samples_s)
+            v = await measure(p)
+            if v is not None:
+                p.samples_s.append(v)
+        p.measured_s = min(p.samples_s) if p.samples_s else None
+
+
+PILOT_NEW, PILOT_OUT = 512, 16  # the pilot request: a 512-token prefill, then 16 tokens of decode
+
+
+async def pilot(prober: Prober) -> tuple[float, float]:
+    """Two discarded warm-up requests, then one pilot: (engine seconds to its first token, engine
+    seconds per decode step), which scale the plan's estimates to how fast the target really is."""
+    for _ in range(2):
+        await prober.ttft(Probe("prefill_cold", new=prober.bs))
+    res = await prober._send(prober._ids(PILOT_NEW), PILOT_OUT)
+    tt = res.token_times
+    if len(tt) < 2:
+        raise ProbeError(f"target {prober.client.base}: a {PILOT_OUT}-token stream carried {len(tt)} tokens")
+    step = (tt[-1] - tt[0]) / (len(tt) - 1)
+    return (tt[0] - res.sent) * prober.scale, step * prober.scale
 
 
 async def run_plan(
-    prober: Prober, plan: list[Probe], repeats: int, on_done: Callable[[Probe], None]
+    prober: Prober, plan: list[Probe], repeats: int, on_done: Callable[[Probe], None], deadline: float
 ) -> str | None:
-    """Run every probe in order after two discarded warm-up requests; the first failure's message (the
-    probes before it keep their data)."""
-    try:
-        for _ in range(2):
-            await prober.ttft(Probe("prefill_cold", new=prober.bs))
-    except UserError as e:
-        return f"warm-up: {e}"
+    """Run the probes in order until `deadline` (time.monotonic()); the first failure's message (the
+    probes before it keep their data). Probes the budget leaves no time for stay unmeasured."""
     for p in plan:
+        if time.monotonic() > deadline:
+            break
         try:
             await prober.run(p, repeats)
         except UserError as e:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
 from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
 from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, within_budget
-from agentkv.calib.probes import SHORT_PREFILL, Prober, run_plan
+from agentkv.calib.probes import PILOT_NEW, PILOT_OUT, SHORT_PREFILL, Prober, pilot, run_plan
 from agentkv.calib.profile import profile_doc, write_profile
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
@@ -37,36 +38,75 @@ def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.
     return t, int(max_len), args.block_size or info.get("page_size") or 16, info.get("max_total_num_tokens")
 
 
-def stretch_decodes(t: fitmod.Target, plan: list[Probe]) -> None:
+def slowdown(t: fitmod.Target, speed: tuple[float, float]) -> tuple[float, float]:
+    """How much slower than the bundled model the pilot found the target: (prefill, decode) factors."""
+    cm = t.cost()
+    pre = fitmod.predict(cm, t, Probe("prefill_cold", new=PILOT_NEW))
+    dec = fitmod.predict(cm, t, Probe("decode", n=1, ctx=PILOT_NEW, out=PILOT_OUT))
+    return max(speed[0] / pre, 0.05), max(speed[1] / dec, 0.05)
+
+
+def stretch_decodes(t: fitmod.Target, plan: list[Probe], slow: float = 1.0) -> None:
     """Longer decode streams where the streams' arrivals, spread in wall time, cost many decode steps
     (a fast model at a high time scale), so the first stream still decodes when the last one starts."""
     cm = t.cost()
     for p in plan:
         if p.family == "decode":
-            steps = p.n * ARRIVAL_WALL_S * t.time_scale / fitmod.predict(cm, t, p)
+            steps = p.n * ARRIVAL_WALL_S * t.time_scale / (fitmod.predict(cm, t, p) * slow)
             p.out += int(steps)
 
 
-def est_wall_s(t: fitmod.Target, p: Probe, repeats: int) -> float:
-    """Planning estimate of a probe's wall seconds with the bundled coefficients."""
+def shape_interference(t: fitmod.Target, plan: list[Probe], slow: tuple[float, float]) -> None:
+    """Each interference probe's lead (wall seconds until its streams all decode) and stream length
+    (they outlast twice the prefill), from the bundled model at the pilot's speed."""
     cm = t.cost()
-    if p.family == "decode":
-        fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx))
-        eng = fill + p.out * fitmod.predict(cm, t, p)
-        reqs = p.n
+    for p in plan:
+        if p.family == "interference":
+            fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx)) * slow[0]
+            step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out)) * slow[1]
+            pre = fitmod.predict(cm, t, Probe("prefill_cold", new=p.new)) * slow[0]
+            p.lead_s = (fill + 8 * step) / t.time_scale + p.n * ARRIVAL_WALL_S
+            p.out += int((p.lead_s * t.time_scale + 2 * pre) / step)
+
+
+def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, float] = (1.0, 1.0)) -> float:
+    """Planning estimate of a probe's wall seconds: the bundled coefficients x the pilot's slowdown."""
+    cm = t.cost()
+    if p.family in ("decode", "interference"):
+        fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx + p.new))
+        step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out))
+        eng = fill * slow[0] + p.out * step * slow[1]
+        reqs = p.n + (p.family == "interference")
     else:
         eng = fitmod.predict(cm, t, p) + (
             fitmod.predict(cm, t, Probe("prefill_cold", new=p.past)) if p.past else 0
         )
+        eng *= slow[0]
         reqs = 2 if p.past else 1
     if p.family != "decode" and p.new <= SHORT_PREFILL:
         repeats *= 2
     return repeats * (eng / t.time_scale + reqs * REQUEST_WALL_S)
 
 
+def plan_for(
+    t: fitmod.Target, plan: list[Probe], speed: tuple[float, float], args, budget_s: float
+) -> list[Probe]:
+    """The probes that fit `budget_s` at the pilot's speed, cheapest first (a budget cut short by a
+    slower target than estimated drops the dearest ones of every family)."""
+    slow = slowdown(t, speed)
+    stretch_decodes(t, plan, slow[1])
+    shape_interference(t, plan, slow)
+    est = {id(p): est_wall_s(t, p, args.repeats, slow) for p in plan}
+    plan = within_budget(plan, [est[id(p)] for p in plan], budget_s)
+    if not plan:
+        raise UserError(f"--budget {args.budget} is too short for any probe")
+    return sorted(plan, key=lambda p: est[id(p)])
+
+
 async def calibrate(args: argparse.Namespace) -> int:
     """Probe, fit and write the profile; a failure mid-run still writes the finished probes, then errors."""
     budget = parse_duration(args.budget, "--budget")
+    deadline = time.monotonic() + budget
     async with BenchClient(args.target, timeout=max(budget, 60.0)) as client:
         ids = await client.models()
         if not ids:
@@ -75,19 +115,24 @@ async def calibrate(args: argparse.Namespace) -> int:
         card = next((m for m in models.get("data", []) if m.get("id") == ids[0]), {"id": ids[0]})
         info = await client.get_json("/server_info") or {}
         t, max_len, bs, kv_tokens = target_of(args, card, info)
-        plan = make_plan(max_len, bs, t.chunk, kv_tokens)
-        stretch_decodes(t, plan)
-        plan = within_budget(plan, [est_wall_s(t, p, args.repeats) for p in plan], budget)
-        if not plan:
-            raise UserError(f"--budget {args.budget} is too short for any probe")
         prober = Prober(client, ids[0], bs, t.time_scale)
-        error = await _run_with_bar(prober, plan, args)
+        plan: list[Probe] = []
+        try:
+            speed = await pilot(prober)
+        except UserError as e:
+            error = f"warm-up: {e}"
+        else:
+            plan = make_plan(max_len, bs, t.chunk, kv_tokens)
+            plan = plan_for(t, plan, speed, args, deadline - time.monotonic())
+            error = await _run_with_bar(prober, plan, args, deadline)
     return _finish(args, client.base, ids[0], t, {"model": card, "server_info": info}, plan, error)
 
 
-async def _run_with_bar(prober: Prober, plan: list[Probe], args: argparse.Namespace) -> str | None:
+async def _run_with_bar(
+    prober: Prober, plan: list[Probe], args: argparse.Namespace, deadline: float
+) -> str | None:
     if args.quiet or not sys.stderr.isatty():
-        return await run_plan(prober, plan, args.repeats, lambda p: None)
+        return await run_plan(prober, plan, args.repeats, lambda p: None, deadline)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -101,7 +146,11 @@ async def _run_with_bar(prober: Prober, plan: list[Probe], args: argparse.Namesp
         task = bar.add_task(plan[0].label(), total=len(plan))
         labels = iter([p.label() for p in plan[1:]] + ["done"])
         return await run_plan(
-            prober, plan, args.repeats, lambda p: bar.update(task, advance=1, description=next(labels))
+            prober,
+            plan,
+            args.repeats,
+            lambda p: bar.update(task, advance=1, description=next(labels)),
+            deadline,
         )
 
 
@@ -123,6 +172,11 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
         print(
             f"agentkv: warning: decode steps of {min(fast) * 1e3:.2f} ms wall time at time scale "
             f"{t.time_scale:g}: the server's own CPU time is in the measurements; use a lower time scale",
+            file=sys.stderr,
+        )
+    if len(done) < len(plan) and not error:
+        print(
+            f"agentkv: note: the budget ran out before {len(plan) - len(done)} of {len(plan)} probes",
             file=sys.stderr,
         )
     if fitted:

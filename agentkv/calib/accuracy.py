@@ -1,0 +1,115 @@
+"""Prediction against measurement: per-request rows, then MAPE, signed bias and error quantiles
+overall, per session and per input-length bucket, the hit-rate and throughput differences."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from agentkv.calib.replay import Predicted
+from agentkv.metrics.records import RequestRecord
+
+FIGURES = ("ttft", "tpot", "e2e")
+BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+
+
+def row(r: RequestRecord, p: Predicted, overhead_s: float) -> dict:
+    """One predictions.jsonl line: the measured figures beside the predicted ones (seconds).
+
+    Latencies count as bench counted them: from the due time on the client's clock, or from the
+    engine's arrival when the target stamped its own times (`clock` engine)."""
+    start = p.arrival if r.clock == "engine" else r.scheduled
+    tpot = (p.end - p.first_token) / (p.output_tokens - 1) if p.output_tokens > 1 else None
+    return {
+        "id": r.id,
+        "trace": r.trace,
+        "session": r.session,
+        "index": r.index,
+        "input_tokens": r.input_tokens,
+        "output_tokens": r.output_tokens,
+        "sent": r.sent,
+        "ttft": r.ttft,
+        "ttft_pred": p.first_token - start,
+        "tpot": r.tpot,
+        "tpot_pred": tpot,
+        "e2e": r.e2e,
+        "e2e_pred": p.end - start,
+        "end": r.end,
+        "end_pred": p.end,
+        "cached_tokens": r.cached_tokens,
+        "cached_tokens_pred": p.cached_tokens,
+        "overhead_s": overhead_s,
+    }
+
+
+def errors(rows: list[dict], fig: str) -> dict | None:
+    """MAPE, signed bias (mean signed % error) and |error| quantiles of `fig` over `rows`."""
+    pairs = [(x[fig], x[f"{fig}_pred"]) for x in rows if x[fig] and x[f"{fig}_pred"] is not None]
+    if not pairs:
+        return None
+    m = np.array([a for a, _ in pairs])
+    e = (np.array([b for _, b in pairs]) / m - 1.0) * 100.0
+    a = np.abs(e)
+    return {
+        "n": len(pairs),
+        "mape_pct": round(float(a.mean()), 2),
+        "bias_pct": round(float(e.mean()), 2),
+        "median_pct": round(float(np.median(e)), 2),
+        "abs_p50_pct": round(float(np.percentile(a, 50)), 2),
+        "abs_p90_pct": round(float(np.percentile(a, 90)), 2),
+        "abs_max_pct": round(float(a.max()), 2),
+    }
+
+
+def bucket(n: int) -> str:
+    """The input-length bucket of an `n`-token prompt: '<1K', '1K-2K', ..., '>=128K'."""
+    lo = 0
+    for hi in BUCKET_EDGES:
+        if n < hi:
+            return f"<{hi // 1024}K" if lo == 0 else f"{lo // 1024}K-{hi // 1024}K"
+        lo = hi
+    return f">={lo // 1024}K"
+
+
+def _group(rows: list[dict], key) -> dict[str, dict]:
+    """Per `key(row)` (in first-seen order of `rows`), the request count and each figure's errors."""
+    by: dict[str, list[dict]] = {}
+    for x in rows:
+        by.setdefault(key(x), []).append(x)
+    return {k: {"requests": len(v)} | {f: errors(v, f) for f in FIGURES} for k, v in by.items()}
+
+
+def hit_rates(rows: list[dict]) -> dict:
+    """Prompt-token hit rates, measured (usage cached_tokens) and predicted, and their difference."""
+    tokens = sum(x["input_tokens"] for x in rows)
+    reported = [x["cached_tokens"] for x in rows if x["cached_tokens"] is not None]
+    meas = sum(reported) / tokens if reported and tokens else None
+    pred = sum(x["cached_tokens_pred"] for x in rows) / tokens if tokens else None
+    diff = None if meas is None or pred is None else round((pred - meas) * 100, 3)
+    return {"measured": meas, "predicted": pred, "diff_points": diff}
+
+
+def throughput(rows: list[dict]) -> dict:
+    """Output tokens per second from the first send to the last end, measured and predicted."""
+    t0 = min(x["sent"] for x in rows)
+    toks = sum(x["output_tokens"] for x in rows)
+    meas = toks / max(max(x["end"] for x in rows) - t0, 1e-9)
+    pred = toks / max(max(x["end_pred"] for x in rows) - t0, 1e-9)
+    return {
+        "output_tokens_per_s": meas,
+        "output_tokens_per_s_pred": pred,
+        "diff_pct": round((pred / meas - 1) * 100, 2),
+    }
+
+
+def accuracy(rows: list[dict]) -> dict:
+    """prediction.json's figures: overall, per session, per input-length bucket, hits and throughput."""
+    return {
+        "requests": len(rows),
+        "overall": {f: errors(rows, f) for f in FIGURES},
+        "hit_rate": hit_rates(rows),
+        "throughput": throughput(rows),
+        "by_input_len": _group(
+            sorted(rows, key=lambda x: x["input_tokens"]), lambda x: bucket(x["input_tokens"])
+        ),
+        "by_session": _group(rows, lambda x: x["session"]),
+    }

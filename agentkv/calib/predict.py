@@ -1,0 +1,122 @@
+"""`agentkv predict`: simulate a recorded bench run with a profile's coefficients and compare.
+
+Writes predictions.jsonl (one line per succeeded request, measured beside predicted) and
+prediction.json (the errors, docs/cost-model.md), and prints a table."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import msgspec
+
+from agentkv.calib.accuracy import FIGURES, accuracy, row
+from agentkv.calib.replay import load_run, replay, trace_requests
+from agentkv.engine.config import EngineConfig
+from agentkv.errors import UserError
+
+
+def read_profile(path: str) -> dict:
+    """A profile `agentkv calibrate` wrote (it must hold `coefficients` and `modelled_as`)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read the profile ({type(e).__name__}: {e})") from None
+    if not isinstance(doc, dict) or "coefficients" not in doc or "modelled_as" not in doc:
+        raise UserError(f"{path}: not an `agentkv calibrate` profile (no 'coefficients' or 'modelled_as')")
+    return doc
+
+
+def engine_config(args: argparse.Namespace, prof: dict, run_cfg: dict) -> EngineConfig:
+    """The engine the profile models, its cache sized as the profile's or the run's /server_info
+    reported it, flags first."""
+    t = prof["modelled_as"]
+    server = prof.get("server") or {}
+    info = server.get("server_info") or run_cfg.get("server") or {}
+    card = server.get("model") or {}
+    bs = args.block_size or info.get("page_size") or 16
+    blocks = args.num_gpu_blocks_override
+    if blocks is None and info.get("max_total_num_tokens"):
+        blocks = int(info["max_total_num_tokens"]) // bs
+    return EngineConfig(
+        gpu=t["gpu"],
+        model=t["model"],
+        tensor_parallel_size=t.get("tp", 1),
+        kv_cache_dtype=t.get("kv_dtype", "bf16"),
+        max_num_batched_tokens=t.get("chunk", 8192),
+        block_size=bs,
+        max_model_len=args.max_model_len or card.get("max_model_len") or info.get("context_length"),
+        max_num_seqs=args.max_num_seqs or info.get("max_running_requests") or 256,
+        num_gpu_blocks_override=blocks,
+        cost_profile=args.profile,
+        cost_profile_name=prof.get("name"),
+    )
+
+
+def predict_run(args: argparse.Namespace, traces) -> dict:
+    """Replay the run on the profile's engine; write predictions.jsonl and prediction.json; the doc."""
+    run = load_run(args.run_dir)
+    prof = read_profile(args.profile)
+    ecfg = engine_config(args, prof, run.config)
+    scale = float(run.config.get("time_scale") or 1.0)
+    ov = ((prof.get("fit") or {}).get("overhead")) or {}
+    delay = (0.0, 0.0) if args.no_overhead else (ov.get("request_s", 0.0), ov.get("prompt_token_s", 0.0))
+    delay = (delay[0] * scale, delay[1] * scale)  # wall seconds -> the run's target seconds
+    items = trace_requests(run, traces)
+    pred = replay(ecfg, items, delay, bool(run.config.get("tenant_salts")))
+    rows = [row(r, pred[r.id], delay[0] + delay[1] * r.input_tokens) for r, _, _ in items]
+    rows.sort(key=lambda x: x["id"])
+    out = Path(args.out or run.path)
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "predictions.jsonl", "w") as f:
+        for x in rows:
+            f.write(json.dumps(x) + "\n")
+    doc = {
+        "about": "agentkv predict: the bench run simulated with the profile's coefficients, each "
+        "request arriving when bench sent it (docs/cost-model.md)",
+        "run": str(run.path),
+        "profile": args.profile,
+        "profile_name": prof.get("name"),
+        "engine": msgspec.to_builtins(ecfg),
+        "overhead_s": {"request": delay[0], "prompt_token": delay[1]},
+        "failed_requests_skipped": run.failed,
+        "cache_bust": run.config.get("cache_bust"),
+    } | accuracy(rows)
+    (out / "prediction.json").write_text(json.dumps(doc, indent=1) + "\n")
+    return doc | {"out": str(out)}
+
+
+def print_prediction(doc: dict) -> None:
+    """The terminal table: each figure's errors overall and per input-length bucket, hits, throughput."""
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"predicted vs measured: {doc['requests']} requests ({doc['profile_name']})")
+    for c in ("figure", "requests", "n", "MAPE %", "bias %", "|err| p50 %", "|err| p90 %", "|err| max %"):
+        t.add_column(c, justify="left" if c in ("figure", "requests") else "right")
+    groups = [("all", doc["overall"], doc["requests"])]
+    groups += [(k, {f: v[f] for f in FIGURES}, v["requests"]) for k, v in doc["by_input_len"].items()]
+    for name, figs, n in groups:
+        for f in FIGURES:
+            e = figs[f]
+            if e is None:
+                continue
+            vals = (e["mape_pct"], e["bias_pct"], e["abs_p50_pct"], e["abs_p90_pct"], e["abs_max_pct"])
+            t.add_row(
+                f.upper(),
+                f"{name} ({n})",
+                str(e["n"]),
+                *(f"{v:+.1f}" if i == 1 else f"{v:.1f}" for i, v in enumerate(vals)),
+            )
+    con = Console()
+    con.print(t)
+    h, tp = doc["hit_rate"], doc["throughput"]
+    meas = "-" if h["measured"] is None else f"{h['measured']:.1%}"
+    diff = "" if h["diff_points"] is None else f" ({h['diff_points']:+.2f} points)"
+    con.print(f"prefix-cache hit rate: measured {meas}, predicted {h['predicted']:.1%}{diff}")
+    con.print(
+        f"output throughput: measured {tp['output_tokens_per_s']:,.1f} tok/s, predicted "
+        f"{tp['output_tokens_per_s_pred']:,.1f} tok/s ({tp['diff_pct']:+.2f}%)"
+    )
+    con.print(f"[dim]wrote predictions.jsonl and prediction.json to {doc['out']}[/dim]")

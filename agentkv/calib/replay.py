@@ -1,0 +1,152 @@
+"""Re-run a recorded bench run on the simulated engine: each request arrives when bench sent it.
+
+The requests come from the run's requests.jsonl (trace, session, turn, send time, output length);
+their hash ids from the same trace files, keyed as bench and simulate key them, so the engine sees
+the sharing the live target saw. Open loop: a request arrives at its measured send time (plus the
+profile's per-request and per-prompt-token overheads), whatever the engine predicts for the turn
+before it."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.engine import Engine
+from agentkv.errors import UserError
+from agentkv.metrics.records import RequestRecord, read_records
+from agentkv.trace.blocks import chain_keys
+from agentkv.trace.model import Request, Trace
+
+
+@dataclass(slots=True)
+class Run:
+    """A bench run folder: its summary's config and its succeeded request records."""
+
+    path: Path
+    config: dict
+    records: list[RequestRecord]
+    failed: int
+
+
+@dataclass(slots=True)
+class Predicted:
+    """What the engine predicts for one record: engine-clock times and cached prompt tokens."""
+
+    arrival: float
+    first_token: float
+    end: float
+    output_tokens: int
+    cached_tokens: int
+
+
+def load_run(run_dir: str | Path) -> Run:
+    """summary.json (a bench one) and requests.jsonl of `run_dir`; UserError names a missing or bad file."""
+    d = Path(run_dir)
+    summ, reqs = d / "summary.json", d / "requests.jsonl"
+    for f in (summ, reqs):
+        if not f.is_file():
+            raise UserError(f"{f}: not found (give the --out folder of an `agentkv bench` run)")
+    try:
+        doc = json.loads(summ.read_text())
+        records = read_records(reqs)
+    except (OSError, ValueError) as e:
+        raise UserError(f"{d}: cannot read the run ({type(e).__name__}: {e})") from None
+    if not isinstance(doc, dict) or doc.get("kind") != "bench":
+        raise UserError(f"{summ}: not the summary of an `agentkv bench` run (kind {doc.get('kind')!r})")
+    ok = [r for r in records if r.ok]
+    if not ok:
+        raise UserError(f"{reqs}: no succeeded request to predict")
+    return Run(d, doc.get("config") or {}, ok, len(records) - len(ok))
+
+
+def trace_requests(run: Run, traces: list[Trace]) -> list[tuple[RequestRecord, Trace, Request]]:
+    """Each record with its trace and trace request (found by trace id, session id and turn);
+    UserError when the traces given are not the run's."""
+    by_id = {t.id: t for t in traces}
+    want = set(run.config.get("traces") or [r.trace for r in run.records])
+    missing = sorted(want - set(by_id))
+    if missing:
+        raise UserError(
+            f"{run.path}: the run replayed traces that were not given: {', '.join(missing[:5])}"
+            + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        )
+    sessions = {t.id: {s.id: s for s in t.sessions()} for t in traces if t.id in want}
+    out = []
+    for r in run.records:
+        s = sessions[r.trace].get(r.session.rsplit("#", 1)[0])
+        if s is None or not 0 <= r.index < len(s.requests):
+            raise UserError(
+                f"{run.path}/requests.jsonl: record {r.id}: trace {r.trace} has no session turn "
+                f"{r.session}[{r.index}] (a different version of the trace?)"
+            )
+        out.append((r, by_id[r.trace], s.requests[r.index]))
+    return out
+
+
+def arrival(r: RequestRecord, delay_s: tuple[float, float]) -> float:
+    """When the request reached the engine: stamped by the target's own clock (agentkv serve's
+    first token less its engine TTFT), else the send time plus the profile's overheads."""
+    if r.clock == "engine" and r.first_token is not None and r.ttft is not None:
+        return max(r.sent, r.first_token - r.ttft)
+    return r.sent + delay_s[0] + delay_s[1] * r.input_tokens
+
+
+def replay(
+    ecfg: EngineConfig,
+    items: list[tuple[RequestRecord, Trace, Request]],
+    delay_s: tuple[float, float],
+    tenant_salts: bool,
+) -> dict[int, Predicted]:
+    """Run the records' requests on one engine in arrival order; record id -> prediction.
+
+    `delay_s`: engine seconds before a sent request reaches the engine, per request and per prompt token."""
+    eng = Engine(ecfg)
+    bs = ecfg.block_size
+    order = sorted(items, key=lambda x: (x[0].sent, x[0].id))
+    arrivals = [arrival(r, delay_s) for r, _, _ in order]
+    out: dict[int, Predicted] = {}
+    live: dict[str, RequestRecord] = {}
+    i, now, n = 0, 0.0, len(order)
+    while i < n or eng.has_work():
+        if not eng.has_work():
+            now = max(now, arrivals[i])
+        while i < n and arrivals[i] <= now:
+            r, tr, req = order[i]
+            space = tr.hash_space(r.tree)
+            if tenant_salts and tr.hash_id_scope != "local":
+                space = f"{space}|{r.tree}"
+            keys = chain_keys(space, req.hash_ids, tr.block_size, bs, req.input_tokens)
+            n_out = max(1, r.output_tokens)
+            if req.input_tokens + n_out > eng.max_model_len:
+                raise UserError(
+                    f"record {r.id}: {req.input_tokens} + {n_out} tokens exceed the predicted engine's "
+                    f"max_model_len {eng.max_model_len}; pass --max-model-len"
+                )
+            eng.add_request(
+                str(r.id),
+                max_tokens=n_out,
+                prompt_len=req.input_tokens,
+                block_hashes=keys.tolist(),
+                session_id=r.tree,
+                arrival=arrivals[i],
+                hash_array=keys,
+            )
+            live[str(r.id)] = r
+            i += 1
+        eng.clock.advance_to(now)
+        res = eng.step()
+        if res is None:
+            if i >= n:
+                raise UserError(f"the predicted engine cannot schedule {eng.num_waiting} waiting requests")
+            now = arrivals[i]
+            continue
+        now = res.end
+        for o in res.outputs:
+            if o.finished:
+                q = o.request
+                r = live.pop(q.request_id)
+                cached = q.num_cached_tokens + sum(q.lower_tier_tokens.values())
+                out[r.id] = Predicted(q.arrival, q.first_token, q.finished_at, q.num_output, cached)
+    return out
