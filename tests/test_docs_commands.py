@@ -180,7 +180,6 @@ def test_doc_commands_run(doc, target, tmp_path):
 OPTIONAL_IMPORTS = {
     "ray": "the [ray] extra: simulate --sweep --ray",
     "pynvml": "bench's GPU figures when NVML is installed (absent: the summary says why)",
-    "scipy": "agentkv calibrate's least-squares fit (the test extras)",
 }
 IMPORT_NAMES = {"zmq": "pyzmq", "prometheus_client": "prometheus-client"}
 

@@ -49,13 +49,17 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         metavar="TRACE",
         help="the trace files or folders the run replayed, as bench was given them (default: bundled sample)",
     )
-    p.add_argument("--format", default="auto", choices=TRACE_FORMATS)
+    p.add_argument(
+        "--format", default="auto", choices=TRACE_FORMATS, help="trace format (default: detect from file)"
+    )
     p.add_argument(
         "--out", default=None, help="where predictions.jsonl and prediction.json go (default RUN_DIR)"
     )
     g = p.add_argument_group("the engine (default: what the profile's /server_info and /v1/models said)")
     g.add_argument("--block-size", type=int, default=None, help="the target's KV block size (default 16)")
-    g.add_argument("--max-model-len", type=int, default=None)
+    g.add_argument(
+        "--max-model-len", type=int, default=None, help="the target's context limit (default: the run's)"
+    )
     g.add_argument("--num-gpu-blocks-override", type=int, default=None, help="the target's KV cache blocks")
     g.add_argument("--max-num-seqs", type=int, default=None, help="(default 256)")
     p.add_argument(
