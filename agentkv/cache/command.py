@@ -8,6 +8,7 @@ from pathlib import Path
 
 from agentkv.engine.models.catalogue import model_help
 from agentkv.errors import UserError
+from agentkv.scaleout.raytasks import add_ray_arg, import_ray
 from agentkv.trace.command import add_trace_args
 
 
@@ -63,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="worker processes for the grid (default: usable cores, at most 4)",
     )
+    add_ray_arg(p, "the grid's cells")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--plot", default=None, metavar="OUT", help="write a hit rate vs capacity chart (.html or .svg)"
@@ -100,10 +102,12 @@ def analyze_command(args: argparse.Namespace) -> int:
         args.cpu,
         args.concurrency,
     )
+    if args.ray is not None:
+        import_ray()  # the install hint before the traces load
     traces = load_noted(args)
     err = Console(stderr=True)
     if args.quiet or not err.is_terminal:
-        result = analyze(traces, grid, jobs=jobs)
+        result = analyze(traces, grid, jobs=jobs, ray=args.ray)
     else:
         with Progress(
             TextColumn("{task.description}"),
@@ -118,6 +122,7 @@ def analyze_command(args: argparse.Namespace) -> int:
                 traces,
                 grid,
                 jobs=jobs,
+                ray=args.ray,
                 progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
             )
     if plot is not None:

@@ -1,0 +1,24 @@
+"""`agentkv cache analyze --ray [ADDRESS]`: each (block size, capacity, policy) cell a Ray task; the
+grid and the block accesses of every block size are put once in the object store."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from agentkv.cache.analyze import CellResult, run_cell
+from agentkv.cache.grid import Grid
+from agentkv.scaleout.raytasks import run_tasks
+from agentkv.trace.accesses import BlockRequest
+
+
+def _cell(shared: tuple[Grid, dict[int, list[BlockRequest]]], block_size: int, capacity, policy: str):
+    """One cell in a Ray worker, replayed from the shared accesses."""
+    grid, requests = shared
+    return run_cell(grid, requests[block_size], block_size, capacity, policy)
+
+
+def run_on_ray(
+    grid: Grid, requests: dict[int, list[BlockRequest]], cells: list, address: str
+) -> Iterator[CellResult]:
+    """Every cell on the cluster at `address`, yielded as they finish."""
+    return run_tasks(_cell, (grid, requests), cells, address)
