@@ -4,9 +4,12 @@ local results, tables and progress; without Ray, a one-line install hint before 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
-from rayutil import AUTH, cli, cli_without_ray, free_port, ray_cluster
+from rayutil import AUTH, ROOT, cli, cli_without_ray, free_port, ray_cluster
 
 __all__ = ["ray_cluster"]  # the fixture, used by name
 
@@ -58,28 +61,33 @@ def test_the_table_on_ray_is_the_local_table(ray_cluster):
     assert drop_time(on_ray.stdout) == drop_time(local.stdout) and "belady" in local.stdout
 
 
-def test_progress_on_ray_counts_every_cell(ray_cluster, monkeypatch):
-    from agentkv.cache.analyze import analyze
-    from agentkv.cache.grid import make_grid
-    from agentkv.trace.formats import bundled_sample, load_paths
+PROGRESS = """
+import json, sys
+from agentkv.cache.analyze import analyze
+from agentkv.cache.grid import make_grid
+from agentkv.trace.formats import bundled_sample, load_paths
+steps = []
+res = analyze(load_paths(bundled_sample()), make_grid("8GB,16GB", "64", "lru,lfu"), ray=sys.argv[1],
+              progress=lambda *a: steps.append(a))
+print(json.dumps({"steps": steps, "cells": [[r.capacity, r.policy] for r in res.results]}))
+"""
 
-    for k, v in AUTH.items():
-        monkeypatch.setenv(k, v)
+
+def test_progress_on_ray_counts_every_cell(ray_cluster):
     gcs, _ = ray_cluster
-    steps: list[tuple[int, int, str]] = []
-    res = analyze(
-        load_paths(bundled_sample()),
-        make_grid("8GB,16GB", "64", "lru,lfu"),
-        ray=gcs,
-        progress=lambda *a: steps.append(a),
+    p = subprocess.run(
+        [sys.executable, "-c", PROGRESS, gcs],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, **AUTH, "PYTHONPATH": str(ROOT)},
     )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    steps, cells = out["steps"], [tuple(c) for c in out["cells"]]
     assert [d for d, _, _ in steps] == list(range(1, 6)) and {t for _, t, _ in steps} == {5}
     assert sorted(w for _, _, w in steps[1:]) == sorted(
-        f"{r.policy} at {r.capacity}, block size 64" for r in res.results
+        f"{pol} at {cap}, block size 64" for cap, pol in cells
     )
-    assert [(r.capacity, r.policy) for r in res.results] == [
-        ("8GB", "lru"),
-        ("8GB", "lfu"),
-        ("16GB", "lru"),
-        ("16GB", "lfu"),
-    ]
+    assert cells == [("8GB", "lru"), ("8GB", "lfu"), ("16GB", "lru"), ("16GB", "lfu")]

@@ -79,7 +79,7 @@ def analyze_command(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    from agentkv.cache.analyze import analyze, default_jobs
+    from agentkv.cache.analyze import analyze
     from agentkv.cache.grid import make_grid
     from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
     from agentkv.trace.command import load_noted
@@ -90,9 +90,7 @@ def analyze_command(args: argparse.Namespace) -> int:
             f"--plot: {plot} must end in .html or .svg (a self-contained chart; no PNG, so no "
             "plotting library is needed)"
         )
-    jobs = args.jobs if args.jobs is not None else default_jobs()
-    if jobs < 1:
-        raise UserError(f"--jobs: must be at least 1, got {jobs}")
+    jobs = _jobs(args)
     grid = make_grid(
         args.capacity,
         args.block_size,
@@ -102,8 +100,6 @@ def analyze_command(args: argparse.Namespace) -> int:
         args.cpu,
         args.concurrency,
     )
-    if args.ray is not None:
-        import_ray()  # the install hint before the traces load
     traces = load_noted(args)
     err = Console(stderr=True)
     if args.quiet or not err.is_terminal:
@@ -135,3 +131,16 @@ def analyze_command(args: argparse.Namespace) -> int:
         if plot is not None:
             console.print(f"chart: {plot}")
     return 0
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    """`--jobs` (default: usable cores, at most 4), checked; with `--ray`, Ray's install hint if it is
+    missing, before the traces load."""
+    from agentkv.cache.analyze import default_jobs
+
+    if args.ray is not None:
+        import_ray()
+    jobs = args.jobs if args.jobs is not None else default_jobs()
+    if jobs < 1:
+        raise UserError(f"--jobs: must be at least 1, got {jobs}")
+    return jobs
