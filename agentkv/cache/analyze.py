@@ -217,11 +217,6 @@ class _Progress:
         if self.callback:
             self.callback(self.done, self.total, what)
 
-    def result(self, r: CellResult) -> CellResult:
-        """A finished cell counted as one step; returns it."""
-        self.step(f"{r.policy} at {r.capacity}, block size {r.block_size}")
-        return r
-
 
 def _accesses(
     arrived: list[Arrival], block_sizes: Sequence[int], tick: _Progress
@@ -246,11 +241,11 @@ def _run_cells(
     tick: _Progress,
     ray: str | None = None,
 ) -> list[CellResult]:
-    """Every cell's result, in `cells` order: here one by one, in `jobs` forked workers, or on Ray."""
-    if ray is not None:
+    """Every cell's result, in `cells` order: here one by one, or in `jobs` forked workers."""
+    if ray is not None:  # the cells as Ray tasks on the cluster at `ray`
         from agentkv.cache.ray_cells import run_on_ray
 
-        return in_cell_order([tick.result(r) for r in run_on_ray(grid, requests, cells, ray)], cells)
+        return run_on_ray(grid, requests, cells, ray, tick)
     jobs = max(1, min(jobs, len(cells)))
     if jobs > 1 and "fork" in mp.get_all_start_methods():
         return _run_forked(grid, requests, cells, jobs, tick)
@@ -273,16 +268,13 @@ def _run_forked(
             futures = [ex.submit(_run_shared, *cell) for cell in cells]
             for fut in as_completed(futures):
                 r = fut.result()
-                results.append(tick.result(r))
+                results.append(r)
+                tick.step(f"{r.policy} at {r.capacity}, block size {r.block_size}")
     finally:
         _SHARED.clear()
-    return in_cell_order(results, cells)
-
-
-def in_cell_order(results: list[CellResult], cells: list[_Cell]) -> list[CellResult]:
-    """Results that finished in any order, sorted back to `cells` order."""
     order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
-    return sorted(results, key=lambda r: order[(r.block_size, r.capacity, r.policy)])
+    results.sort(key=lambda r: order[(r.block_size, r.capacity, r.policy)])
+    return results
 
 
 def analyze(
@@ -293,8 +285,8 @@ def analyze(
     progress: Callable[[int, int, str], None] | None = None,
     ray: str | None = None,
 ) -> Analysis:
-    """Run every cell of `grid` on `traces` (on the Ray cluster at `ray` if given);
-    `progress(done, total, what)` after each cell."""
+    """Run every cell of `grid` on `traces`; `progress(done, total, what)` after each cell. With `ray`
+    (an address, or `local`) the cells run as Ray tasks."""
     t0 = time.perf_counter()
     if not any(t.num_requests for t in traces):
         raise UserError("cache analyze: the traces hold no requests")
