@@ -15,8 +15,9 @@ import os
 import time
 
 from agentkv.engine.config import EngineConfig
+from agentkv.scaleout.raytasks import connect, import_ray, stream
 from agentkv.sim.cluster import SimConfig
-from agentkv.sim.ray_sweep import connect, import_ray, stream
+from agentkv.sim.ray_sweep import _point
 from agentkv.sim.sweep import _local_points, apply, parse_sweep
 from agentkv.trace.formats import bundled_sample, load_paths
 
@@ -45,7 +46,8 @@ def on_ray(num_cpus: int, traces, configs, grid, repeat: int) -> list[float]:
         runs = []
         for _ in range(repeat):
             t = time.perf_counter()
-            inside = [wall for *_, wall in stream(ray, traces, configs, grid)]
+            calls = [(c, g, i) for i, (c, g) in enumerate(zip(configs, grid, strict=True))]
+            inside = [wall for *_, wall in stream(ray, _point, list(traces), calls)]
             runs.append(time.perf_counter() - t)
             assert len(inside) == len(grid)
             print(

@@ -19,7 +19,7 @@ LAYERS = [  # lowest first; docs/architecture.md draws the same
     {"units", "terminal"},
     {"kv"},
     {"engine", "trace"},
-    {"placement", "events", "metrics", "gate"},
+    {"placement", "events", "metrics", "gate", "scaleout"},
     {"bench", "sim", "cache", "serve", "route", "security"},
     {"calib"},  # an application on top of bench's HTTP client
     {"cli"},

@@ -240,10 +240,19 @@ def _accesses(
 
 
 def _run_cells(
-    grid: Grid, requests: dict[int, list[BlockRequest]], cells: list[_Cell], jobs: int, tick: _Progress
+    grid: Grid,
+    requests: dict[int, list[BlockRequest]],
+    cells: list[_Cell],
+    jobs: int,
+    tick: _Progress,
+    ray: str | None = None,
 ) -> list[CellResult]:
-    """Every cell's result, in `cells` order: here one by one, or in `jobs` forked workers; on a
-    stop request, the cells finished so far."""
+    """Every cell's result, in `cells` order: here one by one, in `jobs` forked workers, or as Ray
+    tasks; on a stop request (local runs), the cells finished so far."""
+    if ray is not None:  # the cells as Ray tasks on the cluster at `ray`
+        from agentkv.cache.ray_cells import run_on_ray
+
+        return run_on_ray(grid, requests, cells, ray, tick)
     jobs = max(1, min(jobs, len(cells)))
     if jobs > 1 and "fork" in mp.get_all_start_methods():
         return _run_forked(grid, requests, cells, jobs, tick)
@@ -291,9 +300,11 @@ def analyze(
     jobs: int = 1,
     progress: Callable[[int, int, str], None] | None = None,
     stop: object = None,
+    ray: str | None = None,
 ) -> Analysis:
     """Run every cell of `grid` on `traces`; `progress(done, total, what)` after each cell. When
-    `stop.requested` turns true (Ctrl-C), the cells finished so far, marked `interrupted`."""
+    `stop.requested` turns true (Ctrl-C), the cells finished so far, marked `interrupted`. With `ray`
+    (an address, or `local`) the cells run as Ray tasks."""
     t0 = time.perf_counter()
     if not any(t.num_requests for t in traces):
         raise UserError("cache analyze: the traces hold no requests")
@@ -303,7 +314,7 @@ def analyze(
     cells = [(bs, cap, pol) for bs in grid.block_sizes for cap in grid.capacities for pol in grid.policies]
     tick = _Progress(progress, len(cells) + len(grid.block_sizes), stop=stop)
     requests, ceilings = _accesses(arrived, grid.block_sizes, tick)
-    results = _run_cells(grid, requests, cells, jobs, tick)
+    results = _run_cells(grid, requests, cells, jobs, tick, ray)
     return Analysis(
         model=grid.model,
         kv_cache_dtype=grid.kv_dtype,

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from agentkv.engine.models.catalogue import model_help
 from agentkv.errors import UserError
+from agentkv.scaleout.raytasks import add_ray_arg, import_ray
 from agentkv.trace.command import add_trace_args
 
 
@@ -63,6 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="N",
         help="worker processes for the grid (default: usable cores, at most 4)",
     )
+    add_ray_arg(p, "the grid's cells")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--plot", default=None, metavar="OUT", help="write a hit rate vs capacity chart (.html or .svg)"
@@ -76,7 +78,6 @@ def analyze_command(args: argparse.Namespace) -> int:
     import msgspec
     from rich.console import Console
 
-    from agentkv.cache.analyze import default_jobs
     from agentkv.cache.grid import make_grid
     from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
     from agentkv.trace.command import load_noted
@@ -87,9 +88,7 @@ def analyze_command(args: argparse.Namespace) -> int:
             f"--plot: {plot} must end in .html or .svg (a self-contained chart; no PNG, so no "
             "plotting library is needed)"
         )
-    jobs = args.jobs if args.jobs is not None else default_jobs()
-    if jobs < 1:
-        raise UserError(f"--jobs: must be at least 1, got {jobs}")
+    jobs = _jobs(args)
     grid = make_grid(
         args.capacity,
         args.block_size,
@@ -140,4 +139,18 @@ def _run(args: argparse.Namespace, traces, grid, jobs: int):
             jobs=jobs,
             progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
             stop=stop,
+            ray=args.ray,
         )
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    """`--jobs` (default: usable cores, at most 4), checked; with `--ray`, Ray's install hint if it is
+    missing, before the traces load."""
+    from agentkv.cache.analyze import default_jobs
+
+    if args.ray is not None:
+        import_ray()
+    jobs = args.jobs if args.jobs is not None else default_jobs()
+    if jobs < 1:
+        raise UserError(f"--jobs: must be at least 1, got {jobs}")
+    return jobs

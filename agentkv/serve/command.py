@@ -6,6 +6,7 @@ import argparse
 import json
 import logging
 import math
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agentkv.engine.config import EngineConfig, add_engine_args
@@ -92,9 +93,10 @@ def _kv_events_args(p) -> None:
     p.add_argument(
         "--kv-events-curve-secret-key",
         default=None,
-        metavar="FILE",
+        metavar="FILE|DIR",
         help="turn ZMQ CURVE on for the event and replay sockets with this key pair "
-        "(a .key_secret file from `agentkv security keys`); needs --kv-events-curve-allow",
+        "(a .key_secret file from `agentkv security keys`), or a folder holding one pair per "
+        "--workers: worker-0.key_secret, worker-1.key_secret, ...; needs --kv-events-curve-allow",
     )
     p.add_argument(
         "--kv-events-curve-allow",
@@ -111,8 +113,11 @@ def _kv_events_args(p) -> None:
     )
 
 
-def _curve_from_args(args: argparse.Namespace):
-    """The publisher's CurveServer from the two CURVE flags (both or neither), or None."""
+def _curve_from_args(args: argparse.Namespace) -> list | None:
+    """The publishers' CurveServers, one per worker, from the two CURVE flags (both or neither), or None.
+
+    A folder gives worker I its own pair, DIR/worker-I.key_secret, so a router can pin each worker;
+    a file gives every worker the same pair."""
     secret, allow = args.kv_events_curve_secret_key, args.kv_events_curve_allow
     if secret is None and allow is None:
         return None
@@ -121,10 +126,24 @@ def _curve_from_args(args: argparse.Namespace):
             "--kv-events-curve-secret-key and --kv-events-curve-allow go together: the key proves "
             "the server, the allow-list admits the subscribers"
         )
-    from agentkv.events.curve import CurveServer, load_keypair, load_public_keys
+    from agentkv.events.curve import SECRET_SUFFIX, CurveServer, load_keypair, load_public_keys
 
-    public, secret_key = load_keypair(secret, "--kv-events-curve-secret-key")
-    return CurveServer(public, secret_key, load_public_keys(allow, "--kv-events-curve-allow"))
+    flag, n, folder = "--kv-events-curve-secret-key", max(1, getattr(args, "workers", 1)), Path(secret)
+    allowed = load_public_keys(allow, "--kv-events-curve-allow")
+    if not folder.is_dir():
+        return [CurveServer(*load_keypair(folder, flag), allowed)] * n
+    pairs = []
+    for i in range(n):
+        f = folder / f"worker-{i}{SECRET_SUFFIX}"
+        if not f.is_file():
+            raise UserError(
+                f"{flag} {folder}: no {f.name} for worker {i} (one pair per worker: "
+                f"agentkv security keys --out {folder} --name worker-{i})"
+            )
+        pairs.append(load_keypair(f, flag))
+    if len({public for public, _ in pairs}) < n:
+        raise UserError(f"{flag} {folder}: two workers' files hold the same key pair; give each its own")
+    return [CurveServer(public, key, allowed) for public, key in pairs]
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -158,7 +177,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         kv_events_replay_endpoint=replay,
         kv_events_topic=topic,
         kv_events_host=args.kv_events_host,
-        kv_events_curve=_curve_from_args(args),
+        kv_events_curve=(_curve_from_args(args) or [None])[0],
         kv_events_token_ids=args.kv_events_token_ids == "on",
         http=http_limits_from_args(args),
         default_max_tokens=args.default_max_tokens,
@@ -173,9 +192,9 @@ def serve_command(args: argparse.Namespace) -> int:
         level=getattr(logging, args.log_level.upper()), format="%(asctime)s %(name)s %(message)s"
     )
     config = EngineConfig.from_args(args)
-    opts = options_from_args(args)
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
+    opts = options_from_args(args)
     if args.workers == 1:
         return run_one(config, opts)
-    return run_workers(config, worker_options(opts, args.workers))
+    return run_workers(config, worker_options(opts, args.workers, _curve_from_args(args)))

@@ -18,11 +18,13 @@ import re
 import signal
 import sys
 import time
+from collections.abc import Sequence
 
 from agentkv.engine.config import EngineConfig
 from agentkv.errors import UserError
 from agentkv.serve.app import ServeOptions
 
+log = logging.getLogger("agentkv.serve")
 _TCP_PORT = re.compile(r"^(tcp://.+:)(\d+)$")
 GRACE_S = 10.0
 
@@ -39,8 +41,16 @@ def shift_endpoint(endpoint: str | None, i: int, flag: str) -> str | None:
     return f"{m.group(1)}{int(m.group(2)) + i}"
 
 
-def worker_options(opts: ServeOptions, n: int) -> list[ServeOptions]:
-    """The options of workers 0..n-1: consecutive HTTP ports and event endpoints, checked for clashes."""
+def worker_options(opts: ServeOptions, n: int, curves: Sequence | None = None) -> list[ServeOptions]:
+    """The options of workers 0..n-1: consecutive HTTP ports and event endpoints, checked for clashes,
+    and each worker's CURVE key pair (`curves`, default: every worker `opts.kv_events_curve`)."""
+    curves = list(curves) if curves is not None else [opts.kv_events_curve] * n
+    if n > 1 and curves[0] is not None and len({c.public for c in curves}) == 1:
+        log.warning(
+            "KV events: the %d workers share one CURVE key, so a router cannot tell them apart by key; "
+            "give --kv-events-curve-secret-key a folder of worker-I.key_secret files (docs/security.md)",
+            n,
+        )
     if n > 1 and opts.port == 0:
         raise UserError("--workers > 1 needs an explicit --port (workers use consecutive ports)")
     if opts.port + n - 1 > 65535:
@@ -53,6 +63,7 @@ def worker_options(opts: ServeOptions, n: int) -> list[ServeOptions]:
             kv_events_replay_endpoint=shift_endpoint(
                 opts.kv_events_replay_endpoint, i, "--kv-events-replay-endpoint"
             ),
+            kv_events_curve=curves[i],
         )
         for i in range(n)
     ]
@@ -78,7 +89,7 @@ def _describe(server, index: int | None = None) -> str:
         if server.publisher.replay_endpoint:
             line += f"  replay={server.publisher.replay_endpoint}"
         if server.publisher.curve is not None:
-            line += "  curve=on"
+            line += f"  curve=on  curve-public-key={server.publisher.curve.public.decode()}"
     return line
 
 

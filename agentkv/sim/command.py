@@ -12,6 +12,7 @@ from pathlib import Path
 from agentkv.engine.config import EngineConfig, add_engine_args
 from agentkv.metrics.flags import add_output_flags
 from agentkv.placement import POLICIES, add_kv_weight_arg
+from agentkv.scaleout.raytasks import add_ray_arg
 from agentkv.trace.command import add_trace_args
 
 
@@ -45,15 +46,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="KEY=V1,V2",
         help="run a grid over a setting (repeatable), e.g. --sweep lanes=16,64 --sweep cpu_offload=0,512GB",
     )
-    p.add_argument(
-        "--ray",
-        nargs="?",
-        const="local",
-        default=None,
-        metavar="ADDRESS",
-        help="run the sweep's points as Ray tasks: on the cluster at ADDRESS (auto, ray://host:port, "
-        "host:port) or, with no address, a new local cluster (needs pip install 'agentkv[ray]')",
-    )
+    add_ray_arg(p, "the sweep's points")
     p.add_argument(
         "--out",
         default=None,

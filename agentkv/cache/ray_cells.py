@@ -1,0 +1,27 @@
+"""`agentkv cache analyze --ray [ADDRESS]`: each (block size, capacity, policy) cell a Ray task; the
+grid and the block accesses of every block size are put once in the object store."""
+
+from __future__ import annotations
+
+from agentkv.cache.analyze import CellResult, run_cell
+from agentkv.cache.grid import Grid
+from agentkv.scaleout.raytasks import run_tasks
+from agentkv.trace.accesses import BlockRequest
+
+
+def _cell(shared: tuple[Grid, dict[int, list[BlockRequest]]], block_size: int, capacity, policy: str):
+    """One cell in a Ray worker, replayed from the shared accesses."""
+    grid, requests = shared
+    return run_cell(grid, requests[block_size], block_size, capacity, policy)
+
+
+def run_on_ray(
+    grid: Grid, requests: dict[int, list[BlockRequest]], cells: list, address: str, tick
+) -> list[CellResult]:
+    """Every cell on the cluster at `address`, each counted by `tick` as it finishes; `cells` order."""
+    results = []
+    for r in run_tasks(_cell, (grid, requests), cells, address):
+        results.append(r)
+        tick.step(f"{r.policy} at {r.capacity}, block size {r.block_size}")
+    order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
+    return sorted(results, key=lambda r: order[(r.block_size, r.capacity, r.policy)])

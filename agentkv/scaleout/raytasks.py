@@ -1,0 +1,92 @@
+"""Ray plumbing shared by `simulate --sweep --ray` and `cache analyze --ray`: the `--ray` flag, joining
+(or starting) a cluster, and tasks over one shared object streamed back as they finish. Ray is
+imported only when `--ray` is given (optional extra agentkv[ray])."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from collections.abc import Callable, Iterator, Sequence
+
+from agentkv.errors import UserError
+
+INSTALL_HINT = "--ray needs Ray: pip install 'agentkv[ray]'"
+LOCAL = "local"  # `--ray` with no address: a new single-machine cluster, stopped at the end
+
+
+def add_ray_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """`--ray [ADDRESS]`: run `what` (e.g. "the sweep's points") as Ray tasks."""
+    p.add_argument(
+        "--ray",
+        nargs="?",
+        const=LOCAL,
+        default=None,
+        metavar="ADDRESS",
+        help=f"run {what} as Ray tasks: on the cluster at ADDRESS (auto, ray://host:port, "
+        "host:port) or, with no address, a new local cluster (needs pip install 'agentkv[ray]')",
+    )
+
+
+def import_ray():
+    """The `ray` module, or a UserError saying how to install it."""
+    try:
+        import ray
+    except ImportError:
+        raise UserError(INSTALL_HINT) from None
+    return ray
+
+
+def connect(ray, address: str, num_cpus: int | None = None) -> None:
+    """Join the cluster at `address` (`auto`, `ray://host:port`, `host:port`) or start a local one."""
+    quiet = {"log_to_driver": False, "configure_logging": False}
+    if address == LOCAL:
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **quiet)
+        return
+    _reachable(address)
+    try:
+        ray.init(address=address, **quiet)
+    except (ConnectionError, ValueError, RuntimeError) as e:
+        raise UserError(f"--ray {address}: cannot join the Ray cluster ({e})") from None
+
+
+def _reachable(address: str, timeout: float = 5.0) -> None:
+    """A UserError at once when nothing listens at `host:port` (Ray itself retries for minutes)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit():
+        return  # `auto`, or an address Ray resolves itself
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise UserError(f"--ray {address}: cannot join the Ray cluster ({e.strerror or e})") from None
+
+
+def stream(ray, fn: Callable, shared: object, calls: Sequence[tuple]) -> Iterator:
+    """`fn(shared, *call)` for every call as a one-CPU task, yielded as they finish.
+
+    `shared` is `ray.put` once; every task reads the same object from the store."""
+    task = ray.remote(num_cpus=1, max_retries=0)(fn)
+    ref = ray.put(shared)
+    pending = [task.remote(ref, *call) for call in calls]
+    while pending:
+        done, pending = ray.wait(pending, num_returns=1)
+        yield ray.get(done[0])
+
+
+def run_tasks(
+    fn: Callable, shared: object, calls: Sequence[tuple], address: str, num_cpus: int | None = None
+) -> Iterator:
+    """Join (or start) the cluster, stream `fn(shared, *call)` for every call, then disconnect.
+
+    A task's own UserError reads as it would locally (one line, exit 2)."""
+    ray = import_ray()
+    connect(ray, address, num_cpus)
+    try:
+        yield from stream(ray, fn, shared, calls)
+    except ray.exceptions.RayTaskError as e:
+        if isinstance(e.cause, UserError):
+            raise UserError(str(e.cause)) from None
+        raise
+    finally:
+        ray.shutdown()

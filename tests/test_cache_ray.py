@@ -1,0 +1,93 @@
+"""`agentkv cache analyze --ray`: on a real local Ray cluster (opt-in, see rayutil) the cells give the
+local results, tables and progress; without Ray, a one-line install hint before any trace loads."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from rayutil import AUTH, ROOT, cli, cli_without_ray, free_port, ray_cluster
+
+__all__ = ["ray_cluster"]  # the fixture, used by name
+
+GRID = ["cache", "analyze", "--capacity", "8GB,16GB", "--block-size", "16,64", "--policy", "lru,arc,belady"]
+
+
+def _timeless(obj):
+    """The analysis without its wall-clock fields (`seconds`), which differ between two runs."""
+    if isinstance(obj, dict):
+        return {k: _timeless(v) for k, v in obj.items() if k != "seconds"}
+    if isinstance(obj, list):
+        return [_timeless(v) for v in obj]
+    return obj
+
+
+def test_without_ray_installed_ray_says_how_to_install_it(tmp_path):
+    missing = tmp_path / "no-such-traces"  # the hint comes before the traces are read
+    for argv in ((*GRID, "--ray"), (*GRID, "--ray=127.0.0.1:6379", str(missing))):
+        p = cli_without_ray(*argv)
+        assert p.returncode == 2, p.stderr
+        assert p.stderr.strip() == "agentkv: error: --ray needs Ray: pip install 'agentkv[ray]'"
+
+
+def test_an_address_where_nothing_listens_is_one_line():
+    pytest.importorskip("ray")
+    address = f"127.0.0.1:{free_port()}"
+    p = cli(*GRID, "-q", "--ray", address)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith(f"agentkv: error: --ray {address}: cannot join")
+
+
+def test_cells_on_ray_give_the_local_analysis(ray_cluster):
+    gcs, client = ray_cluster
+    local = cli(*GRID, "--json")
+    assert local.returncode == 0, local.stderr
+    want = _timeless(json.loads(local.stdout))
+    assert len(want["results"]) == 12 and want["policies"] == ["lru", "arc", "belady"]
+    for address in (gcs, client):
+        on_ray = cli(*GRID, "--json", "--ray", address)
+        assert on_ray.returncode == 0, (address, on_ray.stderr[-3000:])
+        assert _timeless(json.loads(on_ray.stdout)) == want, address
+
+
+def test_the_table_on_ray_is_the_local_table(ray_cluster):
+    gcs, _ = ray_cluster
+    local, on_ray = cli(*GRID), cli(*GRID, "--ray", gcs)
+    assert on_ray.returncode == local.returncode == 0, on_ray.stderr
+    drop_time = lambda out: [ln for ln in out.splitlines() if " replays in " not in ln]  # noqa: E731
+    assert drop_time(on_ray.stdout) == drop_time(local.stdout) and "belady" in local.stdout
+
+
+PROGRESS = """
+import json, sys
+from agentkv.cache.analyze import analyze
+from agentkv.cache.grid import make_grid
+from agentkv.trace.formats import bundled_sample, load_paths
+steps = []
+res = analyze(load_paths(bundled_sample()), make_grid("8GB,16GB", "64", "lru,lfu"), ray=sys.argv[1],
+              progress=lambda *a: steps.append(a))
+print(json.dumps({"steps": steps, "cells": [[r.capacity, r.policy] for r in res.results]}))
+"""
+
+
+def test_progress_on_ray_counts_every_cell(ray_cluster):
+    gcs, _ = ray_cluster
+    p = subprocess.run(
+        [sys.executable, "-c", PROGRESS, gcs],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
+        env={**os.environ, **AUTH, "PYTHONPATH": str(ROOT)},
+    )
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout)
+    steps, cells = out["steps"], [tuple(c) for c in out["cells"]]
+    assert [d for d, _, _ in steps] == list(range(1, 6)) and {t for _, t, _ in steps} == {5}
+    assert sorted(w for _, _, w in steps[1:]) == sorted(
+        f"{pol} at {cap}, block size 64" for cap, pol in cells
+    )
+    assert cells == [("8GB", "lru"), ("8GB", "lfu"), ("16GB", "lru"), ("16GB", "lfu")]
