@@ -76,3 +76,16 @@ def test_external_tokens_are_allocated_not_computed():
     assert cold.step().end > 2 * (res.end - res.start)  # 1,000 tokens of prefill vs one
     with pytest.raises(ValueError, match="external_tokens"):
         eng.add_request("b", max_tokens=1, prompt_len=10, external_tokens=10)
+
+
+def test_lanes_sweep_reports_the_knee(capsys):
+    """A lanes sweep names the most lanes meeting the tier, per GPU and per MW of the named system;
+    a tier nothing meets says so."""
+    from agentkv.cli import main
+
+    base = ["simulate", "-q", "--max-requests", "12", "--max-model-len", "200000", "--system", "dgx-h200"]
+    assert main([*base, "--sweep", "lanes=1,2"]) == 0
+    out = capsys.readouterr().out
+    assert "knee (all points): 2 lanes" in out and "agents/MW" in out and "10.2 kW" in out
+    assert main([*base, "--sweep", "lanes=1,2", "--tier", "tps=100000"]) == 0
+    assert "no point meets the tier" in capsys.readouterr().out

@@ -146,14 +146,17 @@ def gpu_names() -> list[str]:
     return [g.name for g in GPUS]
 
 
+def _lookup(index: dict, name: str, what: str, names: list[str]):
+    """`name` in a catalogue index (case and separators ignored); UserError lists the choices."""
+    found = index.get(_key(name))
+    if found is None:
+        raise UserError(f"unknown {what} '{name}'; choose one of: {', '.join(names)}")
+    return found
+
+
 def get_gpu(name: str | GPU) -> GPU:
     """The GPU called `name` (case-insensitive; aliases like 'h200', 'h200-sxm'); UserError lists the choices."""
-    if isinstance(name, GPU):
-        return name
-    gpu = _GPU_INDEX.get(_key(name))
-    if gpu is None:
-        raise UserError(f"unknown GPU '{name}'; choose one of: {', '.join(gpu_names())}")
-    return gpu
+    return name if isinstance(name, GPU) else _lookup(_GPU_INDEX, name, "GPU", gpu_names())
 
 
 @dataclass(frozen=True, slots=True)
@@ -252,12 +255,7 @@ def system_names() -> list[str]:
 
 def get_system(name: str | System) -> System:
     """The system called `name` (case-insensitive, aliases); UserError lists the choices."""
-    if isinstance(name, System):
-        return name
-    system = _SYSTEM_INDEX.get(_key(name))
-    if system is None:
-        raise UserError(f"unknown system '{name}'; choose one of: {', '.join(system_names())}")
-    return system
+    return name if isinstance(name, System) else _lookup(_SYSTEM_INDEX, name, "system", system_names())
 
 
 def ring_allreduce_s(

@@ -311,28 +311,56 @@ class Cluster:
         key_array = chain_keys(space, r.hash_ids, item.trace.block_size, bs, r.input_tokens)
         return key_array, ceil_tok, out_tokens
 
-    def _dispatch(self, d: Dispatch, now: float) -> None:
-        """Route a due request to a worker and queue it there (or record why it cannot run)."""
-        prep = self._prepare(d, now)
-        if prep is None:
-            return
-        key_array, ceil_tok, out_tokens = prep
-        item, keys = d.item, key_array.tolist()
-        route = RouteRequest(keys, item.request.input_tokens, item.tree_key, self.ecfg.block_size)
-        i = self.policy.choose(route, self.workers)
-        w = self.workers[i]
-        rid = str(item.id)
-        w.engine.add_request(
-            rid,
-            max_tokens=out_tokens,
+    def _route(self, d: Dispatch, key_array) -> RouteRequest:
+        """What placement sees of a request: its block keys, length, session tree, block size."""
+        item = d.item
+        return RouteRequest(
+            key_array.tolist(), item.request.input_tokens, item.tree_key, self.ecfg.block_size
+        )
+
+    def _queue(
+        self,
+        w: SimWorker,
+        d: Dispatch,
+        now: float,
+        route: RouteRequest,
+        key_array,
+        max_tokens: int,
+        ext: int = 0,
+    ):
+        """Add the request to `w`'s engine (`ext` prompt tokens' KV already there) and wake `w`."""
+        item = d.item
+        req = w.engine.add_request(
+            str(item.id),
+            max_tokens=max_tokens,
             prompt_len=item.request.input_tokens,
-            block_hashes=keys,
+            block_hashes=route.block_hashes,
             session_id=item.tree_key,
             arrival=now,
             hash_array=key_array,
+            external_tokens=ext,
         )
-        self.dispatched[rid] = (d, i, ceil_tok)
         self._wake(w, now)
+        return req
+
+    def _placed(self, d: Dispatch, now: float, workers: Sequence[SimWorker]):
+        """(worker index in `workers`, route, key array, ceiling, output tokens) of a due request by
+        the placement policy; None when no engine can take it (recorded as failed)."""
+        prep = self._prepare(d, now)
+        if prep is None:
+            return None
+        key_array, ceil_tok, out_tokens = prep
+        route = self._route(d, key_array)
+        return self.policy.choose(route, workers), route, key_array, ceil_tok, out_tokens
+
+    def _dispatch(self, d: Dispatch, now: float) -> None:
+        """Route a due request to a worker and queue it there (or record why it cannot run)."""
+        placed = self._placed(d, now, self.workers)
+        if placed is None:
+            return
+        i, route, key_array, ceil_tok, out_tokens = placed
+        self.dispatched[str(d.item.id)] = (d, i, ceil_tok)
+        self._queue(self.workers[i], d, now, route, key_array, out_tokens)
 
 
 def simulate(

@@ -33,10 +33,21 @@ from agentkv.trace.plan import Dispatch
 class _Flight:
     """A request between its pools: what it needs for the decode side and its record."""
 
-    __slots__ = ("d", "ceil", "out_tokens", "keys", "key_array", "prefill", "p", "decode", "kv_sent", "kv_at")
+    __slots__ = (
+        "d",
+        "ceil",
+        "out_tokens",
+        "route",
+        "key_array",
+        "prefill",
+        "p",
+        "decode",
+        "kv_sent",
+        "kv_at",
+    )
 
-    def __init__(self, d: Dispatch, ceil: int, out_tokens: int, keys: list[int], key_array: np.ndarray):
-        self.d, self.ceil, self.out_tokens, self.keys, self.key_array = d, ceil, out_tokens, keys, key_array
+    def __init__(self, d: Dispatch, ceil: int, out_tokens: int, route: RouteRequest, key_array: np.ndarray):
+        self.d, self.ceil, self.out_tokens, self.route, self.key_array = d, ceil, out_tokens, route, key_array
         self.prefill = None  # the prefill-side EngineRequest
         self.p = self.decode = -1  # worker indices (decode: into the whole worker list)
         self.kv_sent = self.kv_at = 0.0  # when its KV left the prefill worker, reached the decode one
@@ -78,27 +89,13 @@ class DisaggCluster(Cluster):
 
     def _dispatch(self, d: Dispatch, now: float) -> None:
         """Route a due request to a prefill worker, to compute its prompt KV (one output token)."""
-        prep = self._prepare(d, now)
-        if prep is None:
+        placed = self._placed(d, now, self.workers[: self.cfg.prefill_workers])
+        if placed is None:
             return
-        key_array, ceil_tok, out_tokens = prep
-        item, keys = d.item, key_array.tolist()
-        route = RouteRequest(keys, item.request.input_tokens, item.tree_key, self.ecfg.block_size)
-        i = self.policy.choose(route, self.workers[: self.cfg.prefill_workers])
-        w = self.workers[i]
-        rid = str(item.id)
-        fl = self.flights[rid] = _Flight(d, ceil_tok, out_tokens, keys, key_array)
+        i, route, key_array, ceil_tok, out_tokens = placed
+        fl = self.flights[str(d.item.id)] = _Flight(d, ceil_tok, out_tokens, route, key_array)
         fl.p = i
-        fl.prefill = w.engine.add_request(
-            rid,
-            max_tokens=1,
-            prompt_len=item.request.input_tokens,
-            block_hashes=keys,
-            session_id=item.tree_key,
-            arrival=now,
-            hash_array=key_array,
-        )
-        self._wake(w, now)
+        fl.prefill = self._queue(self.workers[i], d, now, route, key_array, 1)
 
     def _deliver(self, w: SimWorker, res: StepResult, now: float) -> None:
         """A prefill ends: start its KV transfer. A decode ends: record the request."""
@@ -135,11 +132,9 @@ class DisaggCluster(Cluster):
     def _transfer(self, fl: _Flight, now: float) -> None:
         """Pick the decode worker and queue the KV's arrival there."""
         item = fl.d.item
-        bs = self.ecfg.block_size
-        route = RouteRequest(fl.keys, item.request.input_tokens, item.tree_key, bs)
-        j = self.cfg.prefill_workers + self.decode_policy.choose(route, self.decode_workers)
+        j = self.cfg.prefill_workers + self.decode_policy.choose(fl.route, self.decode_workers)
         dw = self.workers[j]
-        local = dw.engine.cached_prefix(fl.keys)[0] * bs
+        local = dw.engine.cached_prefix(fl.route.block_hashes)[0] * self.ecfg.block_size
         tokens = max(0, item.request.input_tokens - 1 - local)
         secs = self.transfer_seconds(fl, dw, tokens) if tokens else 0.0
         start = max(now, self.link_free[fl.p], self.link_free[j])
@@ -148,23 +143,13 @@ class DisaggCluster(Cluster):
             self.link_free[fl.p] = self.link_free[j] = end
         self.transfer_s.append(end - now)
         fl.decode, fl.kv_sent, fl.kv_at = j, start, end
-        self.arrivals[self._push(end, dw, EventKind.KV_ARRIVED, version=-1)] = item_rid(fl)
+        self.arrivals[self._push(end, dw, EventKind.KV_ARRIVED, version=-1)] = str(item.id)
 
     def _kv_arrived(self, w: SimWorker, now: float, seq: int) -> None:
         """The KV is on the decode worker: queue the request there, its prompt but the last token loaded."""
         fl = self.flights[self.arrivals.pop(seq)]
-        r = fl.d.item.request
-        w.engine.add_request(
-            item_rid(fl),
-            max_tokens=fl.out_tokens,
-            prompt_len=r.input_tokens,
-            block_hashes=fl.keys,
-            session_id=fl.d.item.tree_key,
-            arrival=now,
-            hash_array=fl.key_array,
-            external_tokens=r.input_tokens - 1,
-        )
-        self._wake(w, now)
+        ext = fl.d.item.request.input_tokens - 1
+        self._queue(w, fl.d, now, fl.route, fl.key_array, fl.out_tokens, ext)
 
     def _summary(self) -> Summary:
         p = self.cfg.prefill_workers
@@ -181,7 +166,3 @@ class DisaggCluster(Cluster):
         return sim_summary(
             self.records, self.cfg, self.ecfg, self.workers, self.timeline, self.itl, self.notes, stats
         )
-
-
-def item_rid(fl: _Flight) -> str:
-    return str(fl.d.item.id)

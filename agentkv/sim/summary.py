@@ -91,30 +91,12 @@ def pool_hit_rate(workers) -> float | None:
     return sum(w.engine.prefix_cache_hits for w in workers) / queries if queries else None
 
 
-def sim_summary(
-    records,
-    cfg: SimConfig,
-    ecfg: EngineConfig,
-    workers,
-    timeline,
-    itl,
-    notes,
-    disagg: DisaggStats | None = None,
-) -> Summary:
-    """The summary of a run: the records' figures, the engines' counters, the settings, and the
-    run against its interactivity tier; `disagg`: the pools of a disaggregated run (its prefill
-    pool's engines come first in `workers` and give the reported prefix-cache hit rate)."""
-    ok_in = sum(r.input_tokens for r in records if r.ok) or 1
-    by_tier: dict[str, float] = {}
-    for r in records:
-        for tier, n in r.cached_by_tier.items():
-            by_tier[tier] = by_tier.get(tier, 0) + n
-    by_tier = {k: v / ok_in for k, v in by_tier.items()}
-    dep = deployment(cfg)
-    gpus = total_gpus(cfg)
+def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
+    """The run's settings as summary.json's `config` records them (pools and power included)."""
     tp_p, tp_d = pool_tp(cfg)
     pools = cfg.prefill_workers > 0
-    config = SimSettings(
+    gpus = total_gpus(cfg)
+    return SimSettings(
         engine=ecfg,
         workers=cfg.workers,
         lanes=cfg.lanes,
@@ -138,6 +120,32 @@ def sim_summary(
         power_w_per_gpu=dep.power_w_per_gpu,
         power_basis=dep.power_basis,
     )
+
+
+def sim_summary(
+    records,
+    cfg: SimConfig,
+    ecfg: EngineConfig,
+    workers,
+    timeline,
+    itl,
+    notes,
+    disagg: DisaggStats | None = None,
+) -> Summary:
+    """The summary of a run: the records' figures, the engines' counters, the settings, and the
+    run against its interactivity tier; `disagg`: the pools of a disaggregated run (its prefill
+    pool's engines come first in `workers` and give the reported prefix-cache hit rate)."""
+    ok_in = sum(r.input_tokens for r in records if r.ok) or 1
+    by_tier: dict[str, float] = {}
+    for r in records:
+        for tier, n in r.cached_by_tier.items():
+            by_tier[tier] = by_tier.get(tier, 0) + n
+    by_tier = {k: v / ok_in for k, v in by_tier.items()}
+    dep = deployment(cfg)
+    gpus = total_gpus(cfg)
+    tp_p, tp_d = pool_tp(cfg)
+    pools = cfg.prefill_workers > 0
+    config = _settings(cfg, ecfg, workers, dep)
     shape = (
         f"{cfg.prefill_workers}x prefill (tp={tp_p}) + {cfg.decode_workers}x decode (tp={tp_d})"
         if pools

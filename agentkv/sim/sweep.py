@@ -44,6 +44,8 @@ _ALIASES = {
     "duration": ("duration", lambda v: None if v.lower() in _OFF else parse_duration(v, "duration")),
 }
 _SIM_FIELDS = {f.name for f in dataclasses.fields(SimConfig)} - {"engine", "sample_every", "bursts"}
+_ALIASES["prefill_tp"] = ("prefill_tensor_parallel_size", None)
+_ALIASES["decode_tp"] = ("decode_tensor_parallel_size", None)
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed"}
 _HINTS = {**typing.get_type_hints(EngineConfig), **typing.get_type_hints(SimConfig)}
 
@@ -119,7 +121,7 @@ def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
     table = Table(title="simulate sweep")
     for k in keys:
         table.add_column(k)
-    for col in (*_COLUMNS, "preempt", "failed"):
+    for col in (*_COLUMNS, "preempt", "failed", "tier"):
         table.add_column(col, justify="right")
     for overrides, s in results:
         tp = s.throughput
@@ -134,8 +136,30 @@ def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
             num(tp.output_tokens_per_s_per_gpu if tp else None),
             f"{s.preemptions:,}",
             f"{s.failed:,}",
+            "-" if s.interactivity is None else ("met" if s.interactivity.met else "missed"),
         )
     return table
+
+
+def print_knee(results: list[tuple[dict, Summary]], console: Console) -> None:
+    """Per setting of the other keys, the most lanes meeting the interactivity tier (agents per GPU, per MW)."""
+    from agentkv.metrics.tier import knee
+
+    groups: dict[tuple, list] = {}
+    for overrides, s in results:
+        rest = tuple((k, v) for k, v in overrides.items() if k != "lanes")
+        if s.interactivity is not None:
+            groups.setdefault(rest, []).append(s.interactivity)
+    for rest, points in groups.items():
+        where = ", ".join(f"{k}={v}" for k, v in rest) or "all points"
+        k = knee(points)
+        if k is None:
+            console.print(f"knee ({where}): no point meets the tier")
+            continue
+        console.print(
+            f"knee ({where}): {k.sessions} lanes meet tps>={k.tier_tps:g}, TTFT p90<={k.tier_ttft_p90:g}s: "
+            f"{k.agents_per_gpu:,.2f} agents/GPU, {k.agents_per_mw:,.0f} agents/MW ({k.power_basis})"
+        )
 
 
 def _local_points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]):
@@ -171,6 +195,8 @@ def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> in
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
     else:
         Console().print(_table(list(grid[0]), results))
+        if "lanes" in grid[0]:
+            print_knee(results, Console())
     if args.out:
         out_dir = Path(args.out)
         out_dir.mkdir(parents=True, exist_ok=True)
