@@ -108,6 +108,15 @@ def test_rdma_between_nodes_nvlink_within(sample):
     assert per_gb[0] > 2 * per_gb[1]
 
 
+def test_pools_take_their_own_tp(sample):
+    """Llama-3.1-70B does not fit one H200; pools at TP 4 run although --tensor-parallel-size is 1."""
+    eng = EngineConfig(model="llama3-70b", max_model_len=200_000)
+    kw = dict(engine=eng, max_requests=10, lanes=2, system="dgx-h200")
+    s = simulate(sample, _disagg(prefill_tensor_parallel_size=4, decode_tensor_parallel_size=2, **kw)).summary
+    assert s.succeeded == 10 and s.config["gpus"] == 6
+    assert s.config["prefill_tensor_parallel_size"] == 4 and s.config["decode_tensor_parallel_size"] == 2
+
+
 @pytest.mark.parametrize(
     ("argv", "needle"),
     [

@@ -126,10 +126,11 @@ class Interactivity(msgspec.Struct):
     ttft_p90: float | None
     met: bool
     sessions: int  # concurrent session trees (lanes) the run offered
-    agents: int | None  # = sessions when met
+    agents: float | None  # when met: session trees in progress on average (<= sessions; lanes may run dry)
     agents_per_gpu: float | None
     agents_per_mw: float | None
     power_basis: str = ""
+    mean_trees: float | None = None  # session trees in progress, time-averaged over the run
 
 
 class Summary(msgspec.Struct, kw_only=True):

@@ -39,17 +39,26 @@ def power_mw(gpus: int, power_w_per_gpu: float) -> float:
 
 
 def interactivity(
-    s: Summary, sessions: int, gpus: int, power_w_per_gpu: float, tier: tuple[float, float], basis: str = ""
+    s: Summary,
+    sessions: int,
+    gpus: int,
+    power_w_per_gpu: float,
+    tier: tuple[float, float],
+    basis: str = "",
+    mean_trees: float | None = None,
 ) -> Interactivity:
-    """The run `s` (with `sessions` concurrent session trees on `gpus` GPUs) against `tier`.
+    """The run `s` (with `sessions` lanes of session trees on `gpus` GPUs) against `tier`.
 
     Per-user speed is 1 / TPOT p50 (requests with one output token have no TPOT); a run with no
-    TPOT, no TTFT or marked invalid does not meet the tier."""
+    TPOT, no TTFT or marked invalid does not meet the tier. Its agents are the session trees in
+    progress on average (`mean_trees`, when known: lanes run dry once the traces are used up),
+    else `sessions`."""
     tps_min, ttft_max = tier
     tps = 1.0 / s.tpot.p50 if s.tpot.p50 else None
     ttft = s.ttft.p90
     met = bool(s.valid and tps is not None and ttft is not None and tps >= tps_min and ttft <= ttft_max)
     mw = power_mw(gpus, power_w_per_gpu)
+    agents = min(float(sessions), mean_trees) if mean_trees is not None else float(sessions)
     return Interactivity(
         tier_tps=tps_min,
         tier_ttft_p90=ttft_max,
@@ -57,10 +66,11 @@ def interactivity(
         ttft_p90=ttft,
         met=met,
         sessions=sessions,
-        agents=sessions if met else None,
-        agents_per_gpu=sessions / gpus if met and gpus else None,
-        agents_per_mw=sessions / mw if met and mw > 0 else None,
+        agents=agents if met else None,
+        agents_per_gpu=agents / gpus if met and gpus else None,
+        agents_per_mw=agents / mw if met and mw > 0 else None,
         power_basis=basis,
+        mean_trees=mean_trees,
     )
 
 

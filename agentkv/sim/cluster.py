@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine, StepResult
-from agentkv.engine.hardware import get_system
+from agentkv.engine.hardware import get_model, get_system
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import Sample, Summary
@@ -59,6 +59,7 @@ class SimConfig:
     kv_link_gbps: float | None = None  # override both links' GB/s per GPU (inf: free transfers)
     tier_tps: float = 20.0  # interactivity tier: output tok/s per user (p50) at least this ...
     tier_ttft_p90: float = 10.0  # ... and TTFT p90 at most this many seconds
+    cycle: bool = False  # refill the trace queue so no lane runs dry (needs duration or max_requests)
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.lanes < 1:
@@ -86,6 +87,8 @@ def _check_deployment(cfg: SimConfig) -> None:
         raise UserError(f"--kv-link-gbps must be > 0 (inf: free transfers), got {cfg.kv_link_gbps}")
     if not (cfg.tier_tps >= 0 and cfg.tier_ttft_p90 > 0):
         raise UserError("--tier: tps must be >= 0 and ttft_p90 > 0")
+    if cfg.cycle and cfg.duration is None and cfg.max_requests is None:
+        raise UserError("--cycle replays the traces without end: add --duration or --max-requests")
     if cfg.system is not None:  # the system names the GPU (it overrides --gpu)
         cfg.engine = replace(cfg.engine, gpu=get_system(cfg.system).gpu)
 
@@ -127,7 +130,8 @@ def _engine_config(traces: Sequence[Trace], ecfg: EngineConfig, notes: list[str]
     model's own limit is too short for the traces."""
     if ecfg.max_model_len is not None:
         return ecfg
-    limit = Engine(ecfg).max_model_len
+    limit = get_model(ecfg.model).max_position  # what an Engine defaults to (no engine built: the
+    # pools of a disaggregated run may need a TP the base config does not have)
     need = _max_len_for(traces)
     if need <= limit:
         return ecfg
@@ -158,6 +162,7 @@ class Cluster:
             warm_start=cfg.warm_start,
             idle_gap_cap=cfg.idle_gap_cap,
             max_requests=cfg.max_requests,
+            cycle=cfg.cycle,
         )
         self.total = cfg.max_requests or sum(t.num_requests for t in traces)
         self.ceiling = CeilingTracker()
@@ -167,6 +172,7 @@ class Cluster:
         ] = {}  # request id -> (dispatch, worker, ceiling)
         self.events: list[Event] = []
         self.timeline: list[Sample] = []
+        self.tree_samples = [0, 0]  # (sum of active session trees, samples): their time-mean
         self._seq = 0
         self._max_len = min(w.engine.max_model_len for w in self.workers)
 
@@ -175,7 +181,15 @@ class Cluster:
 
     def _summary(self) -> Summary:
         cfg, workers = self.cfg, self.workers
-        return sim_summary(self.records, cfg, self.ecfg, workers, self.timeline, self.itl, self.notes)
+        return sim_summary(
+            self.records, cfg, self.ecfg, workers, self.timeline, self.itl, self.notes, trees=self.mean_trees
+        )
+
+    @property
+    def mean_trees(self) -> float | None:
+        """Session trees in progress, averaged over the run's timeline samples (None: no sample)."""
+        total, n = self.tree_samples
+        return total / n if n else None
 
     def run(self) -> SimResult:
         """Replay every due request and every worker event in time order; the records and summary."""
@@ -201,6 +215,8 @@ class Cluster:
                     self._dispatch(d, now)
             while now >= next_sample:
                 self.timeline.append(sample(next_sample, plan, workers))
+                self.tree_samples[0] += plan.active_trees
+                self.tree_samples[1] += 1
                 next_sample += cfg.sample_every
             if self.progress is not None and len(self.records) != done:
                 done = len(self.records)

@@ -46,6 +46,11 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         help="--disagg: GB/s per GPU of both KV links (default: the system's NVLink and NIC; inf: free)",
     )
     g.add_argument(
+        "--cycle",
+        action="store_true",
+        help="refill the trace queue so every lane stays busy (with --duration): steady load for agents per MW",
+    )
+    g.add_argument(
         "--tier",
         default="tps=20,ttft_p90=10s",
         metavar="tps=N,ttft_p90=T",
@@ -84,4 +89,5 @@ def deploy_settings(args: argparse.Namespace) -> dict:
         "kv_link_gbps": args.kv_link_gbps,
         "tier_tps": tps,
         "tier_ttft_p90": ttft,
+        "cycle": args.cycle,
     }

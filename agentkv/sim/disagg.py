@@ -164,5 +164,13 @@ class DisaggCluster(Cluster):
             transfers_rdma=self.n_rdma,
         )
         return sim_summary(
-            self.records, self.cfg, self.ecfg, self.workers, self.timeline, self.itl, self.notes, stats
+            self.records,
+            self.cfg,
+            self.ecfg,
+            self.workers,
+            self.timeline,
+            self.itl,
+            self.notes,
+            stats,
+            trees=self.mean_trees,
         )

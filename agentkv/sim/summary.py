@@ -131,6 +131,7 @@ def sim_summary(
     itl,
     notes,
     disagg: DisaggStats | None = None,
+    trees: float | None = None,
 ) -> Summary:
     """The summary of a run: the records' figures, the engines' counters, the settings, and the
     run against its interactivity tier; `disagg`: the pools of a disaggregated run (its prefill
@@ -170,6 +171,6 @@ def sim_summary(
     summary.disagg = disagg
     tier = (cfg.tier_tps, cfg.tier_ttft_p90)
     summary.interactivity = interactivity(
-        summary, cfg.lanes, gpus, dep.power_w_per_gpu, tier, dep.power_basis
+        summary, cfg.lanes, gpus, dep.power_w_per_gpu, tier, dep.power_basis, mean_trees=trees
     )
     return summary

@@ -156,9 +156,11 @@ def print_knee(results: list[tuple[dict, Summary]], console: Console) -> None:
         if k is None:
             console.print(f"knee ({where}): no point meets the tier")
             continue
+        top = "at least " if k.sessions == max(p.sessions for p in points) else ""
         console.print(
-            f"knee ({where}): {k.sessions} lanes meet tps>={k.tier_tps:g}, TTFT p90<={k.tier_ttft_p90:g}s: "
-            f"{k.agents_per_gpu:,.2f} agents/GPU, {k.agents_per_mw:,.0f} agents/MW ({k.power_basis})"
+            f"knee ({where}): {top}{k.sessions} lanes meet tps>={k.tier_tps:g}, TTFT p90<={k.tier_ttft_p90:g}s "
+            f"with {k.agents:,.1f} session trees in progress: {k.agents_per_gpu:,.2f} agents/GPU, "
+            f"{k.agents_per_mw:,.0f} agents/MW ({k.power_basis})"
         )
 
 
@@ -181,21 +183,32 @@ def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]
     return run_points(load_traces(args.paths, args.format), configs, grid, args.ray)
 
 
-def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:
-    """Run every grid point (two processes, or Ray tasks), then print the table or JSON and write summaries."""
+def _grid_results(args: argparse.Namespace, base: SimConfig, console: Console):
+    """(sweep keys, (overrides, summary) per grid point, in grid order)."""
     grid = parse_sweep(args.sweep)
     configs = [apply(base, g) for g in grid]  # fail fast on a bad value, before spawning processes
     done: dict[int, tuple[dict, Summary]] = {}
     for i, overrides, blob, wall in _points(args, configs, grid):
         done[i] = (overrides, msgspec.json.decode(blob, type=Summary))
         console.print(f"[dim]done: {overrides} ({wall:.1f} s)[/dim]")
-    results = [done[i] for i in sorted(done)]  # grid order, however they finished
+    return list(grid[0]), [done[i] for i in sorted(done)]  # grid order, however they finished
+
+
+def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:
+    """Run every grid point (two processes, or Ray tasks) or search lanes=LO..HI for the knee, then
+    print the table or JSON and write summaries."""
+    from agentkv.sim.knee import search_results, split_range
+
+    if split_range(args.sweep)[1] is not None:
+        keys, results = search_results(args, base, console)
+    else:
+        keys, results = _grid_results(args, base, console)
     if args.json:
         out = [{"overrides": o, "summary": msgspec.to_builtins(s)} for o, s in results]
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
     else:
-        Console().print(_table(list(grid[0]), results))
-        if "lanes" in grid[0]:
+        Console().print(_table(keys, results))
+        if "lanes" in keys:
             print_knee(results, Console())
     if args.out:
         out_dir = Path(args.out)
