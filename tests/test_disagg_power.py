@@ -1,6 +1,8 @@
 """Systems, provisioned power and agents per MW: the arithmetic the per-MW figures rest on, and the
 engine hook that admits a request whose prompt KV arrived from elsewhere."""
 
+import json
+
 import pytest
 
 from agentkv.engine.config import EngineConfig
@@ -91,6 +93,10 @@ def test_lanes_sweep_reports_the_knee(capsys):
     assert "knee (all points): at least 2 lanes" in out and "agents/MW" in out and "10.2 kW" in out
     assert main([*base, "--sweep", "lanes=1,2", "--tier", "tps=100000"]) == 0
     assert "no point meets the tier" in capsys.readouterr().out
+    assert main([*base, "--sweep", "lanes=1..3", "--json"]) == 0  # the search: 1, 3 (met), done
+    points = json.loads(capsys.readouterr().out)
+    assert [p["overrides"]["lanes"] for p in points] == ["1", "3"]
+    assert all(p["summary"]["interactivity"]["met"] for p in points)
 
 
 def test_bisection_finds_the_knee_within_tolerance():
