@@ -36,6 +36,8 @@ def test_free_transfer_matches_the_aggregated_hit_rate(sample):
     assert dis.disagg.prefill_hit_rate == pytest.approx(agg.cache.metrics, abs=1e-12)
     assert dis.disagg.decode_hit_rate is not None and dis.disagg.kv_transfer_s.max == 0.0
     assert dis.config["gpus"] == 2 and agg.config["gpus"] == 1
+    ignored = simulate(sample, _disagg(workers=4, max_requests=5)).summary
+    assert any("--workers 4 is not used" in n for n in ignored.notes)
 
 
 def test_link_model_grows_with_bytes_and_falls_with_speed():
@@ -113,7 +115,7 @@ def test_pools_take_their_own_tp(sample):
     eng = EngineConfig(model="llama3-70b", max_model_len=200_000)
     kw = dict(engine=eng, max_requests=10, lanes=2, system="dgx-h200")
     s = simulate(sample, _disagg(prefill_tensor_parallel_size=4, decode_tensor_parallel_size=2, **kw)).summary
-    assert s.succeeded == 10 and s.config["gpus"] == 6
+    assert s.succeeded == 10 and s.config["gpus"] == 6 and not any("--workers" in n for n in s.notes)
     assert s.config["prefill_tensor_parallel_size"] == 4 and s.config["decode_tensor_parallel_size"] == 2
 
 

@@ -60,6 +60,10 @@ class DisaggCluster(Cluster):
         self, traces: Sequence[Trace], cfg: SimConfig, progress: Callable[[int, int], None] | None = None
     ):
         super().__init__(traces, cfg, progress)
+        if cfg.workers != 1:
+            self.notes.append(
+                f"--workers {cfg.workers} is not used with --disagg (its pools set the engines)"
+            )
         self.dep = deployment(cfg)
         self.nvlink, self.rdma = kv_links(self.dep, cfg.kv_link_gbps)
         self.decode_policy = make_policy(cfg.decode_router, seed=cfg.seed + 1)
