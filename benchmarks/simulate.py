@@ -11,7 +11,10 @@ skipped with the reason when that fails). Dynamo gets the same block size, KV bl
 scheduler limits, router weight and, as a timing table, agentkv's own H200 cost model (prefill by new tokens,
 decode by active KV tokens and context), so both replay the same cluster. Prints figures only.
 
-Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake] [--no-dynamo]
+(c) The same 119 traces on a 72-GPU GB300 NVL72 rack, disaggregated: Llama-3.1-70B, 8 prefill
+workers and 10 decode workers at TP 4, 256 lanes: wall and CPU seconds (target: under 2 minutes).
+
+Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake|disagg] [--no-dynamo]
 """
 
 from __future__ import annotations
@@ -107,6 +110,31 @@ def claude_code() -> list[Row]:
             f"{res.sim_s / (lw + sw):,.0f}x real time (wall), {res.sim_s / (lc + sc):,.0f}x (CPU)",
         )
     ]
+
+
+def claude_code_disagg() -> list[Row]:
+    """(c): the 72-GPU disaggregated rack on the Claude Code traces."""
+    src = SHARED / "traces" / "claude-code"
+    if not src.is_dir():
+        print(f"(c) skipped: {src} not found (set AGENTKV_SHARED)")
+        return []
+    ecfg = EngineConfig(model="llama3-70b", tensor_parallel_size=4)
+    cfg = SimConfig(engine=ecfg, lanes=256, system="gb300-nvl72", prefill_workers=8, decode_workers=10)
+    print(f"(c) {src}: GB300 NVL72, Llama-3.1-70B, 8 prefill + 10 decode at tp 4 (72 GPUs), 256 lanes")
+    res, lw, lc, sw, sc = timed_sim([src], cfg)
+    s, n, d = res.summary, len(res.records), res.summary.disagg
+    print(f"    load {lw:.1f} s wall / {lc:.1f} s CPU; simulate: {sw:.1f} s wall, {sc:.1f} s CPU")
+    print(
+        f"    {n:,} requests, {res.sim_s:,.0f} s simulated; hit rate prefill {d.prefill_hit_rate:.1%}, "
+        f"decode {d.decode_hit_rate:.1%}; KV moved {d.kv_transferred_gb:,.0f} GB, transfer p50/p99 "
+        f"{ms(d.kv_transfer_s.p50)}/{ms(d.kv_transfer_s.p99)} ms; TTFT p50/p90 {ms(s.ttft.p50)}/{ms(s.ttft.p90)} ms"
+    )
+    tp = s.throughput
+    print(
+        f"    {tp.million_total_tokens_per_s_per_mw:.2f} M total tok/s per MW; tier met: {s.interactivity.met} "
+        f"({s.interactivity.agents_per_mw or 0:,.0f} agents/MW)   load average after: {loadavg()}"
+    )
+    return [Row("agentkv, disagg 72 GPUs (c)", n, lw + sw, lc + sc, res.sim_s, s.cache.reported)]
 
 
 def perf_table(engine: Engine, path: Path) -> None:
@@ -287,13 +315,15 @@ def mooncake(with_dynamo: bool) -> list[Row]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["claude", "mooncake"], default=None)
+    ap.add_argument("--only", choices=["claude", "mooncake", "disagg"], default=None)
     ap.add_argument("--no-dynamo", action="store_true", help="skip Dynamo's replay")
     args = ap.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {loadavg()}; Python {sys.version.split()[0]}")
     rows: list[Row] = []
     if args.only in (None, "claude"):
         rows += claude_code()
+    if args.only in (None, "disagg"):
+        rows += claude_code_disagg()
     if args.only in (None, "mooncake"):
         rows += mooncake(not args.no_dynamo)
     print(

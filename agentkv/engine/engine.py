@@ -104,8 +104,11 @@ class Engine:
         user_data: object = None,
         arrival: float | None = None,
         hash_array: np.ndarray | None = None,
+        external_tokens: int = 0,
     ) -> EngineRequest:
-        """Queue a request: token ids (hashed here, salted per tenant) or a length with hashes."""
+        """Queue a request: token ids (hashed here, salted per tenant) or a length with hashes.
+        `external_tokens`: its first prompt tokens' KV was computed elsewhere and has arrived (the
+        decode side of prefill/decode disaggregation): admission allocates them but computes none."""
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in the engine")
         if token_ids is not None:
@@ -133,6 +136,9 @@ class Engine:
             record_tokens=self.record_tokens,
             user_data=user_data,
         )
+        if not 0 <= external_tokens < prompt_len:
+            raise ValueError(f"external_tokens must be in [0, prompt_len), got {external_tokens}")
+        req.external_tokens = external_tokens
         if hash_array is not None and session_id is not None:
             req.hash_array = hash_array
             req.hint = self._session_blocks.get(session_id)

@@ -1,4 +1,5 @@
-"""Accelerator catalogue: datasheet figures and the all-reduce model; model shapes re-exported.
+"""Accelerator catalogue: datasheet figures, systems (nodes and racks: NVLink domain, NIC, power),
+the all-reduce model; model shapes re-exported.
 
 GPU figures come from `shared/hardware.md` (dense peaks, sparse halved; [S]/[V] marks there say
 how sure they are). Model shapes (layer groups, MoE, weights, Hugging Face config readers) live in
@@ -34,6 +35,8 @@ __all__ = [
     "DTYPE_BYTES",
     "GPU",
     "GPUS",
+    "SYSTEMS",
+    "System",
     "KV_DTYPES",
     "MODELS",
     "GroupKind",
@@ -42,10 +45,12 @@ __all__ = [
     "ModelShape",
     "RankShape",
     "get_gpu",
+    "get_system",
     "get_model",
     "gpu_names",
     "model_names",
     "ring_allreduce_s",
+    "system_names",
 ]
 
 
@@ -141,14 +146,116 @@ def gpu_names() -> list[str]:
     return [g.name for g in GPUS]
 
 
+def _lookup(index: dict, name: str, what: str, names: list[str]):
+    """`name` in a catalogue index (case and separators ignored); UserError lists the choices."""
+    found = index.get(_key(name))
+    if found is None:
+        raise UserError(f"unknown {what} '{name}'; choose one of: {', '.join(names)}")
+    return found
+
+
 def get_gpu(name: str | GPU) -> GPU:
     """The GPU called `name` (case-insensitive; aliases like 'h200', 'h200-sxm'); UserError lists the choices."""
-    if isinstance(name, GPU):
-        return name
-    gpu = _GPU_INDEX.get(_key(name))
-    if gpu is None:
-        raise UserError(f"unknown GPU '{name}'; choose one of: {', '.join(gpu_names())}")
-    return gpu
+    return name if isinstance(name, GPU) else _lookup(_GPU_INDEX, name, "GPU", gpu_names())
+
+
+@dataclass(frozen=True, slots=True)
+class System:
+    """A node or rack as sold: `gpus` of one GPU, `nvlink_domain` GPUs per NVLink domain, a NIC per GPU
+    (GB/s per direction) between domains, and provisioned (nameplate) power for the whole system."""
+
+    name: str
+    gpu: str
+    gpus: int
+    nvlink_domain: int
+    nic_gbps: float
+    power_kw: float
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+
+    @property
+    def power_w_per_gpu(self) -> float:
+        """The system's provisioned power shared over its GPUs (host, switches, NICs, fans included)."""
+        return self.power_kw * 1e3 / self.gpus
+
+
+SYSTEMS: tuple[System, ...] = (
+    System(
+        "DGX H200",
+        "h200",
+        8,
+        8,
+        50,
+        10.2,
+        ("h200-hgx", "dgx-h200", "8xh200"),
+        "NVIDIA DGX H200 datasheet: 8x H200, ~10.2 kW max; 8x ConnectX-7 400 Gb/s [V]",
+    ),
+    System(
+        "DGX B200",
+        "b200",
+        8,
+        8,
+        50,
+        14.3,
+        ("b200-hgx-8", "dgx-b200", "8xb200"),
+        "NVIDIA DGX B200 datasheet: ~14.3 kW max; 8x ConnectX-7 400 Gb/s [V]",
+    ),
+    System(
+        "DGX B300",
+        "b300",
+        8,
+        8,
+        100,
+        14.5,
+        ("b300-hgx-8", "dgx-b300", "8xb300"),
+        "NVIDIA DGX B300 page: ~14.5 kW [S, unsure]; 8x ConnectX-8 800 Gb/s [S]",
+    ),
+    System(
+        "MI355X 8-GPU",
+        "mi355x",
+        8,
+        8,
+        50,
+        14.0,
+        ("mi355x-8", "8xmi355x"),
+        "AMD Instinct MI355X: 1,400 W per GPU [S]; node ~14 kW = 8x 1.4 kW + ~2.8 kW host, an estimate [?]; "
+        "Pollara 400 Gb/s NIC per GPU [S]",
+    ),
+    System(
+        "GB300 NVL72",
+        "gb300",
+        72,
+        72,
+        100,
+        142.0,
+        ("gb300-nvl72-rack", "nvl72-gb300"),
+        "NVIDIA GB300 NVL72: one 72-GPU NVLink 5 domain (130 TB/s); rack up to 142 kW provisioned [V] "
+        "(Supermicro: 8x 33 kW shelves, 132-140 kW typical [S]); ConnectX-8 800 Gb/s per GPU [V]",
+    ),
+    System(
+        "Vera Rubin NVL72",
+        "rubin",
+        72,
+        72,
+        200,
+        230.0,
+        ("vr-nvl72", "rubin-nvl72", "vera-rubin-nvl72"),
+        "NVIDIA Vera Rubin NVL72 (preliminary): one 72-GPU NVLink 6 domain (260 TB/s, 3.6 TB/s per GPU "
+        "bidirectional) [S]; ~190 kW (Max Q) to ~230 kW (Max P), the Max P figure used [S/?]; "
+        "ConnectX-9 1.6 Tb/s per GPU [S]",
+    ),
+)
+_SYSTEM_INDEX = {_key(a): s for s in SYSTEMS for a in (s.name, *s.aliases)}
+
+
+def system_names() -> list[str]:
+    """System catalogue names, in table order."""
+    return [s.name for s in SYSTEMS]
+
+
+def get_system(name: str | System) -> System:
+    """The system called `name` (case-insensitive, aliases); UserError lists the choices."""
+    return name if isinstance(name, System) else _lookup(_SYSTEM_INDEX, name, "system", system_names())
 
 
 def ring_allreduce_s(

@@ -24,6 +24,7 @@ class EngineRequest:
 
     __slots__ = (
         "request_id",
+        "external_tokens",
         "prompt_len",
         "max_tokens",
         "block_hashes",
@@ -90,6 +91,7 @@ class EngineRequest:
         self.hash_array = None  # block_hashes as uint64, when the caller has them (fast lookups)
         self.hint = None  # block ids of the session's previous turn on this engine (lookup hint)
         self.computed: ComputedBlocks | None = None  # the last prefix lookup (None: not looked up yet)
+        self.external_tokens = 0  # prompt tokens whose KV arrived from another engine (disaggregated decode)
 
     @property
     def num_tokens(self) -> int:

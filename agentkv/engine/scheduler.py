@@ -63,8 +63,9 @@ class Scheduler:
             while self.waiting and budget > 0 and len(running) < max_seqs:
                 req = self.waiting[0]
                 self._lookup(req)  # again on every try: blocks found last step may be gone
-                n = min(req.num_tokens - req.num_computed - req.num_lower_tokens, budget)
-                if not pool.allocate_slots(req, n, req.num_computed, req.computed):
+                ext = max(0, req.external_tokens - req.num_computed - req.num_lower_tokens)
+                n = min(req.num_tokens - req.num_computed - req.num_lower_tokens - ext, budget)
+                if not pool.allocate_slots(req, ext + n, req.num_computed, req.computed):
                     break
                 self.waiting.popleft()
                 if self.config.enable_prefix_caching:  # vLLM: "Record at admission so unscheduled
@@ -73,6 +74,7 @@ class Scheduler:
                 if req.num_lower_tokens:
                     req.promote_s = pool.last_promote_s
                     req.num_computed += req.num_lower_tokens
+                req.num_computed += ext  # arrived KV: allocated, not computed
                 req.status = Status.RUNNING
                 if req.first_scheduled is None:
                     req.first_scheduled = now
@@ -117,6 +119,7 @@ class Scheduler:
         req.num_lower_tokens = 0
         req.computed = None
         req.num_preemptions += 1
+        req.external_tokens = 0  # its arrived KV is gone with its blocks: recomputed here
         self.num_preemptions += 1
         self.waiting.appendleft(req)
 

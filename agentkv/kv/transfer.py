@@ -1,4 +1,4 @@
-"""Transfer-time models for moving KV blocks between tiers: the host link (PCIe) and an SSD.
+"""Transfer-time models for moving KV blocks: the host link (PCIe), GPU fabrics (NVLink, RDMA), an SSD.
 
 Small copies are slow: on an H200, pinned host->device copies of 16 KiB ran at 1.6 GB/s and of
 16 MiB at 55 GB/s (bundled `data/calibration/h200-llama3-shapes.json`, part `h2d_chunks`). So a
@@ -31,6 +31,7 @@ class LinkModel:
     chunk_bytes: tuple[int, ...]
     bandwidth_Bps: tuple[float, ...]
     min_copy_s: float = 0.0
+    setup_s: float = 0.0  # once per transfer (handshake, completion notice), before its copies
 
     def __post_init__(self) -> None:
         if not self.chunk_bytes or len(self.chunk_bytes) != len(self.bandwidth_Bps):
@@ -39,10 +40,12 @@ class LinkModel:
             raise UserError(
                 f"link model: chunk sizes must be positive and increasing, got {self.chunk_bytes}"
             )
-        if any(not (b > 0 and math.isfinite(b)) for b in self.bandwidth_Bps):
+        if any(not b > 0 or math.isnan(b) for b in self.bandwidth_Bps):
             raise UserError(f"link model: bandwidths must be positive, got {self.bandwidth_Bps}")
-        if self.min_copy_s < 0:
-            raise UserError(f"link model: min_copy_s must be >= 0, got {self.min_copy_s}")
+        if self.min_copy_s < 0 or self.setup_s < 0:
+            raise UserError(
+                f"link model: min_copy_s and setup_s must be >= 0, got {self.min_copy_s}, {self.setup_s}"
+            )
 
     @classmethod
     def from_points(cls, points: list[tuple[int, float]], floor: bool = True) -> LinkModel:
@@ -77,7 +80,18 @@ class LinkModel:
         if chunk_bytes <= 0:
             raise ValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
         full, rest = divmod(nbytes, chunk_bytes)
-        return full * self.copy_seconds(chunk_bytes) + self.copy_seconds(rest)
+        return self.setup_s + full * self.copy_seconds(chunk_bytes) + self.copy_seconds(rest)
+
+
+def fabric_link(gbps: float, min_copy_s: float, setup_s: float) -> LinkModel:
+    """A GPU-to-GPU link (NVLink, RDMA NIC): `gbps` GB/s per direction for any chunk size, each copy
+    taking at least `min_copy_s` (so small chunks cost their count, not their bytes), plus `setup_s`
+    once per transfer. `gbps` may be inf: a free link (every copy and the setup cost nothing)."""
+    if not gbps > 0:
+        raise UserError(f"link bandwidth must be > 0 GB/s, got {gbps}")
+    if math.isinf(gbps):
+        return LinkModel((1,), (math.inf,), 0.0, 0.0)
+    return LinkModel((1,), (gbps * 1e9,), min_copy_s, setup_s)
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,37 @@ class Sample(msgspec.Struct, array_like=True):
     prefix_queries: float | None = None
 
 
+class DisaggStats(msgspec.Struct):
+    """A disaggregated run's two pools: each pool's prefix-cache hit rate (its engines' hits /
+    queries) and the KV moved from prefill to decode workers (seconds per transfer, GB, links used)."""
+
+    prefill_workers: int
+    decode_workers: int
+    prefill_hit_rate: float | None
+    decode_hit_rate: float | None
+    kv_transfer_s: Dist
+    kv_transferred_gb: float
+    transfers_nvlink: int
+    transfers_rdma: int
+
+
+class Interactivity(msgspec.Struct):
+    """A run against an interactivity tier (p50 output tok/s per user >= tier_tps and TTFT p90 <=
+    tier_ttft_p90): when met, `agents` (concurrent session trees) per GPU and per provisioned MW."""
+
+    tier_tps: float
+    tier_ttft_p90: float
+    tps_per_user_p50: float | None
+    ttft_p90: float | None
+    met: bool
+    sessions: int  # concurrent session trees (lanes) the run offered
+    agents: float | None  # when met: session trees in progress on average (<= sessions; lanes may run dry)
+    agents_per_gpu: float | None
+    agents_per_mw: float | None
+    power_basis: str = ""
+    mean_trees: float | None = None  # session trees in progress, time-averaged over the run
+
+
 class Summary(msgspec.Struct, kw_only=True):
     schema: str = SCHEMA
     kind: str  # "bench" or "simulate"
@@ -118,6 +149,8 @@ class Summary(msgspec.Struct, kw_only=True):
     # the clock each figure was read on (ttft, tpot, itl, e2e, duration): "engine" (the target's own
     # timestamps), "client" (wall x time scale), "virtual" (simulate) or "mixed"; {} in older summaries
     clocks: dict[str, str] = msgspec.field(default_factory=dict)
+    disagg: DisaggStats | None = None  # disaggregated simulate runs only
+    interactivity: Interactivity | None = None  # simulate: this run against its tier
 
 
 SLO_KEYS = {"ttft": "ttft", "tpot": "tpot", "e2e": "e2e", "itl": "itl_max"}

@@ -89,12 +89,30 @@ def overview_table(s: Summary) -> Table:
     if s.goodput:
         slo = ", ".join(f"{k}<={v * 1000:g}ms" for k, v in s.goodput.slo.items())
         t.add_row(f"goodput ({slo})", f"{pct(s.goodput.fraction)} ({s.goodput.requests_per_s:.2f} req/s)")
+    _deployment_rows(t, s)
     t.add_row("preemptions", f"{s.preemptions:,}")
     t.add_row("sessions", f"{len(s.sessions):,}")
     if not s.valid:
         for why in s.invalid_reasons or [s.invalid_reason]:
             t.add_row("[red]INVALID[/red]", Text(why))
     return t
+
+
+def _deployment_rows(t: Table, s: Summary) -> None:
+    """A disaggregated run's two pools, and the run against its interactivity tier (simulate)."""
+    if (d := s.disagg) is not None:
+        t.add_row("prefill / decode pool hit rate", f"{pct(d.prefill_hit_rate)} / {pct(d.decode_hit_rate)}")
+        t.add_row(
+            "KV transfer p50 / p99 (ms)",
+            f"{ms(d.kv_transfer_s.p50)} / {ms(d.kv_transfer_s.p99)} "
+            f"({d.kv_transferred_gb:,.1f} GB; {d.transfers_nvlink:,} NVLink, {d.transfers_rdma:,} RDMA)",
+        )
+    if (i := s.interactivity) is not None:
+        tier = f"tier >= {i.tier_tps:g} tok/s, TTFT p90 <= {i.tier_ttft_p90:g} s"
+        got = f"{num(i.tps_per_user_p50, 1)} tok/s, {num(i.ttft_p90, 2)} s"
+        t.add_row(f"interactivity ({tier})", f"{'met' if i.met else 'missed'}: {got}")
+        if i.met:
+            t.add_row("agents per GPU / per MW", f"{num(i.agents_per_gpu, 2)} / {num(i.agents_per_mw)}")
 
 
 def errors_table(s: Summary) -> Table:

@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine, StepResult
+from agentkv.engine.hardware import get_model, get_system
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import Sample, Summary
@@ -47,22 +48,59 @@ class SimConfig:
     duration: float | None = None  # simulated seconds after which no new request is released
     sample_every: float = 1.0  # simulated seconds between timeline samples
     bursts: bool = True  # run pure-decode stretches as one event (same results, far fewer events)
+    # deployment (sim/disagg.py): a system from the catalogue (GPU, NVLink domain, NIC, power), and
+    # prefill/decode disaggregation when prefill_workers > 0 (then `workers` is not used)
+    system: str | None = None
+    prefill_workers: int = 0
+    decode_workers: int = 0
+    prefill_tensor_parallel_size: int | None = None  # None: --tensor-parallel-size
+    decode_tensor_parallel_size: int | None = None
+    decode_router: str = "least_loaded"
+    kv_link_gbps: float | None = None  # override both links' GB/s per GPU (inf: free transfers)
+    tier_tps: float = 20.0  # interactivity tier: output tok/s per user (p50) at least this ...
+    tier_ttft_p90: float = 10.0  # ... and TTFT p90 at most this many seconds
+    cycle: bool = False  # refill the trace queue so no lane runs dry (needs duration or max_requests)
 
     def __post_init__(self) -> None:
         if self.workers < 1 or self.lanes < 1:
             raise UserError("--workers and --lanes must be >= 1")
+        _check_deployment(self)
         if not self.kv_weight >= 0:
             raise UserError(f"--kv-weight must be >= 0, got {self.kv_weight}")
         if self.router not in POLICIES:
             raise UserError(f"--router: '{self.router}' is not one of {', '.join(POLICIES)}")
 
 
+def _check_deployment(cfg: SimConfig) -> None:
+    """The deployment settings' one-line errors (the system name is checked where it is read)."""
+    if cfg.prefill_workers < 0 or cfg.decode_workers < 0:
+        raise UserError("--disagg: prefill and decode worker counts must be >= 0")
+    if (cfg.prefill_workers > 0) != (cfg.decode_workers > 0):
+        raise UserError("--disagg needs both pools: prefill=N,decode=M with N, M >= 1")
+    for name in ("prefill_tensor_parallel_size", "decode_tensor_parallel_size"):
+        v = getattr(cfg, name)
+        if v is not None and v < 1:
+            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    if cfg.decode_router not in POLICIES:
+        raise UserError(f"--decode-router: '{cfg.decode_router}' is not one of {', '.join(POLICIES)}")
+    if cfg.kv_link_gbps is not None and not cfg.kv_link_gbps > 0:
+        raise UserError(f"--kv-link-gbps must be > 0 (inf: free transfers), got {cfg.kv_link_gbps}")
+    if not (cfg.tier_tps >= 0 and cfg.tier_ttft_p90 > 0):
+        raise UserError("--tier: tps must be >= 0 and ttft_p90 > 0")
+    if cfg.cycle and cfg.duration is None and cfg.max_requests is None:
+        raise UserError("--cycle replays the traces without end: add --duration or --max-requests")
+    if cfg.system is not None:  # the system names the GPU (it overrides --gpu)
+        cfg.engine = replace(cfg.engine, gpu=get_system(cfg.system).gpu)
+
+
 class EventKind(IntEnum):
-    """What happens at a worker's event: its step ends, its decode burst ends, or it may start."""
+    """What happens at a worker's event: its step ends, its decode burst ends, it may start, or a
+    request's KV arrives from a prefill worker (disaggregated runs)."""
 
     STEP_END = 0
     BURST_END = 1
     START = 2  # after a burst was cut short: schedule normally from here
+    KV_ARRIVED = 3
 
 
 class Event(NamedTuple):
@@ -71,7 +109,7 @@ class Event(NamedTuple):
     time: float
     seq: int
     worker: int
-    version: int  # the worker's version when pushed: a cut burst's end event is stale
+    version: int  # the worker's version when pushed: a cut burst's end event is stale (-1: never)
     kind: EventKind
 
 
@@ -92,7 +130,8 @@ def _engine_config(traces: Sequence[Trace], ecfg: EngineConfig, notes: list[str]
     model's own limit is too short for the traces."""
     if ecfg.max_model_len is not None:
         return ecfg
-    limit = Engine(ecfg).max_model_len
+    limit = get_model(ecfg.model).max_position  # what an Engine defaults to (no engine built: the
+    # pools of a disaggregated run may need a TP the base config does not have)
     need = _max_len_for(traces)
     if need <= limit:
         return ecfg
@@ -113,7 +152,7 @@ class Cluster:
         self.notes: list[str] = []
         self.ecfg = _engine_config(traces, cfg.engine, self.notes)
         self.itl: list[float] = []
-        self.workers = [SimWorker(i, Engine(self.ecfg, itl_sink=self.itl)) for i in range(cfg.workers)]
+        self.workers = self._make_workers()
         kw = {"weight": cfg.kv_weight} if cfg.router == "kv_aware" else {}
         self.policy = make_policy(cfg.router, seed=cfg.seed, **kw)
         self.plan = ReplayPlan(
@@ -123,6 +162,7 @@ class Cluster:
             warm_start=cfg.warm_start,
             idle_gap_cap=cfg.idle_gap_cap,
             max_requests=cfg.max_requests,
+            cycle=cfg.cycle,
         )
         self.total = cfg.max_requests or sum(t.num_requests for t in traces)
         self.ceiling = CeilingTracker()
@@ -132,8 +172,24 @@ class Cluster:
         ] = {}  # request id -> (dispatch, worker, ceiling)
         self.events: list[Event] = []
         self.timeline: list[Sample] = []
+        self.tree_samples = [0, 0]  # (sum of active session trees, samples): their time-mean
         self._seq = 0
-        self._max_len = self.workers[0].engine.max_model_len
+        self._max_len = min(w.engine.max_model_len for w in self.workers)
+
+    def _make_workers(self) -> list[SimWorker]:
+        return [SimWorker(i, Engine(self.ecfg, itl_sink=self.itl)) for i in range(self.cfg.workers)]
+
+    def _summary(self) -> Summary:
+        cfg, workers = self.cfg, self.workers
+        return sim_summary(
+            self.records, cfg, self.ecfg, workers, self.timeline, self.itl, self.notes, trees=self.mean_trees
+        )
+
+    @property
+    def mean_trees(self) -> float | None:
+        """Session trees in progress, averaged over the run's timeline samples (None: no sample)."""
+        total, n = self.tree_samples
+        return total / n if n else None
 
     def run(self) -> SimResult:
         """Replay every due request and every worker event in time order; the records and summary."""
@@ -146,8 +202,8 @@ class Cluster:
             if events and (due is None or events[0].time <= due):
                 ev = heapq.heappop(events)
                 now, w = ev.time, workers[ev.worker]
-                if ev.version == w.version:
-                    self._on_event(w, now, ev.kind)
+                if ev.version == w.version or ev.version < 0:
+                    self._on_event(w, now, ev.kind, ev.seq)
             elif due is None:
                 break
             elif cfg.duration is not None and due > cfg.duration:
@@ -159,17 +215,21 @@ class Cluster:
                     self._dispatch(d, now)
             while now >= next_sample:
                 self.timeline.append(sample(next_sample, plan, workers))
+                self.tree_samples[0] += plan.active_trees
+                self.tree_samples[1] += 1
                 next_sample += cfg.sample_every
             if self.progress is not None and len(self.records) != done:
                 done = len(self.records)
                 self.progress(done, self.total)
         sim_s = max((r.end for r in self.records), default=0.0)
-        summary = sim_summary(self.records, cfg, self.ecfg, workers, self.timeline, self.itl, self.notes)
-        return SimResult(self.records, summary, time.perf_counter() - wall0, sim_s)
+        return SimResult(self.records, self._summary(), time.perf_counter() - wall0, sim_s)
 
-    def _push(self, t: float, w: SimWorker, kind: EventKind) -> None:
-        heapq.heappush(self.events, Event(t, self._seq, w.index, w.version, kind))
+    def _push(self, t: float, w: SimWorker, kind: EventKind, version: int | None = None) -> int:
+        """Queue an event for `w` at `t` (stale once `w.version` moves on, unless `version` is -1)."""
+        seq = self._seq
+        heapq.heappush(self.events, Event(t, seq, w.index, w.version if version is None else version, kind))
         self._seq += 1
+        return seq
 
     def _start_step(self, w: SimWorker, now: float) -> None:
         """Start the worker's next step (or decode burst) at `now`, if it has work."""
@@ -186,7 +246,7 @@ class Cluster:
         if res is not None:
             self._push(res.end, w, EventKind.STEP_END)
 
-    def _deliver(self, res: StepResult, now: float) -> None:
+    def _deliver(self, w: SimWorker, res: StepResult, now: float) -> None:
         """Record the requests a step finished and tell the plan (their sessions may go on)."""
         for out in res.outputs:
             if not out.finished:
@@ -196,7 +256,10 @@ class Cluster:
             self.records.append(finished_record(d, req, wi, ceil_tok))
             self.plan.complete(d.item.id, now, True)
 
-    def _on_event(self, w: SimWorker, now: float, kind: EventKind) -> None:
+    def _on_event(self, w: SimWorker, now: float, kind: EventKind, seq: int) -> None:
+        if kind == EventKind.KV_ARRIVED:
+            self._kv_arrived(w, now, seq)
+            return
         if kind == EventKind.STEP_END:
             res, w.pending = w.pending, None
         elif kind == EventKind.BURST_END:
@@ -205,8 +268,18 @@ class Cluster:
         else:
             res = None
         if res is not None:
-            self._deliver(res, now)
+            self._deliver(w, res, now)
         self._start_step(w, now)
+
+    def _kv_arrived(self, w: SimWorker, now: float, seq: int) -> None:
+        raise RuntimeError("KV_ARRIVED in an aggregated run")  # only disaggregated runs push it
+
+    def _wake(self, w: SimWorker, now: float) -> None:
+        """A request was queued on `w`: cut its decode burst short, or start it if it was idle."""
+        if w.burst is not None:
+            self._cut_burst(w, now)
+        elif w.idle():
+            self._start_step(w, now)
 
     def _cut_burst(self, w: SimWorker, now: float) -> None:
         """A request joins a worker mid-burst: finish the step in progress, then schedule normally."""
@@ -239,8 +312,9 @@ class Cluster:
         )
         self.plan.complete(d.item.id, now, False)
 
-    def _dispatch(self, d: Dispatch, now: float) -> None:
-        """Route a due request to a worker and queue it there (or record why it cannot run)."""
+    def _prepare(self, d: Dispatch, now: float):
+        """(block keys as an array, ceiling tokens, output tokens) of a due request, or None when no
+        engine can take it (recorded as failed)."""
         item = d.item
         r = item.request
         space = item.hash_space
@@ -248,31 +322,70 @@ class Cluster:
         out_tokens = max(1, r.output_tokens)
         if r.input_tokens + out_tokens > self._max_len or r.input_tokens < 1:
             self._reject(d, now, out_tokens, ceil_tok)
-            return
+            return None
         bs = self.ecfg.block_size
         key_array = chain_keys(space, r.hash_ids, item.trace.block_size, bs, r.input_tokens)
-        keys = key_array.tolist()
-        i = self.policy.choose(RouteRequest(keys, r.input_tokens, item.tree_key, bs), self.workers)
-        w = self.workers[i]
-        rid = str(item.id)
-        w.engine.add_request(
-            rid,
-            max_tokens=out_tokens,
-            prompt_len=r.input_tokens,
-            block_hashes=keys,
+        return key_array, ceil_tok, out_tokens
+
+    def _route(self, d: Dispatch, key_array) -> RouteRequest:
+        """What placement sees of a request: its block keys, length, session tree, block size."""
+        item = d.item
+        return RouteRequest(
+            key_array.tolist(), item.request.input_tokens, item.tree_key, self.ecfg.block_size
+        )
+
+    def _queue(
+        self,
+        w: SimWorker,
+        d: Dispatch,
+        now: float,
+        route: RouteRequest,
+        key_array,
+        max_tokens: int,
+        ext: int = 0,
+    ):
+        """Add the request to `w`'s engine (`ext` prompt tokens' KV already there) and wake `w`."""
+        item = d.item
+        req = w.engine.add_request(
+            str(item.id),
+            max_tokens=max_tokens,
+            prompt_len=item.request.input_tokens,
+            block_hashes=route.block_hashes,
             session_id=item.tree_key,
             arrival=now,
             hash_array=key_array,
+            external_tokens=ext,
         )
-        self.dispatched[rid] = (d, i, ceil_tok)
-        if w.burst is not None:
-            self._cut_burst(w, now)
-        elif w.idle():
-            self._start_step(w, now)
+        self._wake(w, now)
+        return req
+
+    def _placed(self, d: Dispatch, now: float, workers: Sequence[SimWorker]):
+        """(worker index in `workers`, route, key array, ceiling, output tokens) of a due request by
+        the placement policy; None when no engine can take it (recorded as failed)."""
+        prep = self._prepare(d, now)
+        if prep is None:
+            return None
+        key_array, ceil_tok, out_tokens = prep
+        route = self._route(d, key_array)
+        return self.policy.choose(route, workers), route, key_array, ceil_tok, out_tokens
+
+    def _dispatch(self, d: Dispatch, now: float) -> None:
+        """Route a due request to a worker and queue it there (or record why it cannot run)."""
+        placed = self._placed(d, now, self.workers)
+        if placed is None:
+            return
+        i, route, key_array, ceil_tok, out_tokens = placed
+        self.dispatched[str(d.item.id)] = (d, i, ceil_tok)
+        self._queue(self.workers[i], d, now, route, key_array, out_tokens)
 
 
 def simulate(
     traces: Sequence[Trace], cfg: SimConfig, progress: Callable[[int, int], None] | None = None
 ) -> SimResult:
-    """Replay `traces` on `cfg.workers` simulated engines; returns records and the summary."""
+    """Replay `traces` on `cfg.workers` simulated engines (or disaggregated prefill and decode
+    pools when `cfg.prefill_workers` > 0); returns records and the summary."""
+    if cfg.prefill_workers > 0:
+        from agentkv.sim.disagg import DisaggCluster
+
+        return DisaggCluster(traces, cfg, progress).run()
     return Cluster(traces, cfg, progress).run()

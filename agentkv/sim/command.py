@@ -13,6 +13,7 @@ from agentkv.engine.config import EngineConfig, add_engine_args
 from agentkv.metrics.flags import add_output_flags
 from agentkv.placement import POLICIES, add_kv_weight_arg
 from agentkv.scaleout.raytasks import add_ray_arg
+from agentkv.sim.deploy_args import add_deploy_args, deploy_settings
 from agentkv.trace.command import add_trace_args
 
 
@@ -58,6 +59,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     add_engine_args(p)
+    add_deploy_args(p)
     p.set_defaults(func=simulate_command)
 
 
@@ -87,6 +89,7 @@ def sim_config_from_args(args: argparse.Namespace):
         idle_gap_cap=cap,
         max_requests=args.max_requests,
         duration=parse_duration(args.duration, "--duration") if args.duration else None,
+        **deploy_settings(args),
     )
 
 

@@ -7,9 +7,10 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from agentkv.engine.config import EngineConfig
-from agentkv.engine.hardware import get_gpu
 from agentkv.metrics.records import RequestRecord, record_for
-from agentkv.metrics.summary import LATENCY_FIGURES, Sample, Summary, summarize
+from agentkv.metrics.summary import LATENCY_FIGURES, DisaggStats, Sample, Summary, summarize
+from agentkv.metrics.tier import interactivity
+from agentkv.sim.deploy import deployment, pool_tp, total_gpus
 from agentkv.trace.plan import Dispatch, ReplayPlan
 
 if TYPE_CHECKING:
@@ -31,13 +32,26 @@ class SimSettings(msgspec.Struct, kw_only=True):
     max_requests: int | None
     duration: float | None
     num_gpu_blocks: int
+    system: str | None = None
+    prefill_workers: int = 0  # > 0: disaggregated (then `workers` is not used)
+    decode_workers: int = 0
+    prefill_tensor_parallel_size: int | None = None
+    decode_tensor_parallel_size: int | None = None
+    decode_router: str | None = None
+    decode_num_gpu_blocks: int | None = None
+    kv_link_gbps: float | None = None
+    gpus: int = 0
+    power_w_per_gpu: float | None = None  # what the per-MW figures divide by
+    power_basis: str = ""
 
 
-def finished_record(d: Dispatch, req, worker: int, ceil_tok: int) -> RequestRecord:
-    """The record of a request that ran to its end on simulated `worker`."""
+def finished_record(d: Dispatch, req, worker: int | str, ceil_tok: int, prefill=None) -> RequestRecord:
+    """The record of a request that ran to its end on simulated `worker`; in a disaggregated run
+    `prefill` is its prefill-side request, whose cache hits and queueing the record reports."""
     item = d.item
     ft, end = req.first_token, req.finished_at
-    cached = {"GPU": req.num_cached_tokens, **req.lower_tier_tokens}
+    first = prefill or req
+    cached = {"GPU": first.num_cached_tokens, **first.lower_tier_tokens}
     return record_for(
         item,
         d.due,
@@ -52,10 +66,10 @@ def finished_record(d: Dispatch, req, worker: int, ceil_tok: int) -> RequestReco
         input_tokens=req.prompt_len,
         output_tokens=req.num_output,
         expected_output_tokens=req.max_tokens,
-        cached_tokens=req.num_cached_tokens + sum(req.lower_tier_tokens.values()),
+        cached_tokens=sum(cached.values()),
         cached_by_tier=cached,
         ceiling_tokens=ceil_tok,
-        queue_s=(req.first_scheduled - req.arrival) if req.first_scheduled else None,
+        queue_s=(first.first_scheduled - first.arrival) if first.first_scheduled else None,
         preemptions=req.num_preemptions,
     )
 
@@ -72,18 +86,17 @@ def sample(t: float, plan: ReplayPlan, workers: list[SimWorker]) -> Sample:
     )
 
 
-def sim_summary(records, cfg: SimConfig, ecfg: EngineConfig, workers, timeline, itl, notes) -> Summary:
-    """The summary of a run: the records' figures, the engines' counters and the settings."""
+def pool_hit_rate(workers) -> float | None:
     queries = sum(w.engine.prefix_cache_queries for w in workers)
-    hits = sum(w.engine.prefix_cache_hits for w in workers)
-    ok_in = sum(r.input_tokens for r in records if r.ok) or 1
-    by_tier: dict[str, float] = {}
-    for r in records:
-        for tier, n in r.cached_by_tier.items():
-            by_tier[tier] = by_tier.get(tier, 0) + n
-    by_tier = {k: v / ok_in for k, v in by_tier.items()}
-    gpu = get_gpu(ecfg.gpu)
-    config = SimSettings(
+    return sum(w.engine.prefix_cache_hits for w in workers) / queries if queries else None
+
+
+def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
+    """The run's settings as summary.json's `config` records them (pools and power included)."""
+    tp_p, tp_d = pool_tp(cfg)
+    pools = cfg.prefill_workers > 0
+    gpus = total_gpus(cfg)
+    return SimSettings(
         engine=ecfg,
         workers=cfg.workers,
         lanes=cfg.lanes,
@@ -95,20 +108,69 @@ def sim_summary(records, cfg: SimConfig, ecfg: EngineConfig, workers, timeline, 
         max_requests=cfg.max_requests,
         duration=cfg.duration,
         num_gpu_blocks=workers[0].engine.num_gpu_blocks,
+        system=dep.system.name if dep.system else None,
+        prefill_workers=cfg.prefill_workers,
+        decode_workers=cfg.decode_workers,
+        prefill_tensor_parallel_size=tp_p if pools else None,
+        decode_tensor_parallel_size=tp_d if pools else None,
+        decode_router=cfg.decode_router if pools else None,
+        decode_num_gpu_blocks=workers[-1].engine.num_gpu_blocks if pools else None,
+        kv_link_gbps=cfg.kv_link_gbps,
+        gpus=gpus,
+        power_w_per_gpu=dep.power_w_per_gpu,
+        power_basis=dep.power_basis,
     )
-    target = f"simulated {cfg.workers}x {gpu.name} (tp={ecfg.tensor_parallel_size}) {ecfg.model}"
-    return summarize(
+
+
+def sim_summary(
+    records,
+    cfg: SimConfig,
+    ecfg: EngineConfig,
+    workers,
+    timeline,
+    itl,
+    notes,
+    disagg: DisaggStats | None = None,
+    trees: float | None = None,
+) -> Summary:
+    """The summary of a run: the records' figures, the engines' counters, the settings, and the
+    run against its interactivity tier; `disagg`: the pools of a disaggregated run (its prefill
+    pool's engines come first in `workers` and give the reported prefix-cache hit rate)."""
+    ok_in = sum(r.input_tokens for r in records if r.ok) or 1
+    by_tier: dict[str, float] = {}
+    for r in records:
+        for tier, n in r.cached_by_tier.items():
+            by_tier[tier] = by_tier.get(tier, 0) + n
+    by_tier = {k: v / ok_in for k, v in by_tier.items()}
+    dep = deployment(cfg)
+    gpus = total_gpus(cfg)
+    tp_p, tp_d = pool_tp(cfg)
+    pools = cfg.prefill_workers > 0
+    config = _settings(cfg, ecfg, workers, dep)
+    shape = (
+        f"{cfg.prefill_workers}x prefill (tp={tp_p}) + {cfg.decode_workers}x decode (tp={tp_d})"
+        if pools
+        else f"{cfg.workers}x (tp={ecfg.tensor_parallel_size})"
+    )
+    where = f" on {dep.system.name}" if dep.system else ""
+    summary = summarize(
         records,
         kind="simulate",
-        target=target,
+        target=f"simulated {shape} {dep.gpu.name}{where} {ecfg.model}",
         config=config,
         itl_values=itl,
-        metrics_hit_rate=hits / queries if queries else None,
+        metrics_hit_rate=pool_hit_rate(workers[: cfg.prefill_workers] if pools else workers),
         timeline=timeline,
-        gpus=cfg.workers * ecfg.tensor_parallel_size,
-        power_w=gpu.power_w,
+        gpus=gpus,
+        power_w=dep.power_w_per_gpu,
         preemptions=sum(w.engine.num_preemptions for w in workers),
         by_tier=by_tier,
         notes=notes,
         clocks={**dict.fromkeys(LATENCY_FIGURES, "virtual"), "duration": "virtual"},
     )
+    summary.disagg = disagg
+    tier = (cfg.tier_tps, cfg.tier_ttft_p90)
+    summary.interactivity = interactivity(
+        summary, cfg.lanes, gpus, dep.power_w_per_gpu, tier, dep.power_basis, mean_trees=trees
+    )
+    return summary

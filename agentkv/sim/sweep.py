@@ -46,6 +46,8 @@ _ALIASES = {
     "duration": ("duration", lambda v: None if v.lower() in _OFF else parse_duration(v, "duration")),
 }
 _SIM_FIELDS = {f.name for f in dataclasses.fields(SimConfig)} - {"engine", "sample_every", "bursts"}
+_ALIASES["prefill_tp"] = ("prefill_tensor_parallel_size", None)
+_ALIASES["decode_tp"] = ("decode_tensor_parallel_size", None)
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed"}
 _HINTS = {**typing.get_type_hints(EngineConfig), **typing.get_type_hints(SimConfig)}
 
@@ -121,7 +123,7 @@ def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
     table = Table(title="simulate sweep")
     for k in keys:
         table.add_column(k)
-    for col in (*_COLUMNS, "preempt", "failed"):
+    for col in (*_COLUMNS, "preempt", "failed", "tier"):
         table.add_column(col, justify="right")
     for overrides, s in results:
         tp = s.throughput
@@ -136,8 +138,32 @@ def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
             num(tp.output_tokens_per_s_per_gpu if tp else None),
             f"{s.preemptions:,}",
             f"{s.failed:,}",
+            "-" if s.interactivity is None else ("met" if s.interactivity.met else "missed"),
         )
     return table
+
+
+def print_knee(results: list[tuple[dict, Summary]], console: Console) -> None:
+    """Per setting of the other keys, the most lanes meeting the interactivity tier (agents per GPU, per MW)."""
+    from agentkv.metrics.tier import knee
+
+    groups: dict[tuple, list] = {}
+    for overrides, s in results:
+        rest = tuple((k, v) for k, v in overrides.items() if k != "lanes")
+        if s.interactivity is not None:
+            groups.setdefault(rest, []).append(s.interactivity)
+    for rest, points in groups.items():
+        where = ", ".join(f"{k}={v}" for k, v in rest) or "all points"
+        k = knee(points)
+        if k is None:
+            console.print(f"knee ({where}): no point meets the tier")
+            continue
+        top = "at least " if k.sessions == max(p.sessions for p in points) else ""
+        console.print(
+            f"knee ({where}): {top}{k.sessions} lanes meet tps>={k.tier_tps:g}, TTFT p90<={k.tier_ttft_p90:g}s "
+            f"with {k.agents:,.1f} session trees in progress: {k.agents_per_gpu:,.2f} agents/GPU, "
+            f"{k.agents_per_mw:,.0f} agents/MW ({k.power_basis})"
+        )
 
 
 def _local_points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict], stop: StopRequest):
@@ -200,18 +226,33 @@ def _collect(args, configs, grid, console: Console) -> tuple[dict[int, tuple[dic
     return done, stop.requested
 
 
-def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:
-    """Run every grid point (two processes, or Ray tasks), then print the table or JSON and write
-    summaries; interrupted, the finished points are printed and written and the exit status is 130."""
+def _grid_results(args: argparse.Namespace, base: SimConfig, console: Console):
+    """(sweep keys, (overrides, summary) per finished grid point in grid order, points in the grid,
+    interrupted)."""
     grid = parse_sweep(args.sweep)
     configs = [apply(base, g) for g in grid]  # fail fast on a bad value, before spawning processes
     done, interrupted = _collect(args, configs, grid, console)
-    results = [done[i] for i in sorted(done)]  # grid order, however they finished
+    return list(grid[0]), [done[i] for i in sorted(done)], len(grid), interrupted
+
+
+def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> int:
+    """Run every grid point (two processes, or Ray tasks) or search lanes=LO..HI for the knee, then
+    print the table or JSON and write summaries; interrupted, the finished points are printed and
+    written and the exit status is 130."""
+    from agentkv.sim.knee import search_results, split_range
+
+    if split_range(args.sweep)[1] is not None:
+        keys, results = search_results(args, base, console)
+        total, interrupted = len(results), False
+    else:
+        keys, results, total, interrupted = _grid_results(args, base, console)
     if args.json:
         out = [{"overrides": o, "summary": msgspec.to_builtins(s)} for o, s in results]
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")
     elif results:
-        show(Console(), _table(list(grid[0]), results))
+        show(Console(), _table(keys, results))
+        if "lanes" in keys:
+            print_knee(results, Console())
     if args.out:
         out_dir = Path(args.out)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,7 +260,7 @@ def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> in
             name = "-".join(f"{k}={v}" for k, v in overrides.items()).replace("/", "_") or str(i)
             write_summary(s, out_dir / f"summary-{name}.json")
     if interrupted:
-        print(f"agentkv: interrupted: {len(results)} of {len(grid)} points done (written)", file=sys.stderr)
+        print(f"agentkv: interrupted: {len(results)} of {total} points done (written)", file=sys.stderr)
         return EXIT_INTERRUPTED
     bad = [(o, s.invalid_reason) for o, s in results if not s.valid]
     for o, why in bad:

@@ -1,0 +1,73 @@
+"""What a simulated deployment is made of: its system (GPU, NVLink domain, NIC, provisioned power),
+its GPU count, and the links a disaggregated run moves KV over."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system
+from agentkv.kv.transfer import LinkModel, fabric_link
+
+if TYPE_CHECKING:
+    from agentkv.sim.cluster import SimConfig
+
+# Per-copy floors and per-transfer setup of KV moves (assumed, not measured here): a copy of one
+# layer's block costs at least this (descriptor issue and completion), a transfer adds a handshake.
+NVLINK_MIN_COPY_S, NVLINK_SETUP_S = 0.5e-6, 10e-6
+RDMA_MIN_COPY_S, RDMA_SETUP_S = 0.5e-6, 30e-6
+DEFAULT_DOMAIN, DEFAULT_NIC_GBPS = 8, 50.0  # a GPU with no system in the catalogue: HGX-like, 400 Gb/s
+
+
+@dataclass(frozen=True, slots=True)
+class Deployment:
+    """The hardware a run is priced on; `power_w_per_gpu` is the system's nameplate share per GPU
+    when a system was named, else the GPU's own board power (as before systems existed)."""
+
+    gpu: GPU
+    system: System | None
+    nvlink_domain: int
+    nic_gbps: float
+    power_w_per_gpu: float
+    power_basis: str
+
+
+def _system_of_gpu(gpu: GPU) -> System | None:
+    return next((s for s in SYSTEMS if get_gpu(s.gpu) is gpu), None)
+
+
+def deployment(cfg: SimConfig) -> Deployment:
+    """The deployment of `cfg`: its named system, else the first catalogue system of its GPU for the
+    topology (power stays the GPU's board power, since no system was chosen)."""
+    if cfg.system is not None:
+        s = get_system(cfg.system)
+        basis = f"{s.name} provisioned {s.power_kw:g} kW / {s.gpus} GPUs"
+        return Deployment(get_gpu(s.gpu), s, s.nvlink_domain, s.nic_gbps, s.power_w_per_gpu, basis)
+    gpu = get_gpu(cfg.engine.gpu)
+    s = _system_of_gpu(gpu)
+    domain, nic = (s.nvlink_domain, s.nic_gbps) if s else (DEFAULT_DOMAIN, DEFAULT_NIC_GBPS)
+    return Deployment(gpu, None, domain, nic, gpu.power_w, f"{gpu.name} board power {gpu.power_w:g} W")
+
+
+def pool_tp(cfg: SimConfig) -> tuple[int, int]:
+    """(prefill, decode) tensor-parallel sizes: their own flags, else --tensor-parallel-size."""
+    tp = cfg.engine.tensor_parallel_size
+    return cfg.prefill_tensor_parallel_size or tp, cfg.decode_tensor_parallel_size or tp
+
+
+def total_gpus(cfg: SimConfig) -> int:
+    """GPUs the run occupies: workers x TP, or prefill x its TP + decode x its TP."""
+    if cfg.prefill_workers > 0:
+        tp_p, tp_d = pool_tp(cfg)
+        return cfg.prefill_workers * tp_p + cfg.decode_workers * tp_d
+    return cfg.workers * cfg.engine.tensor_parallel_size
+
+
+def kv_links(dep: Deployment, override_gbps: float | None) -> tuple[LinkModel, LinkModel]:
+    """(NVLink, RDMA) links of one GPU, per direction; `override_gbps` sets both (inf: free)."""
+    nv = dep.gpu.gpu_link_gbps if override_gbps is None else override_gbps
+    nic = dep.nic_gbps if override_gbps is None else override_gbps
+    return (
+        fabric_link(nv, NVLINK_MIN_COPY_S, NVLINK_SETUP_S),
+        fabric_link(nic, RDMA_MIN_COPY_S, RDMA_SETUP_S),
+    )

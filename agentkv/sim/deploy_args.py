@@ -1,0 +1,93 @@
+"""The deployment flags of `agentkv simulate`: system, prefill/decode disaggregation, the KV link,
+the interactivity tier. Import-light (argparse only), like command.py."""
+
+from __future__ import annotations
+
+import argparse
+
+from agentkv.errors import UserError
+from agentkv.placement import POLICIES
+
+
+def add_deploy_args(p: argparse.ArgumentParser) -> None:
+    """--system, --disagg, per-pool TP (vLLM's flag name per pool), --decode-router, --kv-link-gbps, --tier."""
+    g = p.add_argument_group("deployment (docs/simulate.md)")
+    g.add_argument(
+        "--system",
+        default=None,
+        metavar="NAME",
+        help="a node or rack from the catalogue (dgx-h200, dgx-b200, dgx-b300, mi355x-8, gb300-nvl72, "
+        "vr-nvl72): sets the GPU (over --gpu), the NVLink domain, the NIC and the provisioned power per MW",
+    )
+    g.add_argument(
+        "--disagg",
+        default=None,
+        metavar="prefill=N,decode=M",
+        help="disaggregate prefill and decode into pools of N and M engines (replaces --workers)",
+    )
+    for pool in ("prefill", "decode"):
+        g.add_argument(
+            f"--{pool}-tensor-parallel-size",
+            type=int,
+            default=None,
+            help=f"--disagg: the {pool} pool's TP (default --tensor-parallel-size)",
+        )
+    g.add_argument(
+        "--decode-router",
+        default="least_loaded",
+        choices=POLICIES,
+        help="--disagg: how a decode worker is picked (default least_loaded; session keeps a tree's KV)",
+    )
+    g.add_argument(
+        "--kv-link-gbps",
+        type=float,
+        default=None,
+        metavar="GBPS",
+        help="--disagg: GB/s per GPU of both KV links (default: the system's NVLink and NIC; inf: free)",
+    )
+    g.add_argument(
+        "--cycle",
+        action="store_true",
+        help="refill the trace queue so every lane stays busy (with --duration): steady load for agents per MW",
+    )
+    g.add_argument(
+        "--tier",
+        default="tps=20,ttft_p90=10s",
+        metavar="tps=N,ttft_p90=T",
+        help="interactivity tier for agents per GPU and per MW (default tps=20,ttft_p90=10s)",
+    )
+
+
+def parse_disagg(spec: str | None) -> tuple[int, int]:
+    """`prefill=N,decode=M` -> (N, M); None -> (0, 0) (aggregated)."""
+    if spec is None:
+        return 0, 0
+    out: dict[str, int] = {}
+    for part in (s.strip() for s in spec.split(",") if s.strip()):
+        key, sep, val = part.partition("=")
+        if not sep or key.strip() not in ("prefill", "decode") or not val.strip().isdigit():
+            raise UserError(f"--disagg: expected prefill=N,decode=M, got {spec!r}")
+        out[key.strip()] = int(val)
+    if set(out) != {"prefill", "decode"} or min(out.values()) < 1:
+        raise UserError(f"--disagg: expected prefill=N,decode=M with N, M >= 1, got {spec!r}")
+    return out["prefill"], out["decode"]
+
+
+def deploy_settings(args: argparse.Namespace) -> dict:
+    """The SimConfig fields the deployment flags set."""
+    from agentkv.metrics.tier import parse_tier
+
+    prefill, decode = parse_disagg(args.disagg)
+    tps, ttft = parse_tier(args.tier)
+    return {
+        "system": args.system,
+        "prefill_workers": prefill,
+        "decode_workers": decode,
+        "prefill_tensor_parallel_size": args.prefill_tensor_parallel_size,
+        "decode_tensor_parallel_size": args.decode_tensor_parallel_size,
+        "decode_router": args.decode_router,
+        "kv_link_gbps": args.kv_link_gbps,
+        "tier_tps": tps,
+        "tier_ttft_p90": ttft,
+        "cycle": args.cycle,
+    }
