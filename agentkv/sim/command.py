@@ -12,7 +12,6 @@ from pathlib import Path
 from agentkv.engine.config import EngineConfig, add_engine_args
 from agentkv.metrics.flags import add_output_flags
 from agentkv.placement import POLICIES, add_kv_weight_arg
-from agentkv.trace.arrivals import ARRIVALS
 from agentkv.trace.command import add_trace_args
 
 
@@ -77,6 +76,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def add_arrival_args(p: argparse.ArgumentParser) -> None:
     """Open-loop load as `agentkv bench` offers it, so a bench run's load can be simulated and compared."""
+    from agentkv.trace.arrivals import ARRIVALS  # light: random and the error type
+
     p.add_argument(
         "--session-rate",
         type=float,
