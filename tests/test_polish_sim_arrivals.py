@@ -82,8 +82,12 @@ def test_cli_flags_and_summary_config(tmp_path, capsys):
     out = tmp_path / "run"
     argv = ["simulate", "--session-rate", "0.5", "--arrivals", "constant", "--max-requests", "40", "-q"]
     assert main([*argv, "--out", str(out)]) == 0
-    cfg = json.loads((out / "summary.json").read_text())["config"]
+    summary = json.loads((out / "summary.json").read_text())
+    cfg = summary["config"]
     assert (cfg["session_rate"], cfg["arrivals"], cfg["lanes"]) == (0.5, "constant", None)
+    assert any(
+        n.startswith("load: 3 session trees arrived (constant, 0.5/s, no cap") for n in summary["notes"]
+    )
     first: dict[str, float] = {}
     for ln in (out / "requests.jsonl").read_text().splitlines():
         r = json.loads(ln)

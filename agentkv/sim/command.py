@@ -206,6 +206,10 @@ def _run_one(args: argparse.Namespace, cfg, console):
             "no request was released after it, those in flight finished"
         )
     res.summary.notes[:0] = notes
+    if cluster.plan.arrivals is not None:  # --session-rate
+        from agentkv.trace.arrivals import arrivals_note
+
+        res.summary.notes.append(arrivals_note(cluster.plan.arrivals))
     return res, cluster.itl, stop.requested
 
 
