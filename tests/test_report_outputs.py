@@ -158,6 +158,7 @@ def test_simulate_out_writes_what_bench_writes(tmp_path):
         )
     v = json.loads((out / "vllm_result.json").read_text())
     assert v["completed"] == summary["succeeded"] and v["label"] == "agentkv-simulate"
+    assert "itls" not in v  # simulate pools its token gaps: no per-request lists to write
     assert v["p99.9_ttft_ms"] == pytest.approx(summary["ttft"]["percentiles"]["p99.9"] * 1000)
     html = (out / "report.html").read_text()
     assert "<h1>agentkv simulate: simulated 1x" in html and "ITL distribution (every token gap)" in html

@@ -13,24 +13,30 @@ from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.scrape import MetricsSnapshot
 from agentkv.metrics.summary import LATENCY_FIGURES
 
+_NONE = np.zeros(0)
+
 
 @dataclass(slots=True)
 class Latency:
-    """One request's latencies in target seconds, and every gap between two of its tokens."""
+    """One request's latencies in target seconds, and every gap between two of its tokens (`gaps`,
+    for the run's pooled ITL; `itls`, the same to the microsecond, for its record)."""
 
     ttft: float | None
     e2e: float
     tpot: float | None = None
     itl_max: float | None = None
-    gaps: list[float] = field(default_factory=list)
+    gaps: np.ndarray = field(default_factory=lambda: _NONE)
+    itls: list[float] = field(default_factory=list)
+
+    def _set_gaps(self, gaps: np.ndarray) -> None:
+        self.gaps, self.itl_max, self.itls = gaps, float(gaps.max()), np.round(gaps, 6).tolist()
 
     @classmethod
     def of_client(cls, times: list[float], n: int, x: float, ttft: float | None, e2e: float) -> Latency:
         """From the client's token arrival times (wall seconds, `x` target seconds each)."""
         lat = cls(ttft, e2e)
         if len(times) > 1:
-            gaps = np.diff(np.asarray(times)) * x
-            lat.itl_max, lat.gaps = float(gaps.max()), gaps.tolist()
+            lat._set_gaps(np.diff(np.asarray(times)) * x)
             if n > 1:
                 lat.tpot = (times[-1] - times[0]) * x / (n - 1)
         return lat
@@ -41,8 +47,7 @@ class Latency:
         tt = eng.token_times
         lat = cls(tt[0], eng.end - eng.arrival)
         if len(tt) > 1:
-            gaps = np.diff(np.asarray(tt))
-            lat.itl_max, lat.gaps = float(gaps.max()), gaps.tolist()
+            lat._set_gaps(np.diff(np.asarray(tt)))
             lat.tpot = (tt[-1] - tt[0]) / (len(tt) - 1)
         return lat
 

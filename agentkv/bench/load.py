@@ -10,6 +10,7 @@ import msgspec
 
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord
+from agentkv.trace.arrivals import arrivals_note
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
 from agentkv.units import parse_duration
@@ -121,17 +122,7 @@ def load_notes(cfg: LoadConfig, plan: ReplayPlan, warm: int, x: float = 1.0) -> 
     notes = []
     a = plan.arrivals
     if a is not None:
-        cap = f"at most {cfg.lanes} at once" if cfg.lanes else "no cap on trees at once"
-        notes.append(
-            f"load: {a.arrived} session trees arrived ({cfg.arrivals}, {cfg.session_rate:g}/s"
-            f"{'' if x == 1.0 else f' of target time, {a.rate:g} a wall second'}, {cap})"
-            + (
-                f"; {a.delayed} waited for a free lane, {a.delay_total / a.delayed * x:.3f} s on average "
-                "(the wait is not in their latencies: it is load the cap refused)"
-                if a.delayed
-                else ""
-            )
-        )
+        notes.append(arrivals_note(a, x))
     if a is not None and not plan.traces:
         notes.append(
             "--session-rate had no effect: timestamp-mode traces (Mooncake) arrive on their own "

@@ -261,7 +261,7 @@ class BenchRun:
         else:
             lat = Latency.of_client(times, n, x, None if first is None else first - due, end - due)
         if res.ok and not warm:
-            self.itl.extend(lat.gaps)
+            self.itl.frombytes(lat.gaps.tobytes())
         return record_for(
             item,
             due,
@@ -273,6 +273,7 @@ class BenchRun:
             e2e=lat.e2e,
             tpot=lat.tpot,
             itl_max=lat.itl_max,
+            itls=lat.itls,
             clock="engine" if eng is not None else "",
             input_tokens=res.prompt_tokens if res.prompt_tokens else r.input_tokens,
             output_tokens=n,

@@ -20,7 +20,7 @@ from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.report import write_report
 from agentkv.metrics.summary import Summary, write_summary
 
-CSV_FIELDS = tuple(RequestRecord.__struct_fields__)
+CSV_FIELDS = tuple(f for f in RequestRecord.__struct_fields__ if f != "itls")  # a list per row: jsonl only
 OUTPUT_FILES = ("requests.jsonl", "summary.json", "records.csv", "vllm_result.json")
 
 
@@ -33,7 +33,7 @@ def _cell(v) -> str | int | float:
 
 
 def write_records_csv(records: list[RequestRecord], path: str | Path) -> Path:
-    """One row per request, one column per requests.jsonl field (empty: unknown/absent)."""
+    """One row per request, one column per requests.jsonl field but `itls` (empty: unknown/absent)."""
     p = Path(path)
     with open(p, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -119,6 +119,8 @@ def vllm_result(s: Summary, records: list[RequestRecord]) -> dict:
         "max_output_tokens_per_s": peak_output_rate(records),
         "max_concurrent_requests": peak_concurrency(records),
     }
+    if any(r.itls for r in records):  # bench records each request's token gaps; simulate pools them
+        out["itls"] = [r.itls for r in records]
     dists = ((s.ttft, "ttft"), (s.tpot, "tpot"), (s.itl, "itl"), (s.e2e, "e2el"))
     keys = next((list(d.percentiles) for d, _ in dists if d.percentiles), ["p50", "p90", "p99"])
     for d, name in dists:

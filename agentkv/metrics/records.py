@@ -32,6 +32,7 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     e2e: float = 0.0  # end - scheduled
     tpot: float | None = None  # (end - first_token) / (output_tokens - 1)
     itl_max: float | None = None  # longest gap between two tokens
+    itls: list[float] = msgspec.field(default_factory=list)  # bench: every gap between two tokens, to the us
     input_tokens: int = 0  # prompt tokens as the server counted them (usage.prompt_tokens), else the trace's
     trace_input_tokens: int = 0  # the trace's input tokens, which the ceiling counts against (0: old record)
     output_tokens: int = 0  # tokens actually received

@@ -15,7 +15,7 @@ from typing import Literal
 import msgspec
 
 from agentkv.gate.errors import RequestError
-from agentkv.gate.jsonbody import decode
+from agentkv.gate.jsonbody import decode, long_int_list
 from agentkv.trace.tokens import apply_chat_template, encode_bounded
 
 __all__ = ["RequestError", "Limits", "GenRequest", "parse_completion", "parse_chat", "check_cache_salt"]
@@ -120,7 +120,10 @@ class GenRequest:
 
 
 def parse_completion(body: bytes, limits: Limits) -> GenRequest:
-    """A /v1/completions body as a GenRequest, or RequestError."""
+    """A /v1/completions body as a GenRequest, or RequestError. A token-id list of max_model_len
+    ids or more is refused on the raw bytes, before it is decoded into Python ints."""
+    if n := long_int_list(body, limits.max_model_len - 1):
+        raise _too_long(limits.max_model_len, f"{n}")
     req: CompletionBody = decode(body, _completion_decoder)
     prompt = req.prompt
     if isinstance(prompt, list):

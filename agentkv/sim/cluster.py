@@ -38,7 +38,7 @@ class SimConfig:
 
     engine: EngineConfig = field(default_factory=EngineConfig)
     workers: int = 1
-    lanes: int = 16
+    lanes: int | None = 16  # closed loop: trees at once; with session_rate a cap (None: none)
     router: str = "kv_aware"
     kv_weight: float = KV_WEIGHT  # kv_aware only
     seed: int = 0
@@ -46,6 +46,8 @@ class SimConfig:
     idle_gap_cap: float | None = 10.0
     max_requests: int | None = None
     duration: float | None = None  # simulated seconds after which no new request is released
+    session_rate: float | None = None  # open loop: new session trees per simulated second
+    arrivals: str = "poisson"  # poisson | constant spacing of those arrivals (seeded by seed)
     sample_every: float = 1.0  # simulated seconds between timeline samples
     bursts: bool = True  # run pure-decode stretches as one event (same results, far fewer events)
     # deployment (sim/disagg.py): a system from the catalogue (GPU, NVLink domain, NIC, power), and
@@ -62,7 +64,7 @@ class SimConfig:
     cycle: bool = False  # refill the trace queue so no lane runs dry (needs duration or max_requests)
 
     def __post_init__(self) -> None:
-        if self.workers < 1 or self.lanes < 1:
+        if self.workers < 1 or (self.lanes is not None and self.lanes < 1):
             raise UserError("--workers and --lanes must be >= 1")
         _check_deployment(self)
         if not self.kv_weight >= 0:
@@ -159,6 +161,8 @@ class Cluster:
             traces,
             lanes=cfg.lanes,
             seed=cfg.seed,
+            session_rate=cfg.session_rate,
+            arrivals=cfg.arrivals,
             warm_start=cfg.warm_start,
             idle_gap_cap=cfg.idle_gap_cap,
             max_requests=cfg.max_requests,

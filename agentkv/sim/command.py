@@ -24,7 +24,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     add_trace_args(p)
     p.add_argument("--workers", type=int, default=1, help="simulated engines (default 1)")
-    p.add_argument("--lanes", type=int, default=16, help="concurrent session lanes (default 16)")
+    p.add_argument(
+        "--lanes",
+        type=int,
+        default=None,
+        help="concurrent session lanes (default 16); with --session-rate a cap on trees at once (default: none)",
+    )
+    add_arrival_args(p)
     p.add_argument(
         "--router", default="kv_aware", choices=POLICIES, help="placement policy (default kv_aware)"
     )
@@ -63,6 +69,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=simulate_command)
 
 
+def add_arrival_args(p: argparse.ArgumentParser) -> None:
+    """Open-loop load as `agentkv bench` offers it, so a bench run's load can be simulated and compared."""
+    from agentkv.trace.arrivals import ARRIVALS  # light: random and the error type
+
+    p.add_argument(
+        "--session-rate",
+        type=float,
+        default=None,
+        metavar="R",
+        help="open loop: R new session trees per simulated second, each replaying its turns as usual "
+        "(as agentkv bench --session-rate)",
+    )
+    p.add_argument(
+        "--arrivals",
+        choices=ARRIVALS,
+        default="poisson",
+        help="--session-rate spacing: poisson (exponential gaps seeded by --seed) or constant (default poisson)",
+    )
+
+
+def arrival_settings(args: argparse.Namespace) -> dict:
+    """SimConfig's lanes, session_rate and arrivals from the flags; a one-line error for a bad rate."""
+    rate = args.session_rate
+    if rate is not None and not 0 < rate < float("inf"):
+        from agentkv.errors import UserError
+
+        raise UserError(f"--session-rate must be > 0 sessions/s, got {rate:g}")
+    lanes = args.lanes if args.lanes is not None or rate is not None else 16
+    return {"lanes": lanes, "session_rate": rate, "arrivals": args.arrivals}
+
+
 def load_traces(args: argparse.Namespace):
     """The traces the trace flags select (default: the bundled sample), and notes on the selection."""
     from agentkv.trace.command import load_trace_args
@@ -81,7 +118,7 @@ def sim_config_from_args(args: argparse.Namespace):
     return SimConfig(
         engine=EngineConfig.from_args(args),
         workers=args.workers,
-        lanes=args.lanes,
+        **arrival_settings(args),
         router=args.router,
         kv_weight=args.kv_weight,
         seed=args.seed,
@@ -165,6 +202,10 @@ def _run_one(args: argparse.Namespace, cfg, console):
             "no request was released after it, those in flight finished"
         )
     res.summary.notes[:0] = notes
+    if cluster.plan.arrivals is not None:  # --session-rate
+        from agentkv.trace.arrivals import arrivals_note
+
+        res.summary.notes.append(arrivals_note(cluster.plan.arrivals))
     return res, cluster.itl, stop.requested
 
 

@@ -23,7 +23,9 @@ class SimSettings(msgspec.Struct, kw_only=True):
 
     engine: EngineConfig
     workers: int
-    lanes: int
+    lanes: int | None  # with session_rate a cap on trees at once (None: none)
+    session_rate: float | None = None
+    arrivals: str | None = None
     router: str
     kv_weight: float | None  # kv_aware only
     seed: int
@@ -100,6 +102,8 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         engine=ecfg,
         workers=cfg.workers,
         lanes=cfg.lanes,
+        session_rate=cfg.session_rate,
+        arrivals=cfg.arrivals if cfg.session_rate else None,
         router=cfg.router,
         kv_weight=cfg.kv_weight if cfg.router == "kv_aware" else None,
         seed=cfg.seed,

@@ -59,3 +59,17 @@ class Arrivals:
 
     def release(self, lane: int) -> None:
         heapq.heappush(self.free, lane)
+
+
+def arrivals_note(a: Arrivals, x: float = 1.0) -> str:
+    """The summary's note on an open-loop run: trees arrived, at what rate (per target second;
+    `x`: the target ran x times real time), under what cap, and how long capped ones waited."""
+    wall = "" if x == 1.0 else f" of target time, {a.rate:g} a wall second"
+    cap = f"at most {a.cap} at once" if a.cap else "no cap on trees at once"
+    note = f"load: {a.arrived} session trees arrived ({a.kind}, {a.rate / x:g}/s{wall}, {cap})"
+    if a.delayed:
+        note += (
+            f"; {a.delayed} waited for a free lane, {a.delay_total / a.delayed * x:.3f} s on average "
+            "(the wait is not in their latencies: it is load the cap refused)"
+        )
+    return note
