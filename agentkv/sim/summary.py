@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -174,7 +175,8 @@ def sim_summary(
     )
     summary.disagg = disagg
     tier = (cfg.tier_tps, cfg.tier_ttft_p90)
+    offered = cfg.lanes if cfg.lanes is not None else max(1, math.ceil(trees or 0))  # --session-rate: no cap
     summary.interactivity = interactivity(
-        summary, cfg.lanes, gpus, dep.power_w_per_gpu, tier, dep.power_basis, mean_trees=trees
+        summary, offered, gpus, dep.power_w_per_gpu, tier, dep.power_basis, mean_trees=trees
     )
     return summary
