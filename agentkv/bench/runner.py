@@ -89,6 +89,7 @@ class BenchSettings(load.LoadSettings, kw_only=True):
     traces: list[str]
     requests: dict | None = None  # RequestOptions.settings(): credentials redacted
     cycle: str | None = None
+    clients: list[dict] | None = None  # --clients N: per shard its clock offset and RTT (bench/shards.py)
 
 
 @dataclass(slots=True)
@@ -167,24 +168,10 @@ class BenchRun:
         )
 
     async def run(self) -> BenchResult:
-        cfg = self.cfg
-        interrupted, dropped = False, 0
+        cfg, interrupted, dropped = self.cfg, False, 0
         async with self._client() as client:
-            served = await client.models()
-            if not self.model:
-                if not served:
-                    raise UserError(f"target {client.base} serves no model; pass --model")
-                self.model = served[0]
-            info = await client.get_json("/server_info")  # agentkv serve and SGLang describe themselves
-            self.server_info = info if isinstance(info, dict) else None
-            scraper = Scraper(client.session, client.base)
-            gpu = GpuMonitor(client.base) if cfg.monitor_gpu else None
-            before = await scraper.scrape()
-            last = before
-            if self.out is not None:
-                self.out.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.out / "requests.jsonl", "wb")  # noqa: SIM115 - closed in finally
-            sampler = None
+            scraper, gpu, before = await self._open(client)
+            last, sampler = before, None
             try:
                 self._t0 = self.clock()
                 self.stats.started = time.time()
@@ -219,6 +206,23 @@ class BenchRun:
             if gpu is not None:
                 gpu.close()
         return BenchResult(self.records, summary, interrupted)
+
+    async def _open(self, client: BenchClient):
+        """The model, the target's self-description, metrics before, requests.jsonl opened."""
+        served = await client.models()
+        if not self.model:
+            if not served:
+                raise UserError(f"target {client.base} serves no model; pass --model")
+            self.model = served[0]
+        info = await client.get_json("/server_info")  # agentkv serve and SGLang describe themselves
+        self.server_info = info if isinstance(info, dict) else None
+        scraper = Scraper(client.session, client.base)
+        gpu = GpuMonitor(client.base) if self.cfg.monitor_gpu else None
+        before = await scraper.scrape()
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.out / "requests.jsonl", "wb")  # noqa: SIM115 - closed by the run
+        return scraper, gpu, before
 
     def _now(self) -> float:
         """Wall seconds since the run started: the plan's clock."""
