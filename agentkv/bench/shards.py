@@ -148,8 +148,15 @@ class ShardedRun:
         best = None
         for k in range(PINGS + 1):
             t1 = time.perf_counter()
-            s.conn.send("ping")
-            msg = s.conn.recv()
+            try:
+                s.conn.send("ping")
+                msg = s.conn.recv()
+            except (EOFError, OSError):
+                s.proc.join(STOP_GRACE_S)
+                raise UserError(
+                    f"client shard {s.index} (pid {s.proc.pid}) exited before its run started "
+                    f"(exit status {s.proc.exitcode}; its error is above)"
+                ) from None
             t2 = time.perf_counter()
             w = time.time()
             if msg[0] != "clock":
