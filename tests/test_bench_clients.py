@@ -128,3 +128,37 @@ def test_killed_shard_keeps_its_records_and_fails_the_run(tmp_path):
     other = [r for r in res.records if r.id % 2 == 1]
     other_traces = {t.id for t in split(cfg(lanes=2), TRACES, 2)[1][1]}
     assert {r.trace for r in other} == other_traces  # the other shard ran its trees out
+
+
+def test_clock_offset_moves_every_timestamp_onto_the_drivers_timeline():
+    """A shard whose clock runs 5 s ahead and which started 2 s after the driver: its record's times
+    move by 2 s (x the time scale), its latencies stay as measured."""
+    from agentkv.bench.shards import Shard
+    from agentkv.metrics.records import RequestRecord, encode_record
+
+    for scale in (1.0, 10.0):
+        run = ShardedRun(cfg(lanes=4, time_scale=scale), TRACES, 2, out=None)
+        run.base._t0 = 100.0
+        shard = Shard(1, proc=None, conn=None, lanes=2, traces=3, offset=5.0)
+        run.shards = [Shard(0, proc=None, conn=None, lanes=2, traces=3), shard]
+        run._on_msg(shard, ("start", 107.0))  # 102 on the driver's clock
+        rec = RequestRecord(
+            id=3,
+            trace="t1",
+            session="t1",
+            lane=1,
+            scheduled=0.5,
+            sent=0.6,
+            first_token=0.7,
+            end=0.9,
+            ttft=0.2,
+            e2e=0.4,
+        )
+        run._on_msg(shard, ("rec", encode_record(rec)))
+        (got,) = run.base.records
+        d = 2.0 * scale
+        assert (got.scheduled, got.sent, got.first_token, got.end) == pytest.approx(
+            (0.5 + d, 0.6 + d, 0.7 + d, 0.9 + d)
+        )
+        assert (got.ttft, got.e2e) == (0.2, 0.4)
+        assert got.id == 3 * 2 + 1 and got.lane == 2 + 1  # unique id; lanes after shard 0's

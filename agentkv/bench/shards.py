@@ -293,6 +293,7 @@ class ShardedRun:
                     f"client shard {s.index} (pid {s.proc.pid}) {'died' if s.ended == 'died' else 'failed'} "
                     f"({s.detail}): its {s.records} finished requests are kept, the rest of its "
                     f"{s.traces} session trees was not replayed"
+                    + (" (its inter-token gaps, sent at its end, are not in ITL)" if not s.itl else "")
                 )
                 summary.notes.append(why)
                 summary.invalid_reasons.append(why)
