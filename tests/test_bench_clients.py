@@ -162,3 +162,11 @@ def test_clock_offset_moves_every_timestamp_onto_the_drivers_timeline():
         )
         assert (got.ttft, got.e2e) == (0.2, 0.4)
         assert got.id == 3 * 2 + 1 and got.lane == 2 + 1  # unique id; lanes after shard 0's
+
+
+def test_open_loop_splits_the_session_rate_and_counts_every_arrival(tmp_path):
+    res = _run(cfg(lanes=None, session_rate=40.0, arrivals="constant"), tmp_path, 2)
+    assert _keys(res.records) == _keys(_run(cfg(lanes=2), tmp_path / "one", 1).records)
+    assert any(
+        n.startswith(f"load: {len(TRACES)} session trees arrived (constant, 40/s") for n in res.summary.notes
+    )

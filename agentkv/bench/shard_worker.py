@@ -6,7 +6,8 @@ Protocol (driver -> shard, shard -> driver), all over one multiprocessing Connec
   "go"   -> ("start", t0)                    the shard's run start, on its own perf_counter
             ("rec", bytes)                   one finished request (encode_record), at once
             ("tick", in_flight, released)    every sample period, for the live total
-            ("done", itl bytes, interrupted, crash)  or ("error", message) for bad input
+            ("done", itl bytes, interrupted, crash, (arrived, delayed, delay_total) | None)
+            or ("error", message) for bad input
 """
 
 from __future__ import annotations
@@ -64,7 +65,9 @@ def shard_main(conn, cfg: BenchConfig, traces: list[Trace], marker: str | None, 
                 return
             conn.send(("clock", time.perf_counter(), time.time()))
         result = run_loop(run.run(), loop)
-        conn.send(("done", run.itl.tobytes(), result.interrupted, run.crash))
+        a = run.plan.arrivals
+        arrived = None if a is None else (a.arrived, a.delayed, a.delay_total)
+        conn.send(("done", run.itl.tobytes(), result.interrupted, run.crash, arrived))
     except UserError as e:
         conn.send(("error", str(e)))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):  # the driver went away: nothing to tell

@@ -98,17 +98,29 @@ class Shard:
     ended: str = ""  # done | error | died
     detail: str = ""
     itl: bytes = b""
+    arrived: tuple | None = None  # open loop: (trees arrived, delayed by the lane cap, total delay)
 
 
 class _Flight:
-    """Stands in for the driver's plan where BenchRun reads it: the shards' total in flight."""
+    """Stands in for the driver's plan where BenchRun reads it: the shards' total in flight and,
+    open loop, their session arrivals summed (a dead shard's are missing)."""
 
     def __init__(self, shards: list[Shard], plan):
-        self.shards, self.traces, self.arrivals = shards, plan.traces, None
+        self.shards, self.traces, self._arrivals = shards, plan.traces, plan.arrivals
 
     @property
     def in_flight(self) -> int:
         return sum(s.in_flight for s in self.shards)
+
+    @property
+    def arrivals(self):
+        a = self._arrivals
+        if a is None:
+            return None
+        got = [s.arrived for s in self.shards if s.arrived is not None]
+        a.arrived, a.delayed = sum(x[0] for x in got), sum(x[1] for x in got)
+        a.delay_total = sum(x[2] for x in got)
+        return a
 
 
 class ShardedRun:
@@ -200,7 +212,7 @@ class ShardedRun:
         elif kind == "start":
             s.shift = (msg[1] - s.offset - self.base._t0) * self.base.scale
         elif kind == "done":
-            s.ended, s.itl, interrupted, crash = "done", msg[1], msg[2], msg[3]
+            s.ended, s.itl, interrupted, crash, s.arrived = "done", *msg[1:5]
             s.detail = crash or ("interrupted" if interrupted else "")
         elif kind == "error":
             s.ended, s.detail = "error", msg[1]
