@@ -237,8 +237,7 @@ class ShardedRun:
         b.plan = _Flight(self.shards, b.plan)
         interrupted, sampler = False, None
         try:
-            b._t0 = b.clock()
-            b.stats.started = time.time()
+            b._t0, b.stats.started = b.clock(), time.time()
             for s, e in zip(self.shards, ends, strict=True):
                 s.conn.send("go")
                 threading.Thread(target=self._reader, args=(s, loop, e), daemon=True).start()
@@ -251,11 +250,7 @@ class ShardedRun:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ends)), STOP_GRACE_S)
         finally:
-            if sampler is not None:
-                sampler.cancel()
-                await asyncio.gather(sampler, return_exceptions=True)
-            if b._file is not None:
-                b._file.close()
+            await b._wind_down(sampler)
         return await self._result(client, scraper, gpu, before, interrupted)
 
     async def _result(self, client, scraper, gpu, before, interrupted: bool) -> BenchResult:
