@@ -3,7 +3,8 @@
 driven by one client process and then by N (bench/shards.py), alternating rounds.
 
 Prints output tokens/s over the run's span (first due -> last end, so process start-up is left
-out), client CPU (driver and shards), the ratio to one client, and the host's load average:
+out), client CPU seconds (driver and shards, their start-up included), the ratio to one client,
+and the host's load average:
 a ratio near N needs N free cores beside the server's.
 
     .venv/bin/python benchmarks/bench_clients.py [--streams 400] [--turns 4] [--tokens 200]
@@ -57,7 +58,7 @@ def run(url: str, clients: int, a: argparse.Namespace) -> dict:
         "failed": s.failed,
         "span": s.duration_s,
         "wall": wall,
-        "cpu": cpu / s.duration_s,
+        "cpu": cpu,
     }
 
 
@@ -85,7 +86,7 @@ def main() -> None:
                 print(
                     f"--clients {n}: {r['tok_s']:,.0f} output tokens/s over {r['span']:.2f} s "
                     f"({r['tokens']:,} tokens, {r['requests']:,} requests, {r['failed']} failed; "
-                    f"{r['wall']:.1f} s with start-up), clients {r['cpu']:.2f} cores, server "
+                    f"{r['wall']:.1f} s with start-up), clients {r['cpu']:.2f} CPU s (start-up included), server "
                     f"{(proc_cpu(srv.pid) - s0) / r['span']:.2f} cores, load average {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
