@@ -170,3 +170,26 @@ def test_open_loop_splits_the_session_rate_and_counts_every_arrival(tmp_path):
     assert any(
         n.startswith(f"load: {len(TRACES)} session trees arrived (constant, 40/s") for n in res.summary.notes
     )
+
+
+def test_ctrl_c_stops_every_shard_and_writes_the_merged_summary(tmp_path):
+    from agentkv.metrics.summary import read_summary
+    from tests.serveutil import stream_server_process
+    from tests.test_bench_cli import _wait_lines
+
+    with stream_server_process("--itl", "0.002") as url:
+        p = subprocess.Popen(
+            [sys.executable, "-m", "agentkv.cli", "bench", "--target", url, "--out", str(tmp_path)]
+            + ["--duration", "none", "--quiet", "--time-scale", "200", "--lanes", "4", "--clients", "2"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        _wait_lines(tmp_path / "requests.jsonl", 4, p)
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and "Traceback" not in err, err
+    s = read_summary(tmp_path / "summary.json")
+    assert s.requests == len(read_records(tmp_path / "requests.jsonl")) >= 4
+    pids = [c["pid"] for c in s.config["clients"]]
+    assert len(pids) == 2 and all(not os.path.exists(f"/proc/{pid}") for pid in pids)
