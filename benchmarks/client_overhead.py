@@ -102,10 +102,11 @@ class _Http(asyncio.Protocol):
             self.t.write(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n")
 
 
-def _serve(port_q, cpu: int, burst: bool) -> None:
+def _serve(port_q, cpu: int | None, burst: bool) -> None:
     """The instant server: every loop tick writes one token to every open stream (round robin), or
-    with `burst` each whole answer at once."""
-    os.sched_setaffinity(0, {cpu})
+    with `burst` each whole answer at once; pinned to `cpu` unless None."""
+    if cpu is not None:
+        os.sched_setaffinity(0, {cpu})
     try:
         import uvloop
 
@@ -139,7 +140,7 @@ def _serve(port_q, cpu: int, burst: bool) -> None:
     asyncio.run(main())
 
 
-def start_server(cpu: int, burst: bool = False) -> tuple[mp.Process, int]:
+def start_server(cpu: int | None, burst: bool = False) -> tuple[mp.Process, int]:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     p = ctx.Process(target=_serve, args=(q, cpu, burst), daemon=True)

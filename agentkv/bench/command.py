@@ -201,6 +201,8 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
     from agentkv.bench.runner import BenchConfig
     from agentkv.metrics.summary import parse_slo
 
+    if args.clients < 1:
+        raise UserError(f"--clients must be >= 1, got {args.clients}")
     if args.max_requests is not None and args.max_requests < 1:
         raise UserError(f"--max-requests must be >= 1, got {args.max_requests}")
     duration = _duration(args.duration, "--duration")
@@ -302,7 +304,12 @@ def _run_one(args, traces, target: str, out: Path, console, notes, show: bool = 
     from agentkv.bench.runner import BenchRun
 
     cfg = config_from_args(args, target)
-    run = BenchRun(cfg, traces, out=out, notes=notes)
+    if args.clients > 1:
+        from agentkv.bench.shards import ShardedRun
+
+        run = ShardedRun(cfg, traces, args.clients, out=out, notes=notes, loop=args.loop)
+    else:
+        run = BenchRun(cfg, traces, out=out, notes=notes)
     with contextlib.ExitStack() as stack:
         if not args.quiet and console.is_terminal:
             live = Live(progress_panel(run), console=console, auto_refresh=False, transient=True)

@@ -30,6 +30,14 @@ def add_load_args(p) -> None:
     p.add_argument(
         "--max-requests", type=int, default=None, metavar="N", help="stop after releasing N requests"
     )
+    p.add_argument(
+        "--clients",
+        type=int,
+        default=1,
+        metavar="N",
+        help="client processes, each replaying whole session trees with its share of the lanes; "
+        "clocks reconciled, one requests.jsonl and summary (default 1: this process)",
+    )
     _open_loop_args(p)
 
 

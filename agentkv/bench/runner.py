@@ -167,33 +167,17 @@ class BenchRun:
         )
 
     async def run(self) -> BenchResult:
-        cfg = self.cfg
-        interrupted, dropped = False, 0
+        cfg, interrupted, dropped = self.cfg, False, 0
         async with self._client() as client:
-            served = await client.models()
-            if not self.model:
-                if not served:
-                    raise UserError(f"target {client.base} serves no model; pass --model")
-                self.model = served[0]
-            info = await client.get_json("/server_info")  # agentkv serve and SGLang describe themselves
-            self.server_info = info if isinstance(info, dict) else None
-            scraper = Scraper(client.session, client.base)
-            gpu = GpuMonitor(client.base) if cfg.monitor_gpu else None
-            before = await scraper.scrape()
-            last = before
-            if self.out is not None:
-                self.out.mkdir(parents=True, exist_ok=True)
-                self._file = open(self.out / "requests.jsonl", "wb")  # noqa: SIM115 - closed in finally
-            sampler = None
+            scraper, gpu, before = await self._open(client)
+            last, sampler = before, None
             try:
-                self._t0 = self.clock()
-                self.stats.started = time.time()
+                self._t0, self.stats.started = self.clock(), time.time()
                 await self._sample(before, gpu)
                 sampler = asyncio.create_task(self._sample_loop(scraper, gpu))
                 await drive(self.plan, lambda d: self._one(client, d), clock=self._now, until=cfg.duration)
             except (asyncio.CancelledError, Exception) as e:  # Ctrl-C or a bug: keep what finished
-                interrupted = True
-                dropped = len(self._tasks)
+                interrupted, dropped = True, len(self._tasks)
                 if not isinstance(e, asyncio.CancelledError):
                     self.crash = f"{type(e).__name__}: {e}"
                 self.plan.stop()
@@ -201,11 +185,7 @@ class BenchRun:
                     t.cancel()
                 await asyncio.gather(*self._tasks, return_exceptions=True)
             finally:
-                if sampler is not None:
-                    sampler.cancel()
-                    await asyncio.gather(sampler, return_exceptions=True)
-                if self._file is not None:
-                    self._file.close()
+                await self._wind_down(sampler)
             if not interrupted:
                 after = await scraper.scrape()
                 last = after or last
@@ -219,6 +199,30 @@ class BenchRun:
             if gpu is not None:
                 gpu.close()
         return BenchResult(self.records, summary, interrupted)
+
+    async def _open(self, client: BenchClient):
+        """The model, the target's self-description, metrics before, requests.jsonl opened."""
+        served = await client.models()
+        if not self.model and not served:
+            raise UserError(f"target {client.base} serves no model; pass --model")
+        self.model = self.model or served[0]
+        info = await client.get_json("/server_info")  # agentkv serve and SGLang describe themselves
+        self.server_info = info if isinstance(info, dict) else None
+        scraper = Scraper(client.session, client.base)
+        gpu = GpuMonitor(client.base) if self.cfg.monitor_gpu else None
+        before = await scraper.scrape()
+        if self.out is not None:
+            self.out.mkdir(parents=True, exist_ok=True)
+            self._file = open(self.out / "requests.jsonl", "wb")  # noqa: SIM115 - closed by the run
+        return scraper, gpu, before
+
+    async def _wind_down(self, sampler: asyncio.Task | None) -> None:
+        """Stop the sampler, close requests.jsonl: the end of a run, however it ended."""
+        if sampler is not None:
+            sampler.cancel()
+            await asyncio.gather(sampler, return_exceptions=True)
+        if self._file is not None:
+            self._file.close()
 
     def _now(self) -> float:
         """Wall seconds since the run started: the plan's clock."""
