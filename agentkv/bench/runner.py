@@ -308,7 +308,6 @@ class BenchRun:
             s.failed += 1
             s.errors[rec.error] = s.errors.get(rec.error, 0) + 1
 
-    # ---- time series ----------------------------------------------------------------------
     async def _sample_loop(self, scraper: Scraper, gpu: GpuMonitor | None) -> None:
         every = self.cfg.sample_every
         nxt = self.clock()
