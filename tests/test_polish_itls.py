@@ -48,7 +48,10 @@ def test_bench_records_and_exports_each_requests_token_gaps(tmp_path):
     for r in recs:
         if r.ok:
             assert len(r.itls) == r.output_tokens - 1  # one gap between each two tokens
-        assert all(ITL * 0.5 < g < ITL * 20 for g in r.itls), r.itls  # paced by the server, in seconds
+        # paced by the server, in seconds: on a busy host two tokens can arrive in one read (a gap
+        # near 0), so the gaps' sum carries the pacing
+        assert all(0 <= g < ITL * 20 for g in r.itls), r.itls
+        assert not r.itls or sum(r.itls) > ITL * 0.5 * len(r.itls), r.itls
         if r.itls:
             assert max(r.itls) == pytest.approx(r.itl_max, abs=1e-6)
             assert r.tpot == pytest.approx(np.mean(r.itls), abs=1e-5)
