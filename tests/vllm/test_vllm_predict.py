@@ -88,4 +88,6 @@ def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared
     # per-request TPOT here measures how the one-process server flushes tokens (bursts: TPOT near 0, so
     # +50% to +190% bias run to run); assert only that it is not the control's ~100x too fast
     assert o["tpot"]["bias_pct"] > -60.0 and b["tpot"]["bias_pct"] < -80.0, (o, b)
-    assert b["e2e"]["bias_pct"] < -80.0 and b["ttft"]["bias_pct"] < -80.0, b  # the control is far off
+    # the control is far off (-76% to -90% bias seen), and the calibrated profile well inside it
+    assert b["e2e"]["bias_pct"] < -60.0 and b["ttft"]["bias_pct"] < -60.0, b
+    assert o["e2e"]["mape_pct"] < 0.8 * b["e2e"]["mape_pct"], (o, b)
