@@ -1,0 +1,323 @@
+"""The hybrid pool's block bookkeeping: ids, reference counts, each group's hash map and each
+request's per-group block table (-1: vLLM's null block, a block skipped or never needed), the LRU
+of freed cached blocks, and the invariants that tie them together."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+
+import numpy as np
+
+from agentkv.kv import group_rules as R
+from agentkv.kv.events import BlockRemoved, BlockStored
+from agentkv.kv.eviction.lru import LRU
+from agentkv.kv.interface import KVRequest
+
+NULL = -1
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class _Ids:
+    """What the LRU evictor reads of a pool: reference counts over every block id."""
+
+    def __init__(self, ref: np.ndarray) -> None:
+        self.ref = ref
+        self.num_blocks = len(ref)
+
+
+class GroupBlocks:
+    """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `block_size`,
+    `capacity`, `stats` and `_emit` from the pool."""
+
+    def _setup_blocks(self) -> None:
+        self.cached_maps: list[dict[int, int]] = [{} for _ in self.specs]
+        n = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
+        self.ref = np.zeros(n, dtype=np.int32)
+        self.bgroup = np.zeros(n, dtype=np.int16)
+        self.hashed_blk = np.zeros(n, dtype=bool)
+        self.bhash: list[int | None] = [None] * n
+        self._free_ids: list[int] = list(range(n - 1, -1, -1))
+        self.lru = LRU()  # freed cached blocks of every group, least recently freed first
+        self.lru.bind(_Ids(self.ref))
+        self.empty_bytes = self.capacity
+        self.evictable_bytes = 0
+        self.tables: dict[str, list[list[int]]] = {}
+        self.hashed: dict[str, list[int]] = {}  # per group: leading blocks whose caching was decided
+        self.skip: dict[str, list[int]] = {}  # per group: blocks before this index are null
+        self._epoch = getattr(self, "_epoch", 0)
+
+    def block_cost(self, b: int) -> int:
+        return self.specs[int(self.bgroup[b])].block_bytes
+
+    # -- sizes of an allocation ----------------------------------------------------------------
+    def _boundary(self, req: KVRequest, total: int) -> int:
+        """The prompt block boundary a step ending at `total` tokens saves a state at (0: none)."""
+        bs = self.block_size
+        k = total // bs
+        return k if total % bs == 0 and 0 < k <= len(req.block_hashes) else 0
+
+    def new_blocks(self, req: KVRequest, total: int) -> list[int]:
+        """Blocks each group must take for a running request to hold `total` tokens."""
+        rid, n_tok = req.request_id, _cdiv(total, self.block_size)
+        out = []
+        for g, s in enumerate(self.specs):
+            if s.rule == "state":
+                k = self._boundary(req, total)
+                fresh = k > self.hashed[rid][g] and req.block_hashes[k - 1] not in self.cached_maps[g]
+                out.append(1 if fresh else 0)
+            else:
+                out.append(max(0, n_tok - len(self.tables[rid][g])))
+        return out
+
+    def first_blocks(self, hit: int, total: int) -> list[int]:
+        """Blocks each group takes at admission after a hit of `hit` blocks (a state: one running)."""
+        n_tok = _cdiv(total, self.block_size)
+        return [1 if s.rule == "state" else max(0, n_tok - hit) for s in self.specs]
+
+    def shared_blocks(
+        self, hashes: Sequence[int], hit: int, full: list[int] | None = None
+    ) -> list[list[int]]:
+        """Each token group's cached blocks a hit of `hit` blocks shares (states are copied, not held);
+        `full`: group 0's, found by the lookup."""
+        bs, out = self.block_size, []
+        for g, s in enumerate(self.specs):
+            if g == 0 and full is not None:
+                out.append(full)
+                continue
+            if s.rule == "state":
+                out.append([])
+                continue
+            get = self.cached_maps[g].__getitem__
+            out.append([get(hashes[i]) for i in R.hit_blocks(s.rule, hit, s.window, bs)])
+        return out
+
+    # -- changes ---------------------------------------------------------------------------------
+    def start(self, req: KVRequest, hit: int, shared: list[list[int]], new: list[int], total: int) -> None:
+        """Admit a request whose allocation was checked: share, take, cache."""
+        rid, bs, hashes = req.request_id, self.block_size, req.block_hashes
+        for g, s in enumerate(self.specs):
+            if s.rule == "state" and hit:
+                b = self.cached_maps[g].get(hashes[hit - 1])
+                if b is not None and self.ref[b] == 0:  # a hit state is read (copied): recently used
+                    one = np.array([b], dtype=np.int64)
+                    self.lru.remove_many(one)
+                    self.lru.add_many(one)
+            if shared[g]:
+                self._pin(g, shared[g])
+        tables, skips = [], []
+        for g, s in enumerate(self.specs):
+            if s.rule == "state":
+                tables.append(self._take(g, 1))
+                skips.append(0)
+            else:
+                lo = R.hit_blocks(s.rule, hit, s.window, bs).start
+                tables.append([NULL] * lo + shared[g] + self._take(g, new[g]))
+                skips.append(lo)
+        self.tables[rid], self.skip[rid] = tables, skips
+        self.hashed[rid] = [hit] * len(self.specs)
+        self._cache(req, total, fresh_state=True)
+
+    def grow(self, req: KVRequest, new: list[int], total: int) -> None:
+        """Extend a running request's tables (room was checked), then cache what is full."""
+        tables = self.tables[req.request_id]
+        for g, s in enumerate(self.specs):
+            if new[g] and s.rule != "state":
+                tables[g].extend(self._take(g, new[g]))
+        self._cache(req, total, fresh_state=False, new=new)
+
+    def remove_skipped(self, rid: str, num_computed: int) -> None:
+        """Free the blocks a window or chunk has moved past, right to left (vLLM's order)."""
+        tables, skips, bs = self.tables[rid], self.skip[rid], self.block_size
+        for g, s in enumerate(self.specs):
+            if s.rule != "sliding" and s.rule != "chunked":
+                continue
+            t, lo = tables[g], skips[g]
+            hi = min(R.skipped_tokens(s.rule, s.window, num_computed) // bs, len(t))
+            if hi <= lo:
+                continue
+            for i in range(hi - 1, lo - 1, -1):
+                if t[i] != NULL:
+                    self._unref(t[i])
+                    t[i] = NULL
+            skips[g] = hi
+
+    def release(self, rid: str) -> None:
+        """Drop a request's blocks, group by group, each table tail first (vLLM's free order)."""
+        tables = self.tables.pop(rid, None)
+        if tables is None:
+            return
+        del self.hashed[rid], self.skip[rid]
+        for g, t in enumerate(tables):
+            if t:
+                arr = np.array(t[::-1], dtype=np.int64)
+                self._unpin(g, arr[arr >= 0])
+
+    # -- internals -------------------------------------------------------------------------------
+    def _cache(self, req: KVRequest, total: int, fresh_state: bool, new: list[int] | None = None) -> None:
+        """Give the blocks `total` tokens fill their hashes; save a state at an aligned boundary."""
+        rid = req.request_id
+        tables, hashed = self.tables[rid], self.hashed[rid]
+        for g, s in enumerate(self.specs):
+            if s.rule != "state":
+                self._cache_tokens(req, g, total)
+                continue
+            k = self._boundary(req, total)
+            if k <= hashed[g]:
+                continue
+            hashed[g] = k
+            h = req.block_hashes[k - 1]
+            if h in self.cached_maps[g]:
+                continue  # that state is saved already
+            if not fresh_state and new and new[g]:  # the saved state takes a new block
+                old = tables[g][0]
+                tables[g][0] = self._take(g, 1)[0]
+                self._unref(old)
+            self._store(g, [h], [tables[g][0]], req.block_hashes, k - 1, k, req.token_ids)
+
+    def _cache_tokens(self, req: KVRequest, g: int, total: int) -> None:
+        rid, t = req.request_id, self.tables[req.request_id][g]
+        hashes = req.block_hashes
+        lo = self.hashed[rid][g]
+        full = min(total // self.block_size, len(hashes), len(t))
+        if full <= lo:
+            return
+        d = self.cached_maps[g]
+        hs, bs_ = [], []
+        for i in range(lo, full):
+            b, h = t[i], hashes[i]
+            if b != NULL and h not in d:  # a hash cached already: this copy stays unhashed
+                hs.append(h)
+                bs_.append(b)
+        self.hashed[rid][g] = full
+        if hs:
+            self._store(g, hs, bs_, hashes, lo, full, req.token_ids, whole=len(hs) == full - lo)
+
+    def _store(self, g, hs, blocks, hashes, lo, hi, token_ids, whole: bool = True) -> None:
+        d, bh = self.cached_maps[g], self.bhash
+        for h, b in zip(hs, blocks, strict=True):
+            d[h] = b
+            bh[b] = h
+        self.hashed_blk[blocks] = True
+        self.stats.stored += len(hs)
+        if self._emit is not None:
+            bs = self.block_size
+            seg = token_ids[lo * bs : hi * bs] if token_ids is not None and whole else []
+            toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)
+            s = self.specs[g]
+            self._emit(
+                BlockStored(
+                    block_hashes=list(hs),
+                    parent_block_hash=hashes[lo - 1] if lo else None,
+                    token_ids=toks,
+                    block_size=bs,
+                    medium="GPU",
+                    group_idx=g,
+                    kv_cache_spec_kind=s.event_kind,
+                )
+            )
+
+    def _pin(self, g: int, blocks: list[int]) -> None:
+        """Share cached blocks of group `g`: those unreferenced leave the LRU."""
+        arr = np.array(blocks, dtype=np.int64)
+        free = arr[self.ref[arr] == 0]
+        if len(free):
+            self.lru.remove_many(free)
+            self.evictable_bytes -= len(free) * self.specs[g].block_bytes
+        self.ref[arr] += 1
+
+    def _unpin(self, g: int, arr: np.ndarray) -> None:
+        """Drop one reference to each of `arr` (group `g`, in freeing order): cached ones that reach
+        zero join the LRU's tail, the others are free at once."""
+        ref = self.ref
+        ref[arr] -= 1
+        zero = arr[ref[arr] == 0]
+        if not len(zero):
+            return
+        h = self.hashed_blk[zero]
+        cached, empty = zero[h], zero[~h]
+        cost = self.specs[g].block_bytes
+        if len(cached):
+            self.lru.add_many(cached)
+            self.evictable_bytes += len(cached) * cost
+        if len(empty):
+            self.empty_bytes += len(empty) * cost
+            self._free_ids.extend(empty.tolist())
+
+    def _unref(self, b: int) -> None:
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            if self.hashed_blk[b]:
+                self.lru.add_many(np.array([b], dtype=np.int64))
+                self.evictable_bytes += self.block_cost(b)
+            else:
+                self.empty_bytes += self.block_cost(b)
+                self._free_ids.append(b)
+
+    def _take(self, g: int, n: int) -> list[int]:
+        """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
+        if n <= 0:
+            return []
+        need = n * self.specs[g].block_bytes
+        if self.empty_bytes < need:
+            self._evict(need)
+        self.empty_bytes -= need
+        ids = self._free_ids
+        out = ids[-n:][::-1]
+        del ids[-n:]
+        arr = np.array(out, dtype=np.int64)
+        self.ref[arr] = 1
+        self.bgroup[arr] = g
+        self.hashed_blk[arr] = False
+        self.stats.allocated += n
+        return out
+
+    def _evict(self, need: int) -> None:
+        removed: dict[int, list[int]] = defaultdict(list)
+        top = max(sp.block_bytes for sp in self.specs)
+        while self.empty_bytes < need:  # never more victims than one at a time would take
+            k = -(-(need - self.empty_bytes) // top)
+            for b in self.lru.pop_victims(k).tolist():
+                g, h = int(self.bgroup[b]), self.bhash[b]
+                del self.cached_maps[g][h]
+                self.bhash[b] = None
+                self.hashed_blk[b] = False
+                cost = self.specs[g].block_bytes
+                self.evictable_bytes -= cost
+                self.empty_bytes += cost
+                self._free_ids.append(b)
+                removed[g].append(h)
+        self._epoch += 1
+        self.stats.evicted += sum(map(len, removed.values()))
+        if self._emit is not None:
+            for g, hs in sorted(removed.items()):
+                self._emit(BlockRemoved(block_hashes=hs, medium="GPU", group_idx=g))
+
+    def check_invariants(self) -> None:
+        """Bytes add up, the LRU holds exactly the unreferenced cached blocks, maps and tables agree."""
+        held = np.zeros_like(self.ref)
+        for tables in self.tables.values():
+            for t in tables:
+                for b in t:
+                    if b != NULL:
+                        held[b] += 1
+        assert (held == self.ref).all(), "reference counts differ from the block tables"
+        used = sum(self.block_cost(b) for b in np.flatnonzero(self.ref > 0).tolist())
+        self.lru.check()
+        lru_blocks = self.lru.blocks()
+        lru = sum(self.block_cost(b) for b in lru_blocks)
+        assert lru == self.evictable_bytes, "evictable bytes differ from the LRU"
+        assert used + lru + self.empty_bytes == self.capacity, "bytes do not add up to the capacity"
+        for b in lru_blocks:
+            assert self.ref[b] == 0 and self.hashed_blk[b], f"block {b} in the LRU is held or unhashed"
+        for g, d in enumerate(self.cached_maps):
+            for h, b in d.items():
+                assert self.bhash[b] == h and self.hashed_blk[b] and self.bgroup[b] == g, (
+                    f"group {g}: hash {h} maps to block {b}"
+                )
+        assert len(set(self._free_ids)) == len(self._free_ids), "a block id is free twice"
+        live = set(np.flatnonzero(self.ref > 0).tolist()) | set(lru_blocks)
+        assert not live & set(self._free_ids), "a held or cached block id is also free"
