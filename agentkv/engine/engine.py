@@ -15,8 +15,8 @@ from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostModel, load_coefficients
 from agentkv.engine.hardware import get_model
 from agentkv.engine.outputs import DecodeBurst, EngineStats, RequestOutput, StepResult
-from agentkv.engine.request import EngineRequest, Status
 from agentkv.engine.pools import make_pool
+from agentkv.engine.request import EngineRequest, Status
 from agentkv.engine.scheduler import Scheduler
 from agentkv.kv.events import KVEvent
 from agentkv.kv.groups import HybridPool

@@ -199,12 +199,12 @@ class HybridPool(GroupBlocks):
         if computed is not None and computed.num_lower:
             raise ValueError(f"request {rid}: lower-tier blocks but the hybrid pool has no lower tiers")
         hit = num_computed_tokens // bs
-        if hit and (computed is None or not self.is_current(computed) or len(computed.blocks) < hit):
-            if self.longest_hit(req.block_hashes, hit) < hit:
-                raise ValueError(
-                    f"request {rid}: its computed prefix of {hit} blocks is not cached in every "
-                    "group (pass allocate_slots what get_computed_blocks found)"
-                )
+        stale = computed is None or not self.is_current(computed) or len(computed.blocks) < hit
+        if hit and stale and self.longest_hit(req.block_hashes, hit) < hit:
+            raise ValueError(
+                f"request {rid}: its computed prefix of {hit} blocks is not cached in every "
+                "group (pass allocate_slots what get_computed_blocks found)"
+            )
         current = computed is not None and self.is_current(computed) and len(computed.blocks) >= hit
         full = list(computed.blocks[:hit]) if current and self.specs[0].rule == "full" else None
         shared = self.shared_blocks(req.block_hashes, hit, full)
