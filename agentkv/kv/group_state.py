@@ -11,7 +11,7 @@ import numpy as np
 
 from agentkv.kv import group_rules as R
 from agentkv.kv.events import BlockRemoved, BlockStored
-from agentkv.kv.eviction.lru import LRU
+from agentkv.kv.group_lru import ByteLRU
 from agentkv.kv.interface import KVRequest
 
 NULL = -1
@@ -19,14 +19,6 @@ NULL = -1
 
 def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-class _Ids:
-    """What the LRU evictor reads of a pool: reference counts over every block id."""
-
-    def __init__(self, ref: np.ndarray) -> None:
-        self.ref = ref
-        self.num_blocks = len(ref)
 
 
 class GroupBlocks:
@@ -41,8 +33,8 @@ class GroupBlocks:
         self.hashed_blk = np.zeros(n, dtype=bool)
         self.bhash: list[int | None] = [None] * n
         self._free_ids: list[int] = list(range(n - 1, -1, -1))
-        self.lru = LRU()  # freed cached blocks of every group, least recently freed first
-        self.lru.bind(_Ids(self.ref))
+        self.bcost = np.zeros(n, dtype=np.int64)
+        self.lru = ByteLRU(self.ref, self.bcost)  # freed cached blocks of every group, oldest first
         self.empty_bytes = self.capacity
         self.evictable_bytes = 0
         self.tables: dict[str, list[list[int]]] = {}
@@ -103,9 +95,8 @@ class GroupBlocks:
             if s.rule == "state" and hit:
                 b = self.cached_maps[g].get(hashes[hit - 1])
                 if b is not None and self.ref[b] == 0:  # a hit state is read (copied): recently used
-                    one = np.array([b], dtype=np.int64)
-                    self.lru.remove_many(one)
-                    self.lru.add_many(one)
+                    self.lru.removed(1)
+                    self.lru.add(np.array([b], dtype=np.int64))
             if shared[g]:
                 self._pin(g, shared[g])
         tables, skips = [], []
@@ -139,10 +130,9 @@ class GroupBlocks:
             hi = min(R.skipped_tokens(s.rule, s.window, num_computed) // bs, len(t))
             if hi <= lo:
                 continue
-            for i in range(hi - 1, lo - 1, -1):
-                if t[i] != NULL:
-                    self._unref(t[i])
-                    t[i] = NULL
+            arr = np.array(t[lo:hi][::-1], dtype=np.int64)
+            t[lo:hi] = [NULL] * (hi - lo)
+            self._unpin(g, arr[arr >= 0])
             skips[g] = hi
 
     def release(self, rid: str) -> None:
@@ -225,7 +215,7 @@ class GroupBlocks:
         arr = np.array(blocks, dtype=np.int64)
         free = arr[self.ref[arr] == 0]
         if len(free):
-            self.lru.remove_many(free)
+            self.lru.removed(len(free))
             self.evictable_bytes -= len(free) * self.specs[g].block_bytes
         self.ref[arr] += 1
 
@@ -241,7 +231,7 @@ class GroupBlocks:
         cached, empty = zero[h], zero[~h]
         cost = self.specs[g].block_bytes
         if len(cached):
-            self.lru.add_many(cached)
+            self.lru.add(cached)
             self.evictable_bytes += len(cached) * cost
         if len(empty):
             self.empty_bytes += len(empty) * cost
@@ -251,7 +241,7 @@ class GroupBlocks:
         self.ref[b] -= 1
         if self.ref[b] == 0:
             if self.hashed_blk[b]:
-                self.lru.add_many(np.array([b], dtype=np.int64))
+                self.lru.add(np.array([b], dtype=np.int64))
                 self.evictable_bytes += self.block_cost(b)
             else:
                 self.empty_bytes += self.block_cost(b)
@@ -271,25 +261,25 @@ class GroupBlocks:
         arr = np.array(out, dtype=np.int64)
         self.ref[arr] = 1
         self.bgroup[arr] = g
+        self.bcost[arr] = self.specs[g].block_bytes
         self.hashed_blk[arr] = False
         self.stats.allocated += n
         return out
 
     def _evict(self, need: int) -> None:
         removed: dict[int, list[int]] = defaultdict(list)
-        top = max(sp.block_bytes for sp in self.specs)
-        while self.empty_bytes < need:  # never more victims than one at a time would take
-            k = -(-(need - self.empty_bytes) // top)
-            for b in self.lru.pop_victims(k).tolist():
-                g, h = int(self.bgroup[b]), self.bhash[b]
-                del self.cached_maps[g][h]
-                self.bhash[b] = None
-                self.hashed_blk[b] = False
-                cost = self.specs[g].block_bytes
-                self.evictable_bytes -= cost
-                self.empty_bytes += cost
-                self._free_ids.append(b)
-                removed[g].append(h)
+        victims = self.lru.pop_bytes(need - self.empty_bytes)
+        freed = int(self.bcost[victims].sum())
+        self.evictable_bytes -= freed
+        self.empty_bytes += freed
+        self.hashed_blk[victims] = False
+        bh, maps = self.bhash, self.cached_maps
+        for b, g in zip(victims.tolist(), self.bgroup[victims].tolist(), strict=True):
+            h = bh[b]
+            del maps[g][h]
+            bh[b] = None
+            removed[g].append(h)
+        self._free_ids.extend(victims.tolist())
         self._epoch += 1
         self.stats.evicted += sum(map(len, removed.values()))
         if self._emit is not None:
@@ -306,8 +296,8 @@ class GroupBlocks:
                         held[b] += 1
         assert (held == self.ref).all(), "reference counts differ from the block tables"
         used = sum(self.block_cost(b) for b in np.flatnonzero(self.ref > 0).tolist())
-        self.lru.check()
         lru_blocks = self.lru.blocks()
+        assert len(lru_blocks) == len(self.lru), "the LRU's count is off"
         lru = sum(self.block_cost(b) for b in lru_blocks)
         assert lru == self.evictable_bytes, "evictable bytes differ from the LRU"
         assert used + lru + self.empty_bytes == self.capacity, "bytes do not add up to the capacity"
