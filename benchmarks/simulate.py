@@ -11,7 +11,11 @@ skipped with the reason when that fails). Dynamo gets the same block size, KV bl
 scheduler limits, router weight and, as a timing table, agentkv's own H200 cost model (prefill by new tokens,
 decode by active KV tokens and context), so both replay the same cluster. Prints figures only.
 
-Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake] [--no-dynamo]
+(c) The same Claude Code traces on 8 H200s for each model family (`MODELS`: dense, MoE, MLA,
+sliding-window, linear-attention and DeepSeek-V4 shapes; replicas = 8 / TP): hit rate, TTFT and
+CPU time beside the Llama-3.1-8B run (issue #15's target: a DeepSeek-V4 shape within 1.5x).
+
+Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake|models] [--models A,B] [--no-dynamo]
 """
 
 from __future__ import annotations
@@ -107,6 +111,49 @@ def claude_code() -> list[Row]:
             f"{res.sim_s / (lw + sw):,.0f}x real time (wall), {res.sim_s / (lc + sc):,.0f}x (CPU)",
         )
     ]
+
+
+# (c) the model families on the same 8 H200s: (name, TP); replicas = 8 / TP
+MODELS = [
+    ("Llama-3.1-8B", 1),
+    ("Llama-3.1-70B", 2),
+    ("gpt-oss-120b", 1),
+    ("Gemma-3-27B", 1),
+    ("Qwen3-Next-80B-A3B", 2),
+    ("DeepSeek-V3", 8),
+    ("DeepSeek-V4-Flash", 2),
+    ("DeepSeek-V4-Pro", 8),
+]
+
+
+def model_families(names: list[str] | None) -> list[Row]:
+    """The Claude Code traces on 8 H200s per model family (replicas = 8 / TP, kv_aware, 64 lanes):
+    hit rate, TTFT, and the simulator's CPU time beside Llama-3.1-8B's."""
+    src = SHARED / "traces" / "claude-code"
+    if not src.is_dir():
+        print(f"(c) skipped: {src} not found (set AGENTKV_SHARED)")
+        return []
+    traces = load_paths([src])
+    rows, base = [], None
+    print(f"(c) {src}: model families on 8x H200, 64 lanes, kv_aware   load average: {loadavg()}")
+    for name, tp in MODELS:
+        if names and name not in names:
+            continue
+        eng = EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp)
+        cfg = SimConfig(engine=eng, workers=WORKERS // tp, lanes=64, router="kv_aware")
+        w0, c0 = time.perf_counter(), time.process_time()
+        res = simulate(traces, cfg)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        base = cpu if name == "Llama-3.1-8B" else base
+        s = res.summary
+        vs = f", {cpu / base:.2f}x Llama-3.1-8B's CPU" if base else ""
+        print(
+            f"    {name} (tp {tp} x {WORKERS // tp}): hit {s.cache.reported:.1%}, TTFT p50/p99 "
+            f"{ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, {s.preemptions:,} preemptions, "
+            f"{s.config['num_gpu_blocks']:,} KV pages per replica; {wall:.1f} s wall, {cpu:.1f} s CPU{vs}"
+        )
+        rows.append(Row(f"{name}, claude-code (c)", len(res.records), wall, cpu, res.sim_s, s.cache.reported))
+    return rows
 
 
 def perf_table(engine: Engine, path: Path) -> None:
@@ -287,7 +334,8 @@ def mooncake(with_dynamo: bool) -> list[Row]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["claude", "mooncake"], default=None)
+    ap.add_argument("--only", choices=["claude", "mooncake", "models"], default=None)
+    ap.add_argument("--models", default=None, help="comma-separated names from MODELS for (c) (default all)")
     ap.add_argument("--no-dynamo", action="store_true", help="skip Dynamo's replay")
     args = ap.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {loadavg()}; Python {sys.version.split()[0]}")
@@ -296,6 +344,8 @@ def main() -> None:
         rows += claude_code()
     if args.only in (None, "mooncake"):
         rows += mooncake(not args.no_dynamo)
+    if args.only in (None, "models"):
+        rows += model_families(args.models.split(",") if args.models else None)
     print(
         f"\n{'run':28} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
         f"{'req/CPU s':>9} {'hit':>6}  notes"

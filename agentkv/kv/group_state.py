@@ -4,7 +4,7 @@ of freed cached blocks, and the invariants that tie them together."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import defaultdict, deque
 from collections.abc import Sequence
 
 import numpy as np
@@ -31,7 +31,9 @@ class GroupBlocks:
         self.ref = np.zeros(n, dtype=np.int32)
         self.bgroup = np.zeros(n, dtype=np.int16)
         self.hashed_blk = np.zeros(n, dtype=bool)
-        self.bhash: list[int | None] = [None] * n
+        self.bhash: dict[int, int] = {}  # block -> its hash, for cached blocks
+        self.bh64 = np.zeros(n, dtype=np.uint64)  # the same as uint64, for bulk hint checks
+        self.mirror = True  # off once a hash does not fit in uint64
         self._free_ids: list[int] = list(range(n - 1, -1, -1))
         self.bcost = np.zeros(n, dtype=np.int64)
         self.lru = ByteLRU(self.ref, self.bcost)  # freed cached blocks of every group, oldest first
@@ -176,22 +178,26 @@ class GroupBlocks:
         if full <= lo:
             return
         d = self.cached_maps[g]
-        hs, bs_ = [], []
-        for i in range(lo, full):
-            b, h = t[i], hashes[i]
-            if b != NULL and h not in d:  # a hash cached already: this copy stays unhashed
-                hs.append(h)
-                bs_.append(b)
+        hs, bl = list(hashes[lo:full]), t[lo:full]
+        if NULL in bl or any(map(d.__contains__, hs)):  # a hash cached already: this copy stays unhashed
+            keep = [i for i, (h, b) in enumerate(zip(hs, bl, strict=True)) if b != NULL and h not in d]
+            whole = len(keep) == len(hs)
+            hs, bl = [hs[i] for i in keep], [bl[i] for i in keep]
+        else:
+            whole = True
         self.hashed[rid][g] = full
         if hs:
-            self._store(g, hs, bs_, hashes, lo, full, req.token_ids, whole=len(hs) == full - lo)
+            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole=whole)
 
     def _store(self, g, hs, blocks, hashes, lo, hi, token_ids, whole: bool = True) -> None:
-        d, bh = self.cached_maps[g], self.bhash
-        for h, b in zip(hs, blocks, strict=True):
-            d[h] = b
-            bh[b] = h
+        self.cached_maps[g].update(zip(hs, blocks, strict=True))
+        self.bhash.update(zip(blocks, hs, strict=True))
         self.hashed_blk[blocks] = True
+        if self.mirror and g == 0:
+            try:
+                self.bh64[blocks] = hs
+            except (OverflowError, TypeError, ValueError):
+                self.mirror = False
         self.stats.stored += len(hs)
         if self._emit is not None:
             bs = self.block_size
@@ -262,7 +268,7 @@ class GroupBlocks:
         self.ref[arr] = 1
         self.bgroup[arr] = g
         self.bcost[arr] = self.specs[g].block_bytes
-        self.hashed_blk[arr] = False
+        self.hashed_blk[arr] = False  # (a recycled id's hash left `bhash` when it was evicted)
         self.stats.allocated += n
         return out
 
@@ -273,12 +279,12 @@ class GroupBlocks:
         self.evictable_bytes -= freed
         self.empty_bytes += freed
         self.hashed_blk[victims] = False
-        bh, maps = self.bhash, self.cached_maps
-        for b, g in zip(victims.tolist(), self.bgroup[victims].tolist(), strict=True):
-            h = bh[b]
-            del maps[g][h]
-            bh[b] = None
-            removed[g].append(h)
+        bh, groups = self.bhash, self.bgroup[victims]
+        for g in np.unique(groups).tolist():
+            vg = victims[groups == g].tolist() if len(self.specs) > 1 else victims.tolist()
+            hs = list(map(bh.pop, vg))
+            deque(map(self.cached_maps[g].__delitem__, hs), 0)
+            removed[g] = hs
         self._free_ids.extend(victims.tolist())
         self._epoch += 1
         self.stats.evicted += sum(map(len, removed.values()))
@@ -305,7 +311,7 @@ class GroupBlocks:
             assert self.ref[b] == 0 and self.hashed_blk[b], f"block {b} in the LRU is held or unhashed"
         for g, d in enumerate(self.cached_maps):
             for h, b in d.items():
-                assert self.bhash[b] == h and self.hashed_blk[b] and self.bgroup[b] == g, (
+                assert self.bhash.get(b) == h and self.hashed_blk[b] and self.bgroup[b] == g, (
                     f"group {g}: hash {h} maps to block {b}"
                 )
         assert len(set(self._free_ids)) == len(self._free_ids), "a block id is free twice"

@@ -22,6 +22,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from agentkv.kv import group_rules as R
 from agentkv.kv.events import AllBlocksCleared, KVEvent
 from agentkv.kv.group_state import GroupBlocks
@@ -130,7 +132,7 @@ class HybridPool(GroupBlocks):
             limit = max(0, min(limit, (num_tokens - 1) // self.block_size))
         full = None
         if self.specs[0].rule == "full":  # found once here, shared at admission
-            found = gallop(self.cached_maps[0].get, block_hashes, limit)
+            found = self._full_prefix(block_hashes, limit, hint, hash_array)
             full = len(found)
         hit = self.longest_hit(block_hashes, limit, full)
         computed = HybridComputed(found[:hit] if full is not None else range(hit), self._epoch, hit=hit)
@@ -139,6 +141,18 @@ class HybridPool(GroupBlocks):
             queries = num_tokens if num_tokens is not None else len(block_hashes) * self.block_size
             self.record_prefix_cache_stats(queries, hit * self.block_size)
         return computed
+
+    def _full_prefix(self, block_hashes, limit: int, hint, hash_array) -> list[int]:
+        """Group 0's cached blocks of the leading hashes; `hint` (the session's last table) checked in
+        bulk first, as `BlockPool` does; the answer is the same."""
+        get = self.cached_maps[0].get
+        if hint is None or hash_array is None or not self.mirror or not len(hint):
+            return gallop(get, block_hashes, limit)
+        m = min(len(hint), limit, len(hash_array))
+        hb = hint[:m]
+        ok = (hb >= 0) & self.hashed_blk[hb] & (self.bgroup[hb] == 0) & (self.bh64[hb] == hash_array[:m])
+        k = m if ok.all() else int(ok.argmin())
+        return hb[:k].tolist() + gallop(get, block_hashes, limit, k)
 
     def touch(self, block_hashes: Sequence[int], found) -> None:
         self.stats.lookups += 1
@@ -248,8 +262,10 @@ class HybridPool(GroupBlocks):
     def num_cached_blocks(self) -> int:
         return sum(map(len, self.cached_maps))
 
-    def block_table(self, request_id: str):
-        return None  # no lookup hints: every group is looked up by hash
+    def block_table(self, request_id: str) -> np.ndarray | None:
+        """A running request's first-group blocks (-1 where null), the next turn's lookup hint."""
+        t = self.tables.get(request_id)
+        return None if t is None else np.array(t[0], dtype=np.int64)
 
     def reset(self) -> bool:
         """Drop the whole prefix cache (emits AllBlocksCleared); False if requests still hold blocks."""
