@@ -46,6 +46,23 @@ def test_sliding_window_hit_needs_only_the_last_window(present, limit, window, h
     assert R.sliding_hit(cached(*present), H, limit, window, BS) == hit
 
 
+def test_sliding_window_hit_matches_vllms_right_to_left_scan():
+    def reference(present, limit, need):  # SlidingWindowManager.find_longest_cache_hit, one block a step
+        run = 0
+        for i in range(limit - 1, -1, -1):
+            run = run + 1 if i in present else 0
+            if run >= need:
+                return i + need
+        return run
+
+    rng = random.Random(3)
+    for _ in range(400):
+        present = {i for i in range(40) if rng.random() < rng.choice((0.3, 0.7, 0.95))}
+        limit, window = rng.randrange(0, 41), rng.choice((2, 5, 8, 17, 33))
+        got = R.sliding_hit({1000 + i: i for i in present}, [1000 + i for i in range(40)], limit, window, BS)
+        assert got == reference(present, limit, R.window_blocks(window, BS)), (present, limit, window)
+
+
 def test_full_attention_hit_needs_every_block_and_chunked_only_the_current_chunk():
     assert R.full_hit(cached(0, 1, 2, 4, 5), H, 12) == 3
     # chunk 16 tokens = 4 blocks; a cut at 10 blocks sits in the chunk of blocks 8..11

@@ -36,14 +36,20 @@ def sliding_hit(cached: dict, hashes: Sequence[int], limit: int, window: int, bl
     need = window_blocks(window, block_size)
     if need == 0:
         return limit
+    end = limit - 1  # candidate last block of the run; probe its first block, then the rest
+    while end - need + 1 >= 0:
+        if hashes[end - need + 1] not in cached:
+            end -= need  # every run ending in (end - need, end] holds that block
+            continue
+        m = end
+        while m > end - need + 1 and hashes[m] in cached:
+            m -= 1
+        if m == end - need + 1:
+            return end + 1
+        end = m - 1
     run = 0
-    for i in range(limit - 1, -1, -1):
-        if hashes[i] in cached:
-            run += 1
-            if run >= need:
-                return i + need
-        else:
-            run = 0
+    while run < limit and hashes[run] in cached:  # too short for a window: the leading run counts
+        run += 1
     return run
 
 

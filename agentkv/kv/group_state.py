@@ -179,18 +179,21 @@ class GroupBlocks:
             return
         d = self.cached_maps[g]
         hs, bl = list(hashes[lo:full]), t[lo:full]
-        if NULL in bl or any(map(d.__contains__, hs)):  # a hash cached already: this copy stays unhashed
-            keep = [i for i, (h, b) in enumerate(zip(hs, bl, strict=True)) if b != NULL and h not in d]
-            whole = len(keep) == len(hs)
-            hs, bl = [hs[i] for i in keep], [bl[i] for i in keep]
-        else:
-            whole = True
+        whole = True
+        if NULL in bl:
+            keep = [i for i, b in enumerate(bl) if b != NULL]
+            hs, bl, whole = [hs[i] for i in keep], [bl[i] for i in keep], False
+        got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
+        if got != bl:  # a hash cached already: this copy stays unhashed
+            keep = [i for i, (a, b) in enumerate(zip(got, bl, strict=True)) if a == b]
+            hs, bl, whole = [hs[i] for i in keep], [bl[i] for i in keep], False
         self.hashed[rid][g] = full
         if hs:
-            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole=whole)
+            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole=whole, inserted=True)
 
-    def _store(self, g, hs, blocks, hashes, lo, hi, token_ids, whole: bool = True) -> None:
-        self.cached_maps[g].update(zip(hs, blocks, strict=True))
+    def _store(self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False) -> None:
+        if not inserted:
+            self.cached_maps[g].update(zip(hs, blocks, strict=True))
         self.bhash.update(zip(blocks, hs, strict=True))
         self.hashed_blk[blocks] = True
         if self.mirror and g == 0:
