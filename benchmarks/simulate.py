@@ -113,16 +113,17 @@ def claude_code() -> list[Row]:
     ]
 
 
-# (c) the model families on the same 8 H200s: (name, TP); replicas = 8 / TP
+# (c) the model families on the same 8 H200s: (name, TP, --kv-cache-dtype); replicas = 8 / TP.
+# DeepSeek-V4 at fp8: vLLM serves it with fp8 KV only.
 MODELS = [
-    ("Llama-3.1-8B", 1),
-    ("Llama-3.1-70B", 2),
-    ("gpt-oss-120b", 1),
-    ("Gemma-3-27B", 1),
-    ("Qwen3-Next-80B-A3B", 2),
-    ("DeepSeek-V3", 8),
-    ("DeepSeek-V4-Flash", 2),
-    ("DeepSeek-V4-Pro", 8),
+    ("Llama-3.1-8B", 1, "auto"),
+    ("Llama-3.1-70B", 2, "auto"),
+    ("gpt-oss-120b", 1, "auto"),
+    ("Gemma-3-27B", 1, "auto"),
+    ("Qwen3-Next-80B-A3B", 2, "auto"),
+    ("DeepSeek-V3", 8, "auto"),
+    ("DeepSeek-V4-Flash", 2, "fp8"),
+    ("DeepSeek-V4-Pro", 8, "fp8"),
 ]
 
 
@@ -136,10 +137,10 @@ def model_families(names: list[str] | None) -> list[Row]:
     traces = load_paths([src])
     rows, base = [], None
     print(f"(c) {src}: model families on 8x H200, 64 lanes, kv_aware   load average: {loadavg()}")
-    for name, tp in MODELS:
+    for name, tp, kv in MODELS:
         if names and name not in names:
             continue
-        eng = EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp)
+        eng = EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp, kv_cache_dtype=kv)
         cfg = SimConfig(engine=eng, workers=WORKERS // tp, lanes=64, router="kv_aware")
         w0, c0 = time.perf_counter(), time.process_time()
         res = simulate(traces, cfg)
@@ -148,7 +149,7 @@ def model_families(names: list[str] | None) -> list[Row]:
         s = res.summary
         vs = f", {cpu / base:.2f}x Llama-3.1-8B's CPU" if base else ""
         print(
-            f"    {name} (tp {tp} x {WORKERS // tp}): hit {s.cache.reported:.1%}, TTFT p50/p99 "
+            f"    {name} (tp {tp} x {WORKERS // tp}, KV {kv}): hit {s.cache.reported:.1%}, TTFT p50/p99 "
             f"{ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, {s.preemptions:,} preemptions, "
             f"{s.config['num_gpu_blocks']:,} KV pages per replica; {wall:.1f} s wall, {cpu:.1f} s CPU{vs}"
         )
