@@ -15,6 +15,7 @@ from agentkv.kv.group_lru import ByteLRU
 from agentkv.kv.interface import KVRequest
 
 NULL = -1
+EMPTY = np.zeros(0, dtype=np.int64)
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -34,12 +35,13 @@ class GroupBlocks:
         self.bhash: dict[int, int] = {}  # block -> its hash, for cached blocks
         self.bh64 = np.zeros(n, dtype=np.uint64)  # the same as uint64, for bulk hint checks
         self.mirror = True  # off once a hash does not fit in uint64
-        self._free_ids: list[int] = list(range(n - 1, -1, -1))
+        self._ids = np.arange(n - 1, -1, -1, dtype=np.int64)  # free block ids, a stack (top at the end)
+        self._n_ids = n
         self.bcost = np.zeros(n, dtype=np.int64)
         self.lru = ByteLRU(self.ref, self.bcost)  # freed cached blocks of every group, oldest first
         self.empty_bytes = self.capacity
         self.evictable_bytes = 0
-        self.tables: dict[str, list[list[int]]] = {}
+        self.tables: dict[str, list[np.ndarray]] = {}  # per group, int64 block ids (NULL: none)
         self.hashed: dict[str, list[int]] = {}  # per group: leading blocks whose caching was decided
         self.skip: dict[str, list[int]] = {}  # per group: blocks before this index are null
         self._epoch = getattr(self, "_epoch", 0)
@@ -72,25 +74,24 @@ class GroupBlocks:
         n_tok = _cdiv(total, self.block_size)
         return [1 if s.rule == "state" else max(0, n_tok - hit) for s in self.specs]
 
-    def shared_blocks(
-        self, hashes: Sequence[int], hit: int, full: list[int] | None = None
-    ) -> list[list[int]]:
+    def shared_blocks(self, hashes: Sequence[int], hit: int, full=None) -> list[np.ndarray]:
         """Each token group's cached blocks a hit of `hit` blocks shares (states are copied, not held);
         `full`: group 0's, found by the lookup."""
         bs, out = self.block_size, []
         for g, s in enumerate(self.specs):
             if g == 0 and full is not None:
-                out.append(full)
+                out.append(np.asarray(full, dtype=np.int64))
                 continue
             if s.rule == "state":
-                out.append([])
+                out.append(EMPTY)
                 continue
+            idx = R.hit_blocks(s.rule, hit, s.window, bs)
             get = self.cached_maps[g].__getitem__
-            out.append([get(hashes[i]) for i in R.hit_blocks(s.rule, hit, s.window, bs)])
+            out.append(np.fromiter(map(get, hashes[idx.start : idx.stop]), np.int64, len(idx)))
         return out
 
     # -- changes ---------------------------------------------------------------------------------
-    def start(self, req: KVRequest, hit: int, shared: list[list[int]], new: list[int], total: int) -> None:
+    def start(self, req: KVRequest, hit: int, shared: list[np.ndarray], new: list[int], total: int) -> None:
         """Admit a request whose allocation was checked: share, take, cache."""
         rid, bs, hashes = req.request_id, self.block_size, req.block_hashes
         for g, s in enumerate(self.specs):
@@ -99,7 +100,7 @@ class GroupBlocks:
                 if b is not None and self.ref[b] == 0:  # a hit state is read (copied): recently used
                     self.lru.removed(1)
                     self.lru.add(np.array([b], dtype=np.int64))
-            if shared[g]:
+            if len(shared[g]):
                 self._pin(g, shared[g])
         tables, skips = [], []
         for g, s in enumerate(self.specs):
@@ -108,7 +109,8 @@ class GroupBlocks:
                 skips.append(0)
             else:
                 lo = R.hit_blocks(s.rule, hit, s.window, bs).start
-                tables.append([NULL] * lo + shared[g] + self._take(g, new[g]))
+                head = np.full(lo, NULL, dtype=np.int64)
+                tables.append(np.concatenate((head, shared[g], self._take(g, new[g]))))
                 skips.append(lo)
         self.tables[rid], self.skip[rid] = tables, skips
         self.hashed[rid] = [hit] * len(self.specs)
@@ -119,7 +121,7 @@ class GroupBlocks:
         tables = self.tables[req.request_id]
         for g, s in enumerate(self.specs):
             if new[g] and s.rule != "state":
-                tables[g].extend(self._take(g, new[g]))
+                tables[g] = np.concatenate((tables[g], self._take(g, new[g])))
         self._cache(req, total, fresh_state=False, new=new)
 
     def remove_skipped(self, rid: str, num_computed: int) -> None:
@@ -132,9 +134,10 @@ class GroupBlocks:
             hi = min(R.skipped_tokens(s.rule, s.window, num_computed) // bs, len(t))
             if hi <= lo:
                 continue
-            arr = np.array(t[lo:hi][::-1], dtype=np.int64)
-            t[lo:hi] = [NULL] * (hi - lo)
-            self._unpin(g, arr[arr >= 0])
+            arr = t[lo:hi][::-1]
+            live = arr[arr >= 0]  # a copy
+            t[lo:hi] = NULL
+            self._unpin(g, live)
             skips[g] = hi
 
     def release(self, rid: str) -> None:
@@ -144,8 +147,8 @@ class GroupBlocks:
             return
         del self.hashed[rid], self.skip[rid]
         for g, t in enumerate(tables):
-            if t:
-                arr = np.array(t[::-1], dtype=np.int64)
+            if len(t):
+                arr = t[::-1]
                 self._unpin(g, arr[arr >= 0])
 
     # -- internals -------------------------------------------------------------------------------
@@ -165,10 +168,10 @@ class GroupBlocks:
             if h in self.cached_maps[g]:
                 continue  # that state is saved already
             if not fresh_state and new and new[g]:  # the saved state takes a new block
-                old = tables[g][0]
-                tables[g][0] = self._take(g, 1)[0]
+                old = int(tables[g][0])
+                tables[g] = self._take(g, 1)
                 self._unref(old)
-            self._store(g, [h], [tables[g][0]], req.block_hashes, k - 1, k, req.token_ids)
+            self._store(g, [h], [int(tables[g][0])], req.block_hashes, k - 1, k, req.token_ids)
 
     def _cache_tokens(self, req: KVRequest, g: int, total: int) -> None:
         rid, t = req.request_id, self.tables[req.request_id][g]
@@ -178,9 +181,10 @@ class GroupBlocks:
         if full <= lo:
             return
         d = self.cached_maps[g]
-        hs, bl = list(hashes[lo:full]), t[lo:full]
+        hs, seg = list(hashes[lo:full]), t[lo:full]
+        bl = seg.tolist()
         whole = True
-        if NULL in bl:
+        if (seg < 0).any():
             keep = [i for i, b in enumerate(bl) if b != NULL]
             hs, bl, whole = [hs[i] for i in keep], [bl[i] for i in keep], False
         got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
@@ -219,9 +223,8 @@ class GroupBlocks:
                 )
             )
 
-    def _pin(self, g: int, blocks: list[int]) -> None:
+    def _pin(self, g: int, arr: np.ndarray) -> None:
         """Share cached blocks of group `g`: those unreferenced leave the LRU."""
-        arr = np.array(blocks, dtype=np.int64)
         free = arr[self.ref[arr] == 0]
         if len(free):
             self.lru.removed(len(free))
@@ -244,7 +247,7 @@ class GroupBlocks:
             self.evictable_bytes += len(cached) * cost
         if len(empty):
             self.empty_bytes += len(empty) * cost
-            self._free_ids.extend(empty.tolist())
+            self._push_ids(empty)
 
     def _unref(self, b: int) -> None:
         self.ref[b] -= 1
@@ -254,26 +257,30 @@ class GroupBlocks:
                 self.evictable_bytes += self.block_cost(b)
             else:
                 self.empty_bytes += self.block_cost(b)
-                self._free_ids.append(b)
+                self._push_ids(np.array([b], dtype=np.int64))
 
-    def _take(self, g: int, n: int) -> list[int]:
+    def _push_ids(self, ids: np.ndarray) -> None:
+        m, k = self._n_ids, len(ids)
+        self._ids[m : m + k] = ids
+        self._n_ids = m + k
+
+    def _take(self, g: int, n: int) -> np.ndarray:
         """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
         if n <= 0:
-            return []
+            return EMPTY
         need = n * self.specs[g].block_bytes
         if self.empty_bytes < need:
             self._evict(need)
         self.empty_bytes -= need
-        ids = self._free_ids
-        out = ids[-n:][::-1]
-        del ids[-n:]
-        arr = np.array(out, dtype=np.int64)
+        m = self._n_ids
+        arr = self._ids[m - n : m][::-1].copy()
+        self._n_ids = m - n
         self.ref[arr] = 1
         self.bgroup[arr] = g
         self.bcost[arr] = self.specs[g].block_bytes
         self.hashed_blk[arr] = False  # (a recycled id's hash left `bhash` when it was evicted)
         self.stats.allocated += n
-        return out
+        return arr
 
     def _evict(self, need: int) -> None:
         removed: dict[int, list[int]] = defaultdict(list)
@@ -288,7 +295,7 @@ class GroupBlocks:
             hs = list(map(bh.pop, vg))
             deque(map(self.cached_maps[g].__delitem__, hs), 0)
             removed[g] = hs
-        self._free_ids.extend(victims.tolist())
+        self._push_ids(victims)
         self._epoch += 1
         self.stats.evicted += sum(map(len, removed.values()))
         if self._emit is not None:
@@ -300,7 +307,7 @@ class GroupBlocks:
         held = np.zeros_like(self.ref)
         for tables in self.tables.values():
             for t in tables:
-                for b in t:
+                for b in t.tolist():
                     if b != NULL:
                         held[b] += 1
         assert (held == self.ref).all(), "reference counts differ from the block tables"
@@ -317,6 +324,7 @@ class GroupBlocks:
                 assert self.bhash.get(b) == h and self.hashed_blk[b] and self.bgroup[b] == g, (
                     f"group {g}: hash {h} maps to block {b}"
                 )
-        assert len(set(self._free_ids)) == len(self._free_ids), "a block id is free twice"
+        free = self._ids[: self._n_ids].tolist()
+        assert len(set(free)) == len(free), "a block id is free twice"
         live = set(np.flatnonzero(self.ref > 0).tolist()) | set(lru_blocks)
-        assert not live & set(self._free_ids), "a held or cached block id is also free"
+        assert not live & set(free), "a held or cached block id is also free"

@@ -142,7 +142,7 @@ class HybridPool(GroupBlocks):
             self.record_prefix_cache_stats(queries, hit * self.block_size)
         return computed
 
-    def _full_prefix(self, block_hashes, limit: int, hint, hash_array) -> list[int]:
+    def _full_prefix(self, block_hashes, limit: int, hint, hash_array):
         """Group 0's cached blocks of the leading hashes; `hint` (the session's last table) checked in
         bulk first, as `BlockPool` does; the answer is the same."""
         get = self.cached_maps[0].get
@@ -152,7 +152,8 @@ class HybridPool(GroupBlocks):
         hb = hint[:m]
         ok = (hb >= 0) & self.hashed_blk[hb] & (self.bgroup[hb] == 0) & (self.bh64[hb] == hash_array[:m])
         k = m if ok.all() else int(ok.argmin())
-        return hb[:k].tolist() + gallop(get, block_hashes, limit, k)
+        rest = gallop(get, block_hashes, limit, k)
+        return hb[:k] if not rest else np.concatenate((hb[:k], np.asarray(rest, dtype=np.int64)))
 
     def touch(self, block_hashes: Sequence[int], found) -> None:
         self.stats.lookups += 1
@@ -220,13 +221,13 @@ class HybridPool(GroupBlocks):
                 "group (pass allocate_slots what get_computed_blocks found)"
             )
         current = computed is not None and self.is_current(computed) and len(computed.blocks) >= hit
-        full = list(computed.blocks[:hit]) if current and self.specs[0].rule == "full" else None
+        full = computed.blocks[:hit] if current and self.specs[0].rule == "full" else None
         shared = self.shared_blocks(req.block_hashes, hit, full)
         total = num_computed_tokens + num_new_tokens
         new = self.first_blocks(hit, total)
         need = sum(n * s.block_bytes for n, s in zip(new, self.specs, strict=True))
         for s, blocks in zip(self.specs, shared, strict=True):
-            if blocks:
+            if len(blocks):
                 need += s.block_bytes * int((self.ref[blocks] == 0).sum())
         if need > self.available_bytes:
             self.stats.alloc_failures += 1
@@ -265,7 +266,9 @@ class HybridPool(GroupBlocks):
     def block_table(self, request_id: str) -> np.ndarray | None:
         """A running request's first-group blocks (-1 where null), the next turn's lookup hint."""
         t = self.tables.get(request_id)
-        return None if t is None else np.array(t[0], dtype=np.int64)
+        if t is None:
+            return None
+        return t[0] if self.specs[0].rule == "full" else t[0].copy()  # full tables never change in place
 
     def reset(self) -> bool:
         """Drop the whole prefix cache (emits AllBlocksCleared); False if requests still hold blocks."""
