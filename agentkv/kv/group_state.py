@@ -44,6 +44,8 @@ class GroupBlocks:
         self.tables: dict[str, list[np.ndarray]] = {}  # per group, int64 block ids (NULL: none)
         self.hashed: dict[str, list[int]] = {}  # per group: leading blocks whose caching was decided
         self.skip: dict[str, list[int]] = {}  # per group: blocks before this index are null
+        # per request: (computed from, computed below, total up to) where an allocation changes nothing
+        self.quiet: dict[str, tuple[int, int, int]] = {}
         self._epoch = getattr(self, "_epoch", 0)
 
     def block_cost(self, b: int) -> int:
@@ -89,6 +91,25 @@ class GroupBlocks:
             get = self.cached_maps[g].__getitem__
             out.append(np.fromiter(map(get, hashes[idx.start : idx.stop]), np.int64, len(idx)))
         return out
+
+    def quiet_range(self, req: KVRequest, computed: int, total: int) -> tuple[int, int, int]:
+        """After an allocation at (computed, total): the computed counts below which no window or chunk
+        frees a block, and the totals up to which no group takes or caches one."""
+        bs, rid, n_hashes = self.block_size, req.request_id, len(req.block_hashes)
+        c_hi = t_hi = 1 << 62
+        for g, s in enumerate(self.specs):
+            if s.rule == "sliding":
+                lead = computed - s.window + 1
+                c_hi = min(c_hi, (max(lead, 0) // bs + 1) * bs + s.window - 1)
+            elif s.rule == "chunked":
+                c_hi = min(c_hi, (computed // s.window + 1) * s.window)
+            elif s.rule == "state" and total < n_hashes * bs + bs:
+                return computed, computed, total  # a state may be saved at the next boundary
+            if s.rule != "state":
+                t_hi = min(t_hi, len(self.tables[rid][g]) * bs)
+                if self.hashed[rid][g] < n_hashes:
+                    t_hi = min(t_hi, (self.hashed[rid][g] + 1) * bs - 1)
+        return computed, c_hi, t_hi
 
     # -- changes ---------------------------------------------------------------------------------
     def start(self, req: KVRequest, hit: int, shared: list[np.ndarray], new: list[int], total: int) -> None:
@@ -146,6 +167,7 @@ class GroupBlocks:
         if tables is None:
             return
         del self.hashed[rid], self.skip[rid]
+        self.quiet.pop(rid, None)
         for g, t in enumerate(tables):
             if len(t):
                 arr = t[::-1]

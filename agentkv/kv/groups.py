@@ -189,17 +189,24 @@ class HybridPool(GroupBlocks):
     ) -> bool:
         """Room for `num_new_tokens` more tokens of `req` in every group; False (nothing taken) if full.
         Blocks a window or chunk has moved past are freed first, as vLLM does before its check."""
-        if req.request_id not in self.tables:
-            return self._admit(req, num_new_tokens, num_computed_tokens, computed)
         rid = req.request_id
-        self.remove_skipped(rid, num_computed_tokens)
         total = num_computed_tokens + num_new_tokens
-        new = self.new_blocks(req, total)
-        if sum(n * s.block_bytes for n, s in zip(new, self.specs, strict=True)) > self.available_bytes:
-            self.stats.alloc_failures += 1
-            return False
-        self.grow(req, new, total)
-        return True
+        quiet = self.quiet.get(rid)
+        if quiet is not None and quiet[0] <= num_computed_tokens < quiet[1] and total <= quiet[2]:
+            return True  # no block to free, take or cache (most decode steps)
+        if rid not in self.tables:
+            ok = self._admit(req, num_new_tokens, num_computed_tokens, computed)
+        else:
+            self.remove_skipped(rid, num_computed_tokens)
+            new = self.new_blocks(req, total)
+            ok = sum(n * s.block_bytes for n, s in zip(new, self.specs, strict=True)) <= self.available_bytes
+            if ok:
+                self.grow(req, new, total)
+            else:
+                self.stats.alloc_failures += 1
+        if ok:
+            self.quiet[rid] = self.quiet_range(req, num_computed_tokens, total)
+        return ok
 
     def _admit(
         self, req: KVRequest, num_new_tokens: int, num_computed_tokens: int, computed: ComputedBlocks | None
