@@ -231,3 +231,38 @@ def test_hybrid_engine_refuses_what_it_does_not_model():
         engine("gpt-oss-120b", eviction_policy="lfu")
     with pytest.raises(UserError, match="offloading"):
         engine("gpt-oss-120b", kv_offloading_size=8.0)
+
+
+def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants():
+    """Every kind at once, under memory pressure: chunked prefills from each lookup's hit, decodes,
+    refusals and frees in random order; bytes, maps, tables and the LRU stay consistent."""
+    rng = random.Random(11)
+    pool = hybrid([("full", 10), ("sliding", 7, 9), ("chunked", 5, 16), ("state", 40)], capacity=1200)
+    running: dict[str, tuple[PoolRequest, int, int]] = {}  # id -> (request, computed, prompt tokens)
+    for i in range(600):
+        if running and rng.random() < 0.5:
+            rid = rng.choice(sorted(running))
+            r, done, n = running[rid]
+            step = (
+                min(rng.choice((1, 1, 4, 9)), n + 8 - done)
+                if done >= n
+                else min(rng.randrange(1, 12), n - done)
+            )
+            if step > 0 and pool.allocate_slots(r, step, done):
+                running[rid] = (r, done + step, n)
+            if rng.random() < 0.2 or done >= n + 8:
+                pool.free(rid)
+                del running[rid]
+        else:
+            sess, n_blocks = rng.randrange(4), rng.randrange(1, 14)
+            r = PoolRequest(f"r{i}", [sess * 100 + j for j in range(n_blocks)])
+            n = n_blocks * BS + rng.randrange(0, BS)
+            c = pool.get_computed_blocks(r.block_hashes, n)
+            first = min(n - c.hit * BS, rng.randrange(1, 20))
+            if first > 0 and pool.allocate_slots(r, first, c.hit * BS, c):
+                running[r.request_id] = (r, c.hit * BS + first, n)
+        pool.check_invariants()
+    for rid in list(running):
+        pool.free(rid)
+    pool.check_invariants()
+    assert pool.available_bytes == pool.capacity and pool.stats.evicted > 0
