@@ -195,6 +195,8 @@ def test_layout_bytes_per_group_match_hand_calculation():
     nxt = kv_layout(get_model("qwen3-next"), 16, "bf16", 2)
     assert nxt[1].rule == "state" and nxt[1].block_bytes == 36 * 1_097_728 // 2
     assert not is_hybrid(get_model("llama3-8b")) and not is_hybrid(get_model("DeepSeek-V3"))
+    assert not is_hybrid(get_model("DeepSeek-V3.2-Exp"))  # latent + indexer keys: one table
+    assert is_hybrid(get_model("DeepSeek-V4-Flash")) and is_hybrid(get_model("Llama-4-Scout"))
 
 
 def engine(model: str, **kw) -> Engine:

@@ -5,8 +5,8 @@ groups of `group_size` layers (the fewest layers any spec has, or the most when 
 
 Groups that share a prefix-cache rule (full attention and MLA at any compression ratio; one window;
 one chunk; states) share a block table, so they become one `GroupSpec` whose block costs the sum of
-their (padded) bytes. A dense model (one full-attention or MLA group, nothing compressed) has no
-layout: the engine keeps its single-table `BlockPool`.
+their (padded) bytes. A model whose groups all keep every block (full attention, MLA) has no layout:
+the engine keeps its single-table `BlockPool`.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ _EVENT_KIND = {  # vLLM's kv_cache_spec_kind names
 
 
 def is_hybrid(shape: ModelShape) -> bool:
-    """True when the model needs per-group block tables: anything but one uncompressed full/MLA group."""
-    g = shape.groups
-    return not (len(g) == 1 and g[0].kind in (GroupKind.FULL, GroupKind.MLA) and g[0].compress == 1)
+    """True when the model needs per-group block tables: some group is not full attention or MLA.
+    Groups that all keep every block (DeepSeek-V3.2's latent and indexer keys) share one table."""
+    return any(g.kind not in (GroupKind.FULL, GroupKind.MLA) for g in shape.groups)
 
 
 def group_size(groups: tuple[LayerGroup, ...]) -> int:
