@@ -118,6 +118,7 @@ def claude_code() -> list[Row]:
 MODELS = [
     ("Llama-3.1-8B", 1, "auto"),
     ("Llama-3.1-70B", 2, "auto"),
+    ("Llama-3.1-70B", 4, "auto"),
     ("gpt-oss-120b", 1, "auto"),
     ("Gemma-3-27B", 1, "auto"),
     ("Qwen3-Next-80B-A3B", 2, "auto"),
