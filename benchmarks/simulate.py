@@ -13,8 +13,11 @@ decode by active KV tokens and context), so both replay the same cluster. Prints
 
 (c) The same 119 traces on a 72-GPU GB300 NVL72 rack, disaggregated: Llama-3.1-70B, 8 prefill
 workers and 10 decode workers at TP 4, 256 lanes: wall and CPU seconds (target: under 2 minutes).
+(d) The same Claude Code traces on 8 H200s for each model family (`MODELS`: dense, MoE, MLA,
+sliding-window, linear-attention and DeepSeek-V4 shapes; replicas = 8 / TP): hit rate, TTFT and
+CPU time beside the Llama-3.1-8B run (issue #15's target: a DeepSeek-V4 shape within 1.5x).
 
-Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake|disagg] [--no-dynamo]
+Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake|disagg|models] [--models A,B] [--no-dynamo]
 """
 
 from __future__ import annotations
@@ -135,6 +138,69 @@ def claude_code_disagg() -> list[Row]:
         f"({s.interactivity.agents_per_mw or 0:,.0f} agents/MW)   load average after: {loadavg()}"
     )
     return [Row("agentkv, disagg 72 GPUs (c)", n, lw + sw, lc + sc, res.sim_s, s.cache.reported)]
+
+
+# (d) the model families on the same 8 H200s: (name, TP, --kv-cache-dtype); replicas = 8 / TP.
+# DeepSeek-V4 at fp8: vLLM serves it with fp8 KV only.
+MODELS = [
+    ("Llama-3.1-8B", 1, "auto"),
+    ("Llama-3.1-70B", 2, "auto"),
+    ("Llama-3.1-70B", 4, "auto"),
+    ("gpt-oss-120b", 1, "auto"),
+    ("Gemma-3-27B", 1, "auto"),
+    ("Qwen3-Next-80B-A3B", 2, "auto"),
+    ("DeepSeek-V3", 8, "auto"),
+    ("DeepSeek-V4-Flash", 2, "fp8"),
+    ("DeepSeek-V4-Pro", 8, "fp8"),
+]
+
+
+def pool_tokens(engine: Engine, ctx: int = 131072) -> int:
+    """Tokens of `ctx`-token sequences one replica's KV pool holds: whole sequences, each charged by
+    its groups' rules (full attention every block, a window its blocks, a state once)."""
+    pool, bs = engine.pool, engine.config.block_size
+    if not engine.hybrid:
+        return pool.num_blocks * bs
+    per_seq = 0
+    for s in pool.specs:
+        if s.rule == "state":
+            per_seq += s.block_bytes
+        elif s.rule == "full":
+            per_seq += s.block_bytes * -(-ctx // bs)
+        else:
+            per_seq += s.block_bytes * (-(-min(ctx, s.window) // bs) + 1)
+    return int(pool.capacity / per_seq * ctx)
+
+
+def model_families(names: list[str] | None) -> list[Row]:
+    """The Claude Code traces on 8 H200s per model family (replicas = 8 / TP, kv_aware, 64 lanes):
+    hit rate, TTFT, and the simulator's CPU time beside Llama-3.1-8B's."""
+    src = SHARED / "traces" / "claude-code"
+    if not src.is_dir():
+        print(f"(d) skipped: {src} not found (set AGENTKV_SHARED)")
+        return []
+    traces = load_paths([src])
+    rows, base = [], None
+    print(f"(d) {src}: model families on 8x H200, 64 lanes, kv_aware   load average: {loadavg()}")
+    for name, tp, kv in MODELS:
+        if names and name not in names:
+            continue
+        eng = EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp, kv_cache_dtype=kv)
+        cfg = SimConfig(engine=eng, workers=WORKERS // tp, lanes=64, router="kv_aware")
+        w0, c0 = time.perf_counter(), time.process_time()
+        res = simulate(traces, cfg)
+        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+        base = cpu if name == "Llama-3.1-8B" else base
+        tokens = pool_tokens(Engine(eng))
+        s = res.summary
+        vs = f", {cpu / base:.2f}x Llama-3.1-8B's CPU" if base else ""
+        print(
+            f"    {name} (tp {tp} x {WORKERS // tp}, KV {kv}): hit {s.cache.reported:.1%}, TTFT p50/p99 "
+            f"{ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, {s.preemptions:,} preemptions, "
+            f"{tokens / 1e3:,.0f}K tokens of 128K sequences per replica; {wall:.1f} s wall, {cpu:.1f} s CPU{vs}"
+        )
+        rows.append(Row(f"{name}, claude-code (d)", len(res.records), wall, cpu, res.sim_s, s.cache.reported))
+    return rows
 
 
 def perf_table(engine: Engine, path: Path) -> None:
@@ -315,7 +381,8 @@ def mooncake(with_dynamo: bool) -> list[Row]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["claude", "mooncake", "disagg"], default=None)
+    ap.add_argument("--only", choices=["claude", "mooncake", "disagg", "models"], default=None)
+    ap.add_argument("--models", default=None, help="comma-separated names from MODELS for (d) (default all)")
     ap.add_argument("--no-dynamo", action="store_true", help="skip Dynamo's replay")
     args = ap.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {loadavg()}; Python {sys.version.split()[0]}")
@@ -326,6 +393,8 @@ def main() -> None:
         rows += claude_code_disagg()
     if args.only in (None, "mooncake"):
         rows += mooncake(not args.no_dynamo)
+    if args.only in (None, "models"):
+        rows += model_families(args.models.split(",") if args.models else None)
     print(
         f"\n{'run':28} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
         f"{'req/CPU s':>9} {'hit':>6}  notes"

@@ -15,17 +15,14 @@ from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostModel, load_coefficients
 from agentkv.engine.hardware import get_model
 from agentkv.engine.outputs import DecodeBurst, EngineStats, RequestOutput, StepResult
+from agentkv.engine.pools import make_pool
 from agentkv.engine.request import EngineRequest, Status
 from agentkv.engine.scheduler import Scheduler
-from agentkv.errors import UserError
 from agentkv.kv.events import KVEvent
+from agentkv.kv.groups import HybridPool
 from agentkv.kv.hashing import make_hasher
-from agentkv.kv.pool import BlockPool
-from agentkv.kv.tiers import TierSpec, TierStack
 
 __all__ = ["DecodeBurst", "Engine", "EngineStats", "RequestOutput", "StepResult"]
-
-GIB = 1 << 30
 
 
 class Engine:
@@ -51,39 +48,11 @@ class Engine:
         coeffs = load_coefficients(cfg.cost_profile) if cfg.cost_profile else None
         self.cost = CostModel(cfg.gpu, shape, coeffs=coeffs, **cfg.cost_kwargs())
         self.max_model_len = cfg.max_model_len or shape.max_position
-        block_bytes = int(self.cost.kv_bytes_per_token * cfg.block_size)
-        if cfg.num_gpu_blocks_override is not None:
-            num_blocks = cfg.num_gpu_blocks_override
-        else:
-            capacity = self.cost.kv_capacity_bytes(
-                cfg.gpu_memory_utilization, cfg.max_num_batched_tokens, cfg.max_num_seqs
-            )
-            if capacity <= 0:
-                raise UserError(
-                    f"{shape.name} does not fit on {self.cost.gpu.name} x{cfg.tensor_parallel_size} "
-                    f"at --gpu-memory-utilization {cfg.gpu_memory_utilization}: no memory left for KV"
-                )
-            num_blocks = int(capacity // block_bytes)
-        usable = num_blocks - 1  # vLLM's BlockPool keeps one null block out of the free queue for good
-        if usable * cfg.block_size < min(self.max_model_len, cfg.max_num_batched_tokens):
-            raise UserError(
-                f"the KV cache holds {max(0, usable) * cfg.block_size} tokens ({num_blocks} blocks "
-                f"less vLLM's null block), fewer than one batch or --max-model-len "
-                f"({self.max_model_len}); lower --max-model-len or give more memory"
-            )
-        self.num_gpu_blocks = num_blocks  # as vLLM reports it (cache_config_info), null block included
-        self.block_bytes = block_bytes
-        lower = None
-        specs = []
-        if cfg.kv_offloading_size > 0:
-            specs.append(TierSpec("CPU", capacity_bytes=int(cfg.kv_offloading_size * GIB)))
-        if cfg.kv_disk_size > 0:
-            specs.append(TierSpec("DISK", capacity_bytes=int(cfg.kv_disk_size * GIB)))
-        if specs:
-            lower = TierStack(
-                specs, block_bytes, block_size=cfg.block_size, num_layers=shape.layers, on_event=on_event
-            )
-        self.pool = BlockPool(usable, cfg.block_size, cfg.eviction_policy, on_event=on_event, lower=lower)
+        setup = make_pool(cfg, shape, self.cost, self.max_model_len, on_event)
+        self.num_gpu_blocks = setup.num_gpu_blocks  # as vLLM reports it, null block included
+        self.block_bytes = setup.block_bytes
+        self.pool = setup.pool
+        self.hybrid = isinstance(self.pool, HybridPool)
         self.scheduler = Scheduler(cfg, self.pool)
         self.hasher = make_hasher(cfg.hash_algo, cfg.seed if cfg.hash_algo == "xxhash" else None)
         self.requests: dict[str, EngineRequest] = {}
@@ -259,7 +228,7 @@ class Engine:
             ctx_sum += r.num_computed
             if r.num_computed > ctx_max:
                 ctx_max = r.num_computed
-        free = self.pool.num_free_blocks
+        free = self.pool.free_token_blocks if self.hybrid else self.pool.num_free_blocks
         bs = self.config.block_size
 
         def need(steps: int) -> int:

@@ -25,6 +25,9 @@ class Scheduler:
         self.running: list[EngineRequest] = []
         self.num_preemptions = 0
         self.lower_tier_tokens: dict[str, int] = {}
+        # a linear-attention/SSM state is saved only where a chunk ends: cut prefill chunks at block
+        # boundaries (vLLM's mamba 'align' mode, `_mamba_block_aligned_split`)
+        self._align = bool(getattr(pool, "has_state", False)) and config.enable_prefix_caching
 
     def add(self, req: EngineRequest) -> None:
         self.waiting.append(req)
@@ -44,6 +47,9 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             n = min(req.num_tokens - req.num_computed, budget)
+            if self._align and not (n := self._aligned(req, n, req.num_computed)):
+                i += 1
+                continue
             while not pool.allocate_slots(req, n, req.num_computed):
                 victim = running.pop()
                 self._preempt(victim)
@@ -65,6 +71,8 @@ class Scheduler:
                 self._lookup(req)  # again on every try: blocks found last step may be gone
                 ext = max(0, req.external_tokens - req.num_computed - req.num_lower_tokens)
                 n = min(req.num_tokens - req.num_computed - req.num_lower_tokens - ext, budget)
+                if self._align and not (n := self._aligned(req, n, req.num_computed + ext)):
+                    break
                 if not pool.allocate_slots(req, ext + n, req.num_computed, req.computed):
                     break
                 self.waiting.popleft()
@@ -84,6 +92,16 @@ class Scheduler:
                 batch.append((req, n))
                 budget -= n
         return batch, preempted
+
+    def _aligned(self, req: EngineRequest, n: int, computed: int) -> int:
+        """A prefill chunk cut to end on a block boundary, and on the prompt's last one (0: none fits)."""
+        if computed >= max(req.prompt_len, req.num_tokens - 1):
+            return n  # decoding
+        bs = self.pool.block_size
+        last = req.num_tokens - req.num_tokens % bs
+        if computed < last:
+            n = min(n, last - computed) // bs * bs
+        return n
 
     def _lookup(self, req: EngineRequest) -> None:
         """Find the request's cached prefix (`req.computed`): GPU blocks first, then a run below."""

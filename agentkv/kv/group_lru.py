@@ -1,0 +1,89 @@
+"""LRU over the hybrid pool's freed cached blocks, whose sizes differ by group: victims are taken
+oldest first until enough bytes are free, exactly as one-at-a-time eviction would, but a numpy
+window at a time (the same lazy stamped queue as `eviction.base.ChunkQueue`)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+
+class ByteLRU:
+    """Least recently freed first. An entry is live while its stamp is the block's latest and the
+    block is unreferenced, so re-using a block (a prefix hit) costs nothing here."""
+
+    def __init__(self, ref: np.ndarray, cost: np.ndarray) -> None:
+        self.ref = ref  # the pool's reference counts (shared array)
+        self.cost = cost  # bytes of each block id (the pool keeps it current)
+        self._stamp = np.zeros(len(ref), dtype=np.int64)
+        self._clock = 1
+        self._q: deque[tuple[np.ndarray, np.ndarray]] = deque()
+        self._queued = 0
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+    def _live(self, blocks: np.ndarray, stamps: np.ndarray) -> np.ndarray:
+        return (self._stamp[blocks] == stamps) & (self.ref[blocks] == 0)
+
+    def add(self, blocks: np.ndarray) -> None:
+        """Blocks just freed, oldest first: they go to the tail."""
+        k = len(blocks)
+        stamps = np.arange(self._clock, self._clock + k, dtype=np.int64)
+        self._clock += k
+        self._stamp[blocks] = stamps
+        self._q.append((blocks, stamps))
+        self._queued += k
+        self.n += k
+        if self._queued > 4 * self.n + 4096:
+            self._compact()
+
+    def removed(self, k: int) -> None:
+        """`k` blocks left the LRU by being referenced again (their entries retire lazily)."""
+        self.n -= k
+
+    def pop_bytes(self, need: int) -> np.ndarray:
+        """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry)."""
+        q, out = self._q, []
+        while need > 0 and q:
+            bl, st = q[0]
+            w = min(len(bl), 256)
+            ok = self._live(bl[:w], st[:w])
+            live = bl[:w][ok]
+            csum = np.cumsum(self.cost[live])
+            k = int(np.searchsorted(csum, need)) + 1  # victims needed from this window
+            if k <= len(live):
+                cut = int(np.flatnonzero(ok)[k - 1]) + 1
+                take = live[:k]
+                need -= int(csum[k - 1])
+            else:
+                cut, take = w, live
+                need -= int(csum[-1]) if len(live) else 0
+            if cut < len(bl):
+                q[0] = (bl[cut:], st[cut:])
+            else:
+                q.popleft()
+            self._queued -= cut
+            out.append(take)
+        victims = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+        self._stamp[victims] = 0
+        self.n -= len(victims)
+        return victims
+
+    def _compact(self) -> None:
+        bl = np.concatenate([c[0] for c in self._q])
+        st = np.concatenate([c[1] for c in self._q])
+        ok = self._live(bl, st)
+        self._q = deque([(bl[ok], st[ok])])
+        self._queued = int(ok.sum())
+
+    def blocks(self) -> list[int]:
+        """The live blocks, oldest first (for invariant checks)."""
+        return [int(b) for bl, st in self._q for b in bl[self._live(bl, st)]]
+
+    def clear(self) -> None:
+        self._stamp[:] = 0
+        self._q.clear()
+        self._queued = self.n = 0

@@ -1,0 +1,91 @@
+"""Each KV group kind's prefix-cache rule, as vLLM v1's single-type managers state it
+(`single_type_kv_cache_manager.py`): how many leading blocks of a prompt one group can serve, and
+which tokens a running request no longer needs.
+
+`cached` is the group's hash -> block map; `limit` the most blocks a hit may cover. Every rule
+returns a block count `<= limit`; the pool takes the minimum over groups until it stops moving,
+as `HybridKVCacheCoordinator.find_longest_cache_hit` does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from agentkv.kv.hashmap import gallop
+
+RULES = ("full", "sliding", "chunked", "state")
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def window_blocks(window: int, block_size: int) -> int:
+    """Contiguous blocks a sliding-window hit needs: those covering the last window - 1 tokens."""
+    return _cdiv(window - 1, block_size)
+
+
+def full_hit(cached: dict, hashes: Sequence[int], limit: int) -> int:
+    """Full attention (and MLA): every block from the first, left to right until a miss."""
+    return len(gallop(cached.get, hashes, limit))
+
+
+def sliding_hit(cached: dict, hashes: Sequence[int], limit: int, window: int, block_size: int) -> int:
+    """Sliding window: right to left, the first run of `window_blocks` cached blocks ends the hit
+    (the blocks before it are skipped); with none, the run of cached blocks from the start."""
+    need = window_blocks(window, block_size)
+    if need == 0:
+        return limit
+    end = limit - 1  # candidate last block of the run; probe its first block, then the rest
+    while end - need + 1 >= 0:
+        if hashes[end - need + 1] not in cached:
+            end -= need  # every run ending in (end - need, end] holds that block
+            continue
+        m = end
+        while m > end - need + 1 and hashes[m] in cached:
+            m -= 1
+        if m == end - need + 1:
+            return end + 1
+        end = m - 1
+    run = 0
+    while run < limit and hashes[run] in cached:  # too short for a window: the leading run counts
+        run += 1
+    return run
+
+
+def chunked_hit(cached: dict, hashes: Sequence[int], limit: int, chunk: int, block_size: int) -> int:
+    """Chunked local attention: blocks before the current chunk count as hits (never read again);
+    from the chunk's first block on, cached blocks left to right."""
+    start = limit * block_size // chunk * chunk // block_size
+    i = start
+    while i < limit and hashes[i] in cached:
+        i += 1
+    return i
+
+
+def state_hit(cached: dict, hashes: Sequence[int], limit: int) -> int:
+    """Linear attention / SSM state ('align' mode): the rightmost block boundary with a saved state."""
+    for i in range(limit - 1, -1, -1):
+        if hashes[i] in cached:
+            return i + 1
+    return 0
+
+
+def skipped_tokens(rule: str, window: int, num_computed: int) -> int:
+    """Tokens a running request's next token no longer reads (vLLM's `get_num_skipped_tokens`):
+    before the window, before the current chunk; none for full attention (states keep no tokens)."""
+    if rule == "sliding":
+        return max(0, num_computed - window + 1)
+    if rule == "chunked":
+        return num_computed // window * window
+    return 0
+
+
+def hit_blocks(rule: str, hit: int, window: int, block_size: int) -> range:
+    """Block indices a group shares from the cache for a hit of `hit` blocks (the others are null)."""
+    if rule == "full":
+        return range(hit)
+    if rule == "state":
+        return range(hit - 1, hit) if hit else range(0)
+    lo = skipped_tokens(rule, window, hit * block_size) // block_size
+    return range(min(lo, hit), hit)

@@ -1,0 +1,352 @@
+"""The hybrid pool's block bookkeeping: ids, reference counts, each group's hash map and each
+request's per-group block table (-1: vLLM's null block, a block skipped or never needed), the LRU
+of freed cached blocks, and the invariants that tie them together."""
+
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from collections.abc import Sequence
+
+import numpy as np
+
+from agentkv.kv import group_rules as R
+from agentkv.kv.events import BlockRemoved, BlockStored
+from agentkv.kv.group_lru import ByteLRU
+from agentkv.kv.interface import KVRequest
+
+NULL = -1
+EMPTY = np.zeros(0, dtype=np.int64)
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+class GroupBlocks:
+    """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `block_size`,
+    `capacity`, `stats` and `_emit` from the pool."""
+
+    def _setup_blocks(self) -> None:
+        self.cached_maps: list[dict[int, int]] = [{} for _ in self.specs]
+        n = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
+        self.ref = np.zeros(n, dtype=np.int32)
+        self.bgroup = np.zeros(n, dtype=np.int16)
+        self.hashed_blk = np.zeros(n, dtype=bool)
+        self.bhash: dict[int, int] = {}  # block -> its hash, for cached blocks
+        self.bh64 = np.zeros(n, dtype=np.uint64)  # the same as uint64, for bulk hint checks
+        self.mirror = True  # off once a hash does not fit in uint64
+        self._ids = np.arange(n - 1, -1, -1, dtype=np.int64)  # free block ids, a stack (top at the end)
+        self._n_ids = n
+        self.bcost = np.zeros(n, dtype=np.int64)
+        self.lru = ByteLRU(self.ref, self.bcost)  # freed cached blocks of every group, oldest first
+        self.empty_bytes = self.capacity
+        self.evictable_bytes = 0
+        self.tables: dict[str, list[np.ndarray]] = {}  # per group, int64 block ids (NULL: none)
+        self.hashed: dict[str, list[int]] = {}  # per group: leading blocks whose caching was decided
+        self.skip: dict[str, list[int]] = {}  # per group: blocks before this index are null
+        # per request: (computed from, computed below, total up to) where an allocation changes nothing
+        self.quiet: dict[str, tuple[int, int, int]] = {}
+        self._epoch = getattr(self, "_epoch", 0)
+
+    def block_cost(self, b: int) -> int:
+        return self.specs[int(self.bgroup[b])].block_bytes
+
+    # -- sizes of an allocation ----------------------------------------------------------------
+    def _boundary(self, req: KVRequest, total: int) -> int:
+        """The prompt block boundary a step ending at `total` tokens saves a state at (0: none)."""
+        bs = self.block_size
+        k = total // bs
+        return k if total % bs == 0 and 0 < k <= len(req.block_hashes) else 0
+
+    def new_blocks(self, req: KVRequest, total: int) -> list[int]:
+        """Blocks each group must take for a running request to hold `total` tokens."""
+        rid, n_tok = req.request_id, _cdiv(total, self.block_size)
+        out = []
+        for g, s in enumerate(self.specs):
+            if s.rule == "state":
+                k = self._boundary(req, total)
+                fresh = k > self.hashed[rid][g] and req.block_hashes[k - 1] not in self.cached_maps[g]
+                out.append(1 if fresh else 0)
+            else:
+                out.append(max(0, n_tok - len(self.tables[rid][g])))
+        return out
+
+    def first_blocks(self, hit: int, total: int) -> list[int]:
+        """Blocks each group takes at admission after a hit of `hit` blocks (a state: one running)."""
+        n_tok = _cdiv(total, self.block_size)
+        return [1 if s.rule == "state" else max(0, n_tok - hit) for s in self.specs]
+
+    def shared_blocks(self, hashes: Sequence[int], hit: int, full=None) -> list[np.ndarray]:
+        """Each token group's cached blocks a hit of `hit` blocks shares (states are copied, not held);
+        `full`: group 0's, found by the lookup."""
+        bs, out = self.block_size, []
+        for g, s in enumerate(self.specs):
+            if g == 0 and full is not None:
+                out.append(np.asarray(full, dtype=np.int64))
+                continue
+            if s.rule == "state":
+                out.append(EMPTY)
+                continue
+            idx = R.hit_blocks(s.rule, hit, s.window, bs)
+            get = self.cached_maps[g].__getitem__
+            out.append(np.fromiter(map(get, hashes[idx.start : idx.stop]), np.int64, len(idx)))
+        return out
+
+    def quiet_range(self, req: KVRequest, computed: int, total: int) -> tuple[int, int, int]:
+        """After an allocation at (computed, total): the computed counts below which no window or chunk
+        frees a block, and the totals up to which no group takes or caches one."""
+        bs, rid, n_hashes = self.block_size, req.request_id, len(req.block_hashes)
+        c_hi = t_hi = 1 << 62
+        for g, s in enumerate(self.specs):
+            if s.rule == "sliding":
+                lead = computed - s.window + 1
+                c_hi = min(c_hi, (max(lead, 0) // bs + 1) * bs + s.window - 1)
+            elif s.rule == "chunked":
+                c_hi = min(c_hi, (computed // s.window + 1) * s.window)
+            elif s.rule == "state" and total < n_hashes * bs + bs:
+                return computed, computed, total  # a state may be saved at the next boundary
+            if s.rule != "state":
+                t_hi = min(t_hi, len(self.tables[rid][g]) * bs)
+                if self.hashed[rid][g] < n_hashes:
+                    t_hi = min(t_hi, (self.hashed[rid][g] + 1) * bs - 1)
+        return computed, c_hi, t_hi
+
+    # -- changes ---------------------------------------------------------------------------------
+    def start(self, req: KVRequest, hit: int, shared: list[np.ndarray], new: list[int], total: int) -> None:
+        """Admit a request whose allocation was checked: share, take, cache."""
+        rid, bs, hashes = req.request_id, self.block_size, req.block_hashes
+        for g, s in enumerate(self.specs):
+            if s.rule == "state" and hit:
+                b = self.cached_maps[g].get(hashes[hit - 1])
+                if b is not None and self.ref[b] == 0:  # a hit state is read (copied): recently used
+                    self.lru.removed(1)
+                    self.lru.add(np.array([b], dtype=np.int64))
+            if len(shared[g]):
+                self._pin(g, shared[g])
+        tables, skips = [], []
+        for g, s in enumerate(self.specs):
+            if s.rule == "state":
+                tables.append(self._take(g, 1))
+                skips.append(0)
+            else:
+                lo = R.hit_blocks(s.rule, hit, s.window, bs).start
+                head = np.full(lo, NULL, dtype=np.int64)
+                tables.append(np.concatenate((head, shared[g], self._take(g, new[g]))))
+                skips.append(lo)
+        self.tables[rid], self.skip[rid] = tables, skips
+        self.hashed[rid] = [hit] * len(self.specs)
+        self._cache(req, total, fresh_state=True)
+
+    def grow(self, req: KVRequest, new: list[int], total: int) -> None:
+        """Extend a running request's tables (room was checked), then cache what is full."""
+        tables = self.tables[req.request_id]
+        for g, s in enumerate(self.specs):
+            if new[g] and s.rule != "state":
+                tables[g] = np.concatenate((tables[g], self._take(g, new[g])))
+        self._cache(req, total, fresh_state=False, new=new)
+
+    def remove_skipped(self, rid: str, num_computed: int) -> None:
+        """Free the blocks a window or chunk has moved past, right to left (vLLM's order)."""
+        tables, skips, bs = self.tables[rid], self.skip[rid], self.block_size
+        for g, s in enumerate(self.specs):
+            if s.rule != "sliding" and s.rule != "chunked":
+                continue
+            t, lo = tables[g], skips[g]
+            hi = min(R.skipped_tokens(s.rule, s.window, num_computed) // bs, len(t))
+            if hi <= lo:
+                continue
+            arr = t[lo:hi][::-1]
+            live = arr[arr >= 0]  # a copy
+            t[lo:hi] = NULL
+            self._unpin(g, live)
+            skips[g] = hi
+
+    def release(self, rid: str) -> None:
+        """Drop a request's blocks, group by group, each table tail first (vLLM's free order)."""
+        tables = self.tables.pop(rid, None)
+        if tables is None:
+            return
+        del self.hashed[rid], self.skip[rid]
+        self.quiet.pop(rid, None)
+        for g, t in enumerate(tables):
+            if len(t):
+                arr = t[::-1]
+                self._unpin(g, arr[arr >= 0])
+
+    # -- internals -------------------------------------------------------------------------------
+    def _cache(self, req: KVRequest, total: int, fresh_state: bool, new: list[int] | None = None) -> None:
+        """Give the blocks `total` tokens fill their hashes; save a state at an aligned boundary."""
+        rid = req.request_id
+        tables, hashed = self.tables[rid], self.hashed[rid]
+        for g, s in enumerate(self.specs):
+            if s.rule != "state":
+                self._cache_tokens(req, g, total)
+                continue
+            k = self._boundary(req, total)
+            if k <= hashed[g]:
+                continue
+            hashed[g] = k
+            h = req.block_hashes[k - 1]
+            if h in self.cached_maps[g]:
+                continue  # that state is saved already
+            if not fresh_state and new and new[g]:  # the saved state takes a new block
+                old = int(tables[g][0])
+                tables[g] = self._take(g, 1)
+                self._unref(old)
+            self._store(g, [h], [int(tables[g][0])], req.block_hashes, k - 1, k, req.token_ids)
+
+    def _cache_tokens(self, req: KVRequest, g: int, total: int) -> None:
+        rid, t = req.request_id, self.tables[req.request_id][g]
+        hashes = req.block_hashes
+        lo = self.hashed[rid][g]
+        full = min(total // self.block_size, len(hashes), len(t))
+        if full <= lo:
+            return
+        d = self.cached_maps[g]
+        hs, seg = list(hashes[lo:full]), t[lo:full]
+        bl = seg.tolist()
+        whole = True
+        if (seg < 0).any():
+            keep = [i for i, b in enumerate(bl) if b != NULL]
+            hs, bl, whole = [hs[i] for i in keep], [bl[i] for i in keep], False
+        got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
+        if got != bl:  # a hash cached already: this copy stays unhashed
+            keep = [i for i, (a, b) in enumerate(zip(got, bl, strict=True)) if a == b]
+            hs, bl, whole = [hs[i] for i in keep], [bl[i] for i in keep], False
+        self.hashed[rid][g] = full
+        if hs:
+            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole=whole, inserted=True)
+
+    def _store(self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False) -> None:
+        if not inserted:
+            self.cached_maps[g].update(zip(hs, blocks, strict=True))
+        self.bhash.update(zip(blocks, hs, strict=True))
+        self.hashed_blk[blocks] = True
+        if self.mirror and g == 0:
+            try:
+                self.bh64[blocks] = hs
+            except (OverflowError, TypeError, ValueError):
+                self.mirror = False
+        self.stats.stored += len(hs)
+        if self._emit is not None:
+            bs = self.block_size
+            seg = token_ids[lo * bs : hi * bs] if token_ids is not None and whole else []
+            toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)
+            s = self.specs[g]
+            self._emit(
+                BlockStored(
+                    block_hashes=list(hs),
+                    parent_block_hash=hashes[lo - 1] if lo else None,
+                    token_ids=toks,
+                    block_size=bs,
+                    medium="GPU",
+                    group_idx=g,
+                    kv_cache_spec_kind=s.event_kind,
+                )
+            )
+
+    def _pin(self, g: int, arr: np.ndarray) -> None:
+        """Share cached blocks of group `g`: those unreferenced leave the LRU."""
+        free = arr[self.ref[arr] == 0]
+        if len(free):
+            self.lru.removed(len(free))
+            self.evictable_bytes -= len(free) * self.specs[g].block_bytes
+        self.ref[arr] += 1
+
+    def _unpin(self, g: int, arr: np.ndarray) -> None:
+        """Drop one reference to each of `arr` (group `g`, in freeing order): cached ones that reach
+        zero join the LRU's tail, the others are free at once."""
+        ref = self.ref
+        ref[arr] -= 1
+        zero = arr[ref[arr] == 0]
+        if not len(zero):
+            return
+        h = self.hashed_blk[zero]
+        cached, empty = zero[h], zero[~h]
+        cost = self.specs[g].block_bytes
+        if len(cached):
+            self.lru.add(cached)
+            self.evictable_bytes += len(cached) * cost
+        if len(empty):
+            self.empty_bytes += len(empty) * cost
+            self._push_ids(empty)
+
+    def _unref(self, b: int) -> None:
+        self.ref[b] -= 1
+        if self.ref[b] == 0:
+            if self.hashed_blk[b]:
+                self.lru.add(np.array([b], dtype=np.int64))
+                self.evictable_bytes += self.block_cost(b)
+            else:
+                self.empty_bytes += self.block_cost(b)
+                self._push_ids(np.array([b], dtype=np.int64))
+
+    def _push_ids(self, ids: np.ndarray) -> None:
+        m, k = self._n_ids, len(ids)
+        self._ids[m : m + k] = ids
+        self._n_ids = m + k
+
+    def _take(self, g: int, n: int) -> np.ndarray:
+        """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
+        if n <= 0:
+            return EMPTY
+        need = n * self.specs[g].block_bytes
+        if self.empty_bytes < need:
+            self._evict(need)
+        self.empty_bytes -= need
+        m = self._n_ids
+        arr = self._ids[m - n : m][::-1].copy()
+        self._n_ids = m - n
+        self.ref[arr] = 1
+        self.bgroup[arr] = g
+        self.bcost[arr] = self.specs[g].block_bytes
+        self.hashed_blk[arr] = False  # (a recycled id's hash left `bhash` when it was evicted)
+        self.stats.allocated += n
+        return arr
+
+    def _evict(self, need: int) -> None:
+        removed: dict[int, list[int]] = defaultdict(list)
+        victims = self.lru.pop_bytes(need - self.empty_bytes)
+        freed = int(self.bcost[victims].sum())
+        self.evictable_bytes -= freed
+        self.empty_bytes += freed
+        self.hashed_blk[victims] = False
+        bh, groups = self.bhash, self.bgroup[victims]
+        for g in np.unique(groups).tolist():
+            vg = victims[groups == g].tolist() if len(self.specs) > 1 else victims.tolist()
+            hs = list(map(bh.pop, vg))
+            deque(map(self.cached_maps[g].__delitem__, hs), 0)
+            removed[g] = hs
+        self._push_ids(victims)
+        self._epoch += 1
+        self.stats.evicted += sum(map(len, removed.values()))
+        if self._emit is not None:
+            for g, hs in sorted(removed.items()):
+                self._emit(BlockRemoved(block_hashes=hs, medium="GPU", group_idx=g))
+
+    def check_invariants(self) -> None:
+        """Bytes add up, the LRU holds exactly the unreferenced cached blocks, maps and tables agree."""
+        held = np.zeros_like(self.ref)
+        for tables in self.tables.values():
+            for t in tables:
+                for b in t.tolist():
+                    if b != NULL:
+                        held[b] += 1
+        assert (held == self.ref).all(), "reference counts differ from the block tables"
+        used = sum(self.block_cost(b) for b in np.flatnonzero(self.ref > 0).tolist())
+        lru_blocks = self.lru.blocks()
+        assert len(lru_blocks) == len(self.lru), "the LRU's count is off"
+        lru = sum(self.block_cost(b) for b in lru_blocks)
+        assert lru == self.evictable_bytes, "evictable bytes differ from the LRU"
+        assert used + lru + self.empty_bytes == self.capacity, "bytes do not add up to the capacity"
+        for b in lru_blocks:
+            assert self.ref[b] == 0 and self.hashed_blk[b], f"block {b} in the LRU is held or unhashed"
+        for g, d in enumerate(self.cached_maps):
+            for h, b in d.items():
+                assert self.bhash.get(b) == h and self.hashed_blk[b] and self.bgroup[b] == g, (
+                    f"group {g}: hash {h} maps to block {b}"
+                )
+        free = self._ids[: self._n_ids].tolist()
+        assert len(set(free)) == len(free), "a block id is free twice"
+        live = set(np.flatnonzero(self.ref > 0).tolist()) | set(lru_blocks)
+        assert not live & set(free), "a held or cached block id is also free"

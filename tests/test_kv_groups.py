@@ -1,0 +1,270 @@
+"""The per-group KV pool (vLLM's hybrid KV cache manager): each kind's prefix-hit rule on
+constructed cases, window blocks freed as decode advances, states saved at aligned cuts, shared
+capacity, and a one-full-group pool that behaves as BlockPool."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.engine import Engine
+from agentkv.engine.models import get_model
+from agentkv.engine.models.layout import is_hybrid, kv_layout
+from agentkv.kv import group_rules as R
+from agentkv.kv.groups import GroupSpec, HybridPool
+from agentkv.kv.interface import PoolRequest
+from agentkv.kv.pool import BlockPool
+
+BS = 4
+
+
+def req(rid: str, n_blocks: int, base: int = 1000) -> PoolRequest:
+    return PoolRequest(rid, [base + i for i in range(n_blocks)])
+
+
+def cached(*idx: int, base: int = 1000) -> dict[int, int]:
+    return {base + i: i for i in idx}
+
+
+H = [1000 + i for i in range(12)]
+
+
+@pytest.mark.parametrize(
+    "present, limit, window, hit",
+    [
+        (range(12), 12, 8, 12),  # everything cached
+        ((9, 10, 11), 12, 8, 12),  # only the last cdiv(7, 4) = 2 blocks matter: 10, 11
+        ((10,), 12, 8, 0),  # one block is not a window; nothing leads from 0
+        ((4, 5, 9), 12, 8, 6),  # right to left: 9 alone, then 4, 5 make the run ending at 6
+        ((0, 1, 2), 12, 100, 3),  # no run of cdiv(99, 4) = 25: the leading run counts
+        ((9, 10, 11), 11, 8, 11),  # the cut at 11: blocks 9 and 10 cover it
+    ],
+)
+def test_sliding_window_hit_needs_only_the_last_window(present, limit, window, hit):
+    assert R.sliding_hit(cached(*present), H, limit, window, BS) == hit
+
+
+def test_sliding_window_hit_matches_vllms_right_to_left_scan():
+    def reference(present, limit, need):  # SlidingWindowManager.find_longest_cache_hit, one block a step
+        run = 0
+        for i in range(limit - 1, -1, -1):
+            run = run + 1 if i in present else 0
+            if run >= need:
+                return i + need
+        return run
+
+    rng = random.Random(3)
+    for _ in range(400):
+        present = {i for i in range(40) if rng.random() < rng.choice((0.3, 0.7, 0.95))}
+        limit, window = rng.randrange(0, 41), rng.choice((2, 5, 8, 17, 33))
+        got = R.sliding_hit({1000 + i: i for i in present}, [1000 + i for i in range(40)], limit, window, BS)
+        assert got == reference(present, limit, R.window_blocks(window, BS)), (present, limit, window)
+
+
+def test_full_attention_hit_needs_every_block_and_chunked_only_the_current_chunk():
+    assert R.full_hit(cached(0, 1, 2, 4, 5), H, 12) == 3
+    # chunk 16 tokens = 4 blocks; a cut at 10 blocks sits in the chunk of blocks 8..11
+    assert R.chunked_hit(cached(8, 9), H, 10, 16, BS) == 10  # blocks before 8 are never read
+    assert R.chunked_hit(cached(8), H, 10, 16, BS) == 9
+    assert R.chunked_hit(cached(), H, 10, 16, BS) == 8  # the chunk start is a hit by itself
+    assert R.chunked_hit(cached(), H, 8, 16, BS) == 8
+
+
+def test_state_hit_is_the_rightmost_saved_state():
+    assert R.state_hit(cached(2, 6), H, 12) == 7
+    assert R.state_hit(cached(2, 6), H, 6) == 3  # a state past the limit cannot serve
+    assert R.state_hit(cached(), H, 12) == 0
+
+
+KIND = {
+    "full": "full_attention",
+    "sliding": "sliding_window",
+    "chunked": "chunked_local_attention",
+    "state": "mamba",
+}
+
+
+def hybrid(specs, capacity=10_000, bs=BS) -> HybridPool:
+    groups = [GroupSpec(*s, event_kind=KIND.get(s[0], "")) for s in specs]
+    return HybridPool(groups, capacity, bs, record_events=True)
+
+
+def test_hit_is_what_every_group_serves():
+    pool = hybrid([("full", 10), ("sliding", 10, 8)])
+    a = req("a", 10)
+    assert pool.allocate_slots(a, 40)
+    pool.free("a")
+    pool.check_invariants()
+    assert pool.get_computed_blocks(a.block_hashes, 41).hit == 10
+    # drop sliding block 9 from the cache: full still has 10, the window needs 8 and 9 before cut 10
+    pool.cached_maps[1].pop(a.block_hashes[9])
+    assert pool.get_computed_blocks(a.block_hashes, 41).hit == 9  # blocks 7, 8 cover the cut at 9
+
+
+def test_window_blocks_are_freed_as_decode_advances_and_stay_cached():
+    pool = hybrid([("full", 10), ("sliding", 10, 8)], capacity=100_000)
+    r = PoolRequest("r", [1000 + i for i in range(4)])
+    assert pool.allocate_slots(r, 16)  # prompt of 16 tokens: 4 blocks in each group
+    held = pool.capacity - pool.available_bytes
+    assert held == 8 * 10
+    for t in range(16, 64):  # decode one token a step
+        assert pool.allocate_slots(r, 1, t)
+        pool.check_invariants()
+    full_t, win_t = pool.tables["r"]
+    assert len(full_t) == 16 and all(b >= 0 for b in full_t)
+    live = [b for b in win_t if b >= 0]
+    assert len(live) <= R.window_blocks(8, BS) + 1  # only the window (and the block being filled)
+    assert win_t[0] == -1 and len(pool.cached_maps[1]) == 4  # the prompt's window blocks stay cached
+    assert pool.capacity - pool.available_bytes == (16 + len(live)) * 10
+
+
+def test_state_group_keeps_one_state_and_saves_aligned_cuts():
+    pool = hybrid([("full", 10), ("state", 50)], capacity=100_000)
+    r = PoolRequest("r", [1000 + i for i in range(6)])  # 24-token prompt, 6 blocks
+    assert pool.allocate_slots(r, 8)  # chunk ends at 8 tokens: a state saved at block 2
+    assert pool.allocate_slots(r, 16, 8)  # ends at 24: saved at block 6
+    assert set(pool.cached_maps[1]) == {1001, 1005}
+    assert len(pool.tables["r"][1]) == 1  # one state block held, the older one freed (cached)
+    for t in range(24, 40):
+        assert pool.allocate_slots(r, 1, t)
+    assert pool.capacity - pool.available_bytes == 10 * 10 + 50  # decode adds no state
+    pool.free("r")
+    pool.check_invariants()
+    assert pool.get_computed_blocks(r.block_hashes + [1, 2], 33).hit == 6
+    pool.cached_maps[1].pop(1005)
+    assert pool.get_computed_blocks(r.block_hashes, 25).hit == 2  # the state at block 2 is next
+
+
+def test_shared_pool_evicts_least_recently_freed_across_groups():
+    pool = hybrid([("full", 10), ("sliding", 10, 8)], capacity=150)
+    a = req("a", 5, base=0)
+    assert pool.allocate_slots(a, 20)
+    pool.free("a")
+    b = req("b", 5, base=100)
+    assert pool.allocate_slots(b, 20)  # 10 blocks, 5 free: the full group of a (freed first) goes
+    assert pool.get_computed_blocks(a.block_hashes, 21).hit == 0
+    assert not pool.allocate_slots(req("c", 12, base=200), 48)  # more than the pool
+    assert pool.stats.alloc_failures == 1
+    pool.check_invariants()
+    events = pool.take_events()
+    stored = {(e.group_idx, e.kv_cache_spec_kind) for e in events if type(e).__name__ == "BlockStored"}
+    assert stored == {(0, "full_attention"), (1, "sliding_window")}
+    removed = [e for e in events if type(e).__name__ == "BlockRemoved"]
+    assert [(e.group_idx, e.block_hashes) for e in removed] == [(0, [4, 3, 2, 1, 0])]
+
+
+def test_a_one_full_group_pool_behaves_as_block_pool():
+    rng = random.Random(7)
+    bp = BlockPool(60, BS)
+    hp = HybridPool([GroupSpec("full", 1)], 60, BS)
+    for i in range(300):
+        sess = rng.randrange(6)
+        n = rng.randrange(1, 30)
+        hashes = [sess * 1000 + j for j in range(n)]
+        results = []
+        for pool in (bp, hp):
+            c = pool.get_computed_blocks(hashes, n * BS + 1)
+            ok = pool.allocate_slots(
+                PoolRequest(f"r{i}", hashes), n * BS + 1 - c.num_blocks * BS, c.num_blocks * BS, c
+            )
+            results.append((c.num_blocks, ok))
+            pool.free(f"r{i}")
+        assert results[0] == results[1], i
+    assert bp.stats.hits == hp.stats.hits and bp.stats.evicted == hp.stats.evicted
+    hp.check_invariants()
+
+
+def test_bad_groups_are_refused():
+    with pytest.raises(ValueError, match="rule"):
+        GroupSpec("windowed", 10)
+    with pytest.raises(ValueError, match="window"):
+        GroupSpec("sliding", 10)
+    with pytest.raises(ValueError, match="multiple"):
+        hybrid([("full", 10), ("chunked", 10, 6)])
+
+
+def test_layout_bytes_per_group_match_hand_calculation():
+    oss = get_model("gpt-oss-120b")  # 18 full + 18 sliding (128) layers, 8 KV heads x 64, bf16
+    specs = kv_layout(oss, 16, "bf16", 1)
+    assert [(s.rule, s.window) for s in specs] == [("full", 0), ("sliding", 128)]
+    assert [s.block_bytes for s in specs] == [18 * 16 * 2 * 8 * 64 * 2] * 2
+    gemma = kv_layout(get_model("gemma-3-27b"), 16, "fp8", 1)  # 10 full, 52 local padded to 60
+    assert [s.block_bytes for s in gemma] == [10 * 16 * 2 * 16 * 128, 60 * 16 * 2 * 16 * 128]
+    nxt = kv_layout(get_model("qwen3-next"), 16, "bf16", 2)
+    assert nxt[1].rule == "state" and nxt[1].block_bytes == 36 * 1_097_728 // 2
+    assert not is_hybrid(get_model("llama3-8b")) and not is_hybrid(get_model("DeepSeek-V3"))
+    assert not is_hybrid(get_model("DeepSeek-V3.2-Exp"))  # latent + indexer keys: one table
+    assert is_hybrid(get_model("DeepSeek-V4-Flash")) and is_hybrid(get_model("Llama-4-Scout"))
+
+
+def engine(model: str, **kw) -> Engine:
+    return Engine(EngineConfig(model=model, max_model_len=131072, **kw))
+
+
+def test_gpt_oss_fits_about_twice_the_tokens_of_its_all_full_equivalent():
+    e = engine("gpt-oss-120b")
+    pool = e.pool
+    ctx = 100_000
+    per_seq = sum(s.block_bytes * (-(-ctx // 16) if s.rule == "full" else 9) for s in pool.specs)
+    all_full = pool.growth_bytes * -(-ctx // 16)
+    assert 1.9 < all_full / per_seq < 2.0
+    # and the engine really holds that many: fill it with 100K-token sequences
+    n = 0
+    while pool.allocate_slots(PoolRequest(f"s{n}", []), ctx):
+        for t in range(ctx, ctx + 1):
+            pool.allocate_slots(PoolRequest(f"s{n}", []), 1, t)
+        n += 1
+    assert n == pool.capacity // per_seq or n == pool.capacity // per_seq - 1
+    assert n >= 1.9 * (pool.capacity // all_full)
+
+
+def test_dense_models_keep_the_single_table_pool():
+    assert isinstance(engine("llama3-8b").pool, BlockPool)
+    e = engine("gemma-3-27b")
+    assert isinstance(e.pool, HybridPool) and e.num_gpu_blocks > 1000
+
+
+def test_hybrid_engine_refuses_what_it_does_not_model():
+    from agentkv.errors import UserError
+
+    with pytest.raises(UserError, match="only lru"):
+        engine("gpt-oss-120b", eviction_policy="lfu")
+    with pytest.raises(UserError, match="offloading"):
+        engine("gpt-oss-120b", kv_offloading_size=8.0)
+
+
+def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants():
+    """Every kind at once, under memory pressure: chunked prefills from each lookup's hit, decodes,
+    refusals and frees in random order; bytes, maps, tables and the LRU stay consistent."""
+    rng = random.Random(11)
+    pool = hybrid([("full", 10), ("sliding", 7, 9), ("chunked", 5, 16), ("state", 40)], capacity=1200)
+    running: dict[str, tuple[PoolRequest, int, int]] = {}  # id -> (request, computed, prompt tokens)
+    for i in range(600):
+        if running and rng.random() < 0.5:
+            rid = rng.choice(sorted(running))
+            r, done, n = running[rid]
+            step = (
+                min(rng.choice((1, 1, 4, 9)), n + 8 - done)
+                if done >= n
+                else min(rng.randrange(1, 12), n - done)
+            )
+            if step > 0 and pool.allocate_slots(r, step, done):
+                running[rid] = (r, done + step, n)
+            if rng.random() < 0.2 or done >= n + 8:
+                pool.free(rid)
+                del running[rid]
+        else:
+            sess, n_blocks = rng.randrange(4), rng.randrange(1, 14)
+            r = PoolRequest(f"r{i}", [sess * 100 + j for j in range(n_blocks)])
+            n = n_blocks * BS + rng.randrange(0, BS)
+            c = pool.get_computed_blocks(r.block_hashes, n)
+            first = min(n - c.hit * BS, rng.randrange(1, 20))
+            if first > 0 and pool.allocate_slots(r, first, c.hit * BS, c):
+                running[r.request_id] = (r, c.hit * BS + first, n)
+        pool.check_invariants()
+    for rid in list(running):
+        pool.free(rid)
+    pool.check_invariants()
+    assert pool.available_bytes == pool.capacity and pool.stats.evicted > 0
