@@ -173,3 +173,20 @@ def test_an_invalid_simulated_run_exits_3_and_says_why(capsys) -> None:
     err = capsys.readouterr().err
     assert "agentkv: invalid run:" in err and "context overflow" in err
     assert main(["simulate", "--max-requests", "20", "-q", "--json"]) == 0
+
+
+def test_a_request_longer_than_the_kv_cache_fails_and_the_run_goes_on(sample):
+    """A request needing more KV than one engine holds can never be scheduled: it fails as
+    kv_cache_too_small (said once in the notes) and every other request still runs."""
+    from agentkv.sim.limits import _max_len_for
+
+    longest = _max_len_for(sample)
+    blocks = int(longest * 0.6) // 16  # the longest requests cannot fit, the rest can
+    eng = EngineConfig(num_gpu_blocks_override=blocks, max_model_len=longest)
+    res = simulate(sample, SimConfig(engine=eng, workers=1, lanes=3))
+    total = sum(len(s.requests) for t in sample for s in t.sessions())
+    too_big = [r for r in res.records if r.error == "kv_cache_too_small"]
+    assert len(res.records) == total  # nothing is left waiting when the run ends
+    assert too_big and all(r.input_tokens + r.expected_output_tokens > blocks * 16 - 16 for r in too_big)
+    assert all(r.ok for r in res.records if r.error != "kv_cache_too_small")
+    assert sum(n.startswith("kv_cache_too_small") for n in res.summary.notes) == 1

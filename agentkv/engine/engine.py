@@ -15,7 +15,7 @@ from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostModel, load_coefficients
 from agentkv.engine.hardware import get_model
 from agentkv.engine.outputs import DecodeBurst, EngineStats, RequestOutput, StepResult
-from agentkv.engine.pools import make_pool
+from agentkv.engine.pools import make_pool, seq_token_capacity
 from agentkv.engine.request import EngineRequest, Status
 from agentkv.engine.scheduler import Scheduler
 from agentkv.kv.events import KVEvent
@@ -53,6 +53,7 @@ class Engine:
         self.block_bytes = setup.block_bytes
         self.pool = setup.pool
         self.hybrid = isinstance(self.pool, HybridPool)
+        self.max_seq_tokens = seq_token_capacity(self.pool)  # longer requests can never run here
         self.scheduler = Scheduler(cfg, self.pool)
         self.hasher = make_hasher(cfg.hash_algo, cfg.seed if cfg.hash_algo == "xxhash" else None)
         self.requests: dict[str, EngineRequest] = {}

@@ -107,3 +107,30 @@ def _hybrid(cfg: EngineConfig, shape: ModelShape, cost: CostModel, max_model_len
         )
     pool = HybridPool(specs, capacity, bs, unit_bytes=unit, on_event=on_event)
     return PoolSetup(pool, capacity // unit + 1, unit)
+
+
+def seq_token_capacity(pool: BlockPool | HybridPool) -> int:
+    """The most tokens one sequence can hold with the whole pool to itself; a longer request could
+    never be scheduled (vLLM refuses to start when max_model_len needs more)."""
+    bs = pool.block_size
+    if isinstance(pool, BlockPool):
+        return pool.num_blocks * bs
+
+    def bytes_for(n: int) -> int:
+        return sum(
+            s.block_bytes
+            * (
+                1
+                if s.rule == "state"
+                else -(-n // bs)
+                if s.rule == "full"
+                else -(-min(n, s.window) // bs) + 1
+            )
+            for s in pool.specs
+        )
+
+    lo, hi = 0, 1 << 40  # no full-attention group: any length fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if bytes_for(mid) <= pool.capacity else (lo, mid - 1)
+    return lo

@@ -18,12 +18,13 @@ from typing import NamedTuple
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine, StepResult
-from agentkv.engine.hardware import get_model, get_system
+from agentkv.engine.hardware import get_system
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import Sample, Summary
 from agentkv.placement import KV_WEIGHT, POLICIES
 from agentkv.placement.policy import RouteRequest, make_policy
+from agentkv.sim.limits import engine_config, reject_reason
 from agentkv.sim.summary import finished_record, sample, sim_summary
 from agentkv.sim.worker import SimWorker
 from agentkv.trace.blocks import chain_keys
@@ -120,30 +121,6 @@ class SimResult:
         self.records, self.summary, self.wall_s, self.sim_s = records, summary, wall_s, sim_s
 
 
-def _max_len_for(traces: Sequence[Trace]) -> int:
-    return max(
-        (r.input_tokens + max(1, r.output_tokens) for t in traces for s in t.sessions() for r in s.requests),
-        default=1,
-    )
-
-
-def _engine_config(traces: Sequence[Trace], ecfg: EngineConfig, notes: list[str]) -> EngineConfig:
-    """`ecfg`, its max_model_len raised (with a note) when no --max-model-len was given and the
-    model's own limit is too short for the traces."""
-    if ecfg.max_model_len is not None:
-        return ecfg
-    limit = get_model(ecfg.model).max_position  # what an Engine defaults to (no engine built: the
-    # pools of a disaggregated run may need a TP the base config does not have)
-    need = _max_len_for(traces)
-    if need <= limit:
-        return ecfg
-    notes.append(
-        f"max_model_len raised from the model's {limit} to {need} "
-        "so that every trace request fits (pass --max-model-len to cap it)"
-    )
-    return replace(ecfg, max_model_len=need)
-
-
 class Cluster:
     """N simulated engines behind one placement policy, driven by the replay plan: `run()` once."""
 
@@ -152,7 +129,7 @@ class Cluster:
     ):
         self.cfg, self.progress = cfg, progress
         self.notes: list[str] = []
-        self.ecfg = _engine_config(traces, cfg.engine, self.notes)
+        self.ecfg = engine_config(traces, cfg.engine, self.notes)
         self.itl: list[float] = []
         self.workers = self._make_workers()
         kw = {"weight": cfg.kv_weight} if cfg.router == "kv_aware" else {}
@@ -179,6 +156,7 @@ class Cluster:
         self.tree_samples = [0, 0]  # (sum of active session trees, samples): their time-mean
         self._seq = 0
         self._max_len = min(w.engine.max_model_len for w in self.workers)
+        self._kv_len = min(w.engine.max_seq_tokens for w in self.workers)  # more never fits the KV
 
     def _make_workers(self) -> list[SimWorker]:
         return [SimWorker(i, Engine(self.ecfg, itl_sink=self.itl)) for i in range(self.cfg.workers)]
@@ -298,9 +276,9 @@ class Cluster:
         self._push(burst.ends[j], w, EventKind.START)
 
     def _reject(self, d: Dispatch, now: float, out_tokens: int, ceil_tok: int) -> None:
-        """A request no engine can take (longer than max_model_len, or empty): a failed record."""
+        """A request no engine can take (longer than max_model_len or its KV, or empty): failed."""
         r = d.item.request
-        error = "context_overflow" if r.input_tokens >= 1 else "empty_prompt"
+        error = reject_reason(r.input_tokens, out_tokens, self._max_len, self._kv_len, self.notes)
         self.records.append(
             record_for(
                 d.item,
@@ -324,7 +302,7 @@ class Cluster:
         space = item.hash_space
         ceil_tok = self.ceiling.hit_tokens(space, r.hash_ids, r.input_tokens, item.trace.block_size)
         out_tokens = max(1, r.output_tokens)
-        if r.input_tokens + out_tokens > self._max_len or r.input_tokens < 1:
+        if r.input_tokens + out_tokens > min(self._max_len, self._kv_len) or r.input_tokens < 1:
             self._reject(d, now, out_tokens, ceil_tok)
             return None
         bs = self.ecfg.block_size
