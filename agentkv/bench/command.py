@@ -373,7 +373,9 @@ def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None,
     from agentkv.metrics.summary import with_percentiles
     from agentkv.metrics.view import print_summary, sessions_table
     from agentkv.terminal import show
+    from agentkv.trace.command import selection_of
 
+    result.summary.config["selection"] = selection_of(args)
     pcts = getattr(args, "percentiles", None) or DEFAULT_PERCENTILES
     if tuple(pcts) != DEFAULT_PERCENTILES:
         result.summary = with_percentiles(result.summary, result.records, itl_values, pcts)

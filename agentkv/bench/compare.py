@@ -29,7 +29,11 @@ FLOOR = 0.02  # relative: run-to-run jitter of a server below which nothing is c
 FLOOR_PP = 0.01  # hit rates and fractions: one percentage point
 RESAMPLES = 200
 # settings that shape the request stream: when they differ, so do the requests replayed
-WORKLOAD = ("lanes", "seed", "warm_start", "idle_gap_cap", "max_requests", "duration", "traces")
+WORKLOAD = (
+    *("lanes", "session_rate", "arrivals", "think_scale", "warmup", "clients", "cycle", "seed"),
+    *("warm_start", "idle_gap_cap", "max_requests", "duration", "traces"),
+    *("selection.sample", "selection.traces_limit", "selection.max_context", "selection.over_context"),
+)
 # bench records the server's /get_server_info (SGLang names); simulate, vLLM's: one name each
 SERVER_NAMES = {
     "server.served_model_name": "engine.model",
@@ -289,6 +293,9 @@ def settings(s: Summary) -> dict[str, object]:
             out.setdefault(dst, val)
     if "model" in out:  # bench: the model name it asked for
         out.setdefault("engine.model", out.pop("model"))
+    if s.kind == "bench":  # --clients N records one entry per shard (pids, offsets): the count compares
+        shards = out.get("clients")
+        out["clients"] = len(shards) if isinstance(shards, list) else 1
     return out
 
 
@@ -302,9 +309,10 @@ def config_diff(runs: list[Run]) -> dict[str, list[object]]:
 def warnings(runs: list[Run], diff: dict[str, list[object]]) -> list[str]:
     """What makes the comparison loose: other requests, other workload settings, invalid runs."""
     out = request_sets(runs)
+    flat = [settings(r.summary) for r in runs]
     for key in WORKLOAD:
         vals = diff.get(key)
-        if vals is not None and all(v is not None for v in vals):
+        if vals is not None and all(key in f for f in flat):  # recorded by every run (None: off)
             out.append(
                 f"workload setting {key} differs ({', '.join(map(repr, vals))}): the request streams differ"
             )
