@@ -20,6 +20,7 @@ import numpy as np
 
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, read_records
+from agentkv.metrics.report_prediction import read_prediction
 from agentkv.metrics.summary import Summary, read_summary
 from agentkv.metrics.view import latency_clock
 
@@ -53,10 +54,13 @@ class Run(msgspec.Struct):
     name: str
     summary: Summary
     records: list[RequestRecord] | None = None
+    prediction: dict | None = None  # prediction.json beside it (`agentkv predict RUN_DIR`)
+    problems: list[str] = msgspec.field(default_factory=list)  # files beside it that could not be read
 
 
 def load(path: str) -> Run:
-    """A run from a summary.json path or a run folder (with its requests.jsonl when there)."""
+    """A run from a summary.json path or a run folder (with its requests.jsonl and prediction.json
+    when there)."""
     p = Path(path)
     if p.is_dir():
         p = p / "summary.json"
@@ -65,7 +69,13 @@ def load(path: str) -> Run:
     summary = read_summary(p)
     rec = p.parent / "requests.jsonl"
     records = read_records(rec) if p.name == "summary.json" and rec.is_file() else None
-    return Run(name=path, summary=summary, records=records)
+    run = Run(name=path, summary=summary, records=records)
+    if p.name == "summary.json":
+        try:
+            run.prediction = read_prediction(p.parent)
+        except UserError as e:
+            run.problems.append(f"{e}; its prediction is not shown")
+    return run
 
 
 _Get = Callable[[Summary], float | None]
@@ -322,6 +332,7 @@ def warnings(runs: list[Run], diff: dict[str, list[object]]) -> list[str]:
         on = ", ".join(f"{n} {c}" for n, c in clocks.items() if c)
         out.append(f"latencies on different clocks ({on}): the client's clock adds HTTP and client time")
     for r in runs:
+        out += r.problems
         s = r.summary
         if not s.valid:
             out.append(f"{r.name} is INVALID: {s.invalid_reason}")
