@@ -41,12 +41,15 @@ def predicted(tmp_path_factory) -> dict:
         "none",
         "--lanes",
         "2",
+        "--traces-limit",
+        "2",
         "--out",
         str(run),
         "-q",
         "--json",
     )
     assert b.returncode == 0, b.stderr
+    assert json.loads(b.stdout)["config"]["selection"]["traces_limit"] == 2  # compare warns on it
     plain = tmp / "plain"
     shutil.copytree(run, plain)  # the same run, no prediction
     before = (run / "report.html").read_text()

@@ -20,7 +20,7 @@ from agentkv.bench.load_flags import add_load_args
 from agentkv.bench.request_flags import add_request_flags
 from agentkv.errors import UserError
 from agentkv.metrics.flags import add_output_flags
-from agentkv.trace.command import add_trace_args
+from agentkv.trace.command import add_trace_args, selection_of
 from agentkv.units import parse_duration
 
 if TYPE_CHECKING:
@@ -373,7 +373,6 @@ def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None,
     from agentkv.metrics.summary import with_percentiles
     from agentkv.metrics.view import print_summary, sessions_table
     from agentkv.terminal import show
-    from agentkv.trace.command import selection_of
 
     result.summary.config["selection"] = selection_of(args)
     pcts = getattr(args, "percentiles", None) or DEFAULT_PERCENTILES
