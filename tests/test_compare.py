@@ -205,3 +205,32 @@ def test_html_bars_fit_their_axes_and_render(tmp_path):
         timeout=120,
     )
     assert shot.exists() and shot.stat().st_size > 20_000  # a rendering, not a blank page
+
+
+def test_load_and_selection_settings_warn():
+    """Runs at other load (session rate, warm-up, clients) or over another trace selection warn;
+    a setting only one kind of run records (bench's think_scale against simulate) does not."""
+    base = {**BENCH_CFG, "session_rate": None, "warmup": None, "think_scale": 1.0}
+    sel = {"sample": None, "traces_limit": None, "max_context": None, "over_context": "drop"}
+    a = _run("a", _records([0.1] * 8, 0), kind="bench", config={**base, "selection": sel})
+    b_cfg = {**base, "session_rate": 0.5, "warmup": "100 requests", "selection": {**sel, "sample": 40}}
+    b_cfg["clients"] = [{"shard": 0, "pid": 11}, {"shard": 1, "pid": 12}]
+    b = _run("b", _records([0.1] * 8, 0), kind="bench", config=b_cfg)
+    warn = "\n".join(warnings([a, b], config_diff([a, b])))
+    assert "workload setting session_rate differs (None, 0.5)" in warn
+    assert "workload setting warmup differs (None, '100 requests')" in warn
+    assert "workload setting clients differs (1, 2)" in warn
+    assert "workload setting selection.sample differs (None, 40)" in warn
+    assert "think_scale" not in warn and "over_context" not in warn
+    sim = _run("sim", _records([0.1] * 8, 0))
+    c = _run("c", _records([0.1] * 8, 0), kind="bench", config={**base, "think_scale": 2.0})
+    assert not any("think_scale" in w for w in warnings([sim, c], config_diff([sim, c])))
+
+
+def test_simulate_records_trace_selection(tmp_path):
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "agentkv.cli", "simulate", "--sample", "2", "--max-requests", "20"]
+    r = subprocess.run([*cmd, "--out", str(out), "--quiet"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    sel = json.loads((out / "summary.json").read_text())["config"]["selection"]
+    assert sel["sample"] == 2 and sel["traces_limit"] is None and sel["over_context"] == "drop"

@@ -20,7 +20,7 @@ from agentkv.bench.load_flags import add_load_args
 from agentkv.bench.request_flags import add_request_flags
 from agentkv.errors import UserError
 from agentkv.metrics.flags import add_output_flags
-from agentkv.trace.command import add_trace_args
+from agentkv.trace.command import add_trace_args, selection_of
 from agentkv.units import parse_duration
 
 if TYPE_CHECKING:
@@ -374,6 +374,7 @@ def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None,
     from agentkv.metrics.view import print_summary, sessions_table
     from agentkv.terminal import show
 
+    result.summary.config["selection"] = selection_of(args)
     pcts = getattr(args, "percentiles", None) or DEFAULT_PERCENTILES
     if tuple(pcts) != DEFAULT_PERCENTILES:
         result.summary = with_percentiles(result.summary, result.records, itl_values, pcts)

@@ -20,6 +20,7 @@ import numpy as np
 
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, read_records
+from agentkv.metrics.report_prediction import read_prediction
 from agentkv.metrics.summary import Summary, read_summary
 from agentkv.metrics.view import latency_clock
 
@@ -29,7 +30,11 @@ FLOOR = 0.02  # relative: run-to-run jitter of a server below which nothing is c
 FLOOR_PP = 0.01  # hit rates and fractions: one percentage point
 RESAMPLES = 200
 # settings that shape the request stream: when they differ, so do the requests replayed
-WORKLOAD = ("lanes", "seed", "warm_start", "idle_gap_cap", "max_requests", "duration", "traces")
+WORKLOAD = (
+    *("lanes", "session_rate", "arrivals", "think_scale", "warmup", "clients", "cycle", "seed"),
+    *("warm_start", "idle_gap_cap", "max_requests", "duration", "traces"),
+    *("selection.sample", "selection.traces_limit", "selection.max_context", "selection.over_context"),
+)
 # bench records the server's /get_server_info (SGLang names); simulate, vLLM's: one name each
 SERVER_NAMES = {
     "server.served_model_name": "engine.model",
@@ -49,10 +54,13 @@ class Run(msgspec.Struct):
     name: str
     summary: Summary
     records: list[RequestRecord] | None = None
+    prediction: dict | None = None  # prediction.json beside it (`agentkv predict RUN_DIR`)
+    problems: list[str] = msgspec.field(default_factory=list)  # files beside it that could not be read
 
 
 def load(path: str) -> Run:
-    """A run from a summary.json path or a run folder (with its requests.jsonl when there)."""
+    """A run from a summary.json path or a run folder (with its requests.jsonl and prediction.json
+    when there)."""
     p = Path(path)
     if p.is_dir():
         p = p / "summary.json"
@@ -61,7 +69,13 @@ def load(path: str) -> Run:
     summary = read_summary(p)
     rec = p.parent / "requests.jsonl"
     records = read_records(rec) if p.name == "summary.json" and rec.is_file() else None
-    return Run(name=path, summary=summary, records=records)
+    run = Run(name=path, summary=summary, records=records)
+    if p.name == "summary.json":
+        try:
+            run.prediction = read_prediction(p.parent)
+        except UserError as e:
+            run.problems.append(f"{e}; its prediction is not shown")
+    return run
 
 
 _Get = Callable[[Summary], float | None]
@@ -289,6 +303,9 @@ def settings(s: Summary) -> dict[str, object]:
             out.setdefault(dst, val)
     if "model" in out:  # bench: the model name it asked for
         out.setdefault("engine.model", out.pop("model"))
+    if s.kind == "bench":  # --clients N records one entry per shard (pids, offsets): the count compares
+        shards = out.get("clients")
+        out["clients"] = len(shards) if isinstance(shards, list) else 1
     return out
 
 
@@ -302,9 +319,10 @@ def config_diff(runs: list[Run]) -> dict[str, list[object]]:
 def warnings(runs: list[Run], diff: dict[str, list[object]]) -> list[str]:
     """What makes the comparison loose: other requests, other workload settings, invalid runs."""
     out = request_sets(runs)
+    flat = [settings(r.summary) for r in runs]
     for key in WORKLOAD:
         vals = diff.get(key)
-        if vals is not None and all(v is not None for v in vals):
+        if vals is not None and all(key in f for f in flat):  # recorded by every run (None: off)
             out.append(
                 f"workload setting {key} differs ({', '.join(map(repr, vals))}): the request streams differ"
             )
@@ -314,6 +332,7 @@ def warnings(runs: list[Run], diff: dict[str, list[object]]) -> list[str]:
         on = ", ".join(f"{n} {c}" for n, c in clocks.items() if c)
         out.append(f"latencies on different clocks ({on}): the client's clock adds HTTP and client time")
     for r in runs:
+        out += r.problems
         s = r.summary
         if not s.valid:
             out.append(f"{r.name} is INVALID: {s.invalid_reason}")

@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentkv.bench.compare import Cell, Row, Run
+from agentkv.metrics.report_prediction import SUMMARY_HEADERS, prediction_summary
 from agentkv.metrics.svg import PALETTE, Chart, Series
 from agentkv.terminal import show
 
@@ -101,6 +102,14 @@ def print_comparison(runs: list[Run], rows: list[Row], diff: dict, warn: list[st
                     style="dim",
                 )
             )
+    if any(r.prediction for r in runs):
+        t = Table(title="prediction errors (agentkv predict: (predicted - measured) / measured)")
+        for h in ("run", *SUMMARY_HEADERS):
+            t.add_column(h, justify="left" if h in ("run", "profile") else "right")
+        for r in runs:
+            if r.prediction:
+                t.add_row(label(r), *prediction_summary(r.prediction))
+        show(con, t)
     for w in warn:
         con.print(Text("warning: " + w, style="yellow"))
 
@@ -113,6 +122,7 @@ def to_json(runs: list[Run], rows: list[Row], diff: dict, warn: list[str]) -> st
         "settings_diff": diff,
         "warnings": warn,
         "noise_band": LEGEND,
+        "predictions": {r.name: r.prediction for r in runs if r.prediction},
     }
     return msgspec.json.format(msgspec.json.encode(out), indent=2).decode()
 
@@ -182,6 +192,18 @@ def _charts(runs: list[Run], rows: list[Row]) -> str:
     return '<div class="charts">' + "".join(out) + "</div>"
 
 
+def _predictions_html(runs: list[Run]) -> str:
+    """The runs' prediction errors (prediction.json beside them), or nothing when none has one."""
+    body = [
+        [f"<td>{escape(c)}</td>" for c in (label(r), *prediction_summary(r.prediction))]
+        for r in runs
+        if r.prediction
+    ]
+    if not body:
+        return ""
+    return "<h2>prediction errors (agentkv predict)</h2>" + _html_table(["run", *SUMMARY_HEADERS], body)
+
+
 def write_html(runs: list[Run], rows: list[Row], diff: dict, warn: list[str], path: Path) -> None:
     """The comparison as one self-contained HTML page at `path`."""
     runs_rows = [
@@ -207,6 +229,7 @@ def write_html(runs: list[Run], rows: list[Row], diff: dict, warn: list[str], pa
         "<h2>figures</h2>",
         _figures_html(runs, rows),
         f"<p class='same'>{escape(LEGEND)}</p>",
+        _predictions_html(runs),
         "<h2>settings that differ</h2>",
         _html_table(["setting", *[label(r) for r in runs]], settings) if settings else "<p>none</p>",
         "</body></html>",

@@ -47,12 +47,36 @@ def progress_panel(run: BenchRun) -> Group:
         + ("  (stopping: waiting for in-flight requests)" if stopping else ""),
         style="bold",
     )
-    rows = [head, t]
+    rows = [head, t, *(Text(x) for x in load_lines(cfg, s.released, run.plan.arrivals, wall))]
     if s.errors:
         rows.append(
             Text("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())), style="red")
         )
     return Group(*rows)
+
+
+def load_lines(cfg, released: int, arrivals, wall: float) -> list[str]:
+    """The panel's load lines: open-loop arrivals (trees arrived, waiting for a lane slot) with
+    --session-rate, and the warm-up's state with --warmup."""
+    out = []
+    if arrivals is not None:
+        cap = f"at most {arrivals.cap} at once" if arrivals.cap else "no cap"
+        out.append(
+            f"arrivals: {arrivals.arrived:,} session trees arrived ({arrivals.kind}, "
+            f"--session-rate {cfg.session_rate:g}/s, {cap}), {arrivals.backlog:,} waiting for a lane"
+        )
+    if cfg.warmup_requests:
+        n = cfg.warmup_requests
+        if released < n:
+            out.append(f"warming up: {released:,} of {n:,} requests sent (left out of every statistic)")
+        else:
+            out.append(f"warm-up done: the first {n:,} requests are left out of every statistic")
+    elif cfg.warmup_s:
+        if wall < cfg.warmup_s:
+            out.append(f"warming up: {wall:,.0f}s of {cfg.warmup_s:g}s (left out of every statistic)")
+        else:
+            out.append(f"warm-up done: requests due in the first {cfg.warmup_s:g}s are left out")
+    return out
 
 
 def run_loop(coro, loop: str):

@@ -5,8 +5,9 @@ Protocol (driver -> shard, shard -> driver), all over one multiprocessing Connec
   "ping" -> ("clock", perf_counter, time)   repeated: the driver's clock-offset round trips
   "go"   -> ("start", t0)                    the shard's run start, on its own perf_counter
             ("rec", bytes)                   one finished request (encode_record), at once
-            ("tick", in_flight, released)    every sample period, for the live total
-            ("done", itl bytes, interrupted, crash, (arrived, delayed, delay_total) | None)
+            ("tick", in_flight, released, arrivals)  every sample period, for the live total
+            ("done", itl bytes, interrupted, crash, arrivals)
+            arrivals: (arrived, delayed, delay_total, waiting) with --session-rate, else None
             or ("error", message) for bad input
 """
 
@@ -45,11 +46,16 @@ class ShardRun(BenchRun):
         if not self._started:  # the first sample follows the run's start: the driver needs t0 first
             self._started = True
             self.conn.send(("start", self._t0))
-        self.conn.send(("tick", self.plan.in_flight, self.stats.released))
+        self.conn.send(("tick", self.plan.in_flight, self.stats.released, arrived(self.plan.arrivals)))
 
     def _finish(self, rec: RequestRecord, res: StreamResult) -> None:
         super()._finish(rec, res)
         self.conn.send(("rec", encode_record(rec)))
+
+
+def arrived(a) -> tuple | None:
+    """An open-loop shard's arrivals for the driver: (arrived, delayed, delay_total, backlog)."""
+    return None if a is None else (a.arrived, a.delayed, a.delay_total, a.backlog)
 
 
 def shard_main(conn, cfg: BenchConfig, traces: list[Trace], marker: str | None, loop: str) -> None:
@@ -65,9 +71,7 @@ def shard_main(conn, cfg: BenchConfig, traces: list[Trace], marker: str | None, 
                 return
             conn.send(("clock", time.perf_counter(), time.time()))
         result = run_loop(run.run(), loop)
-        a = run.plan.arrivals
-        arrived = None if a is None else (a.arrived, a.delayed, a.delay_total)
-        conn.send(("done", run.itl.tobytes(), result.interrupted, run.crash, arrived))
+        conn.send(("done", run.itl.tobytes(), result.interrupted, run.crash, arrived(run.plan.arrivals)))
     except UserError as e:
         conn.send(("error", str(e)))
     except (EOFError, BrokenPipeError, KeyboardInterrupt):  # the driver went away: nothing to tell

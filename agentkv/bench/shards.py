@@ -98,7 +98,7 @@ class Shard:
     ended: str = ""  # done | error | died
     detail: str = ""
     itl: bytes = b""
-    arrived: tuple | None = None  # open loop: (trees arrived, delayed by the lane cap, total delay)
+    arrived: tuple | None = None  # open loop: (trees arrived, delayed by the cap, total delay, waiting)
 
 
 class _Flight:
@@ -120,6 +120,7 @@ class _Flight:
         got = [s.arrived for s in self.shards if s.arrived is not None]
         a.arrived, a.delayed = sum(x[0] for x in got), sum(x[1] for x in got)
         a.delay_total = sum(x[2] for x in got)
+        a.backlog = sum(x[3] for x in got)
         return a
 
 
@@ -206,7 +207,7 @@ class ShardedRun:
             s.records += 1
             self.base._finish(r, None)
         elif kind == "tick":
-            s.in_flight, s.released = msg[1], msg[2]
+            s.in_flight, s.released, s.arrived = msg[1], msg[2], msg[3]
             self.base.stats.released = sum(x.released for x in self.shards)
             self.base.stats.in_flight = sum(x.in_flight for x in self.shards)
         elif kind == "start":

@@ -1,7 +1,8 @@
 """`agentkv predict`: simulate a recorded bench run with a profile's coefficients and compare.
 
 Writes predictions.jsonl (one line per succeeded request, measured beside predicted) and
-prediction.json (the errors, docs/cost-model.md), and prints a table."""
+prediction.json (the errors, docs/cost-model.md), prints a table, and re-renders the run's
+report.html with the errors when they are written into the run folder."""
 
 from __future__ import annotations
 
@@ -84,7 +85,12 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
         "cache_bust": run.config.get("cache_bust"),
     } | accuracy(rows)
     (out / "prediction.json").write_text(json.dumps(doc, indent=1) + "\n")
-    return doc | {"out": str(out)}
+    extra = {"out": str(out)}
+    if out.resolve() == Path(run.path).resolve() and (out / "report.html").is_file():
+        from agentkv.metrics.report_prediction import rerender_report
+
+        extra["report"] = str(rerender_report(out, doc))  # the run's report gains the errors' panel
+    return doc | extra
 
 
 def print_prediction(doc: dict) -> None:
@@ -120,3 +126,5 @@ def print_prediction(doc: dict) -> None:
         f"{tp['output_tokens_per_s_pred']:,.1f} tok/s ({tp['diff_pct']:+.2f}%)"
     )
     con.print(f"[dim]wrote predictions.jsonl and prediction.json to {doc['out']}[/dim]")
+    if doc.get("report"):
+        con.print(f"[dim]added the prediction errors to {doc['report']}[/dim]")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.report_charts import cache_chart, distribution_charts, load_chart, over_time_chart
+from agentkv.metrics.report_prediction import prediction_panel
 from agentkv.metrics.report_sessions import context_chart, hit_rate_svg, swimlanes_svg
 from agentkv.metrics.summary import Summary
 from agentkv.metrics.view import clocks_line
@@ -284,14 +285,15 @@ def title_of(s: Summary) -> str:
     return f"agentkv {s.kind}: {model} on {target}" if model else f"agentkv {s.kind}: {target}"
 
 
-def render_report(s: Summary, records: list[RequestRecord], itl_values=None) -> str:
+def render_report(s: Summary, records: list[RequestRecord], itl_values=None, prediction=None) -> str:
     """The report page as one HTML string; `itl_values` (every token gap, seconds) feeds the ITL
-    histogram when the run kept them."""
+    histogram when the run kept them; `prediction` (prediction.json) adds its errors' panel."""
     title = title_of(s)
     body = "".join(
         (
             _heading(s, title),
             _latency(s),
+            prediction_panel(prediction),
             _plots(s, records, itl_values),
             _errors(s),
             _gpu(s),
@@ -306,8 +308,10 @@ def render_report(s: Summary, records: list[RequestRecord], itl_values=None) -> 
     )
 
 
-def write_report(s: Summary, records: list[RequestRecord], path: str | Path, itl_values=None) -> Path:
+def write_report(
+    s: Summary, records: list[RequestRecord], path: str | Path, itl_values=None, prediction=None
+) -> Path:
     """Write report.html (UTF-8) and return its path."""
     p = Path(path)
-    p.write_text(render_report(s, records, itl_values), encoding="utf-8")
+    p.write_text(render_report(s, records, itl_values, prediction), encoding="utf-8")
     return p

@@ -177,6 +177,7 @@ def _run_one(args: argparse.Namespace, cfg, console):
     stops at once."""
     from agentkv.sim.cluster import Cluster
     from agentkv.terminal import StopRequest, progress_bar
+    from agentkv.trace.command import selection_of
 
     traces, notes = load_traces(args)
     cluster = Cluster(traces, cfg)
@@ -202,6 +203,7 @@ def _run_one(args: argparse.Namespace, cfg, console):
             "no request was released after it, those in flight finished"
         )
     res.summary.notes[:0] = notes
+    res.summary.config["selection"] = selection_of(args)
     if cluster.plan.arrivals is not None:  # --session-rate
         from agentkv.trace.arrivals import arrivals_note
 

@@ -18,6 +18,7 @@ from rich.table import Table
 
 from agentkv.engine.config import EngineConfig
 from agentkv.errors import UserError
+from agentkv.metrics.report_sweep import write_sweep_html
 from agentkv.metrics.summary import Summary, write_summary
 from agentkv.metrics.validity import EXIT_INVALID
 from agentkv.metrics.view import ms, num, pct
@@ -256,9 +257,12 @@ def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> in
     if args.out:
         out_dir = Path(args.out)
         out_dir.mkdir(parents=True, exist_ok=True)
+        points = []
         for i, (overrides, s) in enumerate(results):
             name = "-".join(f"{k}={v}" for k, v in overrides.items()).replace("/", "_") or str(i)
             write_summary(s, out_dir / f"summary-{name}.json")
+            points.append((overrides, s, f"summary-{name}.json"))
+        write_sweep_html(out_dir / "sweep.html", keys, points, total)
     if interrupted:
         print(f"agentkv: interrupted: {len(results)} of {total} points done (written)", file=sys.stderr)
         return EXIT_INTERRUPTED

@@ -84,6 +84,17 @@ def max_context_of(args: argparse.Namespace) -> int | None:
     return v
 
 
+def selection_of(args: argparse.Namespace) -> dict:
+    """The trace selection flags as summary.json's config records them (`agentkv compare` warns
+    when runs differ in them); None: the flag was not given."""
+    return {
+        "sample": getattr(args, "sample", None),
+        "traces_limit": getattr(args, "traces_limit", None),
+        "max_context": getattr(args, "max_context", None),
+        "over_context": getattr(args, "over_context", None),
+    }
+
+
 def load_noted(args: argparse.Namespace):
     """`load_trace_args` for commands without a summary: its notes go to stderr, the traces back."""
     traces, notes = load_trace_args(args)
