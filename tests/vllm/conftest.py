@@ -1,8 +1,8 @@
 """The live-vLLM suite's fixtures: provisioning (or a skip with its reason), servers, the trimmed trace.
 
-Every test module here is marked `vllm` (deselect with `-m "not vllm"`). Three servers are used,
-at most two alive at once: `main` and `peer` (sha256, PYTHONHASHSEED unset, vLLM binds its event
-socket, a cache too big to evict) and `evict` (sha256_cbor, PYTHONHASHSEED set, 320 blocks, the
+Every test module here is marked `vllm` (deselect with `-m "not vllm"`). Three servers of the
+tiny Llama are used, plus one per other model kind (`kind-*`, test_vllm_kinds.py), at most two
+alive at once: `main` and `peer` (sha256, PYTHONHASHSEED unset, vLLM binds its event socket, a cache too big to evict) and `evict` (sha256_cbor, PYTHONHASHSEED set, 320 blocks, the
 subscriber binds). Tests run in the order that waits least for start-ups: those on `peer` first,
 those on `evict` last, so `evict` starts while the middle ones run on `main`. The run ends with a
 summary saying whether the suite ran, on which vLLM, how long provisioning and start-ups took,
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from vllm_env import Unavailable, VllmEnv, provision
 from vllm_pool import ServerPool
-from vllm_server import EVICT, MAIN, VllmServer
+from vllm_server import EVICT, KIND_SERVERS, MAIN, VllmServer
 from vllm_trace import write_trimmed
 
 HERE = Path(__file__).resolve().parent
@@ -36,14 +36,13 @@ class _State:
 STATE = _State()
 
 
-SERVERS = {"main": MAIN, "peer": MAIN, "evict": EVICT}
+SERVERS = {"main": MAIN, "peer": MAIN, "evict": EVICT} | KIND_SERVERS
 
 
 def _servers(item) -> list[str]:
     names = getattr(item, "fixturenames", ())
-    picked = (
-        getattr(getattr(item, "callspec", None), "params", {}).get("server") if "server" in names else None
-    )
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    picked = params.get("server") or params.get("kind_server")
     return [n for n in SERVERS if f"{n}_server" in names or n == picked]
 
 

@@ -11,24 +11,17 @@ high on this trace.
 from __future__ import annotations
 
 import pytest
-from vllm_runs import bench, simulate
+from vllm_runs import live_and_simulated
 from vllm_server import EVICT_BLOCKS
 
 pytestmark = pytest.mark.vllm
 
 
-def test_simulator_hit_rate_matches_live_vllm(evict_server, vllm_env, trimmed_trace, tmp_path, figures):
+def test_simulator_hit_rate_matches_live_vllm(evict_server, trimmed_trace, tmp_path, figures):
     cfg = evict_server.cache_config()
     assert (cfg["num_gpu_blocks"], cfg["block_size"]) == (str(EVICT_BLOCKS), "32")
-    evict_server.reset_prefix_cache()  # start from an empty cache, as the simulator does
-    live = bench(evict_server, trimmed_trace, tmp_path / "bench")
+    live, sim = live_and_simulated(evict_server, trimmed_trace, tmp_path / "bench")
     n = len(live.records)
-    assert all(r.ok for r in live.records)
-    assert live.hits_delta == live.cached_tokens and live.queries_delta == live.prompt_tokens
-
-    sim = simulate(trimmed_trace, EVICT_BLOCKS, n, vllm_env.model_dir)
-    assert sim["requests"] == sim["succeeded"] == n
-    assert sim["preemptions"] == 0
     sim_rate, live_rate = sim["cache"]["reported"], live.hit_rate
     ceiling = live.summary["cache"]["ceiling"]
     assert ceiling - live_rate > 0.02, "the forced-small cache should evict: no eviction, no fidelity test"

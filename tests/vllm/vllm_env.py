@@ -55,6 +55,71 @@ TINY_LLAMA = {
 }
 
 
+_SHARED = ("vocab_size", "max_position_embeddings", "rms_norm_eps", "torch_dtype", "hidden_size")
+_SHARED += ("num_hidden_layers", "num_attention_heads", "bos_token_id", "eos_token_id", "pad_token_id")
+_TINY_COMMON = {k: TINY_LLAMA[k] for k in _SHARED}
+_TINY_ATTN = _TINY_COMMON | {"num_key_value_heads": 2, "head_dim": 32}
+
+# other model kinds, equally tiny: a sliding-window model, a mixture of experts, MLA (issue #15)
+TINY_KINDS = {
+    "sliding-window": _TINY_ATTN
+    | {
+        "architectures": ["Gemma3ForCausalLM"],
+        "model_type": "gemma3_text",
+        "intermediate_size": 256,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 512,
+        "query_pre_attn_scalar": 32,
+        "rope_theta": 1_000_000.0,
+        "rope_local_base_freq": 10_000.0,
+        "hidden_activation": "gelu_pytorch_tanh",
+        "tie_word_embeddings": True,
+    },
+    "moe": _TINY_ATTN
+    | {
+        "architectures": ["Qwen3MoeForCausalLM"],
+        "model_type": "qwen3_moe",
+        "intermediate_size": 256,
+        "moe_intermediate_size": 64,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    },
+    "mla": _TINY_COMMON
+    | {
+        "architectures": ["DeepseekV2ForCausalLM"],
+        "model_type": "deepseek_v2",
+        "num_key_value_heads": 4,
+        "intermediate_size": 256,
+        "q_lora_rank": None,
+        "kv_lora_rank": 64,
+        "qk_nope_head_dim": 32,
+        "qk_rope_head_dim": 32,
+        "v_head_dim": 32,
+        "n_routed_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "n_shared_experts": 1,
+        "first_k_dense_replace": 1,
+        "moe_layer_freq": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "topk_method": "greedy",
+        "scoring_func": "softmax",
+        "routed_scaling_factor": 1.0,
+        "norm_topk_prob": False,
+        "rope_theta": 10000.0,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    },
+}
+
+
 class Unavailable(RuntimeError):
     """The vLLM environment cannot be provisioned here; the message says why (the skip reason)."""
 
@@ -147,12 +212,12 @@ def _install(venv: Path, log) -> None:
     _run([*pip, "uninstall", "-q", "-y", *CUDA_EXTRAS], 300, "uninstalling the CUDA " + "/".join(CUDA_EXTRAS))
 
 
-def write_tiny_model(folder: Path) -> Path:
-    """`config.json` of the tiny Llama and a word-level tokenizer covering its 32,000 ids."""
+def write_tiny_model(folder: Path, config: dict = TINY_LLAMA) -> Path:
+    """`config.json` of a tiny model (the Llama by default) and a word-level tokenizer of its 32,000 ids."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "config.json").write_text(json.dumps(TINY_LLAMA, indent=1))
+    (folder / "config.json").write_text(json.dumps(config, indent=1))
     vocab = {"<unk>": 0} | {f"w{i}": i for i in range(1, TINY_LLAMA["vocab_size"])}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
@@ -168,6 +233,11 @@ def write_tiny_model(folder: Path) -> Path:
         )
     )
     return folder
+
+
+def kind_dir(env: VllmEnv, kind: str) -> Path:
+    """The folder of the tiny model of `kind` (a key of TINY_KINDS), next to the tiny Llama's."""
+    return env.model_dir.parent / f"tiny-{kind}"
 
 
 def provision(log=print) -> VllmEnv:
@@ -195,6 +265,8 @@ def provision(log=print) -> VllmEnv:
                 raise Unavailable(f"{VLLM_SPEC} installed in {venv} but `import vllm` fails")
             marker.write_text(VLLM_SPEC + "\n")
         model = write_tiny_model(venv / "tiny-llama")
+        for kind, config in TINY_KINDS.items():
+            write_tiny_model(venv / f"tiny-{kind}", config)
     return VllmEnv(python, version, model, time.monotonic() - t0, installed_now)
 
 

@@ -74,7 +74,14 @@ def bench(server: VllmServer, trace: Path, out: Path, *extra: str) -> BenchRun:
     )
 
 
-def simulate(trace: Path, num_blocks: int, max_requests: int, model_dir: Path) -> dict:
+def simulate(
+    trace: Path,
+    num_blocks: int,
+    max_requests: int,
+    model_dir: Path,
+    block_size: int = BLOCK_SIZE,
+    *extra: str,
+) -> dict:
     """`agentkv simulate` of `trace` on one engine shaped like the live one; the summary as JSON."""
     out = agentkv(
         "simulate",
@@ -82,7 +89,7 @@ def simulate(trace: Path, num_blocks: int, max_requests: int, model_dir: Path) -
         "--model",
         str(model_dir),
         "--block-size",
-        str(BLOCK_SIZE),
+        str(block_size),
         "--num-gpu-blocks-override",
         str(num_blocks),
         "--max-model-len",
@@ -93,5 +100,23 @@ def simulate(trace: Path, num_blocks: int, max_requests: int, model_dir: Path) -
         str(max_requests),
         "--json",
         "--quiet",
+        *extra,
     )
     return json.loads(out)
+
+
+def live_and_simulated(server: VllmServer, trace: Path, out: Path) -> tuple[BenchRun, dict]:
+    """Replay `trace` on `server` from an empty cache, then simulate it with the server's model,
+    block size and block count (vLLM's `cache_config_info`) and its extra engine flags (those
+    `simulate` shares with vLLM); both runs checked complete."""
+    cfg = server.cache_config()
+    blocks, block_size = int(cfg["num_gpu_blocks"]), int(cfg["block_size"])
+    server.reset_prefix_cache()  # start from an empty cache, as the simulator does
+    live = bench(server, trace, out)
+    n = len(live.records)
+    assert all(r.ok for r in live.records)
+    assert live.hits_delta == live.cached_tokens and live.queries_delta == live.prompt_tokens
+    sim = simulate(trace, blocks, n, server.model_dir, block_size, *server.spec.extra)
+    assert sim["requests"] == sim["succeeded"] == n
+    assert sim["preemptions"] == 0
+    return live, sim

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from cluster import free_ports, stop_process
-from vllm_env import VllmEnv
+from vllm_env import VllmEnv, kind_dir
 
 BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
 MAX_MODEL_LEN = 8192
@@ -46,6 +46,11 @@ class ServerSpec:
     bind_events: bool = True
     extra: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+    kind: str | None = None  # a key of vllm_env.TINY_KINDS; None: the tiny Llama
+
+    @property
+    def served_name(self) -> str:
+        return f"tiny-{self.kind}" if self.kind else MODEL_NAME
 
 
 MAIN = ServerSpec()  # vLLM's defaults: sha256, PYTHONHASHSEED unset; vLLM binds its event socket
@@ -53,6 +58,19 @@ EVICT_BLOCKS = 320  # ~10,000 tokens: two agents' contexts (~210 blocks each) do
 EVICT = ServerSpec(
     hash_algo="sha256_cbor", python_hash_seed="4242", num_gpu_blocks=EVICT_BLOCKS, bind_events=False
 )
+
+# one evicting server per other model kind (vllm_env.TINY_KINDS), blocks sized so that it starts:
+# vLLM needs one request of --max-model-len to fit, and a sliding-window group holds the window plus
+# a prefill chunk besides the full-attention blocks; the CPU MLA backend forces 16-token blocks.
+# The prefill chunk is given explicitly (the CPU build's default) so the simulator can be told the same.
+KIND_BLOCKS = {"sliding-window": 400, "moe": 320, "mla": 640}
+KIND_CHUNK = ("--max-num-batched-tokens", "2048")
+KIND_SERVERS = {
+    f"kind-{kind}": ServerSpec(
+        hash_algo="sha256_cbor", num_gpu_blocks=blocks, bind_events=False, extra=KIND_CHUNK, kind=kind
+    )
+    for kind, blocks in KIND_BLOCKS.items()
+}
 
 
 @dataclass
@@ -73,6 +91,10 @@ class VllmServer:
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def model_dir(self) -> Path:
+        return self.env.model_dir if self.spec.kind is None else kind_dir(self.env, self.spec.kind)
 
     @property
     def events(self) -> str:
@@ -101,9 +123,9 @@ class VllmServer:
             "--port",
             str(self.port),
             "--model",
-            str(self.env.model_dir),
+            str(self.model_dir),
             "--served-model-name",
-            MODEL_NAME,
+            self.spec.served_name,
             "--load-format",
             "dummy",
             "--dtype",
@@ -206,7 +228,13 @@ class VllmServer:
     # -- HTTP helpers -------------------------------------------------------------------------
     def complete(self, prompt: list[int], max_tokens: int = 1, **extra) -> dict:
         """One non-streamed completion of token ids; returns the response JSON."""
-        body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, **extra}
+        body = {
+            "model": self.spec.served_name,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            **extra,
+        }
         req = urllib.request.Request(
             self.url + "/v1/completions",
             data=json.dumps(body).encode(),

@@ -1,0 +1,65 @@
+"""Fidelity per model kind: `agentkv simulate` predicts live vLLM's hit rate on other architectures too.
+
+Each kind of `vllm_env.TINY_KINDS` (a Gemma 3 with a 512-token sliding window on one of its two
+layers, a Qwen3-MoE, a DeepSeek-V2 with MLA) is served by the CPU build with dummy weights and a
+cache small enough to evict, replays the trimmed trace like the dense fidelity test, and is
+simulated from the same `config.json` with the block count and block size vLLM reports. The hit
+rates must be equal. Where vLLM cannot serve a kind, or serves it without prefix caching, the test
+skips with vLLM's own log line saying so.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from vllm_runs import live_and_simulated
+from vllm_server import KIND_SERVERS, VllmServer
+
+pytestmark = pytest.mark.vllm
+
+# vLLM's reason, as it logs it: the exception that stopped it, or its notice that prefix caching is off
+CRASH = re.compile(r"\b\w+(Error|Exception): .*")
+NO_CACHING = re.compile(r"[^\]]*prefix caching to be disabled.*")
+
+
+def vllm_reason(log: str, pattern: re.Pattern = CRASH) -> str:
+    """vLLM's own line saying why: the last match of `pattern` outside its warnings, not its "see
+    root cause above" wrapper, without the log prefix."""
+    lines = [ln for ln in log.splitlines() if " WARNING " not in ln]
+    found = [m.group(0).strip() for m in map(pattern.search, lines) if m]
+    causes = [x for x in found if "root cause above" not in x]
+    return (causes or found or log.strip().splitlines() or ["(empty log)"])[-1]
+
+
+@pytest.fixture
+def kind_server(vllm_pool, request) -> VllmServer:
+    """The server of one model kind, or a skip with vLLM's reason when it cannot start."""
+    name = request.param
+    try:
+        srv = vllm_pool.get(name)
+    except (RuntimeError, TimeoutError):
+        vllm_pool.release(name)
+        log = (vllm_pool.log_dir / f"{name}.log").read_text(errors="replace")
+        pytest.skip(f"vLLM cannot serve the tiny {name} model on CPU: {vllm_reason(log)}")
+    yield srv
+    vllm_pool.release(name)
+
+
+@pytest.mark.parametrize("kind_server", list(KIND_SERVERS), indirect=True)
+def test_simulated_hit_rate_matches_live_vllm_per_kind(kind_server, trimmed_trace, tmp_path, figures):
+    cfg = kind_server.cache_config()
+    if cfg.get("enable_prefix_caching") != "True":
+        log = (kind_server.log_dir / f"{kind_server.name}.log").read_text(errors="replace")
+        pytest.skip(f"vLLM serves {kind_server.name} without prefix caching: {vllm_reason(log, NO_CACHING)}")
+    live, sim = live_and_simulated(kind_server, trimmed_trace, tmp_path / "bench")
+    sim_rate, live_rate = sim["cache"]["reported"], live.hit_rate
+    ceiling = live.summary["cache"]["ceiling"]
+    assert ceiling - live_rate > 0.02, "the small cache should evict: no eviction, no fidelity test"
+    assert sim_rate == live_rate, (sim_rate, live_rate)
+
+    figures[f"fidelity ({kind_server.name})"] = (
+        f"{len(live.records)} requests, {cfg['num_gpu_blocks']} blocks of {cfg['block_size']}: live vLLM "
+        f"hit rate {live_rate:.4%}, agentkv simulate {sim_rate:.4%} "
+        f"(diff {100 * (sim_rate - live_rate):+.2f} pt); unbounded ceiling {ceiling:.2%}"
+    )
