@@ -263,6 +263,10 @@ class Router:
             {
                 "workers": {k: block_digest(v) for k, v in held.items()},
                 "index_overflow_blocks": self.index.overflow,
+                "skipped_group_blocks": {
+                    "stored": self.index.groups.skipped_stores,
+                    "removed": self.index.groups.skipped_removals,
+                },
             }
         )
 
