@@ -5,6 +5,7 @@ The server runs with aiohttp's automatic decompression off, so a `Content-Encodi
 reading stops the moment either count passes the cap (413). A body that is not what
 its encoding says is a 400, an unknown encoding a 415, a body that takes longer than `timeout`
 to arrive a 408 (and the connection is closed). Nothing past the cap is ever held in memory.
+The router reads a large body as sent and has `inflate_body` run in its parse process instead.
 """
 
 from __future__ import annotations
