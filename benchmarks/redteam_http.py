@@ -8,6 +8,7 @@ The processes run whatever `agentkv` is on PYTHONPATH, so the same script measur
 PYTHONPATH=../main .venv/bin/python benchmarks/redteam_http.py  (then without, for this one).
 
 Run: .venv/bin/python benchmarks/redteam_http.py [--seconds 8] [--parallel 4] [--text-mb 30]
+     [--target router] [--max-parses-per-tenant 1]   (also prints each door's CPU and the load average)
 """
 
 from __future__ import annotations
@@ -39,6 +40,23 @@ def cpu_s(pid: int) -> float:
 def cpu_split(pid: int) -> tuple[float, float]:
     """(CPU s of `pid` itself, of its live descendants: the parse processes)."""
     return cpu_s(pid), sum(cpu_s(c) for c in descendants(pid))
+
+
+def report(name: str, run, cpu: list[float]) -> None:
+    """Print one door's figures: victim latency per phase, the attack's answers, CPU and memory."""
+    print(f"\n{name}:")
+    print(f"  idle:   {run.idle.line()}")
+    print(f"  attack: {run.attack.line()}")
+    print(
+        f"  attack answers: {dict(run.attack.attack_status)} of {run.attack.attack_sent} sent; "
+        f"victim statuses {dict(run.attack.victim_status)}"
+    )
+    print(
+        f"  CPU (both phases): the door's process {cpu[0]:.2f} s (event loop and its threads), "
+        f"its parse processes {cpu[1]:.2f} s; load average {os.getloadavg()[0]:.1f}"
+    )
+    for k, (a, peak, end) in run.rss.items():
+        print(f"  RSS {k}: {a:.0f} MiB at start, {peak:.0f} MiB peak, {end:.0f} MiB at the end")
 
 
 def main() -> None:
@@ -95,20 +113,7 @@ def main() -> None:
                     victim_key=keys[1],
                 )
             )
-            print(f"\n{name}:")
-            print(f"  idle:   {run.idle.line()}")
-            print(f"  attack: {run.attack.line()}")
-            print(
-                f"  attack answers: {dict(run.attack.attack_status)} of {run.attack.attack_sent} sent; "
-                f"victim statuses {dict(run.attack.victim_status)}"
-            )
-            own, kids = (b - a for a, b in zip(cpu0, cpu_split(door), strict=True))
-            print(
-                f"  CPU (both phases): the door's process {own:.2f} s (event loop and its threads), "
-                f"its parse processes {kids:.2f} s; load average {os.getloadavg()[0]:.1f}"
-            )
-            for k, (a, peak, end) in run.rss.items():
-                print(f"  RSS {k}: {a:.0f} MiB at start, {peak:.0f} MiB peak, {end:.0f} MiB at the end")
+            report(name, run, [b - a for a, b in zip(cpu0, cpu_split(door), strict=True)])
 
 
 if __name__ == "__main__":
