@@ -9,9 +9,10 @@ import time
 import urllib.request
 from functools import partial
 
+import msgspec
 from cluster import Cluster, get_json, get_text, metric_sum
 
-from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, decode_batch
 from agentkv.route.index import BlockIndex, Match, TenantIndex
 
 HITS = "agentkv_router_predicted_hit_blocks_total"
@@ -127,3 +128,26 @@ def test_router_follows_gpt_oss_full_attention_group(tmp_path):
             f"prompt again: worker {again} (home {home}), predicted {predicted:g} blocks, cached {cached} tokens"
         )
         assert again == home and predicted > 0 and cached > 0
+
+
+def test_newer_vllm_fields_decode_and_removals_follow_the_group():
+    """vLLM after 0.32 adds `kv_cache_spec_kind` and `kv_cache_spec_sliding_window` to both events:
+    unknown fields are ignored, and the group rule still applies to the decoded events."""
+    extra = {"kv_cache_spec_kind": "sliding_window", "kv_cache_spec_sliding_window": 128}
+    base = {"parent_block_hash": None, "token_ids": [], "block_size": 16, "lora_id": None, "medium": "GPU"}
+    events = [
+        {
+            "type": "BlockStored",
+            "block_hashes": [1, 2],
+            **base,
+            "group_idx": 0,
+            "kv_cache_spec_kind": "full_attention",
+        },
+        {"type": "BlockStored", "block_hashes": [1, 2], **base, "group_idx": 1, **extra},
+        {"type": "BlockRemoved", "block_hashes": [1], "medium": "GPU", "group_idx": 1, **extra},
+    ]
+    batch = decode_batch(msgspec.msgpack.encode([1.0, events, 0]))
+    idx = TenantIndex()
+    for ev in batch.events:
+        idx.apply(0, ev)
+    assert idx.find_matches("", [1, 2]) == {0: Match(2)} and idx.groups.skipped_removals == 1
