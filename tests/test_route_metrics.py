@@ -101,6 +101,9 @@ ADDED = r"""
 # HELP agentkv_router_worker_event_handshake_failures_total Event connections refused in the ZMQ handshake: a publisher without the worker's pinned CURVE key, or CURVE on one side only.
 # TYPE agentkv_router_worker_event_handshake_failures_total counter
 agentkv_router_worker_event_handshake_failures_total{worker="0"} 2
+# HELP agentkv_router_index_skipped_group_blocks_total Blocks a hybrid model's window or state groups stored or removed: not indexed, the full-attention group decides prefix hits.
+# TYPE agentkv_router_index_skipped_group_blocks_total counter
+agentkv_router_index_skipped_group_blocks_total 2
 """[1:]
 
 
@@ -118,6 +121,7 @@ def populated_router() -> Router:
     st.client_disconnects = 6
     r.index.overflow = 7
     r.index.apply(0, BlockStored(block_hashes=[11, 12, 13]))
+    r.index.apply(0, BlockStored(block_hashes=[11, 12], group_idx=1, kv_cache_spec_kind="sliding_window"))
     r.approx.record(1, "default", [21, 22])
     w0, w1 = r.pool.workers
     w1.healthy = False

@@ -5,6 +5,7 @@ The server runs with aiohttp's automatic decompression off, so a `Content-Encodi
 reading stops the moment either count passes the cap (413). A body that is not what
 its encoding says is a 400, an unknown encoding a 415, a body that takes longer than `timeout`
 to arrive a 408 (and the connection is closed). Nothing past the cap is ever held in memory.
+The router reads a large body as sent and has `inflate_body` run in its parse process instead.
 """
 
 from __future__ import annotations
@@ -54,17 +55,32 @@ def likely_large(request: web.BaseRequest, threshold: int) -> bool:
     return n is None or n >= threshold or encoding_of(request) is not None
 
 
-async def read_body(request: web.BaseRequest, limit: int, timeout: float | None = None) -> bytearray:
+async def read_body(
+    request: web.BaseRequest, limit: int, timeout: float | None = None, *, inflate: bool = True
+) -> bytearray:
     """The whole body, inflated (a bytearray: no copy of a large body); RequestError 408 / 413 / 400 /
-    415 as the module says."""
+    415 as the module says. `inflate=False`: the bytes as sent, for `inflate_body` in a parse process."""
     enc = encoding_of(request)
     if request.content_length is not None and request.content_length > limit:
         raise too_large(limit)
     try:
         async with asyncio.timeout(timeout):
-            return await _read(request, limit, enc)
+            return await _read(request, limit, enc if inflate else None)
     except TimeoutError:
         raise BodyTimeout(timeout or 0) from None
+
+
+def inflate_body(raw: bytes, enc: str | None, limit: int) -> bytes:
+    """`raw` as sent with Content-Encoding `enc`, inflated under the same cap and errors as
+    `read_body` (for a parse process, so a gzip bomb burns its CPU there, not the event loop's)."""
+    if enc is None:
+        return raw
+    inflater = _Inflater(enc)
+    out = b"".join(inflater.feed(raw, limit))
+    if len(out) > limit:
+        raise too_large(limit, "inflated request body")
+    inflater.finish()
+    return out
 
 
 async def _read(request: web.BaseRequest, limit: int, enc: str | None) -> bytearray:

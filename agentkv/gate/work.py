@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 
+from agentkv.gate.body import inflate_body
 from agentkv.gate.errors import RequestError
 
 OFFLOAD_BYTES = 32 << 10  # bodies from this size on are parsed in a worker process
@@ -49,6 +50,11 @@ def _child_init(init: Callable[..., None] | None, args: tuple, parent: int) -> N
         os.nice(10)  # background work: the server's event loop gets the CPU first
     if init is not None:
         init(*args)
+
+
+def _inflate_then(fn: Callable, raw: bytes, enc: str | None, limit: int, *args):
+    """In a worker process: inflate the body as sent, then `fn(body, *args)`."""
+    return fn(inflate_body(raw, enc, limit), *args)
 
 
 def _noop() -> None:
@@ -120,6 +126,13 @@ class Offload:
             pool = self._ensure()
             for _ in range(self.processes):
                 pool.submit(_noop)
+
+    async def run_raw(self, fn: Callable, raw: bytes, enc: str | None, limit: int, *args):
+        """`fn(body, *args)` in a worker process, `body` being `raw` (as sent, Content-Encoding `enc`)
+        inflated there under `limit` bytes: decompression, too, runs off the event loop's CPU."""
+        if enc is None:
+            return await self.run(fn, raw, *args)
+        return await self.run(_inflate_then, fn, raw, enc, limit, *args)
 
     async def run(self, fn: Callable, *args):
         """`fn(*args)` in a worker process; its RequestError comes back as raised."""

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from itertools import takewhile
 
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from agentkv.route.groups import GroupFilter
 
 GPU = "GPU"
 _GPU_NAMES = frozenset({"GPU", "DEVICE", "CUDA", "HBM"})
@@ -64,6 +65,7 @@ class BlockIndex:
         self._gpu: dict[int, set[int]] = {}  # worker -> GPU hashes (the hot path)
         self._lower: dict[int, dict[str, set[int]]] = {}  # worker -> tier -> hashes
         self._extra: dict[tuple[int, str], dict[int, int]] = {}  # (worker, tier) -> hash -> copies beyond one
+        self.groups = GroupFilter()  # a hybrid model's events: only the full-attention group's apply
 
     def _set(self, worker: int, tier: str) -> set[int]:
         if tier == GPU:
@@ -120,13 +122,16 @@ class BlockIndex:
         return n
 
     def apply(self, worker: int, event: KVEvent) -> None:
-        """Apply one vLLM KV event from `worker`."""
+        """Apply one vLLM KV event from `worker` (of a hybrid model's groups, the one `groups` follows)."""
         if isinstance(event, BlockStored):
-            self.store(worker, event.block_hashes, tier_name(event.medium))
+            if self.groups.stored(worker, event):
+                self.store(worker, event.block_hashes, tier_name(event.medium))
         elif isinstance(event, BlockRemoved):
-            self.remove(worker, event.block_hashes, tier_name(event.medium))
+            if self.groups.removed(worker, event):
+                self.remove(worker, event.block_hashes, tier_name(event.medium))
         elif isinstance(event, AllBlocksCleared):
             self.clear_worker(worker)
+            self.groups.forget(worker)
 
     # -- queries ---------------------------------------------------------------------------------
     def find_matches(self, hashes: Sequence[int]) -> dict[int, Match]:
@@ -209,6 +214,7 @@ class TenantIndex:
         self.indexes: dict[str, BlockIndex] = {DEFAULT_TENANT: BlockIndex()}
         self.max_blocks = max_blocks  # per worker, all tenants and tiers: stores past it are dropped
         self.overflow = 0  # blocks dropped for that bound
+        self.groups = GroupFilter()  # a hybrid model's events: only the full-attention group's apply
         self.salts = dict(salts or {})  # cache_salt -> tenant
         self._roots: OrderedDict[int, str] = OrderedDict()  # first hash of a request -> tenant
         self.max_roots = max_roots
@@ -253,6 +259,8 @@ class TenantIndex:
     def apply(self, worker: int, event: KVEvent) -> None:
         """Apply one KV event from `worker` to the index of the tenant it belongs to."""
         if isinstance(event, BlockStored):
+            if not self.groups.stored(worker, event):
+                return
             if (
                 self.max_blocks is not None
                 and self.blocks(worker) + len(event.block_hashes) > self.max_blocks
@@ -263,6 +271,8 @@ class TenantIndex:
                 worker, event.block_hashes, tier_name(event.medium)
             )
         elif isinstance(event, BlockRemoved):
+            if not self.groups.removed(worker, event):
+                return
             tier = tier_name(event.medium)
             for idx in self.indexes.values():
                 idx.remove(worker, event.block_hashes, tier)
@@ -271,6 +281,7 @@ class TenantIndex:
 
     def clear_worker(self, worker: int) -> int:
         """Drop every entry of `worker` in every tenant's index (AllBlocksCleared, death, restart)."""
+        self.groups.forget(worker)
         return sum(idx.clear_worker(worker) for idx in self.indexes.values())
 
     def find_matches(self, tenant: str, hashes: Sequence[int]) -> dict[int, Match]:

@@ -55,6 +55,12 @@ _TOTALS: tuple[tuple[str, str, Callable[[Router], float]], ...] = (
         "Stored blocks not indexed: the worker was at --max-index-blocks.",
         lambda r: r.index.overflow,
     ),
+    (
+        "index_skipped_group_blocks",
+        "Blocks a hybrid model's window or state groups stored or removed: not indexed, the "
+        "full-attention group decides prefix hits.",
+        lambda r: r.index.groups.skipped_stores + r.index.groups.skipped_removals,
+    ),
     ("broken_streams", "", lambda r: r.stats.broken_streams),
     (
         "client_disconnects",

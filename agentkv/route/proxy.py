@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import aiohttp
 from aiohttp import web
 
-from agentkv.gate.body import BodyTimeout, likely_large, read_body, refuse_and_close
+from agentkv.gate.body import BodyTimeout, encoding_of, likely_large, read_body, refuse_and_close
 from agentkv.gate.errors import RequestError
 from agentkv.gate.options import HttpLimits
 from agentkv.gate.web import error_middleware, error_response
@@ -263,6 +263,10 @@ class Router:
             {
                 "workers": {k: block_digest(v) for k, v in held.items()},
                 "index_overflow_blocks": self.index.overflow,
+                "skipped_group_blocks": {
+                    "stored": self.index.groups.skipped_stores,
+                    "removed": self.index.groups.skipped_removals,
+                },
             }
         )
 
@@ -382,11 +386,13 @@ class Router:
         if not likely_large(request, OFFLOAD_BYTES):
             body = await read_body(request, http.max_body_bytes, http.body_timeout)
             return prepare(body, chat, salt, self.hasher, limit, refuse)
-        async with self.offload.slot(tenant):
-            body = await read_body(request, http.max_body_bytes, http.body_timeout)
-            if len(body) < OFFLOAD_BYTES:
+        async with self.offload.slot(tenant):  # a compressed body is inflated in the parse process
+            enc = encoding_of(request)
+            body = await read_body(request, http.max_body_bytes, http.body_timeout, inflate=False)
+            if enc is None and len(body) < OFFLOAD_BYTES:
                 return prepare(body, chat, salt, self.hasher, limit, refuse)
-            return await self.offload.run(prepare_in_child, body, chat, salt, limit, refuse)
+            cap = http.max_body_bytes
+            return await self.offload.run_raw(prepare_in_child, body, enc, cap, chat, salt, limit, refuse)
 
     async def _forward(
         self, request: web.Request, w: Worker, path: str, payload: bytes, headers: dict, load: Load
