@@ -115,8 +115,11 @@ class Scheduler:
         if not first_try and pool.is_current(req.computed):
             return  # a retry, and nothing was evicted since (tiers change only then): same prefix
         hint = req.hint
-        if not first_try and isinstance(req.computed.blocks, np.ndarray):
-            hint = req.computed.blocks  # a retry: last step's blocks, checked in bulk (same answer)
+        if not first_try and req.hash_array is not None:  # a retry: last try's blocks, checked in
+            last = req.computed.blocks  # bulk, then the walk goes on from the first gone (same answer)
+            if isinstance(last, list) and last:
+                last = np.fromiter(last, np.int64, len(last))
+            hint = last if isinstance(last, np.ndarray) else hint
         computed = req.computed = pool.get_computed_blocks(
             req.block_hashes, req.num_tokens, count=False, hint=hint, hash_array=req.hash_array
         )

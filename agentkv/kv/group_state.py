@@ -215,16 +215,22 @@ class GroupBlocks:
             hs, bl, whole = [hs[i] for i in keep], [bl[i] for i in keep], False
         self.hashed[rid][g] = full
         if hs:
-            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole=whole, inserted=True)
+            arr = getattr(req, "hash_array", None)  # whole: index and mirror in bulk, no list conversion
+            h64 = arr[lo:full] if whole and arr is not None and len(arr) >= full else None
+            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole, True, seg if whole else None, h64)
 
-    def _store(self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False) -> None:
+    def _store(
+        self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False, idx=None, h64=None
+    ) -> None:
+        """Record cached blocks (`idx`, `h64`: the same blocks and hashes as arrays, when at hand)."""
         if not inserted:
             self.cached_maps[g].update(zip(hs, blocks, strict=True))
         self.bhash.update(zip(blocks, hs, strict=True))
-        self.hashed_blk[blocks] = True
+        idx = blocks if idx is None else idx
+        self.hashed_blk[idx] = True
         if self.mirror and g == 0:
             try:
-                self.bh64[blocks] = hs
+                self.bh64[idx] = hs if h64 is None else h64
             except (OverflowError, TypeError, ValueError):
                 self.mirror = False
         self.stats.stored += len(hs)
