@@ -370,9 +370,8 @@ class BlockPool:
             bh[b] = h
         primary = True if got == seg_blocks else add_copies(self.dups, seg_hashes, seg_blocks, got)
         if self._mirror:
-            arr = getattr(req, "hash_array", None)  # the same hashes as uint64: no per-int conversion
+            arr, idx = getattr(req, "hash_array", None), blocks[lo:hi]  # uint64 hashes: no per-int conversion
             try:
-                idx = blocks[lo:hi]
                 self._bh[idx] = arr[lo:hi] if arr is not None and len(arr) >= hi else seg_hashes
                 self._has[idx] = primary
             except (OverflowError, TypeError, ValueError):
