@@ -1,8 +1,9 @@
 """Simulator speed: the shared Claude Code traces on 8 simulated H200s, and Mooncake beside Dynamo.
 
 (a) The 119 shared Claude Code traces (about 8,000 requests, 1.0 B input tokens) on 8 simulated
-H200s serving Llama-3.1-8B, 64 lanes, kv_aware router: wall and CPU seconds, simulated seconds,
-speed-up over real time and simulated requests per wall and per CPU second. The machine may be
+H200s serving Llama-3.1-8B, 64 lanes, kv_aware router (steady) and round_robin (overloaded): wall
+and CPU seconds, simulated seconds, speed-up over real time, simulated requests per wall and per
+CPU second, and CPU milliseconds per simulated request. The machine may be
 shared, so CPU time (`time.process_time`) and the load average are printed beside wall time.
 (b) The Mooncake conversation trace (12,031 requests, replayed by timestamp) on 8 workers, beside
 Dynamo's offline replay of the same file (`dynamo.replay.run_trace_replay`, Rust) run through
@@ -23,19 +24,15 @@ Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake|disagg|mode
 from __future__ import annotations
 
 import argparse
-import glob
 import gzip
-import json
 import os
-import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
+from dynamo_peer import dynamo_python, perf_table, run_dynamo
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
@@ -45,8 +42,6 @@ from agentkv.trace.formats import load_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("AGENTKV_SHARED", ROOT.parent / "shared"))
-DYNAMO_VENV = ROOT / ".venv-peers" / "dynamo"
-DYNAMO_PIN = "ai-dynamo==1.6.1"
 WORKERS = 8
 
 
@@ -80,15 +75,16 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:,.0f}"
 
 
-def claude_code() -> list[Row]:
+def claude_code(router: str = "kv_aware") -> list[Row]:
+    """(a): kv_aware keeps the 8 replicas steady; round_robin overloads them (the queue grows)."""
     src = SHARED / "traces" / "claude-code"
     if not src.is_dir():
         print(f"(a) skipped: {src} not found (set AGENTKV_SHARED)")
         return []
     cfg = SimConfig(
-        engine=EngineConfig(gpu="h200", model="llama3-8b"), workers=WORKERS, lanes=64, router="kv_aware"
+        engine=EngineConfig(gpu="h200", model="llama3-8b"), workers=WORKERS, lanes=64, router=router
     )
-    print(f"(a) {src}: 8x H200, Llama-3.1-8B, 64 lanes, kv_aware   load average before: {loadavg()}")
+    print(f"(a) {src}: 8x H200, Llama-3.1-8B, 64 lanes, {router}   load average before: {loadavg()}")
     res, lw, lc, sw, sc = timed_sim([src], cfg)
     s, n = res.summary, len(res.records)
     tin = sum(r.input_tokens for r in res.records)
@@ -96,7 +92,7 @@ def claude_code() -> list[Row]:
     print(f"    simulate: {sw:.1f} s wall, {sc:.1f} s CPU, {res.sim_s:,.0f} s simulated")
     print(
         f"    speed-up vs real time: {res.sim_s / sw:,.0f}x (wall), {res.sim_s / sc:,.0f}x (CPU);  "
-        f"requests per second: {n / sw:,.0f} (wall), {n / sc:,.0f} (CPU)"
+        f"requests per second: {n / sw:,.0f} (wall), {n / sc:,.0f} (CPU); {sc / n * 1e3:.2f} ms CPU per request"
     )
     print(
         f"    hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}), TTFT p50/p99 "
@@ -104,7 +100,7 @@ def claude_code() -> list[Row]:
     )
     return [
         Row(
-            "agentkv, claude-code (a)",
+            f"agentkv, claude-code {router} (a)",
             n,
             lw + sw,
             lc + sc,
@@ -197,82 +193,11 @@ def model_families(names: list[str] | None) -> list[Row]:
         print(
             f"    {name} (tp {tp} x {WORKERS // tp}, KV {kv}): hit {s.cache.reported:.1%}, TTFT p50/p99 "
             f"{ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, {s.preemptions:,} preemptions, "
-            f"{tokens / 1e3:,.0f}K tokens of 128K sequences per replica; {wall:.1f} s wall, {cpu:.1f} s CPU{vs}"
+            f"{tokens / 1e3:,.0f}K tokens of 128K sequences per replica; {wall:.1f} s wall, {cpu:.1f} s CPU "
+            f"({cpu / len(res.records) * 1e3:.2f} ms per request){vs}"
         )
         rows.append(Row(f"{name}, claude-code (d)", len(res.records), wall, cpu, res.sim_s, s.cache.reported))
     return rows
-
-
-def perf_table(engine: Engine, path: Path) -> None:
-    """agentkv's cost model as a Dynamo mocker timing table (npz): prefill ms by new tokens in a
-    step, decode ms by (active KV tokens, context length), batch = tokens / context."""
-    cost, cap = engine.cost, engine.num_gpu_blocks * engine.config.block_size
-    isl = np.unique(np.geomspace(1, engine.config.max_num_batched_tokens, 96).round())
-    ttft = [cost.step_time([(int(n), 0)], []) * 1e3 for n in isl]
-    kv = np.linspace(0, cap, 64)
-    ctx = np.unique(np.geomspace(1, engine.max_model_len, 64).round())
-    seqs = engine.config.max_num_seqs
-    batch = [[int(min(seqs, max(1, round(k / c)))) for c in ctx] for k in kv]
-    itl = np.array(
-        [
-            [cost.decode_steps(b, b * int(c), int(c), 1)[0] * 1e3 for b, c in zip(row, ctx, strict=True)]
-            for row in batch
-        ]
-    )
-    np.savez(
-        path,
-        prefill_isl=isl,
-        prefill_ttft_ms=np.array(ttft),
-        decode_active_kv_tokens=kv,
-        decode_context_length=ctx,
-        decode_itl=itl,
-    )
-
-
-def dynamo_python() -> tuple[str | None, str]:
-    """The 3.10 interpreter with ai-dynamo, creating the venv when missing; (None, reason) if not."""
-    env = os.environ.get("DYNAMO_PYTHON")
-    if env:
-        return env, f"DYNAMO_PYTHON={env}"
-    py = DYNAMO_VENV / "bin" / "python"
-    if not py.exists():
-        bases = sorted(glob.glob(os.path.expanduser("~/.pyenv/versions/3.10.*/bin/python"))) or [
-            p for p in [shutil.which("python3.10")] if p
-        ]
-        if not bases:
-            return None, "no Python 3.10 found (pyenv ~/.pyenv/versions/3.10.* or python3.10 on PATH)"
-        print(f"    creating {DYNAMO_VENV} with {bases[-1]} and installing {DYNAMO_PIN} ...")
-        try:
-            subprocess.run([bases[-1], "-m", "venv", str(DYNAMO_VENV)], check=True, capture_output=True)
-            subprocess.run(
-                [str(py), "-m", "pip", "install", "-q", DYNAMO_PIN],
-                check=True,
-                capture_output=True,
-                timeout=1800,
-            )
-        except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as e:
-            err = (getattr(e, "stderr", b"") or b"").decode(errors="replace").strip().splitlines()[-1:]
-            return None, f"installing {DYNAMO_PIN} failed: {' '.join(err) or e}"
-    probe = subprocess.run([str(py), "-c", "from dynamo.replay import run_trace_replay"], capture_output=True)
-    if probe.returncode:
-        return (
-            None,
-            f"{py} cannot import dynamo.replay: {probe.stderr.decode(errors='replace').strip()[-300:]}",
-        )
-    return str(py), str(py)
-
-
-def run_dynamo(py: str, cfg: dict) -> dict:
-    env = {**os.environ, "DYN_LOG": "error"}
-    proc = subprocess.run(
-        [py, str(ROOT / "scripts" / "dynamo_replay.py"), json.dumps(cfg)],
-        capture_output=True,
-        env=env,
-        text=True,
-    )
-    if proc.returncode:
-        raise RuntimeError(f"dynamo replay failed ({proc.returncode}): {proc.stderr.strip()[-800:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def _mooncake_agentkv(src: Path, ecfg: EngineConfig) -> Row:
@@ -388,7 +313,7 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, load average {loadavg()}; Python {sys.version.split()[0]}")
     rows: list[Row] = []
     if args.only in (None, "claude"):
-        rows += claude_code()
+        rows += claude_code() + claude_code("round_robin")
     if args.only in (None, "disagg"):
         rows += claude_code_disagg()
     if args.only in (None, "mooncake"):
@@ -396,15 +321,15 @@ def main() -> None:
     if args.only in (None, "models"):
         rows += model_families(args.models.split(",") if args.models else None)
     print(
-        f"\n{'run':28} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
-        f"{'req/CPU s':>9} {'hit':>6}  notes"
+        f"\n{'run':36} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
+        f"{'req/CPU s':>9} {'CPU ms/req':>10} {'hit':>6}  notes"
     )
     for r in rows:
         sim = f"{r.sim_s:,.0f}" if r.sim_s is not None else "-"
         hit = f"{r.hit:.1%}" if r.hit is not None else "-"
         print(
-            f"{r.name:28} {r.requests:>9,} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {sim:>8} {r.requests / r.wall_s:>10,.0f} "
-            f"{r.requests / r.cpu_s:>9,.0f} {hit:>6}  {r.note}"
+            f"{r.name:36} {r.requests:>9,} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {sim:>8} {r.requests / r.wall_s:>10,.0f} "
+            f"{r.requests / r.cpu_s:>9,.0f} {r.cpu_s / r.requests * 1e3:>10.2f} {hit:>6}  {r.note}"
         )
     print(f"load average at the end: {loadavg()}")
 

@@ -34,3 +34,44 @@ def test_hinted_lookup_equals_plain_lookup_under_churn():
             last_blocks[s] = np.asarray(pool.request_blocks(rid), dtype=np.int64)
             pool.free(rid)
     pool.check_invariants()
+
+
+def test_retried_lookups_of_waiting_requests_equal_plain_lookups():
+    """Under preemption and eviction churn the scheduler retries the queue head's lookup with last
+    step's blocks as the hint: every answer equals a plain lookup's, and retries did happen."""
+    from agentkv.engine.config import EngineConfig
+    from agentkv.engine.engine import Engine
+
+    rng = random.Random(3)
+    eng = Engine(EngineConfig(num_gpu_blocks_override=700, max_model_len=20_000, max_num_batched_tokens=2048))
+    pool, plain_lookup = eng.pool, eng.pool.get_computed_blocks
+    seen = {"hinted_retries": 0}
+
+    def checked(block_hashes, num_tokens=None, *, count=True, hint=None, hash_array=None):
+        got = plain_lookup(block_hashes, num_tokens, count=count, hint=hint, hash_array=hash_array)
+        want = plain_lookup(block_hashes, num_tokens, count=False)
+        assert list(np.asarray(got.blocks)) == list(np.asarray(want.blocks))
+        seen["hinted_retries"] += hint is not None and len(hint) > 0
+        return got
+
+    pool.get_computed_blocks = checked
+    prefixes = [[rng.getrandbits(63) for _ in range(rng.randint(100, 300))] for _ in range(5)]
+    for i in range(60):
+        chain = prefixes[i % 5] + [rng.getrandbits(63) for _ in range(rng.randint(10, 120))]
+        eng.add_request(
+            f"r{i}",
+            max_tokens=rng.randint(20, 200),
+            prompt_len=len(chain) * 16 + 7,
+            block_hashes=chain,
+            session_id=i % 5,
+            hash_array=np.asarray(chain, dtype=np.uint64),
+        )
+    steps = 0
+    while eng.has_work() and steps < 100_000:
+        res = eng.step()
+        steps += 1
+        if res is not None:
+            eng.clock.advance_to(res.end)
+    assert not eng.has_work()
+    assert eng.num_preemptions > 0 and seen["hinted_retries"] > 0, (eng.num_preemptions, seen)
+    pool.check_invariants()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from collections import deque
 
+import numpy as np
+
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.request import EngineRequest, Status
 from agentkv.kv.pool import BlockPool
@@ -112,8 +114,14 @@ class Scheduler:
         first_try = req.computed is None
         if not first_try and pool.is_current(req.computed):
             return  # a retry, and nothing was evicted since (tiers change only then): same prefix
+        hint = req.hint
+        if not first_try and req.hash_array is not None:  # a retry: last try's blocks, checked in
+            last = req.computed.blocks  # bulk, then the walk goes on from the first gone (same answer)
+            if isinstance(last, list) and last:
+                last = np.fromiter(last, np.int64, len(last))
+            hint = last if isinstance(last, np.ndarray) else hint
         computed = req.computed = pool.get_computed_blocks(
-            req.block_hashes, req.num_tokens, count=False, hint=req.hint, hash_array=req.hash_array
+            req.block_hashes, req.num_tokens, count=False, hint=hint, hash_array=req.hash_array
         )
         if first_try:  # the policy hears of each request once (and again after a preemption)
             pool.touch(req.block_hashes, computed.blocks)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict, deque
 from collections.abc import Sequence
+from itertools import compress
 
 import numpy as np
 
@@ -203,28 +204,41 @@ class GroupBlocks:
         if full <= lo:
             return
         d = self.cached_maps[g]
-        hs, seg = list(hashes[lo:full]), t[lo:full]
-        bl = seg.tolist()
+        seg = t[lo:full]
+        arr = getattr(req, "hash_array", None)  # the same hashes as uint64: filtered and stored in bulk
+        h64 = arr[lo:full] if arr is not None and len(arr) >= full else None
         whole = True
-        if (seg < 0).any():
-            keep = [i for i, b in enumerate(bl) if b != NULL]
-            hs, bl, whole = [hs[i] for i in keep], [bl[i] for i in keep], False
+        if (seg < 0).any():  # blocks a window has moved past: nothing to cache there
+            keep = seg >= 0
+            seg, whole = seg[keep], False
+            if h64 is not None:
+                h64 = h64[keep]
+                hs = h64.tolist()
+            else:
+                hs = list(compress(hashes[lo:full], keep.tolist()))
+        else:
+            hs = list(hashes[lo:full])
+        bl = seg.tolist()
         got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
         if got != bl:  # a hash cached already: this copy stays unhashed
             keep = [i for i, (a, b) in enumerate(zip(got, bl, strict=True)) if a == b]
-            hs, bl, whole = [hs[i] for i in keep], [bl[i] for i in keep], False
+            hs, bl, whole, seg, h64 = [hs[i] for i in keep], [bl[i] for i in keep], False, None, None
         self.hashed[rid][g] = full
         if hs:
-            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole=whole, inserted=True)
+            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole, True, seg, h64)
 
-    def _store(self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False) -> None:
+    def _store(
+        self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False, idx=None, h64=None
+    ) -> None:
+        """Record cached blocks (`idx`, `h64`: the same blocks and hashes as arrays, when at hand)."""
         if not inserted:
             self.cached_maps[g].update(zip(hs, blocks, strict=True))
         self.bhash.update(zip(blocks, hs, strict=True))
-        self.hashed_blk[blocks] = True
+        idx = blocks if idx is None else idx
+        self.hashed_blk[idx] = True
         if self.mirror and g == 0:
             try:
-                self.bh64[blocks] = hs
+                self.bh64[idx] = hs if h64 is None else h64
             except (OverflowError, TypeError, ValueError):
                 self.mirror = False
         self.stats.stored += len(hs)

@@ -370,9 +370,10 @@ class BlockPool:
             bh[b] = h
         primary = True if got == seg_blocks else add_copies(self.dups, seg_hashes, seg_blocks, got)
         if self._mirror:
+            arr, idx = getattr(req, "hash_array", None), blocks[lo:hi]  # uint64 hashes: no per-int conversion
             try:
-                self._bh[seg_blocks] = seg_hashes
-                self._has[seg_blocks] = primary
+                self._bh[idx] = arr[lo:hi] if arr is not None and len(arr) >= hi else seg_hashes
+                self._has[idx] = primary
             except (OverflowError, TypeError, ValueError):
                 self._mirror = False  # hashes outside uint64: plain lookups only
         parent = cached.get(block_hashes[lo - 1]) if lo else None
