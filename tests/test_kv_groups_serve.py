@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 
 from serveutil import run, serving
+from zmqutil import subscribed, until
 
 from agentkv.engine.config import EngineConfig
-from agentkv.events.subscriber import AsyncZmqEventSubscriber
 from agentkv.kv.events import BlockStored
 
 
@@ -19,29 +19,15 @@ def test_gpt_oss_publishes_full_and_sliding_window_groups():
     prompt = list(range(100, 300))  # 12 full blocks of 16
 
     async def main():
-        sub = AsyncZmqEventSubscriber("tcp://127.0.0.1:*")
-        got = []
-
-        async def collect():
-            while True:
-                r = await sub.recv(0.05)
-                if r is not None:
-                    got.append(r)
-
-        task = asyncio.create_task(collect())
-        try:
-            async with serving(cfg, kv_events_endpoint=sub.endpoint) as (server, url, s):
-                assert await asyncio.to_thread(server.publisher.wait_for_subscribers, 1, 5.0)
-                async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}) as r:
-                    assert r.status == 200, await r.text()
-                for _ in range(200):
-                    if len({e.group_idx for r in got for e in r.batch.events}) == 2:
-                        break
-                    await asyncio.sleep(0.01)
-                hashes = server.runner.engine.hasher.hashes(prompt, 16)
-        finally:
-            task.cancel()
-            sub.close()
+        async with (
+            subscribed() as (sub, got),
+            serving(cfg, kv_events_endpoint=sub.endpoint) as (server, url, s),
+        ):
+            assert await asyncio.to_thread(server.publisher.wait_for_subscribers, 1, 5.0)
+            async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": 2}) as r:
+                assert r.status == 200, await r.text()
+            await until(lambda: len({e.group_idx for r in got for e in r.batch.events}) == 2)
+            hashes = server.runner.engine.hasher.hashes(prompt, 16)
         stored = [e for r in got for e in r.batch.events if isinstance(e, BlockStored)]
         by_group = {}
         for e in stored:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from serveutil import run, serving
+from zmqutil import subscribed, until
 
 from agentkv.engine.config import EngineConfig
 from agentkv.events.subscriber import AsyncZmqEventSubscriber
@@ -18,30 +19,16 @@ def test_kv_events_stored_then_removed_under_memory_pressure():
     first, second = list(range(100, 164)), list(range(300, 364))
 
     async def main():
-        sub = AsyncZmqEventSubscriber("tcp://127.0.0.1:*")  # the subscriber binds; the server connects
-        got = []
-
-        async def collect():
-            while True:
-                r = await sub.recv(0.05)
-                if r is not None:
-                    got.append(r)
-
-        task = asyncio.create_task(collect())
-        try:
-            async with serving(cfg, kv_events_endpoint=sub.endpoint) as (server, url, s):
-                assert await asyncio.to_thread(server.publisher.wait_for_subscribers, 1, 5.0)
-                for prompt, n in ((first, 1), (second, 60)):
-                    async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": n}) as r:
-                        assert r.status == 200, await r.text()
-                for _ in range(200):
-                    if any(isinstance(e, BlockRemoved) for r in got for e in r.batch.events):
-                        break
-                    await asyncio.sleep(0.01)
-                hashes = server.runner.engine.hasher.hashes(first, 16)
-        finally:
-            task.cancel()
-            sub.close()
+        async with (
+            subscribed() as (sub, got),  # the subscriber binds; the server connects
+            serving(cfg, kv_events_endpoint=sub.endpoint) as (server, url, s),
+        ):
+            assert await asyncio.to_thread(server.publisher.wait_for_subscribers, 1, 5.0)
+            for prompt, n in ((first, 1), (second, 60)):
+                async with s.post(url + "/v1/completions", json={"prompt": prompt, "max_tokens": n}) as r:
+                    assert r.status == 200, await r.text()
+            await until(lambda: any(isinstance(e, BlockRemoved) for r in got for e in r.batch.events))
+            hashes = server.runner.engine.hasher.hashes(first, 16)
         events = [(r.seq, e) for r in got for e in r.batch.events]
         assert [r.seq for r in got] == list(range(len(got)))
         stored = [

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -10,6 +11,7 @@ from collections.abc import Callable
 import zmq
 
 from agentkv.events.publisher import END_SEQ, seq_bytes
+from agentkv.events.subscriber import AsyncZmqEventSubscriber
 
 
 def serve_replay(rep: zmq.Socket, buffer: Callable[[], dict[int, bytes]], stop: threading.Event) -> None:
@@ -36,3 +38,24 @@ async def until(cond, timeout: float = 5.0, tick=None) -> bool:
             tick()
         await asyncio.sleep(0.05)
     return cond()
+
+
+@contextlib.asynccontextmanager
+async def subscribed():
+    """A subscriber bound on a free loopback port (servers connect to it) and the list that collects
+    every batch it receives until the block ends."""
+    sub = AsyncZmqEventSubscriber("tcp://127.0.0.1:*")
+    got: list = []
+
+    async def collect():
+        while True:
+            r = await sub.recv(0.05)
+            if r is not None:
+                got.append(r)
+
+    task = asyncio.create_task(collect())
+    try:
+        yield sub, got
+    finally:
+        task.cancel()
+        sub.close()
