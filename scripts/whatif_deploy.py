@@ -25,6 +25,8 @@ SYSTEMS = {"8x H200": "dgx-h200", "8x B200": "dgx-b200", "GB300 NVL72": "gb300-n
 MODES = {
     "agg": ["-tp", "8"],
     "disagg": ["--disagg", "prefill=1,decode=1", "-tp", "4", "--decode-router", "session"],
+    # wide EP on a rack: 8 of the 72 DP ranks (tp 1) whose experts spread over all 72 GPUs
+    "wide-ep": ["-tp", "1", "-dp", "72", "-ep", "--workers", "8"],
 }
 # AA-AgentPerf, DeepSeek-V4-Pro, >= 20 tok/s per user, TTFT <= 10 s: agents per MW (per GPU)
 AA = {"dgx-h200": (2594, 1.4), "gb300-nvl72": (61354, 57.5)}
@@ -39,6 +41,7 @@ class Row:
     mode: str
     quant: str
     offload: str = ""
+    imbalance: float = 1.0  # --expert-imbalance (wide-ep rows)
     points: dict = field(default_factory=dict)  # lanes -> summary (or error string)
     error: str = ""
 
@@ -50,6 +53,7 @@ def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
     cmd += ["--cycle", "--warm-start", "--duration", a.duration, "--lanes", str(lanes), "-q", "--json"]
     cmd += ["--quantization", row.quant] if row.quant != "default" else []
     cmd += ["--cpu-offload", row.offload] if row.offload else []
+    cmd += ["--expert-imbalance", str(row.imbalance)] if row.mode == "wide-ep" else []
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
     if p.returncode != 0:
@@ -116,7 +120,10 @@ def run_row(row: Row, a) -> str:
     tier_name, k = "default", knee(row, DEFAULT_TIER, 1, a.max_lanes, a)
     if k is None and not row.error:
         tier_name, k = "relaxed", knee(row, RELAXED_TIER, 1, a.max_lanes, a)
-    label = f"| {row.model} | {row.system} | {row.mode} | {row.quant}{' +CPU ' + row.offload if row.offload else ''}"
+    mode = f"{row.mode} (imbalance {row.imbalance:g})" if row.mode == "wide-ep" else row.mode
+    label = (
+        f"| {row.model} | {row.system} | {mode} | {row.quant}{' +CPU ' + row.offload if row.offload else ''}"
+    )
     if row.error:
         return f"{label} | - | error: {row.error} | | | | | | |"
     if k is None:
@@ -134,6 +141,14 @@ def rows(a) -> list[Row]:
     if a.quick:
         return [Row("DeepSeek-V4-Pro", "8x H200", "agg", "default")]
     out = []
+    if a.wide_ep:
+        racks = [s for s in a.systems.split(",") if "NVL72" in s]
+        return [
+            Row(m, s, "wide-ep", "default", imbalance=x)
+            for m in a.models.split(",")
+            for s in racks
+            for x in (1.0, 1.5)
+        ]
     for m in a.models.split(","):
         for s in a.systems.split(","):
             out.append(Row(m, s, "agg", "default"))
@@ -157,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-lanes", type=int, default=96)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--wide-ep", action="store_true", help="only wide-EP rows (racks; imbalance 1.0 and 1.5)")
     ap.add_argument("--progress", action="store_true", help="print each point to stderr")
     a = ap.parse_args(argv)
     if a.quick:
