@@ -152,11 +152,12 @@ def rows(a) -> list[Row]:
     for m in a.models.split(","):
         for s in a.systems.split(","):
             out.append(Row(m, s, "agg", "default"))
-            out.append(Row(m, s, "agg", "fp8" if m == "DeepSeek-V3" else "nvfp4"))
+            out.append(Row(m, s, "agg", "nvfp4"))
             out.append(Row(m, s, "disagg", "default"))
-            if m != "DeepSeek-V3" or s in ("8x H200", "GB300 NVL72"):  # V4: the refusal; V3: two systems
+            if m == "DeepSeek-V3" or (m == "DeepSeek-V4-Pro" and s == "8x H200"):  # V4: shows the refusal
                 out.append(Row(m, s, "agg", "default", offload="512GB"))
-    return out
+    kinds = a.rows.split(",")
+    return [r for r in out if ("cpu" if r.offload else r.mode if r.quant == "default" else "fp4") in kinds]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-lanes", type=int, default=96)
     ap.add_argument("--models", default=",".join(MODELS))
     ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--rows", default="agg,fp4,disagg,cpu", help="which rows per model and system")
     ap.add_argument("--wide-ep", action="store_true", help="only wide-EP rows (racks; imbalance 1.0 and 1.5)")
     ap.add_argument("--progress", action="store_true", help="print each point to stderr")
     a = ap.parse_args(argv)
