@@ -110,9 +110,12 @@ def ratio(row: Row, f: dict) -> str:
     ref = AA.get(SYSTEMS[row.system]) if row.model == "DeepSeek-V4-Pro" else None
     if not ref:
         return "-"
-    r = f["agents_mw"] / ref[0]
-    flag = "" if 0.5 <= r <= 2.0 else " (outside 0.5-2x)"
-    return f"{r:.2f}x of {ref[0]:,}/MW; {f['agents_gpu'] / ref[1]:.2f}x of {ref[1]}/GPU{flag}"
+    r, g = f["agents_mw"] / ref[0], f["agents_gpu"] / ref[1]
+
+    def out(x: float) -> str:
+        return "" if 0.5 <= x <= 2.0 else " (outside 0.5-2x)"
+
+    return f"{r:.2f}x of {ref[0]:,}/MW{out(r)}; {g:.2f}x of {ref[1]}/GPU{out(g)}"
 
 
 def run_row(row: Row, a) -> str:
