@@ -83,8 +83,9 @@ def test_missing_dtype_rate_is_a_user_error():
     assert get_gpu("b200").tflops("fp4") == 9000
     with pytest.raises(UserError, match="H100 SXM has no published dense fp4"):
         get_gpu("h100").tflops("fp4")
-    with pytest.raises(UserError, match="fp8"):
-        get_gpu("rubin").tflops("fp8")
+    with pytest.raises(UserError, match="MI300X has no published dense fp4"):
+        get_gpu("mi300x").tflops("fp4")
+    assert get_gpu("rubin").tflops("fp8") == 17500  # NVIDIA's preliminary FP8 figure
     with pytest.raises(UserError, match="int3"):
         get_gpu("h200").tflops("int3")
 

@@ -27,6 +27,7 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     data_parallel_size: int = 1  # DP ranks sharing one expert group (each simulated engine is one rank)
     enable_expert_parallel: bool = False
+    expert_imbalance: float = 1.0  # EP: the hottest GPU's routed load over the mean (--expert-imbalance)
     quantization: str | None = None  # fp8 | mxfp4 | nvfp4 (None: the checkpoint's dtypes)
     block_size: int = 16
     kv_cache_dtype: str = "auto"
@@ -58,6 +59,8 @@ class EngineConfig:
             raise bad("tensor_parallel_size", "must be >= 1")
         if self.data_parallel_size < 1:
             raise bad("data_parallel_size", "must be >= 1")
+        if not (math.isfinite(self.expert_imbalance) and self.expert_imbalance >= 1.0):
+            raise bad("expert_imbalance", f"must be a finite number >= 1.0, got {self.expert_imbalance}")
         if self.quantization is not None and self.quantization not in QUANTIZATION:
             raise bad("quantization", f"'{self.quantization}' is not one of {', '.join(QUANTIZATION)}")
         if self.max_num_seqs < 1:
@@ -97,6 +100,7 @@ class EngineConfig:
             "weight_dtype": self.weight_dtype,
             "dp": self.data_parallel_size,
             "ep": self.enable_expert_parallel,
+            "expert_imbalance": self.expert_imbalance,
         }
 
     @classmethod
@@ -120,6 +124,7 @@ class EngineConfig:
             tensor_parallel_size=args.tensor_parallel_size,
             data_parallel_size=getattr(args, "data_parallel_size", 1),
             enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
+            expert_imbalance=getattr(args, "expert_imbalance", 1.0),
             quantization=getattr(args, "quantization", None),
             block_size=args.block_size,
             kv_cache_dtype=args.kv_cache_dtype,
@@ -238,6 +243,14 @@ def _add_parallel_args(g) -> None:
         "-ep",
         action="store_true",
         help="split experts by expert over the tp x dp GPUs, with all-to-all dispatch/combine",
+    )
+    g.add_argument(
+        "--expert-imbalance",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="with -ep: the hottest GPU's routed tokens over the mean (default 1.0, balanced); "
+        "scales its expert GEMMs, expert reads and all-to-all bytes",
     )
     g.add_argument(
         "--quantization",

@@ -117,15 +117,17 @@ class CostModel:
         coeffs: CostCoefficients | None = None,
         dp: int = 1,
         ep: bool = False,
+        expert_imbalance: float = 1.0,
     ):
         """`dp`: data-parallel ranks sharing the expert group (tp x dp GPUs); `ep`: experts split by
-        expert with all-to-all dispatch (vLLM's --enable-expert-parallel) rather than by width."""
+        expert with all-to-all dispatch (vLLM's --enable-expert-parallel) rather than by width;
+        `expert_imbalance`: under EP, the hottest GPU's routed load over the mean (1.0: balanced)."""
         self.gpu, self.model, self.tp = get_gpu(gpu), get_model(model), tp
         if not isinstance(dp, int) or dp < 1:
             raise UserError(f"data parallel size must be a positive integer, got {dp!r}")
         if ep and self.model.moe is None:
             raise UserError(f"--enable-expert-parallel: model '{self.model.name}' has no experts")
-        self.dp, self.ep = dp, ep
+        self.dp, self.ep, self.expert_imbalance = dp, ep, expert_imbalance
         if kv_dtype not in KV_DTYPES:
             raise UserError(f"KV dtype '{kv_dtype}' is not one of {', '.join(KV_DTYPES)}")
         # weights default to the checkpoint's dtype (bf16 for the dense shapes, fp8 for DeepSeek's)
@@ -185,10 +187,12 @@ class CostModel:
             peak * gemm_rate(g, "fp8"),
         )
         ne, kvb = dense_params(m, tp, self.rank.layer_params)
-        moe = moe_terms(m, g, tp, dp, self.weight_dtype, bw, peak * c.gemm_eff)
-        act, group = m.hidden * ACT_BYTES, tp * dp
-        ep = self.ep and moe is not None and group > 1
-        a2a1 = a2a_s(1.0, m.moe.experts_per_token, m.hidden, group, g.gpu_link_gbps) if ep else 0.0
+        group = tp * dp
+        ep = self.ep and m.moe is not None and group > 1
+        hot = self.expert_imbalance if ep else 1.0  # split by width, every GPU holds each expert's slice
+        moe = moe_terms(m, g, tp, dp, self.weight_dtype, bw, peak * c.gemm_eff, hot)
+        act, ep = m.hidden * ACT_BYTES, ep and moe is not None
+        a2a1 = a2a_s(1.0, m.moe.experts_per_token, m.hidden, group, g.gpu_link_gbps, hot) if ep else 0.0
         a2a_lat = 2.0 * ALLREDUCE_LATENCY_S if ep else 0.0
         moe_ar = 0.0
         if moe is not None and not ep and dp > 1:

@@ -24,12 +24,13 @@ def distinct_experts(experts: int, k: int, tokens: float) -> float:
     return experts * (1.0 - (1.0 - k / experts) ** tokens)
 
 
-def a2a_s(tokens: float, k: int, hidden: int, group: int, link_gbps: float) -> float:
+def a2a_s(tokens: float, k: int, hidden: int, group: int, link_gbps: float, imbalance: float = 1.0) -> float:
     """EP dispatch + combine for one MoE layer on one GPU: `tokens` x k x hidden bf16 rows each way,
-    the (group-1)/group share of them leaving the GPU over its link, plus one latency each way."""
+    the (group-1)/group share of them crossing the link, plus one latency each way; the hottest GPU
+    receives `imbalance` x the mean rows (expert load imbalance) and everyone waits for it."""
     if group <= 1 or tokens <= 0:
         return 0.0
-    nbytes = tokens * k * hidden * ACT_BYTES * (group - 1) / group
+    nbytes = tokens * k * hidden * ACT_BYTES * (group - 1) / group * imbalance
     return 2.0 * (nbytes / (link_gbps * 1e9) + ALLREDUCE_LATENCY_S)
 
 
@@ -164,14 +165,22 @@ class MoETerms:
     flop_tok: float  # one token of this DP rank's routed GEMM work on this GPU (layer mean)
     expert_bytes_tp: float  # all routed experts' bytes on a rank split over tp alone
     expert_bytes_group: float  # the same split over the whole expert group
+    hot: float = 1.0  # EP: the hottest GPU's routed load over the mean (1.0: balanced)
 
     def weights_s(self, tokens: float) -> float:
-        """Routed-expert weights read in one layer (mean) when this DP rank runs `tokens` tokens."""
-        return self.frac * distinct_experts(self.experts, self.k, self.dp * tokens) * self.expert_s
+        """Routed-expert weights read in one layer (mean) when this DP rank runs `tokens` tokens; under
+        imbalance the hottest GPU's experts are each hit `hot` x as often (capped at every token)."""
+        k = min(self.k * self.hot, float(self.experts))
+        return self.frac * distinct_experts(self.experts, k, self.dp * tokens) * self.expert_s
 
 
-def moe_terms(m: ModelShape, gpu: GPU, tp: int, dp: int, wdtype: str, bw: float, gemm_per_tflop: float):
-    """MoETerms for `m` (None for a model without routed experts)."""
+def moe_terms(
+    m: ModelShape, gpu: GPU, tp: int, dp: int, wdtype: str, bw: float, gemm_per_tflop: float, hot: float = 1.0
+):
+    """MoETerms for `m` (None for a model without routed experts); `hot`: expert load imbalance, the
+    hottest GPU's routed tokens over the mean (pass 1.0 unless experts are split by expert, EP)."""
+    if not (math.isfinite(hot) and hot >= 1.0):
+        raise UserError(f"--expert-imbalance: must be a finite number >= 1.0, got {hot}")
     routed = [p for p in m.parts if p.expert]
     if m.moe is None or not routed:
         return None
@@ -189,9 +198,10 @@ def moe_terms(m: ModelShape, gpu: GPU, tp: int, dp: int, wdtype: str, bw: float,
         k=m.moe.experts_per_token,
         dp=dp,
         expert_s=p.params * eb / group / bw,
-        flop_tok=moe_layers / m.layers * m.moe.experts_per_token * 2.0 * p.params / tp / gemm,
+        flop_tok=hot * moe_layers / m.layers * m.moe.experts_per_token * 2.0 * p.params / tp / gemm,
         expert_bytes_tp=sum(q.rank_params(tp) * q.copies for q in routed) * eb,
         expert_bytes_group=total / group,
+        hot=hot,
     )
 
 

@@ -1,0 +1,206 @@
+"""Deployment what-if (docs/simulate.md): DeepSeek shapes on 8x H200, 8x B200, GB300 and Vera Rubin NVL72
+slices; agents/MW at an interactivity tier by a lanes search, beside AA-AgentPerf's published figures.
+
+Each row runs `agentkv simulate` (this checkout's) per lanes point with --cycle --warm-start and a
+bisection on lanes; a rack is simulated as one 8-GPU (or 16-GPU disaggregated) slice priced at the
+rack's provisioned power per GPU. --quick runs one small row (for tests)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TRACES = "/work/shared/traces/claude-code"
+MODELS = {
+    "DeepSeek-V4-Pro": "deepseek-v4-pro",
+    "DeepSeek-V4-Flash": "deepseek-v4-flash",
+    "DeepSeek-V3": "deepseek-v3",
+}
+SYSTEMS = {"8x H200": "dgx-h200", "8x B200": "dgx-b200", "GB300 NVL72": "gb300-nvl72", "VR NVL72": "vr-nvl72"}
+MODES = {
+    "agg": ["-tp", "8"],
+    "disagg": ["--disagg", "prefill=1,decode=1", "-tp", "4", "--decode-router", "session"],
+    # wide EP on a rack: 8 of the 72 DP ranks (tp 1) whose experts spread over all 72 GPUs
+    "wide-ep": ["-tp", "1", "-dp", "72", "-ep", "--workers", "8"],
+}
+# AA-AgentPerf, DeepSeek-V4-Pro, >= 20 tok/s per user, TTFT <= 10 s: agents per MW (per GPU)
+AA = {"dgx-h200": (2594, 1.4), "gb300-nvl72": (61354, 57.5)}
+AA_OTHER = "B300 21,053/MW; MI355X 3,551/MW (no row here)"
+DEFAULT_TIER, RELAXED_TIER = (20.0, 10.0), (5.0, 30.0)
+
+
+@dataclass
+class Row:
+    model: str
+    system: str
+    mode: str
+    quant: str
+    offload: str = ""
+    imbalance: float = 1.0  # --expert-imbalance (wide-ep rows)
+    points: dict = field(default_factory=dict)  # lanes -> summary (or error string)
+    error: str = ""
+
+
+def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
+    """One `agentkv simulate` point as JSON, or its one-line error."""
+    cmd = [sys.executable, "-m", "agentkv.cli", "simulate", a.traces, "--traces-limit", str(a.traces_limit)]
+    cmd += ["--model", MODELS[row.model], "--system", SYSTEMS[row.system], *MODES[row.mode]]
+    cmd += ["--cycle", "--warm-start", "--duration", a.duration, "--lanes", str(lanes), "-q", "--json"]
+    cmd += ["--quantization", row.quant] if row.quant != "default" else []
+    cmd += ["--cpu-offload", row.offload] if row.offload else []
+    cmd += ["--expert-imbalance", str(row.imbalance)] if row.mode == "wide-ep" else []
+    env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    if p.returncode != 0:
+        return (p.stderr.strip().splitlines() or ["failed"])[-1].removeprefix("agentkv: error: ")
+    return json.loads(p.stdout)
+
+
+def meets(s: dict, tier: tuple[float, float]) -> bool:
+    i = s["interactivity"]
+    return (i["tps_per_user_p50"] or 0) >= tier[0] and (i["ttft_p90"] or 1e9) <= tier[1]
+
+
+def point(row: Row, lanes: int, a) -> dict | str:
+    if lanes not in row.points:
+        row.points[lanes] = simulate(row, lanes, a)
+        if a.progress:
+            print(f"  {row.model} {row.system} {row.mode} {row.quant} lanes={lanes}", file=sys.stderr)
+    return row.points[lanes]
+
+
+def knee(row: Row, tier, lo: int, hi: int, a) -> int | None:
+    """The most lanes meeting `tier` (bisection, as simulate --sweep; None when `lo` misses it)."""
+    s = point(row, lo, a)
+    if isinstance(s, str):
+        row.error = s
+        return None
+    if not meets(s, tier):
+        return None
+    top = point(row, hi, a)
+    if isinstance(top, dict) and meets(top, tier):
+        return hi
+    while hi > lo * 1.25 and hi - lo > 1:
+        mid = max(lo + 1, round((lo * hi) ** 0.5))
+        m = point(row, mid, a)
+        lo, hi = (mid, hi) if isinstance(m, dict) and meets(m, tier) else (lo, mid)
+    return lo
+
+
+def figures(s: dict) -> dict:
+    """Agents per GPU and per MW, M tok/s per MW, per-user tok/s and TTFT p90 of one point."""
+    c, i = s["config"], s["interactivity"]
+    gpus, w = c["gpus"], c["power_w_per_gpu"]
+    return {
+        "agents_gpu": i["mean_trees"] / gpus,
+        "agents_mw": i["mean_trees"] / gpus / w * 1e6,
+        "mtok_mw": s["throughput"]["million_total_tokens_per_s_per_mw"],
+        "tps": i["tps_per_user_p50"] or 0.0,
+        "ttft": i["ttft_p90"] or 0.0,
+        "gpus": gpus,
+    }
+
+
+def ratio(row: Row, f: dict) -> str:
+    ref = AA.get(SYSTEMS[row.system]) if row.model == "DeepSeek-V4-Pro" else None
+    if not ref:
+        return "-"
+    r, g = f["agents_mw"] / ref[0], f["agents_gpu"] / ref[1]
+
+    def out(x: float) -> str:
+        return "" if 0.5 <= x <= 2.0 else " (outside 0.5-2x)"
+
+    return f"{r:.2f}x of {ref[0]:,}/MW{out(r)}; {g:.2f}x of {ref[1]}/GPU{out(g)}"
+
+
+def run_row(row: Row, a) -> str:
+    """One table line: the default tier's knee, else the relaxed tier's, else the 1-lane figures."""
+    tier_name, k = "default", knee(row, DEFAULT_TIER, 1, a.max_lanes, a)
+    if k is None and not row.error:
+        tier_name, k = "relaxed", knee(row, RELAXED_TIER, 1, a.max_lanes, a)
+    mode = f"{row.mode} (imbalance {row.imbalance:g})" if row.mode == "wide-ep" else row.mode
+    label = (
+        f"| {row.model} | {row.system} | {mode} | {row.quant}{' +CPU ' + row.offload if row.offload else ''}"
+    )
+    if row.error:
+        return f"{label} | - | error: {row.error} | | | | | | |"
+    if k is None:
+        f, tier_name = figures(row.points[1]), "none met (1 lane)"
+        return f"{label} | {f['gpus']} | {tier_name} | - | - | - | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s |"
+    f = figures(row.points[k])
+    at = f"{k}{'+' if k == a.max_lanes else ''}"
+    return (
+        f"{label} | {f['gpus']} | {tier_name}: {at} lanes | {f['agents_gpu']:.2f} | {f['agents_mw']:,.0f} | "
+        f"{ratio(row, f)} | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s |"
+    )
+
+
+def rows(a) -> list[Row]:
+    if a.quick:
+        return [Row("DeepSeek-V4-Pro", "8x H200", "agg", "default")]
+    out = []
+    if a.wide_ep:
+        racks = [s for s in a.systems.split(",") if "NVL72" in s]
+        return [
+            Row(m, s, "wide-ep", "default", imbalance=x)
+            for m in a.models.split(",")
+            for s in racks
+            for x in (1.0, 1.5)
+        ]
+    for m in a.models.split(","):
+        for s in a.systems.split(","):
+            out.append(Row(m, s, "agg", "default"))
+            out.append(Row(m, s, "agg", "nvfp4"))
+            out.append(Row(m, s, "disagg", "default"))
+            if m == "DeepSeek-V3" or (m == "DeepSeek-V4-Pro" and s == "8x H200"):  # V4: shows the refusal
+                out.append(Row(m, s, "agg", "default", offload="512GB"))
+    kinds = a.rows.split(",")
+    return [r for r in out if ("cpu" if r.offload else r.mode if r.quant == "default" else "fp4") in kinds]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="one small row (V4-Pro on 8x H200, 3 traces, 1 minute, lanes 1..2)",
+    )
+    ap.add_argument("--traces", default=TRACES)
+    ap.add_argument("--traces-limit", type=int, default=12)
+    ap.add_argument("--duration", default="10m", help="simulated time per point (default 10m)")
+    ap.add_argument("--max-lanes", type=int, default=96)
+    ap.add_argument("--models", default=",".join(MODELS))
+    ap.add_argument("--systems", default=",".join(SYSTEMS))
+    ap.add_argument("--rows", default="agg,fp4,disagg,cpu", help="which rows per model and system")
+    ap.add_argument("--wide-ep", action="store_true", help="only wide-EP rows (racks; imbalance 1.0 and 1.5)")
+    ap.add_argument("--progress", action="store_true", help="print each point to stderr")
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.traces_limit, a.duration, a.max_lanes = 3, "1m", 2
+    bad = [x for x in a.models.split(",") if x not in MODELS] + [
+        x for x in a.systems.split(",") if x not in SYSTEMS
+    ]
+    if bad:
+        ap.error(f"unknown {', '.join(bad)}; models: {', '.join(MODELS)}; systems: {', '.join(SYSTEMS)}")
+    print(f"# {a.traces} first {a.traces_limit} traces, --cycle --warm-start --duration {a.duration}")
+    print(
+        f"# tiers: default tps>={DEFAULT_TIER[0]:g}, ttft_p90<={DEFAULT_TIER[1]:g}s; relaxed tps>=5, ttft_p90<=30s"
+    )
+    print(
+        "| model | system | mode | weights | GPUs sim'd | knee | agents/GPU | agents/MW | vs AA-AgentPerf "
+        "| M tok/s per MW | tok/s/user p50 | TTFT p90 |"
+    )
+    print("|---|---|---|---|---:|---|---:|---:|---|---:|---:|---:|")
+    for r in rows(a):
+        print(run_row(r, a), flush=True)
+    print(f"# other AA-AgentPerf figures: {AA_OTHER}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
