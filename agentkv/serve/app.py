@@ -22,7 +22,7 @@ from aiohttp import web
 from agentkv.engine.config import EngineConfig
 from agentkv.events.curve import CurveServer
 from agentkv.events.publisher import DEFAULT_TOPIC, ZmqEventPublisher
-from agentkv.gate.body import BodyTimeout, likely_large, read_body, refuse_and_close
+from agentkv.gate.body import BodyTimeout, encoding_of, likely_large, read_body, refuse_and_close
 from agentkv.gate.conn import ConnectionGuard, make_runner, start_site
 from agentkv.gate.errors import JSON
 from agentkv.gate.options import HttpLimits
@@ -217,15 +217,17 @@ class Server:
 
     async def _parsed(self, request: web.Request, parse: Callable, *args):
         """`parse(body, *args)` of the body read under the caps: here when small, else in a worker
-        process, taking one of the parse slots before the body is read (so waiting costs no memory)."""
+        process (which also inflates a compressed body), taking one of the parse slots before the
+        body is read (so waiting costs no memory)."""
         http = self.options.http
         if not likely_large(request, OFFLOAD_BYTES):
             return parse(await read_body(request, http.max_body_bytes, http.body_timeout), *args)
-        async with self.offload.slot():
-            body = await read_body(request, http.max_body_bytes, http.body_timeout)
-            if len(body) < OFFLOAD_BYTES:
+        async with self.offload.slot():  # a compressed body is inflated in the parse process
+            enc = encoding_of(request)
+            body = await read_body(request, http.max_body_bytes, http.body_timeout, inflate=False)
+            if enc is None and len(body) < OFFLOAD_BYTES:
                 return parse(body, *args)
-            return await self.offload.run(parse, body, *args)
+            return await self.offload.run_raw(parse, body, enc, http.max_body_bytes, *args)
 
     def _error(self, request: web.Request, e: RequestError) -> web.Response:
         log.info(
