@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cluster.py, redteam.py
-from cluster import Cluster, descendants, write_keys
+from cluster import Cluster, descendants, tenant_flags
 from redteam import bomb_under_load, gzip_text_body
 
 KEYS = {"key-attacker": "attacker", "key-victim": "victim"}
@@ -78,18 +78,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp, Cluster(Path(tmp), 1, replay=False) as c:
         c.start_workers(time_scale=100, extra=("--max-model-len", "8192"))
         c.start_router(
-            [
-                "--api-keys",
-                str(write_keys(Path(tmp), KEYS)),
-                "--router-secret",
-                "s",
-                "--tokenizer",
-                "builtin",
-                "--log-level",
-                "warning",
-                "--max-parses-per-tenant",
-                str(args.max_parses_per_tenant),
-            ]
+            tenant_flags(Path(tmp), KEYS, "--max-parses-per-tenant", str(args.max_parses_per_tenant))
         )
         c.wait_ready()
         pids = {"router": c.procs.procs["router"].pid, "serve": c.worker(0).pid}

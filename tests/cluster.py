@@ -327,6 +327,27 @@ def write_keys(tmp: Path, keys: dict[str, str]) -> Path:
     return path
 
 
+def tenant_flags(
+    tmp: Path,
+    keys: dict[str, str],
+    *extra: str,
+    secret: Sequence[str] = ("--router-secret", "s"),
+    log_level: str = "warning",
+) -> list[str]:
+    """`agentkv route` flags for a router with tenants: an --api-keys file of `keys` (and the admin),
+    a shared secret, the builtin tokenizer, a log level, then `extra`."""
+    return [
+        "--api-keys",
+        str(write_keys(tmp, keys)),
+        *secret,
+        "--tokenizer",
+        "builtin",
+        "--log-level",
+        log_level,
+        *extra,
+    ]
+
+
 def post(url: str, body: dict | bytes, key: str | None = None, timeout: float = 60.0) -> tuple[int, bytes]:
     """(status, body) of a POST; HTTP errors are returned, not raised."""
     data = body if isinstance(body, bytes) else json.dumps(body).encode()

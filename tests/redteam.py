@@ -251,27 +251,23 @@ KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 def red_cluster(tmp: Path):
     """Two workers and a router with tenants (KEYS), an admin key and a secret from a file, health
     probed every 0.5 s with a 1 s timeout."""
-    from cluster import Cluster, write_keys
+    from cluster import Cluster, tenant_flags
 
     secret = tmp / "secret"
     secret.write_text("not-in-ps-0123\n")
     with Cluster(tmp, 2, replay=False) as c:
         c.start_workers(time_scale=100, log_level="info", extra=("--max-model-len", "8192"))
         c.start_router(
-            [
-                "--api-keys",
-                str(write_keys(tmp, KEYS)),
-                "--router-secret-file",
-                str(secret),
-                "--tokenizer",
-                "builtin",
+            tenant_flags(
+                tmp,
+                KEYS,
                 "--health-interval",
                 "0.5",
                 "--health-timeout",
                 "1",
-                "--log-level",
-                "info",
-            ]
+                secret=("--router-secret-file", str(secret)),
+                log_level="info",
+            )
         )
         c.wait_ready()
         c.wait_taken_in()

@@ -15,7 +15,7 @@ import math
 import msgspec
 import pytest
 from aiohttp import web
-from cluster import Cluster, post, write_keys
+from cluster import Cluster, post, tenant_flags, write_keys
 from fuzzutil import byte_mutation, count, fuzz_settings, json_mutation, json_values, note, report, rss_bytes
 from hypothesis import given
 from hypothesis import strategies as st
@@ -224,18 +224,7 @@ def live(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("http-fuzz")
     with Cluster(tmp, 1, replay=False) as c:
         c.start_workers(time_scale=50, extra=("--max-model-len", "4096"))
-        c.start_router(
-            [
-                "--api-keys",
-                str(write_keys(tmp, KEYS)),
-                "--router-secret",
-                "s",
-                "--tokenizer",
-                "builtin",
-                "--log-level",
-                "warning",
-            ]
-        )
+        c.start_router(tenant_flags(tmp, KEYS))
         c.wait_ready()
         yield c.procs, c.worker_url(0), c.router_url()
 
