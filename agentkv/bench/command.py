@@ -255,13 +255,13 @@ def request_options(args: argparse.Namespace):
     return RequestOptions.from_flags(args.header, args.extra_body, args.api_key, args.api_key_file)
 
 
-def _load(args: argparse.Namespace, notes: list[str]):
-    """The selected traces; against a --target, sessions over its max_model_len (from /v1/models)
-    are dropped or trimmed as --over-context says, unless --max-context is given."""
+def _load(args: argparse.Namespace, notes: list[str], requests):
+    """The selected traces; against a --target, sessions over its max_model_len (/v1/models, asked
+    with `requests`' headers) are dropped or trimmed as --over-context says, unless --max-context."""
     from agentkv.bench.target_info import max_model_len
     from agentkv.trace.command import load_trace_args, max_context_of
 
-    headers = request_options(args).client_args()["headers"]  # its errors before anything starts
+    headers = requests.client_args()["headers"]
     window, model = None, ""
     if args.target and max_context_of(args) is None:
         window, model = max_model_len(args.target, headers, args.model)
@@ -274,13 +274,13 @@ def bench_command(args: argparse.Namespace) -> int:
     """Entry point of `agentkv bench` (one run, or with --sweep one run per load point)."""
     from rich.console import Console
 
-    config_from_args(args, "")  # bad flags fail here, before traces load or a server starts
+    checked = config_from_args(args, "")  # bad flags fail here, before traces load or a server starts
     if args.sweep or args.slo_search:
         from agentkv.bench.sweep import sweep_settings
 
         sweep_settings(args)
     notes: list[str] = []
-    traces = _load(args, notes)
+    traces = _load(args, notes, checked.requests)
     out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
     console = Console(stderr=True)
     for n in notes:
