@@ -91,5 +91,5 @@ def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared
     assert o["tpot"]["bias_pct"] > -60.0 and b["tpot"]["bias_pct"] < -80.0, (o, b)
     # the control (bundled H200 coefficients) is far off, and the calibrated profile inside it
     assert b["e2e"]["bias_pct"] < -60.0 and b["ttft"]["bias_pct"] < -60.0, b
-    for fig in ("ttft", "tpot", "e2e"):
+    for fig in ("ttft", "e2e"):  # TPOT here is the server's token flushing (above), not its steps
         assert o[fig]["mape_pct"] < b[fig]["mape_pct"], (fig, o, b)
