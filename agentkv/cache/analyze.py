@@ -283,10 +283,12 @@ def _run_forked(
                 results.append(r)
                 tick.step(f"{r.policy} at {r.capacity}, block size {r.block_size}")
     finally:
-        workers = list(getattr(ex, "_processes", {}).values()) if pending else []
-        ex.shutdown(wait=not pending, cancel_futures=True)
+        # Stopped: end the workers first, then join the pool's manager thread, so no pool is left
+        # for the interpreter's exit hook (it raced with the closed pipes: "Bad file descriptor").
+        workers = list((getattr(ex, "_processes", None) or {}).values()) if pending else []
         for w in workers:
             w.terminate()
+        ex.shutdown(wait=True, cancel_futures=True)
         _SHARED.clear()
     order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
     results.sort(key=lambda r: order[(r.block_size, r.capacity, r.policy)])
