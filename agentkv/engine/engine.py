@@ -204,6 +204,9 @@ class Engine:
             hints[req.session_id] = self.pool.block_table(req.request_id)  # int64, never changed in place
             if len(hints) > 4096:  # bounded: drop the least recently finished session
                 del hints[next(iter(hints))]
+        if req.block_ids is not None:  # a disaggregated prefill hands its block ids on (as vLLM's connector)
+            table = self.pool.block_table(req.request_id)
+            req.block_ids = [] if table is None else table.tolist()
         self.scheduler.finish(req)
         self.requests.pop(req.request_id, None)
         self.stats.requests_finished += 1

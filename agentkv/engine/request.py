@@ -50,6 +50,7 @@ class EngineRequest:
         "hash_array",
         "hint",
         "computed",
+        "block_ids",
     )
 
     def __init__(
@@ -92,6 +93,7 @@ class EngineRequest:
         self.hint = None  # block ids of the session's previous turn on this engine (lookup hint)
         self.computed: ComputedBlocks | None = None  # the last prefix lookup (None: not looked up yet)
         self.external_tokens = 0  # prompt tokens whose KV arrived from another engine (disaggregated decode)
+        self.block_ids: list[int] | None = None  # [] asks the engine to keep its block ids at the finish
 
     @property
     def num_tokens(self) -> int:

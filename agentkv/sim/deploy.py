@@ -7,15 +7,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system
-from agentkv.kv.transfer import LinkModel, fabric_link
+from agentkv.kv.transfer import LinkModel, nvlink, rdma
 
 if TYPE_CHECKING:
     from agentkv.sim.cluster import SimConfig
 
-# Per-copy floors and per-transfer setup of KV moves (assumed, not measured here): a copy of one
-# layer's block costs at least this (descriptor issue and completion), a transfer adds a handshake.
-NVLINK_MIN_COPY_S, NVLINK_SETUP_S = 0.5e-6, 10e-6
-RDMA_MIN_COPY_S, RDMA_SETUP_S = 0.5e-6, 30e-6
 DEFAULT_DOMAIN, DEFAULT_NIC_GBPS = 8, 50.0  # a GPU with no system in the catalogue: HGX-like, 400 Gb/s
 
 
@@ -67,7 +63,4 @@ def kv_links(dep: Deployment, override_gbps: float | None) -> tuple[LinkModel, L
     """(NVLink, RDMA) links of one GPU, per direction; `override_gbps` sets both (inf: free)."""
     nv = dep.gpu.gpu_link_gbps if override_gbps is None else override_gbps
     nic = dep.nic_gbps if override_gbps is None else override_gbps
-    return (
-        fabric_link(nv, NVLINK_MIN_COPY_S, NVLINK_SETUP_S),
-        fabric_link(nic, RDMA_MIN_COPY_S, RDMA_SETUP_S),
-    )
+    return nvlink(nv), rdma(nic)
