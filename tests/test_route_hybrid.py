@@ -6,6 +6,7 @@ gpt-oss-shaped case by hand, and under hostile events."""
 from __future__ import annotations
 
 import random
+from functools import partial
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_gpt_oss_window_needs_the_blocks_before_the_cut():
     for idx in (TenantIndex(windows={"sliding": 128}), BlockIndex()):
         if isinstance(idx, BlockIndex):
             idx.groups.windows["sliding"] = 128
-        find = idx.find_matches if isinstance(idx, BlockIndex) else (lambda h, t: idx.find_matches("", h, t))
+        find = idx.find_matches if isinstance(idx, BlockIndex) else partial(idx.find_matches, "")
         a = list(range(1, 33))
         idx.apply(0, _stored(a, 0, "full_attention"))
         idx.apply(0, _stored(a, 1, "sliding_window"))

@@ -294,7 +294,7 @@ def config_from_args(args: argparse.Namespace):
         health_timeout=args.health_timeout,
         max_streams_per_tenant=args.max_streams_per_tenant,
         max_index_blocks=args.max_index_blocks,
-        group_windows={"sliding": args.sliding_window, "chunked": args.attention_chunk_size},
+        windows={"sliding": args.sliding_window, "chunked": args.attention_chunk_size},
         host=args.host,
         port=args.port,
     )
@@ -307,7 +307,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
     if args.block_size < 1:
         raise UserError(f"--block-size must be >= 1, got {args.block_size}")
     if not (0 <= args.sliding_window <= 1 << 24 and 0 <= args.attention_chunk_size <= 1 << 24):
-        raise UserError("--sliding-window and --attention-chunk-size must be 0 (not told) to 16,777,216 tokens")
+        raise UserError(
+            "--sliding-window and --attention-chunk-size must be 0 (not told) to 16,777,216 tokens"
+        )
     if args.approx_capacity < 1 or not args.approx_ttl > 0:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
     if not (args.temperature >= 0 and args.affinity >= 0 and args.kv_weight >= 0):

@@ -90,7 +90,9 @@ def _on_gpu(medium: str | None) -> bool:
 class GroupFilter:
     """Per worker: the group the index follows, and the other groups' blocks for the hit rule."""
 
-    def __init__(self, windows: dict[str, int] | None = None, block_size: int = 16, max_blocks: int = 1 << 22):
+    def __init__(
+        self, windows: dict[str, int] | None = None, block_size: int = 16, max_blocks: int = 1 << 22
+    ):
         self.windows = dict(windows or {})  # rule ("sliding", "chunked") -> tokens
         self.block_size = block_size
         self.max_blocks = max_blocks  # per worker, over its other groups (stores past it are dropped)
