@@ -148,7 +148,7 @@ class BlockIndex:
         hybrid worker, what its groups serve of a prompt of `tokens` tokens."""
         if not hashes:
             return {}
-        if self.groups.hybrid:
+        if self.groups._others:
             return served(self.groups, self._find(hashes), hashes, tokens)
         return self._find(hashes)
 
@@ -308,16 +308,18 @@ class TenantIndex:
     def find_matches(self, tenant: str, hashes: Sequence[int], tokens: int | None = None) -> dict[int, Match]:
         """Longest cached prefix per worker, looked up in `tenant`'s index only; on a hybrid worker,
         what its groups serve of a prompt of `tokens` tokens (`served`)."""
-        if self.groups.hybrid:
+        if not hashes:
+            return {}
+        if self.groups._others:  # a hybrid worker reported (dense: this one check)
             return served(self.groups, self._find(tenant, hashes), hashes, tokens)
         return self._find(tenant, hashes)
 
     def _find(self, tenant: str, hashes: Sequence[int]) -> dict[int, Match]:
         idx = self.indexes.get(tenant)
-        own = idx.find_matches(hashes) if idx is not None else {}
+        own = idx._find(hashes) if idx is not None else {}  # the tenants' indexes hold no groups
         if tenant == DEFAULT_TENANT or not self.salts:
             return own
-        loose = self.indexes[DEFAULT_TENANT].find_matches(hashes)  # other replicas' unattributed runs
+        loose = self.indexes[DEFAULT_TENANT]._find(hashes)  # other replicas' unattributed runs
         for w, m in loose.items():
             if m.blocks > own.get(w, _EMPTY).blocks:
                 own[w] = m
