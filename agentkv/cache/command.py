@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="llama3-8b",
         help="for KV bytes per token; " + model_help(),
     )
-    p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8 (default auto)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16), fp8 or nvfp4 (default auto)")
     p.add_argument(
         "--block-size",
         default="16",

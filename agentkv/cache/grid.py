@@ -4,19 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentkv.engine.config import KV_CACHE_DTYPES as KV_DTYPES  # the engine's one table
 from agentkv.errors import UserError
 from agentkv.kv.eviction import POLICIES
 from agentkv.units import parse_capacity
-
-KV_DTYPES = {
-    "auto": "bf16",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp16": "fp16",
-    "fp8": "fp8",
-    "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,7 +18,7 @@ class Grid:
     block_sizes: tuple[int, ...]
     policies: tuple[str, ...]
     model: str
-    kv_dtype: str  # bf16 | fp16 | fp8
+    kv_dtype: str  # bf16 | fp16 | fp8 | nvfp4
     kv_bytes_per_token: int
     num_layers: int
     cpu: tuple[str, int] | None = None
@@ -94,6 +85,7 @@ def make_grid(
         raise UserError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not one of {', '.join(KV_DTYPES)}")
     shape = get_model(model)
     dtype = KV_DTYPES[kv_cache_dtype]
+    shape.check_kv_dtype(dtype)
     per_token = int(shape.kv_bytes_per_token(dtype))
     cpu_spec = (cpu, parse_capacity(cpu, "--cpu")) if cpu else None
     for label, nbytes in caps:

@@ -75,6 +75,14 @@ class GPU:
         """HBM capacity in bytes (nameplate GB read as GiB, which matches what the driver reports)."""
         return self.hbm_gb * 2**30
 
+    def check_kv_dtype(self, dtype: str) -> None:
+        """UserError for an NVFP4 KV cache on a GPU without FP4 (no fp4 rate here: before Blackwell)."""
+        if dtype == "nvfp4" and self.fp4_tflops is None:
+            have = ", ".join(g.name for g in GPUS if g.fp4_tflops)
+            raise UserError(
+                f"--kv-cache-dtype nvfp4: the {self.name} has no FP4 support (GPUs with it: {have})"
+            )
+
     def tflops(self, dtype: str) -> float:
         """Dense TFLOP/s for GEMMs whose weights are `dtype` (bf16/fp16 share a rate)."""
         rate = {
