@@ -3,8 +3,7 @@
 
 Outputs in --out: requests.jsonl (appended as requests finish), summary.json (the schema
 `agentkv simulate` writes), records.csv, vllm_result.json and report.html (agentkv.metrics.export).
-They are written even after Ctrl-C.
-Import-light at module level: the CLI builds every parser.
+They are written even after Ctrl-C. Import-light at module level: the CLI builds every parser.
 """
 
 from __future__ import annotations
@@ -197,9 +196,10 @@ def _rate(text: str, flag: str) -> float:
 
 def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
     """The BenchConfig of the flags, against `target` (durations and SLOs parsed)."""
-    from agentkv.bench.load import DEFAULT_LANES, check, parse_warmup
+    from agentkv.bench.load import DEFAULT_LANES, check
     from agentkv.bench.runner import BenchConfig
     from agentkv.metrics.summary import parse_slo
+    from agentkv.trace.warmup import parse_think_scale, parse_warmup
 
     if args.clients < 1:
         raise UserError(f"--clients must be >= 1, got {args.clients}")
@@ -222,7 +222,7 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         arrivals=args.arrivals,
         warmup_requests=warm_n,
         warmup_s=warm_s,
-        think_scale=args.think_scale,
+        think_scale=parse_think_scale(args.think_scale),
         duration=duration,
         max_requests=args.max_requests,
         api=args.api,
