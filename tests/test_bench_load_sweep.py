@@ -101,6 +101,7 @@ def test_sweep_finds_the_known_capacity_as_the_slo_knee(capped_server, tmp_path,
 def test_sweep_over_session_rate_without_an_slo(capped_server, tmp_path):
     traces, out = write_traces(tmp_path / "traces", n=30, turns=2), tmp_path / "sweep"
     argv = ["bench", str(traces), "--target", capped_server, "--duration", "1s", "--quiet", "--out", str(out)]
+    argv += ["--sample", "25"]  # each point records the selection, as a single run does
     assert main([*argv, "--sweep", "session_rate=12,3", "--arrivals", "constant", "--json"]) == 0
     doc = json.loads((out / "sweep.json").read_text())
     assert doc["key"] == "session_rate" and [p["session_rate"] for p in doc["points"]] == [3.0, 12.0]
@@ -110,6 +111,7 @@ def test_sweep_over_session_rate_without_an_slo(capped_server, tmp_path):
         assert p["meets_slo"] is None and p["slo_share"] == {}
         s = read_summary(out / p["dir"] / "summary.json")
         assert s.config["session_rate"] == p["session_rate"] and s.config["lanes"] is None
+        assert s.config["selection"]["sample"] == 25 and "trace_block_size" in s.config["selection"]
         trees.append(len({x.session for x in s.sessions}))
     assert trees[0] in (3, 4) and trees[1] in (12, 13)  # 1 s at 3/s and 12/s, the first at once
 

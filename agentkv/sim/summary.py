@@ -48,6 +48,7 @@ class SimSettings(msgspec.Struct, kw_only=True):
     power_w_per_gpu: float | None = None  # what the per-MW figures divide by
     power_basis: str = ""
     think_scale: float = 1.0
+    cycle: bool = False  # the traces replayed again as lanes drain (--cycle)
     warmup: str | None = None  # "100 requests" or "30s": left out of every figure
 
 
@@ -142,6 +143,7 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         power_w_per_gpu=dep.power_w_per_gpu,
         power_basis=dep.power_basis,
         think_scale=cfg.think_scale,
+        cycle=cfg.cycle,
         warmup=warmup_label(cfg),
     )
 
