@@ -4,6 +4,7 @@ shared by simulate and (later) bench."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Sequence
 
@@ -40,9 +41,9 @@ def power_mw(gpus: int, power_w_per_gpu: float) -> float:
 
 def interactivity(
     s: Summary,
-    sessions: int,
-    gpus: int,
-    power_w_per_gpu: float,
+    sessions: int | None,
+    gpus: int | None,
+    power_w_per_gpu: float | None,
     tier: tuple[float, float],
     basis: str = "",
     mean_trees: float | None = None,
@@ -52,12 +53,15 @@ def interactivity(
     Per-user speed is 1 / TPOT p50 (requests with one output token have no TPOT); a run with no
     TPOT, no TTFT or marked invalid does not meet the tier. Its agents are the session trees in
     progress on average (`mean_trees`, when known: lanes run dry once the traces are used up),
-    else `sessions`."""
+    else `sessions`. `sessions` None: no lane cap (open loop), so the trees in progress, rounded
+    up, are what it offered. GPU count or power unknown (None): no per-GPU or per-MW figure."""
     tps_min, ttft_max = tier
     tps = 1.0 / s.tpot.p50 if s.tpot.p50 else None
     ttft = s.ttft.p90
     met = bool(s.valid and tps is not None and ttft is not None and tps >= tps_min and ttft <= ttft_max)
-    mw = power_mw(gpus, power_w_per_gpu)
+    if sessions is None:
+        sessions = max(1, math.ceil(mean_trees or 0))
+    mw = power_mw(gpus, power_w_per_gpu) if gpus and power_w_per_gpu else 0.0
     agents = min(float(sessions), mean_trees) if mean_trees is not None else float(sessions)
     return Interactivity(
         tier_tps=tps_min,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -199,8 +198,7 @@ def sim_summary(
     summary.disagg = disagg
     summary.warmup_requests = len(all_records) - len(records)
     tier = (cfg.tier_tps, cfg.tier_ttft_p90)
-    offered = cfg.lanes if cfg.lanes is not None else max(1, math.ceil(trees or 0))  # --session-rate: no cap
     summary.interactivity = interactivity(
-        summary, offered, gpus, dep.power_w_per_gpu, tier, dep.power_basis, mean_trees=trees
+        summary, cfg.lanes, gpus, dep.power_w_per_gpu, tier, dep.power_basis, mean_trees=trees
     )
     return summary
