@@ -96,6 +96,12 @@ def test_sweep_finds_the_known_capacity_as_the_slo_knee(capped_server, tmp_path,
         assert re.search(rf'<text x="[\d.]+" y="[\d.]+">{n}</text>', html)
     printed = capsys.readouterr().out
     assert "knee: lanes=2" in printed
+    # every point streams ~200 tok/s per user: all meet the default tier, so its knee is the top
+    # load; the test server reports no GPUs, so agents per GPU and per MW stay unknown
+    assert [p["meets_tier"] for p in pts] == [True] * 4 and doc["tier_knee"] == 3
+    assert all(p["agents_per_mw"] is None and 0 < p["agents"] <= p["lanes"] for p in pts)
+    assert "tier knee (tps>=20, TTFT p90<=10s): at least" in doc["tier_knee_note"]
+    assert "unknown per GPU, unknown per MW" in doc["tier_knee_note"] and "tier knee" in printed
 
 
 def test_sweep_over_session_rate_without_an_slo(capped_server, tmp_path):

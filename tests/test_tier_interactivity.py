@@ -43,3 +43,34 @@ def test_uncapped_simulate_run_reports_its_mean_trees():
     assert i.mean_trees is not None and i.mean_trees > 0
     assert i.sessions == max(1, -int(-i.mean_trees // 1))  # the trees in progress, rounded up
     assert not i.met or i.agents == pytest.approx(i.mean_trees)
+
+
+def test_trees_in_progress_is_the_time_mean_of_open_trees():
+    from agentkv.metrics.records import RequestRecord
+    from agentkv.metrics.tier import trees_in_progress
+
+    def rec(tree, due, end):
+        return RequestRecord(id=0, trace="t", session=tree, tree=tree, scheduled=due, end=end)
+
+    # tree a from 0 to 10 (a think gap between its turns counts), tree b from 5 to 10: 15 / 10
+    recs = [rec("a", 0, 2), rec("a", 6, 10), rec("b", 5, 10)]
+    assert trees_in_progress(recs) == pytest.approx(1.5)
+    assert trees_in_progress([]) is None and trees_in_progress([rec("a", 3, 3)]) is None
+
+
+def test_bench_sweep_tier_knee_is_the_highest_load_meeting_the_tier():
+    from agentkv.bench.sweep_view import tier_knee
+
+    def row(met, agents, mw):
+        return {
+            "meets_tier": met,
+            "agents": agents,
+            "agents_per_gpu": None if agents is None else agents / 8,
+            "agents_per_mw": mw,
+            "tier": [20.0, 10.0],
+            "power_basis": "DGX H200 provisioned 10.2 kW / 8 GPUs",
+        }
+
+    at, line = tier_knee([row(True, 2.0, 196.0), row(True, 3.9, 382.0), row(False, None, None)])
+    assert at == 1 and "3.9 agents, 0.49 per GPU, 382 per MW (DGX H200" in line and "at least" not in line
+    assert tier_knee([row(False, None, None)]) == (None, "tier: no point meets the interactivity tier")

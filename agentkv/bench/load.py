@@ -50,6 +50,18 @@ def settings_of(cfg: LoadConfig) -> dict:
     }
 
 
+def parse_rate(text: str, flag: str) -> float:
+    """A share in [0, 1] from `5%` or `0.05`."""
+    t = str(text).strip()
+    try:
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise UserError(f"{flag}: expected a share such as 1% or 0.01, got {text!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise UserError(f"{flag} must be between 0 and 100%, got {text!r}")
+    return v
+
+
 def check(cfg: LoadConfig) -> None:
     """One-line errors for load settings no run can use."""
     if cfg.session_rate is None and cfg.lanes is None:

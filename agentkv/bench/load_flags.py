@@ -3,6 +3,7 @@ What they mean is in agentkv/bench/load.py and docs/bench.md ("Load")."""
 
 from __future__ import annotations
 
+from agentkv.bench.agents import add_agents_args
 from agentkv.trace.warmup import add_warmup_args
 
 
@@ -41,6 +42,7 @@ def add_load_args(p) -> None:
         "clocks reconciled, one requests.jsonl and summary (default 1: this process)",
     )
     _open_loop_args(p)
+    add_agents_args(p)
 
 
 def _open_loop_args(p) -> None:

@@ -1,6 +1,6 @@
 """Agents per megawatt: does a run meet an interactivity tier, and the most concurrent session trees
 that do (the knee of a lanes sweep), per GPU and per provisioned MW. Pure arithmetic on summaries,
-shared by simulate and (later) bench."""
+shared by simulate and bench (on summaries and, for bench, its records)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import re
 from collections.abc import Sequence
 
 from agentkv.errors import UserError
+from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.summary import Interactivity, Summary
 from agentkv.units import parse_duration
 
@@ -82,3 +83,41 @@ def knee(points: Sequence[Interactivity]) -> Interactivity | None:
     """The point with the most concurrent sessions that meets its tier (None: none does)."""
     met = [p for p in points if p.met]
     return max(met, key=lambda p: p.sessions) if met else None
+
+
+def trees_in_progress(records: Sequence[RequestRecord]) -> float | None:
+    """Session trees in progress, time-averaged over the records' span (first due to last end): a
+    tree counts from its first request's due time to its last request's end, think gaps included
+    (what simulate samples from its replay plan); None without records or span."""
+    span: dict[str, tuple[float, float]] = {}
+    for r in records:
+        a, b = span.get(r.tree or r.session, (math.inf, -math.inf))
+        span[r.tree or r.session] = (min(a, r.scheduled), max(b, r.end))
+    if not span:
+        return None
+    lo, hi = min(a for a, _ in span.values()), max(b for _, b in span.values())
+    return sum(b - a for a, b in span.values()) / (hi - lo) if hi > lo else None
+
+
+def reached_text(i: Interactivity) -> str:
+    """`met: 25.0 tok/s per user, TTFT p90 3.00 s` (or missed): the run against its tier."""
+    got = f"{_num(i.tps_per_user_p50, ',.1f')} tok/s per user, TTFT p90 {_num(i.ttft_p90, ',.2f')} s"
+    return f"{'met' if i.met else 'missed'}: {got}"
+
+
+def agents_text(i: Interactivity) -> str:
+    """`12.0 agents, 1.50 per GPU, 1,176 per MW` (a figure whose GPU count or power is unknown says
+    so); `-` when the run missed its tier."""
+    if not i.met:
+        return "-"
+    per_gpu = "unknown per GPU" if i.agents_per_gpu is None else f"{i.agents_per_gpu:,.2f} per GPU"
+    per_mw = "unknown per MW" if i.agents_per_mw is None else f"{i.agents_per_mw:,.0f} per MW"
+    return f"{_num(i.agents, ',.1f')} agents, {per_gpu}, {per_mw}"
+
+
+def tier_text(i: Interactivity) -> str:
+    return f"tier >= {i.tier_tps:g} tok/s, TTFT p90 <= {i.tier_ttft_p90:g} s"
+
+
+def _num(v: float | None, fmt: str) -> str:
+    return "-" if v is None else format(v, fmt)
