@@ -91,7 +91,8 @@ def test_sweep_finds_the_known_capacity_as_the_slo_knee(capped_server, tmp_path,
     assert doc["throughput_per"] == "server"
     html = (out / "sweep.html").read_text()
     assert "<svg" in html and "knee: lanes=2" in html and "output tok/s per server" in html
-    assert html.count("<circle") == 5  # four points and the knee marker
+    assert html.count("<circle") == 9  # four points, the knee marker and a ring per point meeting the tier
+    assert "tier: 20 tok/s per user" in html and html.count('stroke="#7c3aed" stroke-width="1.5"') == 1
     for n in (1, 2, 3, 4):  # each dot labelled with its load
         assert re.search(rf'<text x="[\d.]+" y="[\d.]+">{n}</text>', html)
     printed = capsys.readouterr().out

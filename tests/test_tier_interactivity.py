@@ -74,3 +74,16 @@ def test_bench_sweep_tier_knee_is_the_highest_load_meeting_the_tier():
     at, line = tier_knee([row(True, 2.0, 196.0), row(True, 3.9, 382.0), row(False, None, None)])
     assert at == 1 and "3.9 agents, 0.49 per GPU, 382 per MW (DGX H200" in line and "at least" not in line
     assert tier_knee([row(False, None, None)]) == (None, "tier: no point meets the interactivity tier")
+
+
+def test_tier_marks_a_line_at_the_tier_and_rings_only_points_meeting_it():
+    from agentkv.metrics.report_sweep import tier_marks
+
+    line, rings = tier_marks(
+        20.0, [10.0, 30.0, None, 45.0], [100.0, 50.0, 10.0, 80.0], [False, True, True, True]
+    )
+    assert (line.kind, line.xs, line.ys, line.dash) == ("line", [20.0, 20.0], [50.0, 100.0], True)
+    assert (rings.kind, rings.xs, rings.ys) == ("rings", [30.0, 45.0], [50.0, 80.0])  # no x: not drawn
+    assert (
+        len(tier_marks(20.0, [10.0], [5.0], [False])) == 1 and tier_marks(20.0, [None], [1.0], [True]) == []
+    )

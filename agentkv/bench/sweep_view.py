@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 
 from agentkv.bench.sweep import SCHEMA
+from agentkv.metrics.report_sweep import tier_marks
 from agentkv.metrics.summary import Summary, slo_fraction
 from agentkv.metrics.svg import Chart, Series
 
@@ -170,6 +171,9 @@ def curve(doc: dict) -> Chart:
     if doc["knee"] is not None:
         i = doc["knee"]
         ch.add(Series(f"knee: {key}={rows[i][key]:g}", [xs[i]], [ys[i]], kind="dots", color="#000"))
+    tier = next((r["tier"] for r in rows if r.get("tier")), None)
+    for s in tier_marks(tier[0], xs, ys, [r.get("meets_tier") for r in rows]) if tier else []:
+        ch.add(s)
     return ch
 
 
