@@ -3,6 +3,9 @@ What they mean is in agentkv/bench/load.py and docs/bench.md ("Load")."""
 
 from __future__ import annotations
 
+from agentkv.bench.agents import add_agents_args
+from agentkv.trace.warmup import add_warmup_args
+
 
 def add_load_args(p) -> None:
     """The target and load flags of `agentkv bench`."""
@@ -39,6 +42,7 @@ def add_load_args(p) -> None:
         "clocks reconciled, one requests.jsonl and summary (default 1: this process)",
     )
     _open_loop_args(p)
+    add_agents_args(p)
 
 
 def _open_loop_args(p) -> None:
@@ -58,21 +62,7 @@ def _open_loop_args(p) -> None:
         help="spacing of --session-rate arrivals: poisson (exponential gaps, seeded by --seed) "
         "or constant (default poisson)",
     )
-    p.add_argument(
-        "--warmup",
-        default=None,
-        metavar="N|DURATION",
-        help="the first N requests, or those due in the first DURATION (e.g. 30s), are sent but "
-        "left out of every statistic (marked warmup in requests.jsonl)",
-    )
-    p.add_argument(
-        "--think-scale",
-        type=float,
-        default=1.0,
-        metavar="F",
-        help="replay think and tool gaps between turns at F times their length (0: none, 0.5: half); "
-        "unlike --time-scale, measured latencies are not scaled (default 1)",
-    )
+    add_warmup_args(p)
     p.add_argument(
         "--sweep",
         default=None,

@@ -179,7 +179,7 @@ class Engine:
                 gap = end - req.last_token
                 if gap > req.itl_max:
                     req.itl_max = gap
-                if itl is not None:
+                if itl is not None and req.measured:
                     itl.append(gap)
             req.last_token = end
             if req.token_times is not None:
@@ -272,7 +272,7 @@ class Engine:
             g = first_gap if first_gap > inner_max else inner_max
             if g > req.itl_max:
                 req.itl_max = g
-            if itl is not None:
+            if itl is not None and req.measured:
                 itl.append(first_gap)
                 itl.extend(bs_gaps)
             if req.token_times is not None:

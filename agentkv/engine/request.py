@@ -50,7 +50,11 @@ class EngineRequest:
         "hash_array",
         "hint",
         "computed",
+<<<<<<< HEAD
         "block_ids",
+=======
+        "measured",
+>>>>>>> simload
     )
 
     def __init__(
@@ -89,6 +93,7 @@ class EngineRequest:
         self.finish_reason: str | None = None
         self.promote_s = 0.0
         self.user_data = user_data
+        self.measured = True  # False: a warm-up request, its token gaps kept out of the ITL sink
         self.hash_array = None  # block_hashes as uint64, when the caller has them (fast lookups)
         self.hint = None  # block ids of the session's previous turn on this engine (lookup hint)
         self.computed: ComputedBlocks | None = None  # the last prefix lookup (None: not looked up yet)

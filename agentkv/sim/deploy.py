@@ -6,8 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+<<<<<<< HEAD
 from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system
 from agentkv.kv.transfer import LinkModel, nvlink, rdma
+=======
+from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system, provisioned_power
+from agentkv.kv.transfer import LinkModel, fabric_link
+>>>>>>> simload
 
 if TYPE_CHECKING:
     from agentkv.sim.cluster import SimConfig
@@ -37,12 +42,13 @@ def deployment(cfg: SimConfig) -> Deployment:
     topology (power stays the GPU's board power, since no system was chosen)."""
     if cfg.system is not None:
         s = get_system(cfg.system)
-        basis = f"{s.name} provisioned {s.power_kw:g} kW / {s.gpus} GPUs"
-        return Deployment(get_gpu(s.gpu), s, s.nvlink_domain, s.nic_gbps, s.power_w_per_gpu, basis)
+        w, basis = provisioned_power(s, None)
+        return Deployment(get_gpu(s.gpu), s, s.nvlink_domain, s.nic_gbps, w, basis)
     gpu = get_gpu(cfg.engine.gpu)
     s = _system_of_gpu(gpu)
     domain, nic = (s.nvlink_domain, s.nic_gbps) if s else (DEFAULT_DOMAIN, DEFAULT_NIC_GBPS)
-    return Deployment(gpu, None, domain, nic, gpu.power_w, f"{gpu.name} board power {gpu.power_w:g} W")
+    w, basis = provisioned_power(None, gpu)
+    return Deployment(gpu, None, domain, nic, w, basis)
 
 
 def pool_tp(cfg: SimConfig) -> tuple[int, int]:

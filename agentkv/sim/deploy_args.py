@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 
+from agentkv.metrics.flags import add_tier_arg
 from agentkv.placement import POLICIES
 
 
@@ -49,12 +50,7 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="refill the trace queue so every lane stays busy (with --duration): steady load for agents per MW",
     )
-    g.add_argument(
-        "--tier",
-        default="tps=20,ttft_p90=10s",
-        metavar="tps=N,ttft_p90=T",
-        help="interactivity tier for agents per GPU and per MW (default tps=20,ttft_p90=10s)",
-    )
+    add_tier_arg(g)
 
 
 def deploy_settings(args: argparse.Namespace) -> dict:
