@@ -50,11 +50,8 @@ class EngineRequest:
         "hash_array",
         "hint",
         "computed",
-<<<<<<< HEAD
         "block_ids",
-=======
         "measured",
->>>>>>> simload
     )
 
     def __init__(

@@ -6,13 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-<<<<<<< HEAD
-from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system
-from agentkv.kv.transfer import LinkModel, nvlink, rdma
-=======
 from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system, provisioned_power
-from agentkv.kv.transfer import LinkModel, fabric_link
->>>>>>> simload
+from agentkv.kv.transfer import LinkModel, nvlink, rdma
 
 if TYPE_CHECKING:
     from agentkv.sim.cluster import SimConfig
