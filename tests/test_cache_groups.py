@@ -179,6 +179,7 @@ def test_the_table_shows_each_groups_own_figure(capsys, monkeypatch):
         (["--policy", "lru,arc"], "--policy arc: gpt-oss-120b has hybrid KV groups"),
         (["--cpu", "100GB"], "--cpu: gpt-oss-120b has hybrid KV groups"),
         (["--capacity", "1MB"], "--capacity: 1MB holds no block of 16 tokens of gpt-oss-120b"),
+        (["--model", "llama-4-scout", "--block-size", "192"], "--block-size: 192 does not divide"),
     ],
 )
 def test_what_a_hybrid_pool_cannot_do_is_one_line(flags, message, capsys):

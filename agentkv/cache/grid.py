@@ -114,7 +114,17 @@ def _layouts(shape, sizes: list[int], dtype: str) -> tuple[tuple[int, GroupLayou
 
     if not is_hybrid(shape):
         return ()
-    return tuple((bs, GroupLayout(kv_layout(shape, bs, dtype), page_bytes(shape, bs, dtype))) for bs in sizes)
+    out = []
+    for bs in sizes:
+        specs = kv_layout(shape, bs, dtype)
+        for s in specs:
+            if s.rule == "chunked" and s.window % bs:
+                raise UserError(
+                    f"--block-size: {bs} does not divide {shape.name}'s {s.window}-token attention "
+                    "chunk (vLLM needs whole blocks per chunk)"
+                )
+        out.append((bs, GroupLayout(specs, page_bytes(shape, bs, dtype))))
+    return tuple(out)
 
 
 def make_grid(
