@@ -3,7 +3,7 @@
 Each request runs alone through the engine's own `Scheduler` over a `HybridPool` (`kv/groups.py`):
 the lookup takes what every group can serve (`kv/group_rules.py`), the prefill goes in chunks of
 `max_num_batched_tokens` (cut on block boundaries for a state group, vLLM's 'align' mode, so states
-are saved where the engine saves them), then the decode as the engine's decode burst (the window
+are saved where the engine saves them), then the output as the engine's decode bursts (the window
 frees what it has left), then free. So a cell is what the simulator's pool serves for the same
 requests one at a time. Beside that model-level hit, each group's own figure: what its rule alone
 would serve from its own cached blocks at the same moment (a full group's prefix, a window's last
