@@ -77,9 +77,12 @@ def test_two_ray_shards_replay_the_one_shard_request_set(ray_cluster, tmp_path):
     paths = _traces(tmp_path / "traces")
     with stream_server_process("--itl", "0.001") as url:
         one = cli(*BENCH, paths, "--target", url, "--out", str(tmp_path / "one"))
-        two = cli(
-            *BENCH, paths, "--target", url, "--out", str(tmp_path / "two"), "--clients", "2", "--ray", gcs
-        )
+        on = [*BENCH, paths, "--target", url, "--ray", gcs, "--out"]
+        two = cli(*on, str(tmp_path / "two"), "--clients", "2")
+        three = cli(*on, str(tmp_path / "three"), "--clients", "3")
+    assert three.returncode == 2 and three.stderr.strip().splitlines()[-1] == (
+        "agentkv: error: --clients 3 --ray: a shard actor takes one CPU and the Ray cluster has 2"
+    ), three.stderr  # the test cluster has 2 CPUs
     assert one.returncode == 0, one.stderr
     assert two.returncode == 0, two.stderr[-3000:]
     want = _keys(tmp_path / "one")
