@@ -165,17 +165,16 @@ class ShardedRun:
         return self.base.plan
 
     def _start(self) -> None:
-        marker, parts = self.base.prompts.marker, self.parts
-        if self.ray is None:
-            links = [ProcessLink(i, c, part, marker, self.loop) for i, (c, part) in enumerate(parts)]
-        else:
+        """Every shard started (each kept as it starts, so that _stop ends it whatever fails next)."""
+        marker, parts, links = self.base.prompts.marker, self.parts, None
+        if self.ray is not None:
             from agentkv.bench.ray_shards import RayShards
 
             self.transport = RayShards(self.ray)
-            links = self.transport.start(parts, marker, self.loop, self.cfg.target)
-        self.shards = [
-            Shard(i, x, c.lanes, len(p)) for i, (x, (c, p)) in enumerate(zip(links, parts, strict=True))
-        ]
+            links = iter(self.transport.start(parts, marker, self.loop, self.cfg.target))
+        for i, (c, part) in enumerate(parts):
+            link = ProcessLink(i, c, part, marker, self.loop) if links is None else next(links)
+            self.shards.append(Shard(i, link, c.lanes, len(part)))
 
     def _measure_clock(self, s: Shard) -> None:
         """Round trips: offset = shard time - midpoint of send and receive, from the fastest one."""
