@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentkv.bench.load_flags import add_load_args
+from agentkv.bench.load_flags import add_load_args, check_clients
 from agentkv.bench.request_flags import add_request_flags
 from agentkv.errors import UserError
 from agentkv.metrics.flags import add_output_flags
@@ -190,8 +190,7 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
     from agentkv.metrics.summary import parse_slo
     from agentkv.trace.warmup import parse_think_scale, parse_warmup
 
-    if args.clients < 1:
-        raise UserError(f"--clients must be >= 1, got {args.clients}")
+    check_clients(args)
     if args.max_requests is not None and args.max_requests < 1:
         raise UserError(f"--max-requests must be >= 1, got {args.max_requests}")
     duration = _duration(args.duration, "--duration")
@@ -294,10 +293,10 @@ def _run_one(args, traces, target: str, out: Path, console, notes, show: bool = 
     from agentkv.bench.runner import BenchRun
 
     cfg = config_from_args(args, target)
-    if args.clients > 1:
+    if args.clients > 1 or args.ray is not None:
         from agentkv.bench.shards import ShardedRun
 
-        run = ShardedRun(cfg, traces, args.clients, out=out, notes=notes, loop=args.loop)
+        run = ShardedRun(cfg, traces, args.clients, out=out, notes=notes, loop=args.loop, ray=args.ray)
     else:
         run = BenchRun(cfg, traces, out=out, notes=notes)
     with contextlib.ExitStack() as stack:

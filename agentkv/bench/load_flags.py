@@ -4,6 +4,8 @@ What they mean is in agentkv/bench/load.py and docs/bench.md ("Load")."""
 from __future__ import annotations
 
 from agentkv.bench.agents import add_agents_args
+from agentkv.errors import UserError
+from agentkv.scaleout.raytasks import LOCAL, add_ray_arg, import_ray, reachable
 from agentkv.trace.warmup import add_warmup_args
 
 
@@ -41,8 +43,20 @@ def add_load_args(p) -> None:
         help="client processes, each replaying whole session trees with its share of the lanes; "
         "clocks reconciled, one requests.jsonl and summary (default 1: this process)",
     )
+    add_ray_arg(p, "the --clients shards", "actors, one CPU each")
     _open_loop_args(p)
     add_agents_args(p)
+
+
+def check_clients(args) -> None:
+    """--clients and --ray, checked before traces load: a count >= 1; for --ray, Ray installed and
+    something listening at a host:port address."""
+    if args.clients < 1:
+        raise UserError(f"--clients must be >= 1, got {args.clients}")
+    if getattr(args, "ray", None) is not None:
+        import_ray()
+        if args.ray != LOCAL:
+            reachable(args.ray)
 
 
 def _open_loop_args(p) -> None:
