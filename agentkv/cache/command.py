@@ -33,9 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default="llama3-8b",
-        help="for KV bytes per token; " + model_help(),
+        help="for KV bytes per token (a hybrid model: its KV groups, as the engine lays them out); "
+        + model_help(),
     )
-    p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8 (default auto)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16), fp8 or nvfp4 (default auto)")
     p.add_argument(
         "--block-size",
         default="16",
@@ -46,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--policy",
         default=None,
         metavar="NAMES",
-        help="eviction policies, comma-separated: lru, lfu, radix, arc, session, belady (default all)",
+        help="eviction policies, comma-separated: lru, lfu, radix, arc, session, belady (default all; "
+        "lru alone for a model with hybrid KV groups)",
     )
     p.add_argument("--cpu", default=None, metavar="SIZE", help="a CPU tier below the GPU, e.g. 512GB")
     p.add_argument(

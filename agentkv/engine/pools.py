@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostModel
-from agentkv.engine.models.layout import group_size, is_hybrid, kv_layout, layer_block_bytes
+from agentkv.engine.models.layout import is_hybrid, kv_layout, page_bytes
 from agentkv.engine.models.shape import ModelShape
 from agentkv.errors import UserError
 from agentkv.kv.events import KVEvent
@@ -104,8 +104,7 @@ def _hybrid(cfg: EngineConfig, shape: ModelShape, cost: CostModel, max_model_len
     name = shape.name
     dtype, tp, bs = cost.kv_dtype, cfg.tensor_parallel_size, cfg.block_size
     specs = kv_layout(shape, bs, dtype, tp)
-    size = group_size(shape.groups)
-    unit = int(size * max(layer_block_bytes(g, bs, dtype, tp) for g in shape.attention_groups))
+    unit = page_bytes(shape, bs, dtype, tp)
     if cfg.num_gpu_blocks_override is not None:
         capacity = cfg.num_gpu_blocks_override * unit
     else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentkv.errors import UserError
+from agentkv.metrics.flags import add_tier_arg
 from agentkv.placement import POLICIES
 
 
@@ -50,31 +50,12 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="refill the trace queue so every lane stays busy (with --duration): steady load for agents per MW",
     )
-    g.add_argument(
-        "--tier",
-        default="tps=20,ttft_p90=10s",
-        metavar="tps=N,ttft_p90=T",
-        help="interactivity tier for agents per GPU and per MW (default tps=20,ttft_p90=10s)",
-    )
-
-
-def parse_disagg(spec: str | None) -> tuple[int, int]:
-    """`prefill=N,decode=M` -> (N, M); None -> (0, 0) (aggregated)."""
-    if spec is None:
-        return 0, 0
-    out: dict[str, int] = {}
-    for part in (s.strip() for s in spec.split(",") if s.strip()):
-        key, sep, val = part.partition("=")
-        if not sep or key.strip() not in ("prefill", "decode") or not val.strip().isdigit():
-            raise UserError(f"--disagg: expected prefill=N,decode=M, got {spec!r}")
-        out[key.strip()] = int(val)
-    if set(out) != {"prefill", "decode"} or min(out.values()) < 1:
-        raise UserError(f"--disagg: expected prefill=N,decode=M with N, M >= 1, got {spec!r}")
-    return out["prefill"], out["decode"]
+    add_tier_arg(g)
 
 
 def deploy_settings(args: argparse.Namespace) -> dict:
     """The SimConfig fields the deployment flags set."""
+    from agentkv.engine.kv_move import parse_disagg
     from agentkv.metrics.tier import parse_tier
 
     prefill, decode = parse_disagg(args.disagg)
