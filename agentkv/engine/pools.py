@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostModel
-from agentkv.engine.models.layout import is_hybrid, kv_layout, page_bytes
+from agentkv.engine.models.layout import group_size, is_hybrid, kv_layout, page_bytes
 from agentkv.engine.models.shape import ModelShape
 from agentkv.errors import UserError
 from agentkv.kv.events import KVEvent
@@ -118,7 +118,7 @@ def _hybrid(cfg: EngineConfig, shape: ModelShape, cost: CostModel, max_model_len
             f"{need} tokens needs in {name}'s groups ({one_seq / GIB:.2f} GiB); "
             "lower --max-model-len or give more memory"
         )
-    lower = _hybrid_tiers(cfg, specs, unit, unit // size, on_event)
+    lower = _hybrid_tiers(cfg, specs, unit, unit // group_size(shape.groups), on_event)
     pool = HybridPool(
         specs, capacity, bs, unit_bytes=unit, on_event=on_event, policy=cfg.eviction_policy, lower=lower
     )
