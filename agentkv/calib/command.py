@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from agentkv.calib.bench_predict import add_predict_flag
 from agentkv.errors import UserError
 from agentkv.trace.command import TRACE_FORMATS
 
@@ -32,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=calibrate_command)
     _add_predict(sub)
+    add_predict_flag(sub)  # `agentkv bench --predict`: the CLI registers bench before calib
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
