@@ -18,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--out", required=True, help="profile JSON to write")
     p.add_argument("--budget", default="10m", help="wall time for the probes (default 10m)")
-    p.add_argument("--repeats", type=int, default=2, help="samples per probe, the least kept (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="samples per probe, the least kept (default 3)")
     g = p.add_argument_group("what the target runs (default: read from /v1/models and /server_info)")
     g.add_argument("--gpu", default=None, help="catalogue GPU (server_info 'gpu', else h200)")
     g.add_argument("--model", default=None, help="catalogue model (the served model's root/id)")
