@@ -5,7 +5,9 @@ the run; a failed run is not predicted."""
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +17,7 @@ from agentkv.engine.cost import load_coefficients
 from tests.cluster import CLI
 from tests.serveutil import stream_server_process
 
-SHORT = ["--max-requests", "12", "--duration", "none", "--time-scale", "10", "-q"]
+SHORT = ["--max-requests", "8", "--duration", "none", "--time-scale", "10", "-q"]
 
 
 def _profile(path: Path, **over) -> Path:
@@ -33,7 +35,7 @@ def _bench(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run([*CLI, "bench", *argv], capture_output=True, text=True, timeout=timeout)
 
 
-def test_bench_predict_against_the_embedded_server(tmp_path: Path) -> None:
+def test_bench_predict_against_the_embedded_server(tmp_path: Path, capsys) -> None:
     out = tmp_path / "run"
     res = _bench(*SHORT, "--out", str(out), "--predict", str(_profile(tmp_path / "p.json")))
     assert res.returncode == 0, res.stderr
@@ -41,7 +43,7 @@ def test_bench_predict_against_the_embedded_server(tmp_path: Path) -> None:
     doc = json.loads((out / "prediction.json").read_text())
     rows = (out / "predictions.jsonl").read_text().splitlines()
     summary = json.loads((out / "summary.json").read_text())
-    assert doc["requests"] == len(rows) == summary["succeeded"] == 12
+    assert doc["requests"] == len(rows) == summary["succeeded"] == 8
     # serve steps the same engine with these coefficients: hits equal, throughput within a few %
     assert doc["hit_rate"]["predicted"] == pytest.approx(doc["hit_rate"]["measured"], abs=1e-9)
     assert doc["hit_rate"]["measured"] > 0.1
@@ -49,10 +51,8 @@ def test_bench_predict_against_the_embedded_server(tmp_path: Path) -> None:
     # engine-clock stamps: each request arrives as it did; a busy host's late steps are the rest
     assert doc["overall"]["e2e"]["mape_pct"] < 10.0, doc["overall"]
     assert "Prediction" in (out / "report.html").read_text()
-    cmp = subprocess.run(
-        [*CLI, "compare", str(out), str(out), "--json"], capture_output=True, text=True, timeout=60
-    )
-    assert cmp.returncode == 0 and str(out) in json.loads(cmp.stdout)["predictions"], cmp.stderr
+    assert main(["compare", str(out), str(out), "--json"]) == 0
+    assert str(out) in json.loads(capsys.readouterr().out)["predictions"]
 
 
 def _main(capsys, *argv: str) -> tuple[int, str]:
@@ -97,4 +97,22 @@ def test_a_failed_run_is_not_predicted(tmp_path: Path, capsys) -> None:
             str(_profile(tmp_path / "p.json")),
         )
     assert rc == 3 and "no prediction: the run is invalid (exit 3)" in err, err
+    assert (out / "summary.json").is_file() and not (out / "prediction.json").exists()
+
+
+def test_an_interrupted_run_is_not_predicted(tmp_path: Path) -> None:
+    out, prof = tmp_path / "run", _profile(tmp_path / "p.json")
+    with stream_server_process("--itl", "0.02") as url:  # streams of a few hundred ms
+        p = subprocess.Popen(
+            [*CLI, "bench", "--target", url, "--out", str(out), "-q", "--predict", str(prof)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(600):  # until a request has finished
+            if (out / "requests.jsonl").is_file() and (out / "requests.jsonl").read_text():
+                break
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "no prediction: the run was interrupted (exit 130)" in err, err
     assert (out / "summary.json").is_file() and not (out / "prediction.json").exists()
