@@ -67,12 +67,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="worker processes for the grid (default: usable cores, at most 4)",
     )
     add_ray_arg(p, "the grid's cells")
+    _output_args(p)
+    p.set_defaults(func=analyze_command)
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    """--json, --plot, --quiet."""
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--plot", default=None, metavar="OUT", help="write a hit rate vs capacity chart (.html or .svg)"
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.set_defaults(func=analyze_command)
 
 
 def analyze_command(args: argparse.Namespace) -> int:
