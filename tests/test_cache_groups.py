@@ -1,6 +1,7 @@
 """`cache analyze` on models with hybrid KV groups: a cell is what the engine's `HybridPool` serves for
 the same requests one at a time, a window-only model keeps hits a full-attention one loses, a state
-model's ceiling is where states were saved, and Belady or a CPU tier is refused with one line."""
+model's ceiling is where states were saved, a CPU tier and the other policies run as the engine
+runs them, and Belady is refused with one line."""
 
 from __future__ import annotations
 
@@ -47,13 +48,21 @@ def _agents() -> list[Trace]:
     return out
 
 
-def _engine(model: str, block_size: int, pages: int, traces: list[Trace]) -> tuple[int, int, int]:
-    """(hit tokens, requests that cannot run, evicted blocks) of the engine, one request at a time
-    (decode bursts, as the simulator drives it) on `pages` of vLLM's pages."""
+def _engine(
+    model: str, block_size: int, pages: int, traces: list[Trace], cpu_gib: float = 0.0, policy: str = "lru"
+) -> tuple[dict[str, int], int, int]:
+    """(hit tokens by tier, requests that cannot run, evicted blocks) of the engine, one request at
+    a time (decode bursts, as the simulator drives it) on `pages` of vLLM's pages, with a CPU tier
+    of `cpu_gib` (--kv-offloading-size) and `policy`."""
     cfg = EngineConfig(
-        model=model, block_size=block_size, max_model_len=1 << 21, num_gpu_blocks_override=pages
+        model=model,
+        block_size=block_size,
+        max_model_len=1 << 21,
+        num_gpu_blocks_override=pages,
+        kv_offloading_size=cpu_gib,
+        eviction_policy=policy,
     )
-    e, hits, big = Engine(cfg), 0, 0
+    e, hits, big = Engine(cfg), {"GPU": 0, **({"CPU": 0} if cpu_gib else {})}, 0
     for i, r in enumerate(block_accesses(arrivals(traces), block_size)):
         if r.input_tokens + r.output_tokens > e.max_seq_tokens:
             big += 1
@@ -70,18 +79,26 @@ def _engine(model: str, block_size: int, pages: int, traces: list[Trace]) -> tup
                 big += 1
                 break
         else:
-            hits += req.num_cached_tokens
+            hits["GPU"] += req.num_cached_tokens
+            for tier, n in req.lower_tier_tokens.items():
+                hits[tier] += n
     return hits, big, e.pool.stats.evicted
 
 
-def _check_engine(model: str, block_size: int, pages: int, traces: list[Trace]):
-    """The analysis of `traces` at the engine's capacity of `pages` (its null page left out): its
-    one cell is the engine's figures, and the full-attention group's ceiling is `ceiling_tokens`."""
+def _check_engine(
+    model: str, block_size: int, pages: int, traces: list[Trace], cpu_gib: int = 0, policy: str | None = None
+):
+    """The analysis of `traces` at the engine's capacity of `pages` (its null page left out), with a
+    CPU tier of `cpu_gib` and `policy` (default LRU): its one cell is the engine's figures, and the
+    full-attention group's ceiling is `ceiling_tokens`."""
     unit = page_bytes(get_model(model), block_size)
-    a = analyze(traces, make_grid(str((pages - 1) * unit), str(block_size), None, model))
-    assert a.policies == ["lru"] and [g.rule for g in a.kv_groups][0] == "full"
+    cpu = f"{cpu_gib}GiB" if cpu_gib else None
+    a = analyze(traces, make_grid(str((pages - 1) * unit), str(block_size), policy, model, cpu=cpu))
+    assert a.policies == [policy or "lru"] and [g.rule for g in a.kv_groups][0] == "full"
     cell, ceiling = a.results[0], a.ceilings[0]
-    assert (cell.hit_tokens, cell.too_big, cell.evicted) == _engine(model, block_size, pages, traces)
+    engine = _engine(model, block_size, pages, traces, cpu_gib, policy or "lru")
+    assert (cell.tier_hit_tokens, cell.too_big, cell.evicted) == engine
+    assert cell.hit_tokens == sum(cell.tier_hit_tokens.values())
     full = ceiling_tokens(block_accesses(arrivals(traces), block_size), block_size)
     assert ceiling.groups[0].hit_tokens == full and ceiling.hit_tokens <= full
     assert all(g.hit_tokens >= cell.hit_tokens for g in cell.groups)  # a hit is what every group serves
@@ -176,8 +193,8 @@ def test_the_table_shows_each_groups_own_figure(capsys, monkeypatch):
     ("flags", "message"),
     [
         (["--policy", "belady"], "--policy belady: gpt-oss-120b has hybrid KV groups"),
-        (["--policy", "lru,arc"], "--policy arc: gpt-oss-120b has hybrid KV groups"),
-        (["--cpu", "100GB"], "--cpu: gpt-oss-120b has hybrid KV groups"),
+        (["--policy", "lru,belady"], "use lru, lfu, radix, arc, session (the ceiling is the unbounded"),
+        (["--cpu", "500KB"], "--cpu: 500KB holds no block of 16 tokens (589,824 bytes)"),
         (["--capacity", "1MB"], "--capacity: 1MB holds no block of 16 tokens of gpt-oss-120b"),
         (["--model", "llama-4-scout", "--block-size", "192"], "--block-size: 192 does not divide"),
     ],
@@ -186,3 +203,43 @@ def test_what_a_hybrid_pool_cannot_do_is_one_line(flags, message, capsys):
     assert main(["cache", "analyze", "--model", OSS, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and message in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize(("cpu_gib", "policy"), [(1, None), (1, "lfu"), (0, "arc")])
+def test_a_cpu_tier_and_other_policies_are_what_the_engine_serves(cpu_gib, policy):
+    # the cell's pool is the engine's (`engine.pools.hybrid_pool`): a CPU tier keeps each group's
+    # evicted blocks and serves the hit every group finds on the GPU or below, as the engine does
+    a = _check_engine(OSS, 16, 1100, _agents(), cpu_gib, policy)
+    cell, ceiling = a.results[0], a.ceilings[0].hit_tokens
+    assert cell.evicted > 0 and cell.tier_hit_tokens["GPU"] < ceiling
+    if cpu_gib:  # 1 GiB (1,820 blocks of a group) holds what the GPU evicts between turns: every hit
+        assert cell.tier_hit_tokens["CPU"] > 0 and cell.hit_tokens == ceiling
+
+
+def test_lfu_keeps_a_prompt_read_three_times_where_lru_lets_it_go(tmp_path, capsys):
+    # A three times, then B and C (unrelated, as large), then A again, in 32 blocks of a group's
+    # bytes; each request holds 18 (9 in each group). LRU evicts A's blocks, the least recently
+    # freed, for B and C: A misses. LFU evicts B's, read once, and keeps A's: A hits its 7 blocks.
+    a, trace_dir = list(range(1, 9)), tmp_path / "traces"
+    turns = [(float(t), 128, ids) for t, ids in enumerate([a, a, a, range(100, 108), range(200, 208), a])]
+    trace_dir.mkdir()
+    write_agentx(_trace("abc", [(t, n, list(ids)) for t, n, ids in turns]), trace_dir / "abc.json")
+    block = 16 * get_model(OSS).kv_bytes_per_token("bf16") // 2  # one group's block
+    out = _analyze(
+        capsys, str(trace_dir), "--model", OSS, "--capacity", str(32 * block), "--policy", "lru,lfu"
+    )
+    hits = {r["policy"]: r["hit_tokens"] for r in out["results"]}
+    assert hits == {"lru": 2 * 112, "lfu": 3 * 112}
+    assert out["ceilings"][0]["hit_tokens"] == hits["lfu"]  # A's three repeats
+
+
+@pytest.mark.shared
+def test_a_cpu_tier_raises_the_hit_rate_on_real_sessions(shared_dir):
+    # 5 GB evicts (both policies lose hits), a 20 GB tier below keeps what the GPU lets go
+    names = ("trace_0702", "trace_0076")
+    traces = load_paths([shared_dir / "traces" / "claude-code" / f"{t}.json.gz" for t in names])
+    runs = [analyze(traces, make_grid("5GB", "64", "lru,lfu", OSS, cpu=cpu)) for cpu in (None, "20GB")]
+    for gpu_only, tiered in zip(runs[0].results, runs[1].results, strict=True):
+        assert tiered.tier_hit_tokens["GPU"] > 0 and tiered.tier_hit_tokens["CPU"] > 0
+        assert gpu_only.hit_tokens < tiered.hit_tokens <= runs[1].ceilings[0].hit_tokens
+        assert tiered.hit_tokens == sum(tiered.tier_hit_tokens.values())

@@ -1,7 +1,7 @@
 """`agentkv cache analyze`: token hit rate of each eviction policy over a grid of capacities and block sizes.
 
 A model with hybrid KV groups replays through the engine's `HybridPool` instead (`cache/groups.py`),
-LRU only, with each group's own figure beside the model-level hit.
+every policy but Belady, with each group's own figure beside the model-level hit.
 
 The traces' block accesses (agentkv.trace.accesses) are replayed through a `BlockPool` per
 (block size, capacity, policy) cell: lookup, allocate prompt + output, free, one request at a
@@ -24,9 +24,9 @@ from agentkv.cache.grid import Grid, GroupLayout
 from agentkv.cache.groups import replay_groups, unbounded_replay
 from agentkv.cache.replay import replay
 from agentkv.cache.results import Analysis, Ceiling, CellResult, KVGroup
+from agentkv.engine.pools import hybrid_pool
 from agentkv.errors import UserError
 from agentkv.kv.eviction import make_policy
-from agentkv.kv.groups import HybridPool
 from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
@@ -103,7 +103,7 @@ def run_cell(
     label, nbytes = capacity
     layout = grid.layout(block_size)
     if layout is not None:
-        return _group_cell(layout, requests, block_size, capacity, policy, t0)
+        return _group_cell(grid, layout, requests, block_size, capacity, policy, t0)
     block_bytes = block_size * grid.kv_bytes_per_token
     num_blocks = nbytes // block_bytes
     queries = sum(r.input_tokens for r in requests)
@@ -112,7 +112,7 @@ def run_cell(
     lower = None
     if grid.cpu is not None:
         lower = TierStack(
-            [TierSpec("CPU", capacity_bytes=grid.cpu[1])],
+            _cpu_tier(grid),
             block_bytes,
             block_size=block_size,
             num_layers=grid.num_layers,
@@ -144,11 +144,25 @@ def run_cell(
     )
 
 
+def _cpu_tier(grid: Grid) -> list[TierSpec]:
+    """The grid's `--cpu` tier ([] without one)."""
+    return [] if grid.cpu is None else [TierSpec("CPU", capacity_bytes=grid.cpu[1])]
+
+
 def _group_cell(
-    layout: GroupLayout, requests: Sequence[BlockRequest], bs: int, capacity: tuple[str, int], policy: str, t0
+    grid: Grid,
+    layout: GroupLayout,
+    requests: Sequence[BlockRequest],
+    bs: int,
+    capacity: tuple[str, int],
+    policy: str,
+    t0: float,
 ) -> CellResult:
-    """A hybrid model's cell: the engine's pool of `capacity` bytes shared by its groups (LRU)."""
-    pool = HybridPool(layout.specs, capacity[1], bs, unit_bytes=layout.page_bytes)
+    """A hybrid model's cell: the engine's pool of `capacity` bytes shared by its groups, with
+    `policy` and the grid's CPU tier, built as the engine builds it (`engine.pools.hybrid_pool`)."""
+    pool = hybrid_pool(
+        layout.specs, capacity[1], bs, layout.page_bytes, layout.page_layers, _cpu_tier(grid), policy
+    )
     res = replay_groups(pool, requests)
     q = res.query_tokens
     return CellResult(
@@ -160,7 +174,7 @@ def _group_cell(
         hit_rate=res.hit_tokens / q if q else 0.0,
         hit_tokens=res.hit_tokens,
         query_tokens=q,
-        tier_hit_tokens={"GPU": res.hit_tokens},
+        tier_hit_tokens=res.tiers,
         too_big=res.too_big,
         evicted=res.evicted,
         seconds=time.perf_counter() - t0,

@@ -43,14 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SIZES",
         help="block sizes in tokens, comma-separated, e.g. 16,64 (default 16)",
     )
-    p.add_argument(
-        "--policy",
-        default=None,
-        metavar="NAMES",
-        help="eviction policies, comma-separated: lru, lfu, radix, arc, session, belady (default all; "
-        "lru alone for a model with hybrid KV groups)",
-    )
-    p.add_argument("--cpu", default=None, metavar="SIZE", help="a CPU tier below the GPU, e.g. 512GB")
+    _pool_args(p)
     p.add_argument(
         "--concurrency",
         type=int,
@@ -69,6 +62,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_ray_arg(p, "the grid's cells")
     _output_args(p)
     p.set_defaults(func=analyze_command)
+
+
+def _pool_args(p: argparse.ArgumentParser) -> None:
+    """--policy, --cpu: what each cell's pool evicts, and the tier below it."""
+    p.add_argument(
+        "--policy",
+        default=None,
+        metavar="NAMES",
+        help="eviction policies, comma-separated: lru, lfu, radix, arc, session, belady (default all; "
+        "for a model with hybrid KV groups every one but belady, lru alone by default)",
+    )
+    p.add_argument(
+        "--cpu",
+        default=None,
+        metavar="SIZE",
+        help="a CPU tier below the GPU, e.g. 512GB (a hybrid model's keeps each group's blocks, "
+        "as vLLM's offloading connector)",
+    )
 
 
 def _output_args(p: argparse.ArgumentParser) -> None:

@@ -6,12 +6,14 @@ from dataclasses import dataclass
 
 from agentkv.engine.config import KV_CACHE_DTYPES as KV_DTYPES  # the engine's one table
 from agentkv.errors import UserError
-from agentkv.kv.eviction import POLICIES
+from agentkv.kv.eviction import ENGINE_POLICIES, POLICIES
 from agentkv.kv.groups import GroupSpec
 from agentkv.units import parse_capacity
 
-# the hybrid pool evicts LRU over every group's freed cached blocks, as vLLM's one free queue
-HYBRID_POLICIES = ("lru",)
+# the hybrid pool's policies: the engine's (Belady needs one order over every group's blocks);
+# with no --policy, LRU alone (vLLM's one free queue): each hybrid cell runs the engine's scheduler
+HYBRID_POLICIES = ENGINE_POLICIES
+HYBRID_DEFAULT = ("lru",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,6 +22,7 @@ class GroupLayout:
 
     specs: tuple[GroupSpec, ...]
     page_bytes: int
+    page_layers: int  # layers of the largest group in one page (`group_size`): one copy below is a layer's
 
     @property
     def block_bytes(self) -> int:
@@ -81,26 +84,24 @@ def _block_sizes(text: str) -> list[int]:
 
 def _policies(text: str | None, hybrid: str | None = None) -> list[str]:
     """`--policy` as known eviction policies; every policy when the flag is not given (for a hybrid
-    model, described by `hybrid`, those of its pool)."""
-    pols = _items(text, "--policy") if text is not None else list(HYBRID_POLICIES if hybrid else POLICIES)
+    model, described by `hybrid`, LRU: vLLM's own)."""
+    pols = _items(text, "--policy") if text is not None else list(HYBRID_DEFAULT if hybrid else POLICIES)
     for p in pols:
         if p not in POLICIES:
             raise UserError(f"--policy: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
         if hybrid and p not in HYBRID_POLICIES:
-            why = (
-                "Belady's farthest-next-use order is not defined across them: whether a window or "
-                "state block is read again depends on where the other groups' hit ends, not on the "
-                "accesses alone (and blocks of two groups may differ in bytes)"
-                if p == "belady"
-                else "their pool evicts LRU over every group's freed blocks (vLLM's one free queue)"
+            raise UserError(
+                f"--policy {p}: {hybrid}; Belady's farthest-next-use order is not defined across "
+                "them: whether a window or state block is read again depends on where the other "
+                "groups' hit ends, not on the accesses alone (and blocks of two groups may differ in "
+                f"bytes); use {', '.join(HYBRID_POLICIES)} (the ceiling is the unbounded cache)"
             )
-            raise UserError(f"--policy {p}: {hybrid}; {why}; use lru (the ceiling is the unbounded cache)")
     return pols
 
 
 def _layouts(shape, sizes: list[int], dtype: str) -> tuple[tuple[int, GroupLayout], ...]:
     """The engine's groups and page at each block size, for a model with hybrid KV groups."""
-    from agentkv.engine.models.layout import is_hybrid, kv_layout, page_bytes
+    from agentkv.engine.models.layout import group_size, is_hybrid, kv_layout, page_bytes
 
     if not is_hybrid(shape):
         return ()
@@ -113,7 +114,7 @@ def _layouts(shape, sizes: list[int], dtype: str) -> tuple[tuple[int, GroupLayou
                     f"--block-size: {bs} does not divide {shape.name}'s {s.window}-token attention "
                     "chunk (vLLM needs whole blocks per chunk)"
                 )
-        out.append((bs, GroupLayout(specs, page_bytes(shape, bs, dtype))))
+        out.append((bs, GroupLayout(specs, page_bytes(shape, bs, dtype), group_size(shape.groups))))
     return tuple(out)
 
 
@@ -141,8 +142,6 @@ def make_grid(
     if layouts:
         hybrid = f"{shape.name} has hybrid KV groups ({', '.join(s.name for s in layouts[0][1].specs)})"
     pols = _policies(policy, hybrid)
-    if hybrid and cpu:
-        raise UserError(f"--cpu: {hybrid}; their pool has no lower tiers yet")
     per_token = int(shape.kv_bytes_per_token(dtype))
     cpu_spec = (cpu, parse_capacity(cpu, "--cpu")) if cpu else None
     for label, nbytes in caps:
@@ -153,10 +152,10 @@ def make_grid(
                     f"--capacity: {label} holds no block of {bs} tokens of {shape.name} "
                     f"{dtype} KV ({need:,} bytes a block{' in every group' if layouts else ''})"
                 )
-    if cpu_spec is not None and cpu_spec[1] < max(sizes) * per_token:
-        raise UserError(
-            f"--cpu: {cpu} holds no block of {max(sizes)} tokens ({max(sizes) * per_token:,} bytes)"
-        )
+    # a hybrid tier keeps each group's blocks apart: it must hold the largest of them
+    cpu_block = max(s.block_bytes for _, x in layouts for s in x.specs) if layouts else max(sizes) * per_token
+    if cpu_spec is not None and cpu_spec[1] < cpu_block:
+        raise UserError(f"--cpu: {cpu} holds no block of {max(sizes)} tokens ({cpu_block:,} bytes)")
     if concurrency is not None and concurrency < 1:
         raise UserError(f"--concurrency: must be at least 1, got {concurrency}")
     return Grid(

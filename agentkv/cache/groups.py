@@ -32,10 +32,11 @@ class GroupReplay:
     """Tokens of one replay: queried, served by every group (the hit), and by each group alone."""
 
     query_tokens: int
-    hit_tokens: int
+    hit_tokens: int  # on the GPU and below it
     alone: list[int]
     too_big: int
     evicted: int
+    tiers: dict[str, int]  # the hit by where it was served: "GPU", and "CPU" with a tier below
 
     def figures(self, specs: Sequence[GroupSpec]) -> list[GroupFigure]:
         q = self.query_tokens
@@ -45,9 +46,10 @@ class GroupReplay:
         ]
 
 
-def group_hit(pool: HybridPool, g: int, hashes: Sequence[int], limit: int) -> int:
-    """Leading blocks group `g` alone could serve now, by its kind's rule (at most `limit`)."""
-    s, cached = pool.specs[g], pool.cached_maps[g]
+def group_hit(pool: HybridPool, g: int, hashes: Sequence[int], limit: int, maps=None) -> int:
+    """Leading blocks group `g` alone could serve now, by its kind's rule (at most `limit`), from
+    `maps` (default: the GPU's; `pool.either_maps()` for the GPU and the tiers below)."""
+    s, cached = pool.specs[g], (pool.cached_maps if maps is None else maps)[g]
     if s.rule == "full":
         return R.full_hit(cached, hashes, limit)
     if s.rule == "state":
@@ -83,33 +85,51 @@ def _decode(pool: HybridPool, req: EngineRequest, left: int) -> bool:
 
 
 def replay_groups(pool: HybridPool, requests: Sequence[BlockRequest], chunk: int = CHUNK) -> GroupReplay:
-    """Each request alone through the engine's scheduler over `pool`: lookup, chunked prefill, the
-    decode burst, free. A request that cannot fit the whole pool is not run: its tokens all miss."""
+    """Each request alone through the engine's scheduler over `pool`: lookup (the GPU, then the
+    tiers below), chunked prefill, the decode burst, free; session hints as `replay(hints=True)`
+    gives them (for the session policy). A request that cannot fit the whole pool is not run: its
+    tokens all miss."""
     bs = pool.block_size
     sched = Scheduler(EngineConfig(max_num_batched_tokens=max(chunk, bs)), pool)
     most = seq_token_capacity(pool)  # the engine refuses longer sequences
     alone = [0] * len(pool.specs)
-    queries = hits = too_big = 0
+    tiers = {"GPU": 0, **dict.fromkeys(pool.lower.names if pool.lower is not None else (), 0)}
+    queries = too_big = 0
     for i, r in enumerate(requests):
         queries += r.input_tokens
-        if r.input_tokens + r.output_tokens > most:
+        pool.session_resumed(r.session, r.time)
+        ran = _run(sched, pool, r, str(i)) if r.input_tokens + r.output_tokens <= most else None
+        pool.session_paused(r.session, r.end, r.stop)
+        if r.last:
+            pool.session_ended(r.session, r.end)
+        if ran is None:
             too_big += 1
             continue
-        hs = r.hashes
-        limit = max(0, min(len(hs), (r.input_tokens - 1) // bs))
-        got = [group_hit(pool, g, hs, limit) for g in range(len(alone))]
-        req = EngineRequest(str(i), r.input_tokens, max(1, r.output_tokens), hs, r.time, session_id=r.session)
-        if not _prefill(sched, req):
-            too_big += 1
-            continue
-        ok = _decode(pool, req, r.output_tokens - 1)
-        sched.finish(req)
-        if not ok:
-            too_big += 1
-            continue
-        hits += req.num_cached_tokens
+        req, got = ran
         alone = [a + n * bs for a, n in zip(alone, got, strict=True)]
-    return GroupReplay(queries, hits, alone, too_big, pool.stats.evicted)
+        tiers["GPU"] += req.num_cached_tokens
+        for t, n in req.lower_tier_tokens.items():
+            tiers[t] += n
+    return GroupReplay(queries, sum(tiers.values()), alone, too_big, pool.stats.evicted, tiers)
+
+
+def _run(
+    sched: Scheduler, pool: HybridPool, r: BlockRequest, rid: str
+) -> tuple[EngineRequest, list[int]] | None:
+    """One request alone, and each group's own hit in blocks, looked up first; None if it cannot
+    run even alone."""
+    hs, bs = r.hashes, pool.block_size
+    limit = max(0, min(len(hs), (r.input_tokens - 1) // bs))
+    maps = pool.either_maps() if pool.lower is not None else None
+    got = [group_hit(pool, g, hs, limit, maps) for g in range(len(pool.specs))]
+    req = EngineRequest(rid, r.input_tokens, max(1, r.output_tokens), hs, r.time, session_id=r.session)
+    if not _prefill(sched, req):
+        return None
+    ok = _decode(pool, req, r.output_tokens - 1)
+    sched.finish(req)
+    if not ok:
+        return None
+    return req, got
 
 
 def unbounded_replay(

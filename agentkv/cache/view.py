@@ -122,7 +122,7 @@ def render(a: Analysis, console: Console) -> None:
     if a.kv_groups:
         console.print(
             "[dim]hybrid KV groups: a hit is what every group serves; 'alone' is what that group's "
-            "own rule would serve from its own cached blocks (LRU only; docs/kv-cache.md)[/dim]"
+            "own rule would serve from its own cached blocks (and the CPU tier's; docs/kv-cache.md)[/dim]"
         )
     console.print(f"[dim]{len(a.results)} replays in {a.seconds:.1f} s[/dim]")
     if a.interrupted:

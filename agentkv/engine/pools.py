@@ -4,7 +4,7 @@ layer group (sliding window, chunked local, compressed, linear-attention state) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from agentkv.engine.config import EngineConfig
@@ -13,7 +13,7 @@ from agentkv.engine.models.layout import group_size, is_hybrid, kv_layout, page_
 from agentkv.engine.models.shape import ModelShape
 from agentkv.errors import UserError
 from agentkv.kv.events import KVEvent
-from agentkv.kv.groups import HybridPool
+from agentkv.kv.groups import GroupSpec, HybridPool
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
 
@@ -83,19 +83,32 @@ def _tier_specs(cfg: EngineConfig) -> list[TierSpec]:
     return specs
 
 
-def _hybrid_tiers(cfg: EngineConfig, specs, unit: int, page: int, on_event) -> TierStack | None:
-    """Tiers below a hybrid pool: blocks kept per group, as vLLM's offloading connector keeps them
-    (one page a copy: vLLM's uniform page size); None without offload flags."""
-    tiers = _tier_specs(cfg)
-    if not tiers:
-        return None
-    return TierStack(
-        tiers,
-        unit,
-        block_size=cfg.block_size,
-        on_event=on_event,
-        group_bytes=[s.block_bytes for s in specs],
-        group_chunks=[max(1, min(page, s.block_bytes)) for s in specs],
+def hybrid_pool(
+    specs: Sequence[GroupSpec],
+    capacity: int,
+    block_size: int,
+    unit: int,
+    page_layers: int,
+    tiers: Sequence[TierSpec] = (),
+    policy: str = "lru",
+    on_event: Callable[[KVEvent], None] | None = None,
+) -> HybridPool:
+    """A `HybridPool` of `capacity` bytes (vLLM's page `unit`, `page_layers` layers of the largest
+    group) with `tiers` below it, blocks kept per group as vLLM's offloading connector keeps them,
+    one layer's page a copy: the engine's pool, and `cache analyze`'s for a hybrid model."""
+    lower = None
+    if tiers:
+        page = unit // page_layers
+        lower = TierStack(
+            list(tiers),
+            unit,
+            block_size=block_size,
+            on_event=on_event,
+            group_bytes=[s.block_bytes for s in specs],
+            group_chunks=[max(1, min(page, s.block_bytes)) for s in specs],
+        )
+    return HybridPool(
+        specs, capacity, block_size, unit_bytes=unit, on_event=on_event, policy=policy, lower=lower
     )
 
 
@@ -118,10 +131,8 @@ def _hybrid(cfg: EngineConfig, shape: ModelShape, cost: CostModel, max_model_len
             f"{need} tokens needs in {name}'s groups ({one_seq / GIB:.2f} GiB); "
             "lower --max-model-len or give more memory"
         )
-    lower = _hybrid_tiers(cfg, specs, unit, unit // group_size(shape.groups), on_event)
-    pool = HybridPool(
-        specs, capacity, bs, unit_bytes=unit, on_event=on_event, policy=cfg.eviction_policy, lower=lower
-    )
+    layers = group_size(shape.groups)
+    pool = hybrid_pool(specs, capacity, bs, unit, layers, _tier_specs(cfg), cfg.eviction_policy, on_event)
     return PoolSetup(pool, capacity // unit + 1, unit)
 
 

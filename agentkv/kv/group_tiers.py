@@ -139,10 +139,13 @@ def _runs(idx: list[int]) -> list[list[int]]:
 class GroupLower:
     """Mixin of `HybridPool`: prefix hits served from the GPU and the tiers below (`lower`)."""
 
+    def either_maps(self) -> list[_Either]:
+        """Each group's hashes cached on the GPU or below it, as its rule reads a `cached` map."""
+        return [_Either(d, self.lower, g) for g, d in enumerate(self.cached_maps)]
+
     def either_hit(self, block_hashes: Sequence[int], limit: int) -> int:
         """Leading blocks every group can serve from the GPU or below it (at most `limit`)."""
-        maps = [_Either(d, self.lower, g) for g, d in enumerate(self.cached_maps)]
-        return self.longest_hit(block_hashes, limit, None, maps)
+        return self.longest_hit(block_hashes, limit, None, self.either_maps())
 
     def match_lower(self, block_hashes: Sequence[int], start: int, stop: int | None = None) -> list[str]:
         """Tier names of the blocks after the GPU hit (`start`) that a hit served from the GPU and
