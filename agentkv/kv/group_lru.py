@@ -46,10 +46,11 @@ class ByteLRU:
 
     def pop_bytes(self, need: int) -> np.ndarray:
         """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry)."""
-        q, out = self._q, []
+        q, out, window = self._q, [], 256
         while need > 0 and q:
             bl, st = q[0]
-            w = min(len(bl), 256)
+            w = min(len(bl), window)
+            window *= 2  # a large need takes few windows; a small one looks at few blocks
             ok = self._live(bl[:w], st[:w])
             live = bl[:w][ok]
             csum = np.cumsum(self.cost[live])
