@@ -51,7 +51,7 @@ def run(name: str, flags: list[str], out: Path, traces: int) -> tuple[float, str
     argv += ["--lanes", "64", *flags, "--out", str(d), "--no-report", "-q"]
     code = f"import sys; from agentkv.cli import main; sys.argv = ['agentkv'] + {argv!r}; main()"
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-P", "-c", code], capture_output=True, text=True)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     if proc.returncode not in (0, 3):  # 3: an invalid run (e.g. failed requests) still writes records
