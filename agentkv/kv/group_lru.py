@@ -37,8 +37,8 @@ class ByteLRU:
         self._q.append((blocks, stamps))
         self._queued += k
         self.n += k
-        if self._queued > 4 * self.n + 4096:
-            self._compact()
+        if self._queued > 4 * len(self._stamp) + 4096:  # as the dense LRU: bounded by the block ids,
+            self._compact()  # not by the live entries (few while most cached blocks are in use)
 
     def removed(self, k: int) -> None:
         """`k` blocks left the LRU by being referenced again (their entries retire lazily)."""
