@@ -38,7 +38,7 @@ class CeilingTracker:
 
     def hit_tokens(self, key: str, hash_ids: Sequence[int], input_tokens: int, block_size: int) -> int:
         seen = self._seen.setdefault(key, set())
-        run = sum(1 for _ in itertools.takewhile(seen.__contains__, hash_ids))  # the leading run already seen
+        run = len(list(itertools.takewhile(seen.__contains__, hash_ids)))  # the run already seen, in C
         seen.update(hash_ids)
         return min(run * block_size, input_tokens)
 
