@@ -313,7 +313,13 @@ def main() -> None:
     print(f"{os.cpu_count()} CPUs, load average {loadavg()}; Python {sys.version.split()[0]}")
     rows: list[Row] = []
     if args.only in (None, "claude"):
-        rows += claude_code() + claude_code("round_robin")
+        steady, over = claude_code(), claude_code("round_robin")
+        rows += steady + over
+        if steady and over:
+            per = [r.cpu_s / r.requests for r in (*steady, *over)]
+            print(
+                f"    round_robin / kv_aware CPU per request: {per[1] / per[0]:.2f}x (issue #15's target: 1.0x)"
+            )
     if args.only in (None, "disagg"):
         rows += claude_code_disagg()
     if args.only in (None, "mooncake"):

@@ -37,8 +37,8 @@ class ByteLRU:
         self._q.append((blocks, stamps))
         self._queued += k
         self.n += k
-        if self._queued > 4 * self.n + 4096:
-            self._compact()
+        if self._queued > 4 * len(self._stamp) + 4096:  # as the dense LRU: bounded by the block ids,
+            self._compact()  # not by the live entries (few while most cached blocks are in use)
 
     def removed(self, blocks: np.ndarray) -> None:
         """`blocks` left the LRU by being referenced again (their entries retire lazily)."""
@@ -46,10 +46,11 @@ class ByteLRU:
 
     def pop_bytes(self, need: int) -> np.ndarray:
         """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry)."""
-        q, out = self._q, []
+        q, out, window = self._q, [], 256
         while need > 0 and q:
             bl, st = q[0]
-            w = min(len(bl), 256)
+            w = min(len(bl), window)
+            window *= 2  # a large need takes few windows; a small one looks at few blocks
             ok = self._live(bl[:w], st[:w])
             live = bl[:w][ok]
             csum = np.cumsum(self.cost[live])

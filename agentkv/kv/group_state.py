@@ -34,7 +34,7 @@ class GroupBlocks:
         self.ref = np.zeros(n, dtype=np.int32)
         self.bgroup = np.zeros(n, dtype=np.int16)
         self.hashed_blk = np.zeros(n, dtype=bool)
-        self.bhash: dict[int, int] = {}  # block -> its hash, for cached blocks
+        self.bhash = np.empty(n, dtype=object)  # block -> its hash (an int) while the block is cached
         self.bh64 = np.zeros(n, dtype=np.uint64)  # the same as uint64, for bulk hint checks
         self.mirror = True  # off once a hash does not fit in uint64
         self._ids = np.arange(n - 1, -1, -1, dtype=np.int64)  # free block ids, a stack (top at the end)
@@ -223,8 +223,9 @@ class GroupBlocks:
         bl = seg.tolist()
         got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
         if got != bl:  # a hash cached already: this copy stays unhashed
-            keep = [i for i, (a, b) in enumerate(zip(got, bl, strict=True)) if a == b]
-            hs, bl, whole, seg, h64 = [hs[i] for i in keep], [bl[i] for i in keep], False, None, None
+            ok = np.fromiter(got, np.int64, len(got)) == seg
+            hs, seg, whole = list(compress(hs, ok.tolist())), seg[ok], False
+            bl, h64 = seg.tolist(), None if h64 is None else h64[ok]
         self.hashed[rid][g] = full
         if hs:
             self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole, True, seg, h64)
@@ -235,8 +236,8 @@ class GroupBlocks:
         """Record cached blocks (`idx`, `h64`: the same blocks and hashes as arrays, when at hand)."""
         if not inserted:
             self.cached_maps[g].update(zip(hs, blocks, strict=True))
-        self.bhash.update(zip(blocks, hs, strict=True))
         idx = blocks if idx is None else idx
+        self.bhash[idx] = hs
         self.hashed_blk[idx] = True
         if self.mirror and g == 0:
             try:
@@ -318,7 +319,7 @@ class GroupBlocks:
         self.ref[arr] = 1
         self.bgroup[arr] = g
         self.bcost[arr] = self.specs[g].block_bytes
-        self.hashed_blk[arr] = False  # (a recycled id's hash left `bhash` when it was evicted)
+        self.hashed_blk[arr] = False  # (a recycled id's hash was cleared from `bhash` when it was evicted)
         self.stats.allocated += n
         return arr
 
@@ -331,10 +332,11 @@ class GroupBlocks:
         self.hashed_blk[victims] = False
         bh, groups = self.bhash, self.bgroup[victims]
         for g in np.unique(groups).tolist():
-            vg = victims[groups == g].tolist() if len(self.specs) > 1 else victims.tolist()
-            hs = list(map(bh.pop, vg))
+            vg = victims[groups == g] if len(self.specs) > 1 else victims
+            hs = bh[vg].tolist()
             deque(map(self.cached_maps[g].__delitem__, hs), 0)
             removed[g] = hs
+        bh[victims] = None
         self._push_ids(victims)
         self._epoch += 1
         self.stats.evicted += sum(map(len, removed.values()))
@@ -363,7 +365,7 @@ class GroupBlocks:
             assert self.ref[b] == 0 and self.hashed_blk[b], f"block {b} in the LRU is held or unhashed"
         for g, d in enumerate(self.cached_maps):
             for h, b in d.items():
-                assert self.bhash.get(b) == h and self.hashed_blk[b] and self.bgroup[b] == g, (
+                assert self.bhash[b] == h and self.hashed_blk[b] and self.bgroup[b] == g, (
                     f"group {g}: hash {h} maps to block {b}"
                 )
         free = self._ids[: self._n_ids].tolist()

@@ -12,17 +12,17 @@ are stated and checked (`check_invariants`) in agentkv.kv.invariants.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from agentkv.kv.events import BlockRemoved, BlockStored, EventLog, KVEvent
+from agentkv.kv.events import EventLog, KVEvent
 from agentkv.kv.eviction import make_policy
 from agentkv.kv.eviction.base import Evictor
-from agentkv.kv.hashmap import add_copies, drop_copies, gallop, prefix_len
+from agentkv.kv.hashmap import gallop, prefix_len
 from agentkv.kv.interface import ComputedBlocks, KVRequest, LowerTier, PoolStats
 from agentkv.kv.invariants import check_pool
+from agentkv.kv.pool_hashes import PoolHashes
 from agentkv.kv.sizing import kv_bytes_per_token, num_blocks_for
 
 __all__ = ["BlockPool", "kv_bytes_per_token", "num_blocks_for"]  # the boundary types: agentkv.kv.interface
@@ -32,7 +32,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class BlockPool(EventLog):
+class BlockPool(PoolHashes, EventLog):
     """Fixed-size KV blocks with reference counts, a prefix cache and a pluggable eviction policy.
 
     `policy` is a name from `agentkv.kv.eviction.POLICIES` or an `Evictor` (e.g. `Belady`).
@@ -56,7 +56,7 @@ class BlockPool(EventLog):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref = np.zeros(num_blocks, dtype=np.int32)
-        self.block_hash: list[int | None] = [None] * num_blocks
+        self.block_hash = np.full(num_blocks, None, dtype=object)  # each block's hash (None: none)
         self.cached: dict[int, int] = {}  # hash -> the block a lookup returns (its oldest copy)
         self.dups: dict[int, list[int]] = {}  # hash -> its other copies, oldest first (vLLM keeps them)
         # numpy mirror of block_hash (uint64 value, and whether the block is the one `cached` names)
@@ -224,7 +224,7 @@ class BlockPool(EventLog):
             return False
         self.cached.clear()
         self.dups.clear()
-        self.block_hash = [None] * self.num_blocks
+        self.block_hash = np.full(self.num_blocks, None, dtype=object)
         self._has[:] = False
         self._empty = np.arange(self.num_blocks - 1, -1, -1, dtype=np.int64)
         self._n_empty = self.num_blocks
@@ -326,65 +326,6 @@ class BlockPool(EventLog):
         self.ref[new] = 1
         self.stats.allocated += n
         return new
-
-    def _uncache(self, victims: np.ndarray) -> None:
-        """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
-        bh, cached, dups = self.block_hash, self.cached, self.dups
-        vl = victims.tolist()
-        hashes = list(map(bh.__getitem__, vl))
-        if not dups:
-            deque(map(cached.__delitem__, hashes), 0)
-            gone = hashes
-        else:
-            gone = drop_copies(cached, dups, self._has, vl, hashes)
-        for b in vl:
-            bh[b] = None
-        self._has[victims] = False
-        self._epoch += 1  # earlier lookups may name these blocks
-        self.stats.evicted += len(victims)
-        if self._emit is not None and hashes:
-            self._emit(BlockRemoved(block_hashes=hashes, medium="GPU"))  # one per copy, as vLLM
-        if self.lower is not None:
-            for h in gone:
-                self.lower.on_gpu_evict(h)
-
-    def _cache(self, req: KVRequest, blocks: np.ndarray, lo: int, hi: int) -> None:
-        """Give blocks[lo:hi] (full now) their hashes. As vLLM, a hash cached already (a fully
-        cached prompt recomputes its last block; a prefix evicted and recomputed) gets this block as
-        another copy: stored and announced like any block, found by lookups once its elders are gone."""
-        cached, bh = self.cached, self.block_hash
-        block_hashes, token_ids = req.block_hashes, req.token_ids
-        seg_hashes = list(block_hashes[lo:hi])
-        seg_blocks = blocks[lo:hi].tolist()
-        got = list(map(cached.setdefault, seg_hashes, seg_blocks))  # inserts only absent hashes
-        for b, h in zip(seg_blocks, seg_hashes, strict=True):
-            bh[b] = h
-        primary = True if got == seg_blocks else add_copies(self.dups, seg_hashes, seg_blocks, got)
-        if self._mirror:
-            arr, idx = getattr(req, "hash_array", None), blocks[lo:hi]  # uint64 hashes: no per-int conversion
-            try:
-                self._bh[idx] = arr[lo:hi] if arr is not None and len(arr) >= hi else seg_hashes
-                self._has[idx] = primary
-            except (OverflowError, TypeError, ValueError):
-                self._mirror = False  # hashes outside uint64: plain lookups only
-        parent = cached.get(block_hashes[lo - 1]) if lo else None
-        self.policy.on_cached(seg_blocks, lo, parent, block_hashes)
-        self.stats.stored += len(seg_blocks)
-        if self._emit is not None:
-            seg = token_ids[lo * self.block_size : hi * self.block_size] if token_ids is not None else []
-            toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)  # plain ints for msgpack
-            self._emit(
-                BlockStored(
-                    block_hashes=seg_hashes,
-                    parent_block_hash=block_hashes[lo - 1] if lo else None,
-                    token_ids=toks,
-                    block_size=self.block_size,
-                    medium="GPU",
-                )
-            )
-        if self.lower is not None:
-            for h in seg_hashes:
-                self.lower.on_gpu_store(h)
 
     def check_invariants(self) -> None:
         """Assert the invariants in the module docstring (for tests; O(num_blocks))."""

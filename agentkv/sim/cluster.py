@@ -201,11 +201,13 @@ class Cluster:
                 now = due
                 for d in plan.pop_due(due):
                     self._dispatch(d, now)
-            while now >= next_sample:
-                self.timeline.append(sample(next_sample, plan, workers))
-                self.tree_samples[0] += plan.active_trees
-                self.tree_samples[1] += 1
-                next_sample += cfg.sample_every
+            if now >= next_sample:  # every sample up to now sees the same state: taken once
+                s, trees = sample(next_sample, plan, workers), plan.active_trees
+                while now >= next_sample:
+                    self.timeline.append(Sample(next_sample, s.in_flight, s.kv_usage, s.running, s.waiting))
+                    self.tree_samples[0] += trees
+                    self.tree_samples[1] += 1
+                    next_sample += cfg.sample_every
             if self.progress is not None and len(self.records) != done:
                 done = len(self.records)
                 self.progress(done, self.total)

@@ -82,14 +82,13 @@ def finished_record(d: Dispatch, req, worker: int | str, ceil_tok: int, prefill=
 
 def sample(t: float, plan: ReplayPlan, workers: list[SimWorker]) -> Sample:
     """The cluster at time `t`: requests in flight, mean KV usage, running and waiting."""
-    usage = sum(w.engine.kv_usage for w in workers) / len(workers)
-    return Sample(
-        t,
-        plan.in_flight,
-        usage,
-        sum(w.engine.num_running for w in workers),
-        sum(w.engine.num_waiting for w in workers),
-    )
+    usage, running, waiting = 0, 0, 0
+    for w in workers:  # one pass (a sample per simulated second adds up on long runs)
+        e = w.engine
+        usage += e.kv_usage
+        running += e.num_running
+        waiting += e.num_waiting
+    return Sample(t, plan.in_flight, usage / len(workers), running, waiting)
 
 
 def pool_hit_rate(workers) -> float | None:

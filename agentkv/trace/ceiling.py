@@ -38,11 +38,7 @@ class CeilingTracker:
 
     def hit_tokens(self, key: str, hash_ids: Sequence[int], input_tokens: int, block_size: int) -> int:
         seen = self._seen.setdefault(key, set())
-        run = 0
-        for h in hash_ids:
-            if h not in seen:
-                break
-            run += 1
+        run = len(list(itertools.takewhile(seen.__contains__, hash_ids)))  # the run already seen, in C
         seen.update(hash_ids)
         return min(run * block_size, input_tokens)
 

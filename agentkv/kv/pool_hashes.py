@@ -1,0 +1,76 @@
+"""`BlockPool`'s hash bookkeeping: full blocks get their hashes (cached, announced, told to the
+policy and the lower tiers) and evicted blocks lose them. Per block, only the hash -> block map
+is touched one by one (through C-level `map`); the block -> hash table is an object array
+updated in bulk."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+from agentkv.kv.events import BlockRemoved, BlockStored
+from agentkv.kv.hashmap import add_copies, drop_copies
+from agentkv.kv.interface import KVRequest
+
+
+class PoolHashes:
+    """Mixin of `BlockPool`: `_cache` and `_uncache` over its `cached`, `dups`, `block_hash` and
+    the uint64 mirror (`_bh`, `_has`)."""
+
+    def _uncache(self, victims: np.ndarray) -> None:
+        """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
+        bh, cached, dups = self.block_hash, self.cached, self.dups
+        hashes = bh[victims].tolist()
+        if not dups:
+            deque(map(cached.__delitem__, hashes), 0)
+            gone = hashes
+        else:
+            gone = drop_copies(cached, dups, self._has, victims.tolist(), hashes)
+        bh[victims] = None
+        self._has[victims] = False
+        self._epoch += 1  # earlier lookups may name these blocks
+        self.stats.evicted += len(victims)
+        if self._emit is not None and hashes:
+            self._emit(BlockRemoved(block_hashes=hashes, medium="GPU"))  # one per copy, as vLLM
+        if self.lower is not None:
+            for h in gone:
+                self.lower.on_gpu_evict(h)
+
+    def _cache(self, req: KVRequest, blocks: np.ndarray, lo: int, hi: int) -> None:
+        """Give blocks[lo:hi] (full now) their hashes. As vLLM, a hash cached already (a fully
+        cached prompt recomputes its last block; a prefix evicted and recomputed) gets this block as
+        another copy: stored and announced like any block, found by lookups once its elders are gone."""
+        cached, bh = self.cached, self.block_hash
+        block_hashes, token_ids = req.block_hashes, req.token_ids
+        seg_hashes = list(block_hashes[lo:hi])
+        idx = blocks[lo:hi]
+        seg_blocks = idx.tolist()
+        got = list(map(cached.setdefault, seg_hashes, seg_blocks))  # inserts only absent hashes
+        bh[idx] = np.fromiter(seg_hashes, dtype=object, count=len(seg_hashes))
+        primary = True if got == seg_blocks else add_copies(self.dups, seg_hashes, seg_blocks, got)
+        if self._mirror:
+            arr = getattr(req, "hash_array", None)  # uint64 hashes: no per-int conversion
+            try:
+                self._bh[idx] = arr[lo:hi] if arr is not None and len(arr) >= hi else seg_hashes
+                self._has[idx] = primary
+            except (OverflowError, TypeError, ValueError):
+                self._mirror = False  # hashes outside uint64: plain lookups only
+        parent = cached.get(block_hashes[lo - 1]) if lo else None
+        self.policy.on_cached(seg_blocks, lo, parent, block_hashes)
+        self.stats.stored += len(seg_blocks)
+        if self._emit is not None:
+            seg = token_ids[lo * self.block_size : hi * self.block_size] if token_ids is not None else []
+            toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)  # plain ints for msgpack
+            self._emit(
+                BlockStored(
+                    block_hashes=seg_hashes,
+                    parent_block_hash=block_hashes[lo - 1] if lo else None,
+                    token_ids=toks,
+                    block_size=self.block_size,
+                    medium="GPU",
+                )
+            )
+        if self.lower is not None:
+            for h in seg_hashes:
+                self.lower.on_gpu_store(h)
