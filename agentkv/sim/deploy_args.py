@@ -4,6 +4,7 @@ the interactivity tier. Import-light (argparse only), like command.py."""
 from __future__ import annotations
 
 import argparse
+import re
 
 from agentkv.errors import UserError
 from agentkv.placement import POLICIES
@@ -23,7 +24,8 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         "--disagg",
         default=None,
         metavar="prefill=N,decode=M",
-        help="disaggregate prefill and decode into pools of N and M engines (replaces --workers)",
+        help="disaggregate prefill and decode into pools of N and M engines (replaces --workers); "
+        "NpMd (vLLM's xPyD) says the same, e.g. 2p6d",
     )
     for pool in ("prefill", "decode"):
         g.add_argument(
@@ -58,19 +60,33 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def parse_disagg(spec: str | None) -> tuple[int, int]:
-    """`prefill=N,decode=M` -> (N, M); None -> (0, 0) (aggregated)."""
+XPYD = re.compile(r"\s*(\d+)\s*p\s*(\d+)\s*d\s*", re.IGNORECASE)
+
+
+def parse_disagg(spec: str | None, flag: str = "--disagg") -> tuple[int, int]:
+    """`prefill=N,decode=M` or `NpMd` (xPyD) -> (N, M); None -> (0, 0) (aggregated)."""
     if spec is None:
         return 0, 0
-    out: dict[str, int] = {}
-    for part in (s.strip() for s in spec.split(",") if s.strip()):
-        key, sep, val = part.partition("=")
-        if not sep or key.strip() not in ("prefill", "decode") or not val.strip().isdigit():
-            raise UserError(f"--disagg: expected prefill=N,decode=M, got {spec!r}")
-        out[key.strip()] = int(val)
+    want = f"{flag}: expected prefill=N,decode=M or NpMd (e.g. 2p6d) with N, M >= 1, got {spec!r}"
+    m = XPYD.fullmatch(spec)
+    if m:
+        out = {"prefill": int(m[1]), "decode": int(m[2])}
+    else:
+        out = {}
+        for part in (s.strip() for s in spec.split(",") if s.strip()):
+            key, sep, val = part.partition("=")
+            if not sep or key.strip() not in ("prefill", "decode") or not val.strip().isdigit():
+                raise UserError(want)
+            out[key.strip()] = int(val)
     if set(out) != {"prefill", "decode"} or min(out.values()) < 1:
-        raise UserError(f"--disagg: expected prefill=N,decode=M with N, M >= 1, got {spec!r}")
+        raise UserError(want)
     return out["prefill"], out["decode"]
+
+
+def disagg_fields(value: str) -> dict[str, int]:
+    """A `--sweep disagg=NpMd` value as the SimConfig fields it sets."""
+    prefill, decode = parse_disagg(value, "--sweep disagg")
+    return {"prefill_workers": prefill, "decode_workers": decode}
 
 
 def deploy_settings(args: argparse.Namespace) -> dict:

@@ -1,0 +1,104 @@
+"""The prefill:decode ratio search (`--sweep disagg=NpMd,... --sweep lanes=LO..HI`): on constructed
+traces the cost model's answer is known: long prompts with few output tokens need prefill engines,
+short-prefill long decodes need decode engines; bad splits are one-line errors."""
+
+import dataclasses
+import itertools
+
+import pytest
+
+from agentkv.cli import main
+from agentkv.engine.config import EngineConfig
+from agentkv.errors import UserError
+from agentkv.sim.cluster import SimConfig, simulate
+from agentkv.sim.deploy_args import parse_disagg
+from agentkv.sim.knee import best_line, bisect_lanes, knees
+from agentkv.sim.sweep import apply, parse_sweep
+from agentkv.trace.model import Request, Session, Trace
+
+_IDS = itertools.count(1)
+
+
+def _traces(prompt: int, output: int, n: int = 8, turns: int = 4) -> list[Trace]:
+    """`n` sessions of `turns` back-to-back calls, every prompt uncached (fresh hash ids)."""
+
+    def call() -> Request:
+        return Request(
+            t=0.0,
+            input_tokens=prompt,
+            output_tokens=output,
+            hash_ids=[next(_IDS) for _ in range(prompt // 16)],
+        )
+
+    return [
+        Trace(id=f"s{i}", block_size=16, session=Session(id=f"s{i}", requests=[call() for _ in range(turns)]))
+        for i in range(n)
+    ]
+
+
+def _search(traces, tier: tuple[float, float]) -> list[tuple[str, object, bool]]:
+    """Each split's lanes search on 4 TP 1 engines of a DGX H200 (1 minute of steady load)."""
+    base = SimConfig(
+        engine=EngineConfig(max_model_len=32_000),
+        cycle=True,
+        duration=60.0,
+        system="dgx-h200",
+        tier_tps=tier[0],
+        tier_ttft_p90=tier[1],
+    )
+    results = []
+    for g in parse_sweep(["disagg=1p3d,3p1d"]):
+        cfg = apply(base, g)
+        pts = bisect_lanes(
+            lambda n, cfg=cfg: simulate(traces, dataclasses.replace(cfg, lanes=n)).summary, 1, 64
+        )
+        results += [({**g, "lanes": str(n)}, s) for n, s in pts]
+    return knees(results)
+
+
+def test_prefill_heavy_traces_pick_more_prefill_engines():
+    """16K-token uncached prompts, 4 output tokens: TTFT p90 binds, so 3 prefill engines carry
+    about 3x the lanes of 1 (the cost model: one prefill ~0.26 s, queueing scales with lanes)."""
+    searched = _search(_traces(16_000, 4), (20.0, 4.0))
+    found = {where: k for where, k, _ in searched}
+    p1, p3 = found["disagg=1p3d"], found["disagg=3p1d"]
+    assert p1 is not None and p3 is not None and p3.sessions >= 2 * p1.sessions
+    assert p3.agents_per_mw > p1.agents_per_mw
+    assert "best (2 of 2 settings meet the tier): disagg=3p1d:" in best_line(searched)
+
+
+def test_decode_heavy_traces_pick_more_decode_engines():
+    """8K prompts, 2,000 output tokens: the per-user rate binds (one decode engine's batch reads every
+    sequence's KV each step), so 3 decode engines carry more lanes than 1."""
+    searched = _search(_traces(8_000, 2_000), (100.0, 10.0))
+    found = {where: k for where, k, _ in searched}
+    p1, p3 = found["disagg=1p3d"], found["disagg=3p1d"]
+    assert p1 is not None and p3 is not None and p1.sessions > 1.5 * p3.sessions
+    assert best_line(searched).startswith("best (2 of 2 settings meet the tier): disagg=1p3d:")
+
+
+def test_split_spellings_and_bad_splits():
+    """NpMd (vLLM's xPyD) and prefill=N,decode=M say the same; zero, missing or garbled pools are
+    one-line errors naming the flag."""
+    assert parse_disagg("2p6d") == parse_disagg("prefill=2,decode=6") == (2, 6)
+    assert parse_disagg(" 1P3D ") == (1, 3)
+    cfg = apply(SimConfig(), {"disagg": "3p5d"})
+    assert (cfg.prefill_workers, cfg.decode_workers) == (3, 5)
+    for bad in ("0p4d", "4p", "p2d", "2:2", "prefill=2", ""):
+        with pytest.raises(UserError, match="--sweep disagg: expected prefill=N,decode=M or NpMd"):
+            apply(SimConfig(), {"disagg": bad})
+    with pytest.raises(UserError, match="--disagg: expected"):
+        parse_disagg("1p0d")
+
+
+def test_cli_ratio_search_prints_each_split_and_the_best(capsys):
+    """Through the CLI on the bundled sample: one knee line per split, then the best by agents/MW;
+    a bad split fails with a one-line error and no traceback."""
+    base = ["simulate", "-q", "--max-requests", "20", "--max-model-len", "200000", "--system", "dgx-h200"]
+    assert main([*base, "--sweep", "disagg=1p1d,1p2d", "--sweep", "lanes=1..2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "knee (disagg=1p1d)" in out and "knee (disagg=1p2d)" in out
+    assert "best (" in out and "agents/MW" in out and "GPUs" in out
+    assert main([*base, "--sweep", "disagg=1p1d,0p2d", "--sweep", "lanes=1..2"]) == 2
+    err = capsys.readouterr().err
+    assert "--sweep disagg: expected" in err and "Traceback" not in err
