@@ -162,7 +162,7 @@ def ratio(row: Row, f: dict) -> str:
 
 def run_row(row: Row, a) -> str:
     """One table line: the default tier's knee, else the relaxed tier's, else the 1-lane figures."""
-    lo = 9 if row.rack else 1  # a rack: one lane per TP 8 engine at least
+    lo = a.min_lanes or (9 if row.rack else 1)  # a rack: one lane per TP 8 engine at least
     tier_name, k = "default", knee(row, DEFAULT_TIER, lo, a.max_lanes, a)
     if k is None and not row.error:
         tier_name, k = "relaxed", knee(row, RELAXED_TIER, lo, a.max_lanes, a)
@@ -235,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="simulate the NVL72 systems' whole 72 GPUs (rows agg: 9x TP8, disagg: 3p6d TP8, wide-ep: "
         "72 DP ranks) with lanes searched from 9 to --max-lanes",
+    )
+    ap.add_argument(
+        "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"
     )
     ap.add_argument("--point-timeout", type=float, default=3600.0, help="seconds per simulate point")
     ap.add_argument("--progress", action="store_true", help="print each point to stderr")
