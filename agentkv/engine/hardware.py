@@ -221,7 +221,7 @@ SYSTEMS: tuple[System, ...] = (
         8,
         50,
         14.0,
-        ("mi355x-8", "8xmi355x"),
+        ("mi355x-8", "8xmi355x", "mi355x"),
         "AMD Instinct MI355X: 1,400 W per GPU [S]; node ~14 kW = 8x 1.4 kW + ~2.8 kW host, an estimate [?]; "
         "Pollara 400 Gb/s NIC per GPU [S]",
     ),
