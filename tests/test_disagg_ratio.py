@@ -4,6 +4,7 @@ short-prefill long decodes need decode engines; bad splits are one-line errors."
 
 import dataclasses
 import itertools
+import json
 
 import pytest
 
@@ -102,3 +103,14 @@ def test_cli_ratio_search_prints_each_split_and_the_best(capsys):
     assert main([*base, "--sweep", "disagg=1p1d,0p2d", "--sweep", "lanes=1..2"]) == 2
     err = capsys.readouterr().err
     assert "--sweep disagg: expected" in err and "Traceback" not in err
+
+
+def test_a_single_cli_run_with_disagg_runs_the_pools(capsys):
+    """`simulate --disagg 1p1d` without a sweep runs the prefill and decode pools (it once ran one
+    aggregated engine priced as two): the summary has both pools' hit rates and the KV moves."""
+    args = ["simulate", "-q", "--json", "--max-requests", "10", "--lanes", "2", "--max-model-len", "200000"]
+    assert main([*args, "--disagg", "1p1d"]) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["disagg"]["prefill_workers"] == s["disagg"]["decode_workers"] == 1
+    assert s["disagg"]["transfers_nvlink"] == 10 and s["config"]["gpus"] == 2
+    assert main(args) == 0 and json.loads(capsys.readouterr().out)["disagg"] is None

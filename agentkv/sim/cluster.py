@@ -366,8 +366,15 @@ def simulate(
 ) -> SimResult:
     """Replay `traces` on `cfg.workers` simulated engines (or disaggregated prefill and decode
     pools when `cfg.prefill_workers` > 0); returns records and the summary."""
+    return make_cluster(traces, cfg, progress).run()
+
+
+def make_cluster(
+    traces: Sequence[Trace], cfg: SimConfig, progress: Callable[[int, int], None] | None = None
+) -> Cluster:
+    """The cluster `cfg` describes: prefill and decode pools when `cfg.prefill_workers` > 0."""
     if cfg.prefill_workers > 0:
         from agentkv.sim.disagg import DisaggCluster
 
-        return DisaggCluster(traces, cfg, progress).run()
-    return Cluster(traces, cfg, progress).run()
+        return DisaggCluster(traces, cfg, progress)
+    return Cluster(traces, cfg, progress)
