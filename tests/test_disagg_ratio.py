@@ -114,3 +114,27 @@ def test_a_single_cli_run_with_disagg_runs_the_pools(capsys):
     assert s["disagg"]["prefill_workers"] == s["disagg"]["decode_workers"] == 1
     assert s["disagg"]["transfers_nvlink"] == 10 and s["config"]["gpus"] == 2
     assert main(args) == 0 and json.loads(capsys.readouterr().out)["disagg"] is None
+
+
+def test_arrived_kv_of_a_whole_block_prompt_is_admitted_on_a_hybrid_model():
+    """A hybrid-KV model schedules block-aligned chunks: a disaggregated decode whose prompt is a whole
+    number of blocks (its arrived KV a token short) is admitted, not left waiting forever, and a
+    V4-Pro disaggregated run on such prompts finishes every request."""
+    from agentkv.engine.engine import Engine
+
+    eng = Engine(
+        EngineConfig(model="deepseek-v4-pro", gpu="gb300", tensor_parallel_size=4, max_model_len=8192)
+    )
+    eng.add_request("a", max_tokens=3, prompt_len=1024, block_hashes=list(range(64)), external_tokens=1023)
+    res = eng.step()
+    assert res.num_prefill_tokens == 1 and len(res.outputs) == 1
+    cfg = SimConfig(
+        engine=EngineConfig(model="deepseek-v4-pro", tensor_parallel_size=4, max_model_len=32_000),
+        lanes=4,
+        max_requests=12,
+        prefill_workers=1,
+        decode_workers=1,
+        system="gb300-nvl72",
+    )
+    s = simulate(_traces(4096, 8, n=4, turns=3), cfg).summary
+    assert s.succeeded == 12 and s.failed == 0
