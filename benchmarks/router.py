@@ -6,9 +6,11 @@ pooled keep-alive aiohttp client, as real clients connect: once straight to the 
 client rotates over them) and once through `agentkv route` in front of them. Router-added
 latency is the difference of the two runs' percentiles, for time to first byte and to the end of
 the stream. With --peer, the same is measured for sglang-router (`--policy cache_aware`) from
-.venv-peers/sglang when it is installed there.
+.venv-peers/sglang when it is installed there, and for each router its CPU time per request.
+--fresh-connections opens a new TCP connection per request instead (to tell a keep-alive or
+Nagle/delayed-ACK artefact from the router's own time).
 
-Run: .venv/bin/python benchmarks/router.py [--rate 500] [--seconds 10] [--peer]
+Run: .venv/bin/python benchmarks/router.py [--rate 500] [--seconds 10] [--peer] [--fresh-connections]
 """
 
 from __future__ import annotations
@@ -52,8 +54,11 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def load(urls: list[str], rate: float, seconds: float, prompt_len: int, seed: int) -> dict:
-    """Open-loop load: request i is sent at i / rate; returns TTFB and end-to-end latencies (s)."""
+async def load(
+    urls: list[str], rate: float, seconds: float, prompt_len: int, seed: int, fresh: bool = False
+) -> dict:
+    """Open-loop load: request i is sent at i / rate; returns TTFB and end-to-end latencies (s).
+    `fresh`: a new TCP connection per request (no keep-alive), else pooled keep-alive connections."""
     rng = random.Random(seed)
     n = int(rate * seconds)
     bodies = [
@@ -72,7 +77,9 @@ async def load(urls: list[str], rate: float, seconds: float, prompt_len: int, se
     ttfb: list[float] = []
     e2e: list[float] = []
     errors = 0
-    connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=60)
+    connector = aiohttp.TCPConnector(
+        limit=0, **({"force_close": True} if fresh else {"keepalive_timeout": 60})
+    )
     async with aiohttp.ClientSession(connector=connector) as session:
 
         async def one(i: int, at: float) -> None:
@@ -163,6 +170,11 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--peer", action="store_true", help="also measure sglang-router from .venv-peers/sglang")
     ap.add_argument("--processes", type=int, default=1, help="agentkv route --processes N")
     ap.add_argument(
+        "--fresh-connections",
+        action="store_true",
+        help="a new TCP connection per request (no keep-alive), direct and through the routers alike",
+    )
+    ap.add_argument(
         "--profile",
         metavar="FILE",
         default=None,
@@ -183,20 +195,18 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> None:
         f"streamed, {args.workers} agentkv serve workers (time-scale {args.time_scale:g}), "
         f"{os.cpu_count()} CPUs shared by client, router and workers"
     )
-    await load(urls, args.rate, 3.0, args.prompt_len, seed=0)  # the workers' cold start, discarded
-    base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1)
+    fresh = args.fresh_connections
+    await load(urls, args.rate, 3.0, args.prompt_len, seed=0, fresh=fresh)  # cold start, discarded
+    base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1, fresh=fresh)
     cpu0 = tree_cpu_seconds(router.pid)
-    via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2)
+    via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2, fresh=fresh)
     cpu = tree_cpu_seconds(router.pid) - cpu0
     _report(
         f"agentkv route ({args.policy}, {args.processes} process{'es' if args.processes > 1 else ''})",
         base,
         via,
     )
-    print(
-        f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
-        f"({cpu / args.seconds * 100:.0f}% of one core at this rate; every router process counted)"
-    )
+    _cpu_line(cpu, via, args.seconds)
     c.procs.stop("route")
     if args.profile:
         import pstats
@@ -212,9 +222,21 @@ async def _measure_peer(c: Cluster, args: argparse.Namespace) -> None:
         return
     peer = start_peer(c, "sglang", 1)
     await asyncio.to_thread(wait_http, c.router_url(1) + "/health", 90, peer)
-    base = await load(c.urls, args.rate, args.seconds, args.prompt_len, seed=3)
-    via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4)
+    fresh = args.fresh_connections
+    base = await load(c.urls, args.rate, args.seconds, args.prompt_len, seed=3, fresh=fresh)
+    cpu0 = tree_cpu_seconds(peer.pid)
+    via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4, fresh=fresh)
+    cpu = tree_cpu_seconds(peer.pid) - cpu0
     _report("sglang-router (cache_aware)", base, via)
+    _cpu_line(cpu, via, args.seconds)
+
+
+def _cpu_line(cpu: float, via: dict, seconds: float) -> None:
+    """A router's CPU seconds over the measured load, per request and as a share of one core."""
+    print(
+        f"  router CPU: {cpu / max(1, len(via['e2e'])) * 1e3:.2f} ms per request "
+        f"({cpu / seconds * 100:.0f}% of one core at this rate; the router's processes and their children)"
+    )
 
 
 async def main() -> None:

@@ -1,5 +1,5 @@
 """Print the KV tables of docs/simulate.md: bytes per token by model and layer group, and how many tokens
-of KV fit on H200s at 0.9 memory utilisation after the checkpoint's weights.
+of KV fit on H200s at 0.9 memory utilisation after the checkpoint's weights (NVFP4 KV on B200s).
 
     .venv/bin/python scripts/model_kv_table.py            # both tables (Markdown)
     .venv/bin/python scripts/model_kv_table.py --groups   # the per-group table only
@@ -39,12 +39,22 @@ def _tokens(cm: CostModel, per_token: float) -> str:
     return f"{cm.kv_capacity_bytes() / per_token / 1e3:,.0f}K"
 
 
+def _nvfp4(m, tp: int) -> tuple[str, str]:
+    """NVFP4 KV bytes a token (TP 1) and the full-context tokens on B200s at the same TP; '-' where
+    refused (MLA latents). The H200 has no FP4: its engines refuse --kv-cache-dtype nvfp4."""
+    try:
+        c4 = CostModel("b200", m, tp=tp, kv_dtype="nvfp4")
+    except UserError:
+        return "-", "-"
+    return f"{m.kv_bytes_per_token('nvfp4'):,.2f}", _tokens(c4, m.kv_bytes_per_token("nvfp4", tp))
+
+
 def capacity_table() -> list[str]:
     """One row per built-in model: bytes per token, TP, weights and KV per GPU, tokens that fit."""
     rows = [
-        "| model | family | KV B/token bf16 | fp8 | long-context B/token fp8 | state/seq | weights | TP "
-        "| weights/GPU | KV/GPU | tokens bf16 | tokens fp8 | tokens fp8, long context |",
-        "|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
+        "| model | family | KV B/token bf16 | fp8 | nvfp4 | long-context B/token fp8 | state/seq | weights | TP "
+        "| weights/GPU | KV/GPU | tokens bf16 | tokens fp8 | tokens fp8, long context | tokens nvfp4, B200 |",
+        "|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for m in builtin_models():
         cm = pick_tp(m)
@@ -58,11 +68,12 @@ def capacity_table() -> list[str]:
         dtype = cm.weight_dtype + (f" (experts {m.expert_dtype})" if m.expert_dtype else "")
         state = f"{m.state_bytes_per_seq() / 2**20:,.1f} MiB" if m.state_bytes_per_seq() else "-"
         long_tokens = _tokens(c8, long8) if long8 < f8 else "="
+        fp4, fp4_tokens = _nvfp4(m, tp)
         rows.append(
             f"| {m.name} | {m.family} | {m.kv_bytes_per_token('bf16'):,.0f} | {m.kv_bytes_per_token('fp8'):,.2f} "
-            f"| {m.long_context_bytes_per_token('fp8'):,.2f} | {state} | {dtype} | {tp} "
+            f"| {fp4} | {m.long_context_bytes_per_token('fp8'):,.2f} | {state} | {dtype} | {tp} "
             f"| {cm.weights_bytes / GIB:,.1f} GiB | {cm.kv_capacity_bytes() / GIB:,.1f} GiB "
-            f"| {_tokens(cm, bf)} | {_tokens(c8, f8)} | {long_tokens} |"
+            f"| {_tokens(cm, bf)} | {_tokens(c8, f8)} | {long_tokens} | {fp4_tokens} |"
         )
     return rows
 

@@ -209,8 +209,7 @@ def rows(a) -> list[Row]:
             out.append(Row(m, s, "agg", "default"))
             out.append(Row(m, s, "agg", "nvfp4"))
             out.append(Row(m, s, "disagg", "default"))
-            if m == "DeepSeek-V3" or (m == "DeepSeek-V4-Pro" and s == "8x H200"):  # V4: shows the refusal
-                out.append(Row(m, s, "agg", "default", offload="512GB"))
+            out.append(Row(m, s, "agg", "default", offload="512GB"))  # with a CPU tier (V4: per group)
     kinds = a.rows.split(",")
     return [r for r in out if ("cpu" if r.offload else r.mode if r.quant == "default" else "fp4") in kinds]
 

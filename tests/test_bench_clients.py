@@ -115,7 +115,7 @@ def test_killed_shard_keeps_its_records_and_fails_the_run(tmp_path):
                 assert not task.done()
             victim = run.shards[0]
             kept = victim.records
-            os.kill(victim.proc.pid, signal.SIGKILL)
+            os.kill(victim.link.pid, signal.SIGKILL)
             return await task, victim, kept
 
     res, victim, kept = asyncio.run(go())
@@ -123,7 +123,7 @@ def test_killed_shard_keeps_its_records_and_fails_the_run(tmp_path):
     assert len(mine) >= kept >= 2  # every record it streamed before dying survives
     assert victim.ended == "died"
     s = res.summary
-    assert not s.valid and any(f"client shard 0 (pid {victim.proc.pid}) died" in r for r in s.invalid_reasons)
+    assert not s.valid and any(f"client shard 0 (pid {victim.link.pid}) died" in r for r in s.invalid_reasons)
     assert len(read_records(tmp_path / "requests.jsonl")) == len(res.records)
     other = [r for r in res.records if r.id % 2 == 1]
     other_traces = {t.id for t in split(cfg(lanes=2), TRACES, 2)[1][1]}
@@ -139,8 +139,8 @@ def test_clock_offset_moves_every_timestamp_onto_the_drivers_timeline():
     for scale in (1.0, 10.0):
         run = ShardedRun(cfg(lanes=4, time_scale=scale), TRACES, 2, out=None)
         run.base._t0 = 100.0
-        shard = Shard(1, proc=None, conn=None, lanes=2, traces=3, offset=5.0)
-        run.shards = [Shard(0, proc=None, conn=None, lanes=2, traces=3), shard]
+        shard = Shard(1, link=None, lanes=2, traces=3, offset=5.0)
+        run.shards = [Shard(0, link=None, lanes=2, traces=3), shard]
         run._on_msg(shard, ("start", 107.0))  # 102 on the driver's clock
         rec = RequestRecord(
             id=3,

@@ -82,6 +82,7 @@ def test_think_scale_shortens_gaps_but_not_latencies():
         (["--session-rate", "0"], "--session-rate must be > 0"),
         (["--session-rate", "-2"], "--session-rate must be > 0"),
         (["--think-scale", "-1"], "--think-scale must be >= 0"),
+        (["--think-scale", "abc"], "--think-scale: expected a number >= 0"),
         (["--warmup", "abc"], "--warmup: expected a request count"),
         (["--warmup=-5s"], "--warmup: expected"),
         (["--warmup", "2.5"], "--warmup: expected"),

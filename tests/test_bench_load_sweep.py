@@ -91,16 +91,24 @@ def test_sweep_finds_the_known_capacity_as_the_slo_knee(capped_server, tmp_path,
     assert doc["throughput_per"] == "server"
     html = (out / "sweep.html").read_text()
     assert "<svg" in html and "knee: lanes=2" in html and "output tok/s per server" in html
-    assert html.count("<circle") == 5  # four points and the knee marker
+    assert html.count("<circle") == 9  # four points, the knee marker and a ring per point meeting the tier
+    assert "tier: 20 tok/s per user" in html and html.count('stroke="#7c3aed" stroke-width="1.5"') == 1
     for n in (1, 2, 3, 4):  # each dot labelled with its load
         assert re.search(rf'<text x="[\d.]+" y="[\d.]+">{n}</text>', html)
     printed = capsys.readouterr().out
     assert "knee: lanes=2" in printed
+    # every point streams ~200 tok/s per user: all meet the default tier, so its knee is the top
+    # load; the test server reports no GPUs, so agents per GPU and per MW stay unknown
+    assert [p["meets_tier"] for p in pts] == [True] * 4 and doc["tier_knee"] == 3
+    assert all(p["agents_per_mw"] is None and 0 < p["agents"] <= p["lanes"] for p in pts)
+    assert "tier knee (tps>=20, TTFT p90<=10s): at least" in doc["tier_knee_note"]
+    assert "unknown per GPU, unknown per MW" in doc["tier_knee_note"] and "tier knee" in printed
 
 
 def test_sweep_over_session_rate_without_an_slo(capped_server, tmp_path):
     traces, out = write_traces(tmp_path / "traces", n=30, turns=2), tmp_path / "sweep"
     argv = ["bench", str(traces), "--target", capped_server, "--duration", "1s", "--quiet", "--out", str(out)]
+    argv += ["--sample", "25"]  # each point records the selection, as a single run does
     assert main([*argv, "--sweep", "session_rate=12,3", "--arrivals", "constant", "--json"]) == 0
     doc = json.loads((out / "sweep.json").read_text())
     assert doc["key"] == "session_rate" and [p["session_rate"] for p in doc["points"]] == [3.0, 12.0]
@@ -110,6 +118,7 @@ def test_sweep_over_session_rate_without_an_slo(capped_server, tmp_path):
         assert p["meets_slo"] is None and p["slo_share"] == {}
         s = read_summary(out / p["dir"] / "summary.json")
         assert s.config["session_rate"] == p["session_rate"] and s.config["lanes"] is None
+        assert s.config["selection"]["sample"] == 25 and "trace_block_size" in s.config["selection"]
         trees.append(len({x.session for x in s.sessions}))
     assert trees[0] in (3, 4) and trees[1] in (12, 13)  # 1 s at 3/s and 12/s, the first at once
 

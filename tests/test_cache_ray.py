@@ -53,6 +53,16 @@ def test_cells_on_ray_give_the_local_analysis(ray_cluster):
         assert _timeless(json.loads(on_ray.stdout)) == want, address
 
 
+def test_a_hybrid_models_cells_on_ray_give_the_local_analysis(ray_cluster):
+    gcs, _ = ray_cluster
+    grid = ["cache", "analyze", "--model", "gpt-oss-120b", "--capacity", "4GB,16GB", "--block-size", "16,64"]
+    local, on_ray = cli(*grid, "--json"), cli(*grid, "--json", "--ray", gcs)
+    assert local.returncode == on_ray.returncode == 0, on_ray.stderr[-3000:]
+    want = _timeless(json.loads(local.stdout))
+    assert len(want["results"]) == 4 and all(len(r["groups"]) == 2 for r in want["results"])
+    assert _timeless(json.loads(on_ray.stdout)) == want
+
+
 def test_the_table_on_ray_is_the_local_table(ray_cluster):
     gcs, _ = ray_cluster
     local, on_ray = cli(*GRID), cli(*GRID, "--ray", gcs)

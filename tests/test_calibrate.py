@@ -58,6 +58,21 @@ def test_plan_fits_the_model_length_and_the_kv_cache() -> None:
     assert within_budget(plan, costs, 3.5) == plan[:3]
 
 
+def test_the_plan_gives_attention_to_a_cached_past_leverage() -> None:
+    """On a 32K-context model some cached probe spends over 40% of its time attending the past (a
+    1% error there moves the fitted attn_past_eff by under 2.5%), and cold probes span two chunks."""
+    t = F.Target("h100", "qwen2.5-7b")
+    plan = make_plan(32768, 16, 8192, kv_tokens=400_000)
+
+    def share(p: Probe) -> float:  # -d log(time) / d log(attn_past_eff)
+        slow = replace(TRUE, attn_past_eff=TRUE.attn_past_eff / 1.01)
+        return (F.predict(t.cost(slow), t, p) / F.predict(t.cost(TRUE), t, p) - 1) * 100
+
+    cached = [share(p) for p in plan if p.family == "prefill_cached"]
+    assert max(cached) > 0.4 and sum(s > 0.25 for s in cached) >= 3, cached
+    assert max(p.new for p in plan if p.family == "prefill_cold") >= 16384
+
+
 def test_a_slower_target_gets_fewer_probes_cheapest_first() -> None:
     t = F.Target("h100", "llama3-70b", tp=4)
     args = argparse.Namespace(repeats=2, budget="60s")

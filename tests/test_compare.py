@@ -234,3 +234,27 @@ def test_simulate_records_trace_selection(tmp_path):
     assert r.returncode == 0, r.stderr
     sel = json.loads((out / "summary.json").read_text())["config"]["selection"]
     assert sel["sample"] == 2 and sel["traces_limit"] is None and sel["over_context"] == "drop"
+
+
+def test_sweep_points_record_the_selection_and_compare_warns(tmp_path, capsys):
+    """A simulate --sweep point records the trace selection as a single run does (--trace-block-size
+    and --cycle too), so comparing it with a run over another selection warns."""
+    from agentkv.cli import main
+
+    sim = ["simulate", "--max-requests", "20", "--quiet", "--trace-block-size", "64"]
+    assert main([*sim, "--sample", "2", "--sweep", "lanes=1,2", "--out", str(tmp_path / "sw"), "--json"]) == 0
+    assert main([*sim, "--traces-limit", "3", "--cycle", "--out", str(tmp_path / "one")]) == 0
+    capsys.readouterr()
+    points = sorted((tmp_path / "sw").glob("summary-*.json"))
+    assert len(points) == 2
+    for p in points:
+        sel = json.loads(p.read_text())["config"]["selection"]
+        assert (sel["sample"], sel["traces_limit"], sel["trace_block_size"]) == (2, None, "64")
+    one = json.loads((tmp_path / "one" / "summary.json").read_text())["config"]
+    assert one["cycle"] is True and one["selection"]["traces_limit"] == 3
+    assert main(["compare", str(points[0]), str(tmp_path / "one"), "--json"]) == 0
+    warn = "\n".join(json.loads(capsys.readouterr().out)["warnings"])
+    assert "selection.sample differs (2, None)" in warn and "selection.traces_limit differs (None, 3)" in warn
+    assert "workload setting cycle differs (False, True)" in warn
+    assert main(["compare", str(points[0]), str(points[1]), "--json"]) == 0
+    assert "selection" not in "\n".join(json.loads(capsys.readouterr().out)["warnings"])

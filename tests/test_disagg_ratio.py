@@ -10,9 +10,9 @@ import pytest
 
 from agentkv.cli import main
 from agentkv.engine.config import EngineConfig
+from agentkv.engine.kv_move import parse_disagg
 from agentkv.errors import UserError
 from agentkv.sim.cluster import SimConfig, simulate
-from agentkv.sim.deploy_args import parse_disagg
 from agentkv.sim.knee import best_line, bisect_lanes, knees
 from agentkv.sim.sweep import apply, parse_sweep
 from agentkv.trace.model import Request, Session, Trace

@@ -226,13 +226,11 @@ def test_dense_models_keep_the_single_table_pool():
     assert isinstance(e.pool, HybridPool) and e.num_gpu_blocks > 1000
 
 
-def test_hybrid_engine_refuses_what_it_does_not_model():
-    from agentkv.errors import UserError
-
-    with pytest.raises(UserError, match="only lru"):
-        engine("gpt-oss-120b", eviction_policy="lfu")
-    with pytest.raises(UserError, match="offloading"):
-        engine("gpt-oss-120b", kv_offloading_size=8.0)
+def test_hybrid_engine_takes_other_policies_and_a_cpu_tier():
+    e = engine("gpt-oss-120b", eviction_policy="lfu", kv_offloading_size=8.0)
+    assert e.pool.policy.name == "lfu" and e.pool.lower.group_bytes == tuple(
+        s.block_bytes for s in e.pool.specs
+    )
 
 
 def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants():

@@ -1,5 +1,5 @@
 """report.html as a person sees it: a short bench demo against the embedded server and a simulate
-run over 20 of the shared Claude Code traces, rendered in headless Chromium. Every panel must show
+run over all 119 shared Claude Code traces (600 requests), rendered in headless Chromium. Every panel must show
 something (pixel spread in its box), the page must log no console error, and every chart's axes
 must fit the data it draws (read from the SVG)."""
 
@@ -32,9 +32,9 @@ def bench_run(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def sim_run(tmp_path_factory, shared_dir) -> Path:
-    traces = sorted((shared_dir / "traces" / "claude-code").glob("*.json*"))[:20]
+    traces = str(shared_dir / "traces" / "claude-code")
     out = tmp_path_factory.mktemp("sim") / "run"
-    _agentkv("simulate", *map(str, traces), "--lanes", "20", "--max-requests", "300", "--out", str(out), "-q")
+    _agentkv("simulate", traces, "--lanes", "119", "--max-requests", "600", "--out", str(out), "-q")
     return out
 
 
@@ -73,9 +73,10 @@ def test_bench_report_renders_every_panel(bench_run, tmp_path):
     _check_page(bench_run / "report.html", tmp_path, 4200)
 
 
-def test_simulate_report_of_20_real_traces_renders(sim_run, tmp_path):
+def test_simulate_report_of_119_real_traces_renders(sim_run, tmp_path):
     html = (sim_run / "report.html").read_text()
     assert "agentkv simulate: simulated 1x" in html
     assert check_axes_fit(html) >= 16
-    assert "10 largest of 20 session trees" in html  # context growth: the rest in grey
+    assert "10 largest of 119 session trees" in html  # context growth: the rest in grey
+    assert "other 89 trees (grouped)" in html  # hit rate per tree: 30 rows, the rest as one
     _check_page(sim_run / "report.html", tmp_path, 5200)

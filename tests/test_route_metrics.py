@@ -101,7 +101,7 @@ ADDED = r"""
 # HELP agentkv_router_worker_event_handshake_failures_total Event connections refused in the ZMQ handshake: a publisher without the worker's pinned CURVE key, or CURVE on one side only.
 # TYPE agentkv_router_worker_event_handshake_failures_total counter
 agentkv_router_worker_event_handshake_failures_total{worker="0"} 2
-# HELP agentkv_router_index_skipped_group_blocks_total Blocks a hybrid model's window or state groups stored or removed: not indexed, the full-attention group decides prefix hits.
+# HELP agentkv_router_index_skipped_group_blocks_total Blocks a hybrid model's window or state groups stored or removed: kept apart from the full-attention index, they cut a predicted hit to what their rules serve.
 # TYPE agentkv_router_index_skipped_group_blocks_total counter
 agentkv_router_index_skipped_group_blocks_total 2
 """[1:]

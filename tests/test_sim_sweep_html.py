@@ -10,6 +10,7 @@ import sys
 from html import unescape
 
 from agentkv.metrics.view import ms
+from tests.reportutil import check_axes_fit
 
 
 def test_sweep_html_has_a_row_and_a_dot_per_point(tmp_path):
@@ -36,3 +37,12 @@ def test_sweep_html_has_a_row_and_a_dot_per_point(tmp_path):
     tips = [unescape(t) for t in re.findall(r"<circle [^>]*><title>([^<]*)</title>", html)]
     assert len(tips) == 4 and any(t.startswith("lanes=3, router=kv_aware:") for t in tips)
     assert "router=round_robin" in html and "router=kv_aware" in html
+    # the interactivity tier: a dashed vertical line at its tok/s per user, a ring per point meeting it
+    met = sum(r["summary"]["interactivity"]["met"] for r in rows)
+    line = re.search(
+        r'points="([\d.]+),([\d.]+) ([\d.]+),([\d.]+)"><title>tier: 20 tok/s per user</title>', html
+    )
+    assert line is not None and line.group(1) == line.group(3) and 'stroke-dasharray="5 4"' in html
+    rings = re.search(r'<g fill="none" stroke="#7c3aed" stroke-width="1.5">(.*?)</g>', html)
+    assert (rings.group(1).count("<circle") if rings else 0) == met
+    assert check_axes_fit(html) >= 2  # the axes still hold the points and the tier line

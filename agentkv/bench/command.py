@@ -3,8 +3,7 @@
 
 Outputs in --out: requests.jsonl (appended as requests finish), summary.json (the schema
 `agentkv simulate` writes), records.csv, vllm_result.json and report.html (agentkv.metrics.export).
-They are written even after Ctrl-C.
-Import-light at module level: the CLI builds every parser.
+They are written even after Ctrl-C. Import-light at module level: the CLI builds every parser.
 """
 
 from __future__ import annotations
@@ -16,7 +15,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agentkv.bench.load_flags import add_load_args
+from agentkv.bench.load_flags import add_load_args, check_clients
 from agentkv.bench.request_flags import add_request_flags
 from agentkv.errors import UserError
 from agentkv.metrics.flags import add_output_flags
@@ -183,26 +182,15 @@ def _duration(text: str | None, flag: str) -> float | None:
     return v
 
 
-def _rate(text: str, flag: str) -> float:
-    """A share in [0, 1] from `5%` or `0.05`."""
-    t = str(text).strip()
-    try:
-        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
-    except ValueError:
-        raise UserError(f"{flag}: expected a share such as 1% or 0.01, got {text!r}") from None
-    if not 0.0 <= v <= 1.0:
-        raise UserError(f"{flag} must be between 0 and 100%, got {text!r}")
-    return v
-
-
 def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
     """The BenchConfig of the flags, against `target` (durations and SLOs parsed)."""
-    from agentkv.bench.load import DEFAULT_LANES, check, parse_warmup
+    from agentkv.bench.agents import check_agents_args
+    from agentkv.bench.load import DEFAULT_LANES, check, parse_rate
     from agentkv.bench.runner import BenchConfig
     from agentkv.metrics.summary import parse_slo
+    from agentkv.trace.warmup import parse_think_scale, parse_warmup
 
-    if args.clients < 1:
-        raise UserError(f"--clients must be >= 1, got {args.clients}")
+    check_clients(args)
     if args.max_requests is not None and args.max_requests < 1:
         raise UserError(f"--max-requests must be >= 1, got {args.max_requests}")
     duration = _duration(args.duration, "--duration")
@@ -222,7 +210,7 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         arrivals=args.arrivals,
         warmup_requests=warm_n,
         warmup_s=warm_s,
-        think_scale=args.think_scale,
+        think_scale=parse_think_scale(args.think_scale),
         duration=duration,
         max_requests=args.max_requests,
         api=args.api,
@@ -235,7 +223,7 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         idle_gap_cap=_duration(args.idle_gap_cap, "--idle-gap-cap"),
         tenant_salts=args.tenant_salts,
         cache_bust=args.cache_bust,
-        max_failure_rate=_rate(args.max_failure_rate, "--max-failure-rate"),
+        max_failure_rate=parse_rate(args.max_failure_rate, "--max-failure-rate"),
         timeout=parse_duration(args.timeout, "--timeout"),
         sample_every=parse_duration(args.sample_every, "--sample-every"),
         max_connections=args.max_connections,
@@ -245,6 +233,7 @@ def config_from_args(args: argparse.Namespace, target: str) -> BenchConfig:
         cycle=args.cycle_cache if args.cycle else None,
     )
     check(cfg)
+    check_agents_args(args)
     return cfg
 
 
@@ -304,10 +293,10 @@ def _run_one(args, traces, target: str, out: Path, console, notes, show: bool = 
     from agentkv.bench.runner import BenchRun
 
     cfg = config_from_args(args, target)
-    if args.clients > 1:
+    if args.clients > 1 or args.ray is not None:
         from agentkv.bench.shards import ShardedRun
 
-        run = ShardedRun(cfg, traces, args.clients, out=out, notes=notes, loop=args.loop)
+        run = ShardedRun(cfg, traces, args.clients, out=out, notes=notes, loop=args.loop, ray=args.ray)
     else:
         run = BenchRun(cfg, traces, out=out, notes=notes)
     with contextlib.ExitStack() as stack:
@@ -368,16 +357,18 @@ def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None,
     import msgspec
     from rich.console import Console
 
+    from agentkv.bench.agents import bench_interactivity
     from agentkv.metrics.dist import DEFAULT_PERCENTILES
     from agentkv.metrics.export import write_outputs
     from agentkv.metrics.summary import with_percentiles
     from agentkv.metrics.view import print_summary, sessions_table
-    from agentkv.terminal import show
+    from agentkv.terminal import show as show_table
 
     result.summary.config["selection"] = selection_of(args)
     pcts = getattr(args, "percentiles", None) or DEFAULT_PERCENTILES
     if tuple(pcts) != DEFAULT_PERCENTILES:
         result.summary = with_percentiles(result.summary, result.records, itl_values, pcts)
+    result.summary.interactivity = bench_interactivity(result.summary, result.records, args)
     written = write_outputs(
         out, result.summary, result.records, report=not args.no_report, itl_values=itl_values
     )
@@ -389,7 +380,7 @@ def _write_outputs(args: argparse.Namespace, result, out: Path, itl_values=None,
         con = Console()
         print_summary(result.summary, con)
         if result.summary.sessions:
-            show(con, sessions_table(result.summary))
+            show_table(con, sessions_table(result.summary))
         con.print(f"[dim]wrote {', '.join(['requests.jsonl', *written])} to {out}[/dim]")
 
 

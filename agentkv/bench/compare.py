@@ -34,6 +34,7 @@ WORKLOAD = (
     *("lanes", "session_rate", "arrivals", "think_scale", "warmup", "clients", "cycle", "seed"),
     *("warm_start", "idle_gap_cap", "max_requests", "duration", "traces"),
     *("selection.sample", "selection.traces_limit", "selection.max_context", "selection.over_context"),
+    "selection.trace_block_size",
 )
 # bench records the server's /get_server_info (SGLang names); simulate, vLLM's: one name each
 SERVER_NAMES = {

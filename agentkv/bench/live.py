@@ -47,12 +47,35 @@ def progress_panel(run: BenchRun) -> Group:
         + ("  (stopping: waiting for in-flight requests)" if stopping else ""),
         style="bold",
     )
-    rows = [head, t, *(Text(x) for x in load_lines(cfg, s.released, run.plan.arrivals, wall))]
+    rows = [head, t]
+    shards = getattr(run, "shards", ())
+    if len(shards) > 1:
+        rows.append(shard_table(shards, wall * run.scale))
+    rows += [Text(x) for x in load_lines(cfg, s.released, run.plan.arrivals, wall)]
     if s.errors:
         rows.append(
             Text("errors: " + ", ".join(f"{k} {v}" for k, v in sorted(s.errors.items())), style="red")
         )
     return Group(*rows)
+
+
+def shard_table(shards, span: float) -> Table:
+    """A line per client shard under the totals (`span`: target seconds so far): where it runs,
+    requests done and failed, output tok/s, in flight, and how it ended once it has."""
+    t = Table(box=None, padding=(0, 2), pad_edge=False, header_style="dim")
+    for name in ("shard", "runs as", "done", "failed", "output tok/s", "in flight", "state"):
+        t.add_column(name, justify="left" if name in ("runs as", "state") else "right")
+    for s in shards:
+        t.add_row(
+            str(s.index),
+            getattr(s.link, "where", ""),
+            f"{s.records:,}",
+            Text(f"{s.failed:,}", style="red" if s.failed else ""),
+            f"{s.output_tokens / max(span, 1e-9):,.0f}",
+            f"{s.in_flight:,}",
+            Text(s.ended or "running", style="red" if s.ended in ("died", "error") else ""),
+        )
+    return t
 
 
 def load_lines(cfg, released: int, arrivals, wall: float) -> list[str]:
@@ -79,18 +102,22 @@ def load_lines(cfg, released: int, arrivals, wall: float) -> list[str]:
     return out
 
 
-def run_loop(coro, loop: str):
-    """Run `coro` on uvloop when asked (or when `auto` and it is installed), else asyncio's loop."""
-    factory = None
+def loop_factory(loop: str):
+    """uvloop's loop factory when asked (or when `auto` and it is installed), else None: asyncio's."""
     if loop in ("auto", "uvloop"):
         try:
             import uvloop
 
-            factory = uvloop.new_event_loop
+            return uvloop.new_event_loop
         except ImportError:
             if loop == "uvloop":
                 raise UserError("--loop uvloop: uvloop is not installed (pip install uvloop)") from None
-    with asyncio.Runner(loop_factory=factory) as runner:
+    return None
+
+
+def run_loop(coro, loop: str):
+    """Run `coro` on uvloop when asked (or when `auto` and it is installed), else asyncio's loop."""
+    with asyncio.Runner(loop_factory=loop_factory(loop)) as runner:
         return runner.run(_stoppable(coro))
 
 

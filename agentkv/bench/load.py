@@ -9,11 +9,10 @@ from dataclasses import dataclass
 import msgspec
 
 from agentkv.errors import UserError
-from agentkv.metrics.records import RequestRecord
 from agentkv.trace.arrivals import arrivals_note
 from agentkv.trace.model import Trace
-from agentkv.trace.plan import Dispatch, ReplayPlan
-from agentkv.units import parse_duration
+from agentkv.trace.plan import ReplayPlan
+from agentkv.trace.warmup import check_load, warmup_label, warmup_notes
 
 DEFAULT_LANES = 16
 
@@ -42,38 +41,25 @@ class LoadSettings(msgspec.Struct, kw_only=True):
 
 def settings_of(cfg: LoadConfig) -> dict:
     """The LoadSettings fields of a config, as keyword arguments."""
-    warm = None
-    if cfg.warmup_requests:
-        warm = f"{cfg.warmup_requests} requests"
-    elif cfg.warmup_s:
-        warm = f"{cfg.warmup_s:g}s"
     return {
         "lanes": cfg.lanes,
         "session_rate": cfg.session_rate,
         "arrivals": cfg.arrivals if cfg.session_rate else None,
-        "warmup": warm,
+        "warmup": warmup_label(cfg),
         "think_scale": cfg.think_scale,
     }
 
 
-def parse_warmup(text: str | None) -> tuple[int, float]:
-    """`--warmup 20` (requests) or `--warmup 30s` (a duration) -> (requests, seconds); 0 for none."""
-    t = str(text or "").strip().lower()
-    if t in ("", "0", "none", "off"):
-        return 0, 0.0
-    if t.isdigit():
-        return int(t), 0.0
+def parse_rate(text: str, flag: str) -> float:
+    """A share in [0, 1] from `5%` or `0.05`."""
+    t = str(text).strip()
     try:
-        if not t[-1].isalpha():  # 2.5: neither a count nor a duration with its unit
-            raise UserError(t)
-        s = parse_duration(t, "--warmup")
-    except UserError:
-        raise UserError(
-            f"--warmup: expected a request count (20) or a duration (30s), got {text!r}"
-        ) from None
-    if not s > 0:
-        raise UserError(f"--warmup must be > 0, got {text!r}")
-    return 0, s
+        v = float(t[:-1]) / 100 if t.endswith("%") else float(t)
+    except ValueError:
+        raise UserError(f"{flag}: expected a share such as 1% or 0.01, got {text!r}") from None
+    if not 0.0 <= v <= 1.0:
+        raise UserError(f"{flag} must be between 0 and 100%, got {text!r}")
+    return v
 
 
 def check(cfg: LoadConfig) -> None:
@@ -84,8 +70,7 @@ def check(cfg: LoadConfig) -> None:
         raise UserError(f"--lanes must be >= 1, got {cfg.lanes}")
     if cfg.session_rate is not None and not 0 < cfg.session_rate < float("inf"):
         raise UserError(f"--session-rate must be > 0 sessions/s, got {cfg.session_rate:g}")
-    if not 0 <= cfg.think_scale < float("inf"):
-        raise UserError(f"--think-scale must be >= 0, got {cfg.think_scale:g}")
+    check_load(cfg)
 
 
 def build_plan(cfg, traces: Sequence[Trace], x: float) -> ReplayPlan:
@@ -107,16 +92,6 @@ def build_plan(cfg, traces: Sequence[Trace], x: float) -> ReplayPlan:
     )
 
 
-def is_warmup(cfg: LoadConfig, d: Dispatch) -> bool:
-    """Whether a released request is warm-up: among the first N released or due in the first S."""
-    return d.item.id < cfg.warmup_requests or d.due < cfg.warmup_s
-
-
-def measured(records: list[RequestRecord]) -> list[RequestRecord]:
-    """The records statistics are computed from: warm-up ones left out."""
-    return [r for r in records if not r.warmup]
-
-
 def load_notes(cfg: LoadConfig, plan: ReplayPlan, warm: int, x: float = 1.0) -> list[str]:
     """What the summary says about the load: arrivals, lane-cap waits, warm-up left out, think scale."""
     notes = []
@@ -128,13 +103,4 @@ def load_notes(cfg: LoadConfig, plan: ReplayPlan, warm: int, x: float = 1.0) -> 
             "--session-rate had no effect: timestamp-mode traces (Mooncake) arrive on their own "
             "timeline (--think-scale scales it)"
         )
-    if cfg.warmup_requests or cfg.warmup_s:
-        notes.append(
-            f"warm-up: {warm} requests sent and left out of every statistic (warmup: true in requests.jsonl)"
-        )
-    if cfg.think_scale != 1.0:
-        notes.append(
-            f"think scale {cfg.think_scale:g}: think and tool gaps between turns were replayed at "
-            f"{cfg.think_scale:g}x their recorded length; latencies are the target's, unscaled"
-        )
-    return notes
+    return notes + warmup_notes(cfg, warm)

@@ -3,6 +3,11 @@ What they mean is in agentkv/bench/load.py and docs/bench.md ("Load")."""
 
 from __future__ import annotations
 
+from agentkv.bench.agents import add_agents_args
+from agentkv.errors import UserError
+from agentkv.scaleout.raytasks import LOCAL, add_ray_arg, import_ray, reachable
+from agentkv.trace.warmup import add_warmup_args
+
 
 def add_load_args(p) -> None:
     """The target and load flags of `agentkv bench`."""
@@ -38,7 +43,20 @@ def add_load_args(p) -> None:
         help="client processes, each replaying whole session trees with its share of the lanes; "
         "clocks reconciled, one requests.jsonl and summary (default 1: this process)",
     )
+    add_ray_arg(p, "the --clients shards", "actors, one CPU each")
     _open_loop_args(p)
+    add_agents_args(p)
+
+
+def check_clients(args) -> None:
+    """--clients and --ray, checked before traces load: a count >= 1; for --ray, Ray installed and
+    something listening at a host:port address."""
+    if args.clients < 1:
+        raise UserError(f"--clients must be >= 1, got {args.clients}")
+    if getattr(args, "ray", None) is not None:
+        import_ray()
+        if args.ray != LOCAL:
+            reachable(args.ray)
 
 
 def _open_loop_args(p) -> None:
@@ -58,21 +76,7 @@ def _open_loop_args(p) -> None:
         help="spacing of --session-rate arrivals: poisson (exponential gaps, seeded by --seed) "
         "or constant (default poisson)",
     )
-    p.add_argument(
-        "--warmup",
-        default=None,
-        metavar="N|DURATION",
-        help="the first N requests, or those due in the first DURATION (e.g. 30s), are sent but "
-        "left out of every statistic (marked warmup in requests.jsonl)",
-    )
-    p.add_argument(
-        "--think-scale",
-        type=float,
-        default=1.0,
-        metavar="F",
-        help="replay think and tool gaps between turns at F times their length (0: none, 0.5: half); "
-        "unlike --time-scale, measured latencies are not scaled (default 1)",
-    )
+    add_warmup_args(p)
     p.add_argument(
         "--sweep",
         default=None,

@@ -1,9 +1,8 @@
 """Drive the shared replay plan in real time against one target, on one asyncio event loop.
 
 The loop sleeps until the plan's next due time (or until a request ends, which may arm the next
-turn sooner), sends what `pop_due` releases, and reports each end with `complete`. Latencies
-count from the plan's due time, not from when the client got round to sending (no coordinated
-omission). Each finished request is appended and flushed to requests.jsonl at once.
+turn sooner), sends what `pop_due` releases, and reports each end with `complete`. Latencies count
+from the plan's due time (no coordinated omission). Each end is flushed to requests.jsonl at once.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ from agentkv.trace.ceiling import CeilingTracker
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch
 from agentkv.trace.realtime import drive
+from agentkv.trace.warmup import is_warmup, measured
 
 
 @dataclass(slots=True)
@@ -259,7 +259,7 @@ class BenchRun:
         end = (res.end - t0) * x
         due = d.due * x
         eng = res.engine if res.ok and self.cfg.clock == "auto" else None
-        warm = load.is_warmup(self.cfg, d)
+        warm = is_warmup(self.cfg, d.item.id, d.due)
         if eng is not None:  # the target's own clock: no HTTP or client time in the latencies
             lat = Latency.of_engine(eng)
         else:
@@ -340,7 +340,7 @@ class BenchRun:
     # ---- summary --------------------------------------------------------------------------
     def _summary(self, before, after, scraper: Scraper, gpu: GpuMonitor | None, base: str) -> Summary:
         cfg = self.cfg
-        records = load.measured(self.records)
+        records = measured(self.records)
         warm = len(self.records) - len(records)
         notes = [
             f"prompts: {self.prompts.description}",

@@ -1,11 +1,14 @@
-"""`agentkv bench --clients N`: N local client processes, each replaying whole session trees.
+"""`agentkv bench --clients N [--ray ADDRESS]`: N client shards (local processes, or Ray actors), each
+replaying whole session trees.
 
 The driver splits the traces (largest first, each to the shard with the fewest requests so far: a
 session tree never spans two shards) and the load (lanes, session rate, request and warm-up
 counts) over the shards, measures each shard's clock offset by round trips (the NTP midpoint of
 the best of several, as AIPerf records one per worker), then moves every record a shard streams
 back onto its own timeline, writes it to requests.jsonl at once, and builds the one summary
-through BenchRun's own path. A shard that dies is reported; its finished records are kept.
+through BenchRun's own path. A shard that dies is reported; its finished records are kept. The
+transport (a pipe to a process, or Ray actor calls) is a link: agentkv.bench.shard_worker.ProcessLink,
+agentkv.bench.ray_shards.RayLink; everything else is shared.
 """
 
 from __future__ import annotations
@@ -13,9 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import multiprocessing as mp
-import os
-import signal
+import sys
 import threading
 import time
 from array import array
@@ -23,13 +24,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from agentkv.bench.runner import BenchConfig, BenchResult, BenchRun
-from agentkv.bench.shard_worker import shard_main
+from agentkv.bench.shard_worker import STOP_GRACE_S, ProcessLink
 from agentkv.errors import UserError
 from agentkv.metrics.records import decode_record
 from agentkv.trace.model import Trace
 
 PINGS = 8  # clock round trips per shard; the one with the shortest RTT sets the offset
-STOP_GRACE_S = 10.0
 
 
 def _share(total: int, n: int, i: int) -> int:
@@ -81,11 +81,10 @@ def split(cfg: BenchConfig, traces: Sequence[Trace], n: int) -> list[tuple[Bench
 
 @dataclasses.dataclass(slots=True)
 class Shard:
-    """The driver's view of one shard process."""
+    """The driver's view of one shard; `link` is its transport (a process's pipe, a Ray actor)."""
 
     index: int
-    proc: mp.Process
-    conn: object
+    link: object
     lanes: int | None
     traces: int
     offset: float = 0.0  # shard perf_counter minus the driver's, at the same instant
@@ -93,6 +92,8 @@ class Shard:
     rtt: float = 0.0
     shift: float | None = None  # added to the shard's record times (target seconds)
     records: int = 0
+    failed: int = 0
+    output_tokens: int = 0
     in_flight: int = 0
     released: int = 0
     ended: str = ""  # done | error | died
@@ -125,51 +126,62 @@ class _Flight:
 
 
 class ShardedRun:
-    """`await run()` replays `traces` with `n` client processes and returns one BenchResult."""
+    """`await run()` replays `traces` with `n` client shards and returns one BenchResult: local
+    processes, or with `ray` (an address, or "local") Ray actors on that cluster."""
 
     def __init__(
-        self, cfg: BenchConfig, traces: Sequence[Trace], n: int, out: Path | None, notes=(), loop="auto"
+        self,
+        cfg: BenchConfig,
+        traces: Sequence[Trace],
+        n: int,
+        out: Path | None,
+        notes=(),
+        loop="auto",
+        ray: str | None = None,
     ):
         n, clamp = clamp_clients(n, traces, cfg)
         self.base = BenchRun(cfg, traces, out=out, notes=[*notes, *clamp])
-        self.cfg, self.n, self.loop, self.on_tick = cfg, n, loop, None
+        self.cfg, self.n, self.loop, self.ray, self.on_tick = cfg, n, loop, ray, None
         self.parts = split(cfg, traces, n)
         self.shards: list[Shard] = []
+        self.transport = None  # RayShards with --ray
         self.crash = ""
 
+    # the live panel reads these as it does a BenchRun's, and `shards` below the totals
     @property
     def itl(self) -> array:
         return self.base.itl
 
+    @property
+    def stats(self):
+        return self.base.stats
+
+    @property
+    def scale(self) -> float:
+        return self.base.scale
+
+    @property
+    def plan(self):
+        return self.base.plan
+
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
-        marker = self.base.prompts.marker
-        for i, (c, part) in enumerate(self.parts):
-            mine, theirs = ctx.Pipe()
-            p = ctx.Process(
-                target=shard_main,
-                args=(theirs, c, part, marker, self.loop),
-                name=f"agentkv-shard-{i}",
-                daemon=True,
-            )
-            p.start()
-            theirs.close()
-            self.shards.append(Shard(i, p, mine, c.lanes, len(part)))
+        """Every shard started (each kept as it starts, so that _stop ends it whatever fails next)."""
+        marker, parts, links = self.base.prompts.marker, self.parts, None
+        if self.ray is not None:
+            from agentkv.bench.ray_shards import RayShards
+
+            self.transport = RayShards(self.ray)
+            links = iter(self.transport.start(parts, marker, self.loop, self.cfg.target))
+        for i, (c, part) in enumerate(parts):
+            link = ProcessLink(i, c, part, marker, self.loop) if links is None else next(links)
+            self.shards.append(Shard(i, link, c.lanes, len(part)))
 
     def _measure_clock(self, s: Shard) -> None:
         """Round trips: offset = shard time - midpoint of send and receive, from the fastest one."""
         best = None
         for k in range(PINGS + 1):
             t1 = time.perf_counter()
-            try:
-                s.conn.send("ping")
-                msg = s.conn.recv()
-            except (EOFError, OSError):
-                s.proc.join(STOP_GRACE_S)
-                raise UserError(
-                    f"client shard {s.index} (pid {s.proc.pid}) exited before its run started "
-                    f"(exit status {s.proc.exitcode}; its error is above)"
-                ) from None
+            msg = s.link.ping()
             t2 = time.perf_counter()
             w = time.time()
             if msg[0] != "clock":
@@ -181,15 +193,9 @@ class ShardedRun:
         s.rtt, s.offset, s.wall_offset = best
 
     def _reader(self, s: Shard, loop: asyncio.AbstractEventLoop, done: asyncio.Event) -> None:
-        """Thread: each message from shard `s` onto the event loop; the end when its pipe closes."""
-        try:
-            while True:
-                msg = s.conn.recv()
-                loop.call_soon_threadsafe(self._on_msg, s, msg)
-                if msg[0] in ("done", "error"):
-                    break
-        except (EOFError, OSError):
-            pass
+        """Thread: each message from shard `s` onto the event loop; the end when its link closes."""
+        for msg in s.link.messages():
+            loop.call_soon_threadsafe(self._on_msg, s, msg)
         loop.call_soon_threadsafe(done.set)
 
     def _on_msg(self, s: Shard, msg: tuple) -> None:
@@ -205,11 +211,12 @@ class ShardedRun:
             r.id = r.id * self.n + s.index  # unique across shards
             r.lane = sum(x.lanes or 0 for x in self.shards[: s.index]) + r.lane if r.lane >= 0 else r.lane
             s.records += 1
+            s.failed += not r.ok
+            s.output_tokens += r.output_tokens
             self.base._finish(r, None)
         elif kind == "tick":
             s.in_flight, s.released, s.arrived = msg[1], msg[2], msg[3]
-            self.base.stats.released = sum(x.released for x in self.shards)
-            self.base.stats.in_flight = sum(x.in_flight for x in self.shards)
+            self._totals()
         elif kind == "start":
             s.shift = (msg[1] - s.offset - self.base._t0) * self.base.scale
         elif kind == "done":
@@ -217,14 +224,29 @@ class ShardedRun:
             s.detail = crash or ("interrupted" if interrupted else "")
         elif kind == "error":
             s.ended, s.detail = "error", msg[1]
+        if kind in ("done", "error"):
+            s.in_flight = 0
+            self._totals()
+
+    def _totals(self) -> None:
+        """The live totals: requests released and in flight, summed over the shards."""
+        self.base.stats.released = sum(x.released for x in self.shards)
+        self.base.stats.in_flight = sum(x.in_flight for x in self.shards)
 
     async def run(self) -> BenchResult:
         b = self.base
-        b.on_tick = self.on_tick
-        self._start()
+        if self.on_tick is not None:
+            b.on_tick = lambda _: self.on_tick(self)
         try:
+            self._start()
             for s in self.shards:
                 await asyncio.to_thread(self._measure_clock, s)
+                print(
+                    f"client shard {s.index}: {s.link.where}, {s.traces} session trees, clock offset "
+                    f"{s.offset * 1e6:+,.0f} us (RTT {s.rtt * 1e6:,.0f} us)",
+                    file=sys.stderr,
+                    flush=True,
+                )
             async with b._client() as client:
                 scraper, gpu, before = await b._open(client)
                 result = await self._drive(client, scraper, gpu, before)
@@ -240,14 +262,14 @@ class ShardedRun:
         try:
             b._t0, b.stats.started = b.clock(), time.time()
             for s, e in zip(self.shards, ends, strict=True):
-                s.conn.send("go")
+                s.link.go()
                 threading.Thread(target=self._reader, args=(s, loop, e), daemon=True).start()
             await b._sample(before, gpu)
             sampler = asyncio.create_task(b._sample_loop(scraper, gpu))
             await asyncio.gather(*(e.wait() for e in ends))
         except asyncio.CancelledError:  # Ctrl-C: the shards stop too and send what finished
             interrupted = True
-            self._signal(signal.SIGTERM)
+            self._stop_shards()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(asyncio.gather(*(e.wait() for e in ends)), STOP_GRACE_S)
         finally:
@@ -257,9 +279,8 @@ class ShardedRun:
     async def _result(self, client, scraper, gpu, before, interrupted: bool) -> BenchResult:
         b = self.base
         for s in self.shards:
-            s.proc.join(STOP_GRACE_S)
             if not s.ended:
-                s.ended, s.detail = "died", f"exit status {s.proc.exitcode}"
+                s.ended, s.detail = "died", s.link.gone()
             b.itl.frombytes(s.itl)
         errors = [f"client shard {s.index}: {s.detail}" for s in self.shards if s.ended == "error"]
         if errors and not b.records:
@@ -274,11 +295,14 @@ class ShardedRun:
         return BenchResult(b.records, summary, interrupted)
 
     def _report(self, summary, interrupted: bool) -> None:
-        """Per-shard clock offsets in the config; notes for the split and each shard that failed."""
+        """Per-shard clock offsets and where each ran in the config; notes for the split and each
+        shard that failed."""
         summary.config["clients"] = [
             {
                 "shard": s.index,
-                "pid": s.proc.pid,
+                "transport": "ray" if self.ray is not None else "process",
+                "node": s.link.node,
+                "pid": s.link.pid,
                 "traces": s.traces,
                 "lanes": s.lanes,
                 "records": s.records,
@@ -289,8 +313,10 @@ class ShardedRun:
             }
             for s in self.shards
         ]
+        nodes = len({s.link.node for s in self.shards})
+        how = f"{self.n} client processes" if self.ray is None else f"{self.n} Ray actors on {nodes} node(s)"
         summary.notes.append(
-            f"load generation: {self.n} client processes, whole session trees each "
+            f"load generation: {how}, whole session trees each "
             f"(traces {', '.join(str(s.traces) for s in self.shards)}); clock offsets "
             f"{', '.join(f'{s.offset * 1e6:+.0f}' for s in self.shards)} us, RTT up to "
             f"{max(s.rtt for s in self.shards) * 1e6:.0f} us, every timestamp corrected"
@@ -298,7 +324,7 @@ class ShardedRun:
         for s in self.shards:
             if s.ended in ("died", "error") or (s.detail and s.detail != "interrupted"):
                 why = (
-                    f"client shard {s.index} (pid {s.proc.pid}) {'died' if s.ended == 'died' else 'failed'} "
+                    f"client shard {s.index} ({s.link.where}) {'died' if s.ended == 'died' else 'failed'} "
                     f"({s.detail}): its {s.records} finished requests are kept, the rest of its "
                     f"{s.traces} session trees was not replayed"
                     + (" (its inter-token gaps, sent at its end, are not in ITL)" if not s.itl else "")
@@ -309,19 +335,19 @@ class ShardedRun:
                 if s.ended != "died" and not interrupted:
                     self.crash = self.crash or f"client shard {s.index}: {s.detail}"
 
-    def _signal(self, sig: int) -> None:
-        """`sig` to every shard still running, by pid."""
+    def _stop_shards(self) -> None:
+        """Every shard still running stops as a one-process run does (and sends what finished)."""
         for s in self.shards:
-            if s.proc.is_alive() and s.proc.pid and not s.ended:
-                os.kill(s.proc.pid, sig)
+            if not s.ended:
+                s.link.stop()
 
     def _stop(self) -> None:
-        """Every shard process ends: SIGTERM to one still running (it writes what finished), then
-        SIGKILL by pid when it does not end in STOP_GRACE_S."""
-        self._signal(signal.SIGTERM)
-        for s in self.shards:
-            s.proc.join(STOP_GRACE_S)
-            if s.proc.is_alive():
-                s.proc.kill()
-                s.proc.join()
-            s.conn.close()
+        """Every shard ends: stopped, then closed (killed when it does not end in STOP_GRACE_S);
+        with Ray, the driver leaves the cluster."""
+        self._stop_shards()
+        try:
+            for s in self.shards:
+                s.link.close()
+        finally:
+            if self.transport is not None:
+                self.transport.close()

@@ -46,7 +46,7 @@ def parse_sweep(spec: str) -> tuple[str, list]:
 
 def sweep_settings(args: argparse.Namespace) -> tuple[str, list, dict[str, float], float]:
     """The key, values, SLO and attainment of a --sweep, checked (before any server starts)."""
-    from agentkv.bench.command import _rate
+    from agentkv.bench.load import parse_rate
     from agentkv.metrics.summary import parse_slo
 
     if args.slo_search and not (args.sweep and args.slo):
@@ -54,7 +54,7 @@ def sweep_settings(args: argparse.Namespace) -> tuple[str, list, dict[str, float
     if args.slo_search < 0:
         raise UserError(f"--slo-search must be >= 0, got {args.slo_search}")
     key, values = parse_sweep(args.sweep)
-    return key, values, parse_slo(args.slo), _rate(args.slo_attainment, "--slo-attainment")
+    return key, values, parse_slo(args.slo), parse_rate(args.slo_attainment, "--slo-attainment")
 
 
 RunPoint = Callable[[argparse.Namespace, Path], tuple[int, object]]

@@ -11,6 +11,7 @@ from pathlib import Path
 import msgspec
 
 from agentkv.bench.sweep import SCHEMA
+from agentkv.metrics.report_sweep import tier_marks
 from agentkv.metrics.summary import Summary, slo_fraction
 from agentkv.metrics.svg import Chart, Series
 
@@ -62,7 +63,39 @@ def point_row(k: int, key: str, value, result, slo: dict[str, float], attain: fl
         "meets_slo": bool(s.valid and not result.interrupted and good is not None and good >= attain)
         if slo
         else None,
+        **tier_fields(s.interactivity),
     }
+
+
+def tier_fields(i) -> dict:
+    """A point against the interactivity tier: met, agents, per GPU and per MW (None: unknown)."""
+    if i is None:
+        return {"meets_tier": None, "agents": None, "agents_per_gpu": None, "agents_per_mw": None}
+    return {
+        "meets_tier": i.met,
+        "agents": i.agents,
+        "agents_per_gpu": i.agents_per_gpu,
+        "agents_per_mw": i.agents_per_mw,
+        "tier": [i.tier_tps, i.tier_ttft_p90],
+        "power_basis": i.power_basis,
+    }
+
+
+def tier_knee(rows: list[dict]) -> tuple[int | None, str]:
+    """(position, line): the highest load meeting the interactivity tier, with its agents per GPU
+    and per MW (unknown when the GPUs or their power are)."""
+    met = [i for i, r in enumerate(rows) if r.get("meets_tier")]
+    if not met:
+        return None, "tier: no point meets the interactivity tier"
+    r = rows[met[-1]]
+    tps, ttft = r["tier"]
+    gpu = "unknown" if r["agents_per_gpu"] is None else f"{r['agents_per_gpu']:,.2f}"
+    mw = "unknown" if r["agents_per_mw"] is None else f"{r['agents_per_mw']:,.0f}"
+    top = "at least " if r is rows[-1] else ""
+    return met[-1], (
+        f"tier knee (tps>={tps:g}, TTFT p90<={ttft:g}s): {top}{r['agents']:,.1f} agents, {gpu} per GPU, "
+        f"{mw} per MW ({r['power_basis']})"
+    )
 
 
 def knee(rows: list[dict]) -> tuple[dict | None, str]:
@@ -85,6 +118,7 @@ def write_sweep(out: Path, key: str, rows: list[dict], slo: dict[str, float], at
     """OUT/sweep.json and OUT/sweep.html; returns the JSON document."""
     best, why = knee(rows)
     per = "gpu" if rows and all(r["gpus"] for r in rows) else "server"
+    at, tier_line = tier_knee(rows)
     doc = {
         "schema": SCHEMA,
         "key": key,
@@ -94,6 +128,8 @@ def write_sweep(out: Path, key: str, rows: list[dict], slo: dict[str, float], at
         "points": rows,
         "knee": None if best is None else rows.index(best),  # its position in points
         "knee_note": why,
+        "tier_knee": at,  # the highest load meeting the interactivity tier (agents per MW)
+        "tier_knee_note": tier_line,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "sweep.json").write_bytes(msgspec.json.format(msgspec.json.encode(doc), indent=2))
@@ -135,6 +171,9 @@ def curve(doc: dict) -> Chart:
     if doc["knee"] is not None:
         i = doc["knee"]
         ch.add(Series(f"knee: {key}={rows[i][key]:g}", [xs[i]], [ys[i]], kind="dots", color="#000"))
+    tier = next((r["tier"] for r in rows if r.get("tier")), None)
+    for s in tier_marks(tier[0], xs, ys, [r.get("meets_tier") for r in rows]) if tier else []:
+        ch.add(s)
     return ch
 
 
@@ -196,7 +235,7 @@ def _html(doc: dict) -> str:
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>agentkv bench sweep: {key}'
         f"</title><style>{_CSS}</style></head><body><h1>agentkv bench sweep over {escape(key)}</h1>"
         f"<p>SLO: {escape(slo)}; a point meets it when {doc['slo_attainment']:.0%} of its requests meet "
-        f"every limit. {escape(knee_line)}.</p>{labelled(curve(doc).svg(), key)}{_table_html(doc)}</body></html>"
+        f"every limit. {escape(knee_line)}.</p><p>{escape(doc['tier_knee_note'])}.</p>{labelled(curve(doc).svg(), key)}{_table_html(doc)}</body></html>"
     )
 
 
@@ -230,4 +269,6 @@ def print_table(doc: dict, as_json: bool) -> None:
     con.print(t)
     kn = doc["knee"]
     line = doc["knee_note"] if kn is None else f"knee: {key}={doc['points'][kn][key]:g} ({doc['knee_note']})"
-    con.print(f"{line}\n[dim]wrote sweep.json, sweep.html and point-<k>/ folders[/dim]")
+    con.print(line, markup=False)
+    con.print(doc["tier_knee_note"], markup=False)
+    con.print("[dim]wrote sweep.json, sweep.html and point-<k>/ folders[/dim]")

@@ -1,5 +1,8 @@
 """`agentkv cache analyze`: token hit rate of each eviction policy over a grid of capacities and block sizes.
 
+A model with hybrid KV groups replays through the engine's `HybridPool` instead (`cache/groups.py`),
+LRU only, with each group's own figure beside the model-level hit.
+
 The traces' block accesses (agentkv.trace.accesses) are replayed through a `BlockPool` per
 (block size, capacity, policy) cell: lookup, allocate prompt + output, free, one request at a
 time, so capacity is pure cache room. Belady's offline optimum and the unbounded cache are the
@@ -17,12 +20,13 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 
-import msgspec
-
-from agentkv.cache.grid import Grid
+from agentkv.cache.grid import Grid, GroupLayout
+from agentkv.cache.groups import replay_groups, unbounded_replay
 from agentkv.cache.replay import replay
+from agentkv.cache.results import Analysis, Ceiling, CellResult, KVGroup
 from agentkv.errors import UserError
 from agentkv.kv.eviction import make_policy
+from agentkv.kv.groups import HybridPool
 from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
@@ -30,54 +34,6 @@ from agentkv.terminal import ignore_sigint
 from agentkv.trace.accesses import Arrival, BlockRequest, arrivals, block_accesses, check_block_size
 from agentkv.trace.ceiling import ceiling_tokens
 from agentkv.trace.model import Trace
-
-
-class CellResult(msgspec.Struct, kw_only=True):
-    """One replay: a policy at a capacity and block size; `tier_hit_tokens` splits the hits by tier."""
-
-    block_size: int
-    capacity: str  # as the user wrote it, e.g. "100GB"
-    capacity_bytes: int
-    num_blocks: int
-    policy: str
-    hit_rate: float
-    hit_tokens: int
-    query_tokens: int
-    tier_hit_tokens: dict[str, int]  # "GPU", and "CPU" with a CPU tier
-    too_big: int  # requests larger than the whole pool: not replayed, all their tokens missed
-    evicted: int
-    seconds: float
-
-
-class Ceiling(msgspec.Struct, kw_only=True):
-    """The unbounded-cache hit rate at one block size (same accesses, same counting)."""
-
-    block_size: int
-    hit_rate: float
-    hit_tokens: int
-    query_tokens: int
-
-
-class Analysis(msgspec.Struct, kw_only=True):
-    """What `agentkv cache analyze --json` prints."""
-
-    model: str
-    kv_cache_dtype: str
-    kv_bytes_per_token: int
-    traces: int
-    requests: int
-    input_tokens: int
-    order: str  # "timestamps" (every session from t=0) or "concurrency"
-    concurrency: int | None
-    cpu: str | None
-    cpu_bytes: int | None
-    capacities: list[str]
-    block_sizes: list[int]
-    policies: list[str]
-    ceilings: list[Ceiling]
-    results: list[CellResult]
-    seconds: float
-    interrupted: bool = False  # stopped by Ctrl-C: `results` holds the cells that finished
 
 
 def replay_tiered(pool: BlockPool, requests: Sequence[BlockRequest]) -> tuple[int, int, int, int]:
@@ -145,6 +101,9 @@ def run_cell(
     """Replay `requests` through a fresh pool of `capacity` with `policy` (and the grid's CPU tier)."""
     t0 = time.perf_counter()
     label, nbytes = capacity
+    layout = grid.layout(block_size)
+    if layout is not None:
+        return _group_cell(layout, requests, block_size, capacity, policy, t0)
     block_bytes = block_size * grid.kv_bytes_per_token
     num_blocks = nbytes // block_bytes
     queries = sum(r.input_tokens for r in requests)
@@ -182,6 +141,30 @@ def run_cell(
         too_big=len(requests) - len(fit),
         evicted=pool.stats.evicted,
         seconds=time.perf_counter() - t0,
+    )
+
+
+def _group_cell(
+    layout: GroupLayout, requests: Sequence[BlockRequest], bs: int, capacity: tuple[str, int], policy: str, t0
+) -> CellResult:
+    """A hybrid model's cell: the engine's pool of `capacity` bytes shared by its groups (LRU)."""
+    pool = HybridPool(layout.specs, capacity[1], bs, unit_bytes=layout.page_bytes)
+    res = replay_groups(pool, requests)
+    q = res.query_tokens
+    return CellResult(
+        block_size=bs,
+        capacity=capacity[0],
+        capacity_bytes=capacity[1],
+        num_blocks=pool.num_blocks,  # vLLM's pages
+        policy=policy,
+        hit_rate=res.hit_tokens / q if q else 0.0,
+        hit_tokens=res.hit_tokens,
+        query_tokens=q,
+        tier_hit_tokens={"GPU": res.hit_tokens},
+        too_big=res.too_big,
+        evicted=res.evicted,
+        seconds=time.perf_counter() - t0,
+        groups=res.figures(layout.specs),
     )
 
 
@@ -225,18 +208,36 @@ class _Progress:
 
 
 def _accesses(
-    arrived: list[Arrival], block_sizes: Sequence[int], tick: _Progress
+    arrived: list[Arrival], grid: Grid, tick: _Progress
 ) -> tuple[dict[int, list[BlockRequest]], list[Ceiling]]:
-    """The block accesses and the unbounded-cache ceiling at each block size."""
+    """The block accesses and the unbounded-cache ceiling at each block size (for a hybrid model,
+    the unbounded replay under each group's rule)."""
     requests: dict[int, list[BlockRequest]] = {}
     ceilings = []
-    for bs in block_sizes:
+    for bs in grid.block_sizes:
         reqs = requests[bs] = block_accesses(arrived, bs)
         q = sum(r.input_tokens for r in reqs)
-        h = ceiling_tokens(reqs, bs)
-        ceilings.append(Ceiling(block_size=bs, hit_rate=h / q if q else 0.0, hit_tokens=h, query_tokens=q))
+        layout, groups = grid.layout(bs), []
+        if layout is None:
+            h = ceiling_tokens(reqs, bs)
+        else:
+            res = unbounded_replay(layout.specs, reqs, bs)
+            h, groups = res.hit_tokens, res.figures(layout.specs)
+        rate = h / q if q else 0.0
+        ceilings.append(Ceiling(block_size=bs, hit_rate=rate, hit_tokens=h, query_tokens=q, groups=groups))
         tick.step(f"block size {bs}: accesses and ceiling")
     return requests, ceilings
+
+
+def _kv_groups(grid: Grid) -> list[KVGroup]:
+    """The hybrid model's groups with their block bytes at each block size (empty for one table)."""
+    lays = [grid.layout(bs) for bs in grid.block_sizes]
+    if lays[0] is None:
+        return []
+    return [
+        KVGroup(name=s.name, rule=s.rule, window=s.window, block_bytes=[x.specs[g].block_bytes for x in lays])
+        for g, s in enumerate(lays[0].specs)
+    ]
 
 
 def _run_cells(
@@ -283,10 +284,12 @@ def _run_forked(
                 results.append(r)
                 tick.step(f"{r.policy} at {r.capacity}, block size {r.block_size}")
     finally:
-        workers = list(getattr(ex, "_processes", {}).values()) if pending else []
-        ex.shutdown(wait=not pending, cancel_futures=True)
+        # Stopped: end the workers first, then join the pool's manager thread, so no pool is left
+        # for the interpreter's exit hook (it raced with the closed pipes: "Bad file descriptor").
+        workers = list((getattr(ex, "_processes", None) or {}).values()) if pending else []
         for w in workers:
             w.terminate()
+        ex.shutdown(wait=True, cancel_futures=True)
         _SHARED.clear()
     order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
     results.sort(key=lambda r: order[(r.block_size, r.capacity, r.policy)])
@@ -313,7 +316,7 @@ def analyze(
     arrived = arrivals(traces, grid.concurrency)
     cells = [(bs, cap, pol) for bs in grid.block_sizes for cap in grid.capacities for pol in grid.policies]
     tick = _Progress(progress, len(cells) + len(grid.block_sizes), stop=stop)
-    requests, ceilings = _accesses(arrived, grid.block_sizes, tick)
+    requests, ceilings = _accesses(arrived, grid, tick)
     results = _run_cells(grid, requests, cells, jobs, tick, ray)
     return Analysis(
         model=grid.model,
@@ -333,4 +336,5 @@ def analyze(
         results=results,
         seconds=time.perf_counter() - t0,
         interrupted=len(results) < len(cells),
+        kv_groups=_kv_groups(grid),
     )

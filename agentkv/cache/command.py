@@ -33,9 +33,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--model",
         default="llama3-8b",
-        help="for KV bytes per token; " + model_help(),
+        help="for KV bytes per token (a hybrid model: its KV groups, as the engine lays them out); "
+        + model_help(),
     )
-    p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8 (default auto)")
+    p.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16), fp8 or nvfp4 (default auto)")
     p.add_argument(
         "--block-size",
         default="16",
@@ -46,7 +47,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--policy",
         default=None,
         metavar="NAMES",
-        help="eviction policies, comma-separated: lru, lfu, radix, arc, session, belady (default all)",
+        help="eviction policies, comma-separated: lru, lfu, radix, arc, session, belady (default all; "
+        "lru alone for a model with hybrid KV groups)",
     )
     p.add_argument("--cpu", default=None, metavar="SIZE", help="a CPU tier below the GPU, e.g. 512GB")
     p.add_argument(
@@ -65,12 +67,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="worker processes for the grid (default: usable cores, at most 4)",
     )
     add_ray_arg(p, "the grid's cells")
+    _output_args(p)
+    p.set_defaults(func=analyze_command)
+
+
+def _output_args(p: argparse.ArgumentParser) -> None:
+    """--json, --plot, --quiet."""
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--plot", default=None, metavar="OUT", help="write a hit rate vs capacity chart (.html or .svg)"
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
-    p.set_defaults(func=analyze_command)
 
 
 def analyze_command(args: argparse.Namespace) -> int:

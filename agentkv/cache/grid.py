@@ -4,19 +4,27 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agentkv.engine.config import KV_CACHE_DTYPES as KV_DTYPES  # the engine's one table
 from agentkv.errors import UserError
 from agentkv.kv.eviction import POLICIES
+from agentkv.kv.groups import GroupSpec
 from agentkv.units import parse_capacity
 
-KV_DTYPES = {
-    "auto": "bf16",
-    "bf16": "bf16",
-    "bfloat16": "bf16",
-    "fp16": "fp16",
-    "fp8": "fp8",
-    "fp8_e4m3": "fp8",
-    "fp8_e5m2": "fp8",
-}
+# the hybrid pool evicts LRU over every group's freed cached blocks, as vLLM's one free queue
+HYBRID_POLICIES = ("lru",)
+
+
+@dataclass(frozen=True, slots=True)
+class GroupLayout:
+    """A hybrid model's KV groups at one block size (the engine's `kv_layout`) and vLLM's page."""
+
+    specs: tuple[GroupSpec, ...]
+    page_bytes: int
+
+    @property
+    def block_bytes(self) -> int:
+        """One block in every group: the least a pool must hold."""
+        return sum(s.block_bytes for s in self.specs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,11 +35,16 @@ class Grid:
     block_sizes: tuple[int, ...]
     policies: tuple[str, ...]
     model: str
-    kv_dtype: str  # bf16 | fp16 | fp8
+    kv_dtype: str  # bf16 | fp16 | fp8 | nvfp4
     kv_bytes_per_token: int
     num_layers: int
     cpu: tuple[str, int] | None = None
     concurrency: int | None = None
+    layouts: tuple[tuple[int, GroupLayout], ...] = ()  # per block size, for a hybrid model
+
+    def layout(self, block_size: int) -> GroupLayout | None:
+        """The hybrid pool's groups at `block_size`; None for a single-table model."""
+        return dict(self.layouts).get(block_size)
 
 
 def _items(text: str, flag: str) -> list[str]:
@@ -66,13 +79,42 @@ def _block_sizes(text: str) -> list[int]:
     return sizes
 
 
-def _policies(text: str | None) -> list[str]:
-    """`--policy` as known eviction policies; every policy when the flag is not given."""
-    pols = _items(text, "--policy") if text is not None else list(POLICIES)
+def _policies(text: str | None, hybrid: str | None = None) -> list[str]:
+    """`--policy` as known eviction policies; every policy when the flag is not given (for a hybrid
+    model, described by `hybrid`, those of its pool)."""
+    pols = _items(text, "--policy") if text is not None else list(HYBRID_POLICIES if hybrid else POLICIES)
     for p in pols:
         if p not in POLICIES:
             raise UserError(f"--policy: unknown policy {p!r} (choose from {', '.join(POLICIES)})")
+        if hybrid and p not in HYBRID_POLICIES:
+            why = (
+                "Belady's farthest-next-use order is not defined across them: whether a window or "
+                "state block is read again depends on where the other groups' hit ends, not on the "
+                "accesses alone (and blocks of two groups may differ in bytes)"
+                if p == "belady"
+                else "their pool evicts LRU over every group's freed blocks (vLLM's one free queue)"
+            )
+            raise UserError(f"--policy {p}: {hybrid}; {why}; use lru (the ceiling is the unbounded cache)")
     return pols
+
+
+def _layouts(shape, sizes: list[int], dtype: str) -> tuple[tuple[int, GroupLayout], ...]:
+    """The engine's groups and page at each block size, for a model with hybrid KV groups."""
+    from agentkv.engine.models.layout import is_hybrid, kv_layout, page_bytes
+
+    if not is_hybrid(shape):
+        return ()
+    out = []
+    for bs in sizes:
+        specs = kv_layout(shape, bs, dtype)
+        for s in specs:
+            if s.rule == "chunked" and s.window % bs:
+                raise UserError(
+                    f"--block-size: {bs} does not divide {shape.name}'s {s.window}-token attention "
+                    "chunk (vLLM needs whole blocks per chunk)"
+                )
+        out.append((bs, GroupLayout(specs, page_bytes(shape, bs, dtype))))
+    return tuple(out)
 
 
 def make_grid(
@@ -89,19 +131,27 @@ def make_grid(
 
     caps = _capacities(capacity)
     sizes = _block_sizes(block_size)
-    pols = _policies(policy)
     if kv_cache_dtype not in KV_DTYPES:
         raise UserError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not one of {', '.join(KV_DTYPES)}")
     shape = get_model(model)
     dtype = KV_DTYPES[kv_cache_dtype]
+    shape.check_kv_dtype(dtype)
+    layouts = _layouts(shape, sizes, dtype)
+    hybrid = None
+    if layouts:
+        hybrid = f"{shape.name} has hybrid KV groups ({', '.join(s.name for s in layouts[0][1].specs)})"
+    pols = _policies(policy, hybrid)
+    if hybrid and cpu:
+        raise UserError(f"--cpu: {hybrid}; their pool has no lower tiers yet")
     per_token = int(shape.kv_bytes_per_token(dtype))
     cpu_spec = (cpu, parse_capacity(cpu, "--cpu")) if cpu else None
     for label, nbytes in caps:
         for bs in sizes:
-            if nbytes < bs * per_token:
+            need = dict(layouts)[bs].block_bytes if layouts else bs * per_token
+            if nbytes < need:
                 raise UserError(
                     f"--capacity: {label} holds no block of {bs} tokens of {shape.name} "
-                    f"{dtype} KV ({bs * per_token:,} bytes a block)"
+                    f"{dtype} KV ({need:,} bytes a block{' in every group' if layouts else ''})"
                 )
     if cpu_spec is not None and cpu_spec[1] < max(sizes) * per_token:
         raise UserError(
@@ -119,4 +169,5 @@ def make_grid(
         shape.layers,
         cpu_spec,
         concurrency,
+        layouts,
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from agentkv.cache.analyze import Analysis, CellResult
+from agentkv.cache.results import Analysis, CellResult, GroupFigure
 from agentkv.errors import UserError
 from agentkv.terminal import show
 
@@ -39,6 +39,20 @@ def _cell_text(r: CellResult | None, tiers: bool) -> str:
     return text
 
 
+def _group_rows(t: Table, rows: list[list[GroupFigure] | None], model: list[float | None]) -> None:
+    """Under a row of model-level hits (one per capacity), each KV group's own figure, when some
+    capacity shows it apart from the model's: what that group alone could serve."""
+    first = next((r for r in rows if r), None)
+    if first is None:
+        return
+    for g, fig in enumerate(first):
+        rates = [r[g].hit_rate if r else None for r in rows]
+        if all(x is None or m is None or abs(x - m) < 5e-4 for x, m in zip(rates, model, strict=True)):
+            continue
+        cells = [f"[dim]{_pct(x)}[/dim]" if x is not None else "-" for x in rates]
+        t.add_row(f"[dim]  {fig.group} alone[/dim]", *cells)
+
+
 def tables(a: Analysis) -> list[Table]:
     """One table per block size: a row per policy, a column per capacity, then the reference rows."""
     cells = {(r.block_size, r.capacity, r.policy): r for r in a.results}
@@ -53,7 +67,7 @@ def tables(a: Analysis) -> list[Table]:
         t.add_column("policy")
         for cap in a.capacities:
             r = cells.get((bs, cap, a.policies[0]))
-            head = f"{cap}\n{r.num_blocks:,} blocks" if r else cap
+            head = f"{cap}\n{r.num_blocks:,} {'pages' if a.kv_groups else 'blocks'}" if r else cap
             if r and r.too_big:
                 head += f"\n[yellow]{r.too_big} too big[/yellow]"
             t.add_column(head, justify="right")
@@ -70,13 +84,17 @@ def tables(a: Analysis) -> list[Table]:
                 bold = r is not None and len(online) > 1 and r.hit_rate == best[cap]
                 row.append(f"[bold]{text}[/bold]" if bold else text)
             t.add_row(p, *row)
+            got = [cells.get((bs, cap, p)) for cap in a.capacities]
+            _group_rows(t, [r.groups if r else None for r in got], [r.hit_rate if r else None for r in got])
         if "belady" in a.policies:
             t.add_section()
             t.add_row(
                 "belady (offline optimum)",
                 *(_cell_text(cells.get((bs, cap, "belady")), tiers) for cap in a.capacities),
             )
-        t.add_row("unbounded cache (ceiling)", *([_pct(ceilings[bs].hit_rate)] * len(a.capacities)))
+        c, n = ceilings[bs], len(a.capacities)
+        t.add_row("unbounded cache (ceiling)", *([_pct(c.hit_rate)] * n))
+        _group_rows(t, [c.groups] * n, [c.hit_rate] * n)
         out.append(t)
     return out
 
@@ -87,9 +105,12 @@ def render(a: Analysis, console: Console) -> None:
         if a.order == "timestamps"
         else f"{a.concurrency} sessions at a time"
     )
+    kv = f"{a.model} {a.kv_cache_dtype} KV, {a.kv_bytes_per_token:,} bytes a token"
+    if a.kv_groups:
+        each = ", ".join(f"{g.name} {g.block_bytes[0]:,}" for g in a.kv_groups)
+        kv = f"{a.model} {a.kv_cache_dtype} KV in {len(a.kv_groups)} groups sharing the pool ({each} bytes a {a.block_sizes[0]}-token block)"
     console.print(
-        f"{a.traces} traces, {a.requests:,} requests, {a.input_tokens:,} input tokens; "
-        f"{a.model} {a.kv_cache_dtype} KV, {a.kv_bytes_per_token:,} bytes a token; {order}"
+        f"{a.traces} traces, {a.requests:,} requests, {a.input_tokens:,} input tokens; {kv}; {order}"
     )
     for t in tables(a):
         show(console, t)
@@ -97,6 +118,11 @@ def render(a: Analysis, console: Console) -> None:
         console.print(
             "[yellow]too big: requests larger than the whole pool; not replayed, their input tokens "
             "count as misses[/yellow]"
+        )
+    if a.kv_groups:
+        console.print(
+            "[dim]hybrid KV groups: a hit is what every group serves; 'alone' is what that group's "
+            "own rule would serve from its own cached blocks (LRU only; docs/kv-cache.md)[/dim]"
         )
     console.print(f"[dim]{len(a.results)} replays in {a.seconds:.1f} s[/dim]")
     if a.interrupted:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 
+from agentkv.calib.bench_predict import add_predict_flag
 from agentkv.errors import UserError
 from agentkv.trace.command import TRACE_FORMATS
 
@@ -17,7 +18,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--target", required=True, help="base URL of the server, e.g. http://127.0.0.1:8000")
     p.add_argument("--out", required=True, help="profile JSON to write")
     p.add_argument("--budget", default="10m", help="wall time for the probes (default 10m)")
-    p.add_argument("--repeats", type=int, default=2, help="samples per probe, the least kept (default 2)")
+    p.add_argument("--repeats", type=int, default=3, help="samples per probe, the least kept (default 3)")
     g = p.add_argument_group("what the target runs (default: read from /v1/models and /server_info)")
     g.add_argument("--gpu", default=None, help="catalogue GPU (server_info 'gpu', else h200)")
     g.add_argument("--model", default=None, help="catalogue model (the served model's root/id)")
@@ -32,6 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=calibrate_command)
     _add_predict(sub)
+    add_predict_flag(sub)  # `agentkv bench --predict`: the CLI registers bench before calib
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:

@@ -19,13 +19,25 @@ from agentkv.errors import UserError
 
 
 def read_profile(path: str) -> dict:
-    """A profile `agentkv calibrate` wrote (it must hold `coefficients` and `modelled_as`)."""
+    """A profile `agentkv calibrate` wrote, checked: its `coefficients` load and its `modelled_as`
+    names a catalogue GPU and model (UserError: one line naming the file and the field)."""
+    from agentkv.calib.fit import Target
+    from agentkv.engine.cost import CostCoefficients
+
     try:
         doc = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise UserError(f"{path}: cannot read the profile ({type(e).__name__}: {e})") from None
     if not isinstance(doc, dict) or "coefficients" not in doc or "modelled_as" not in doc:
         raise UserError(f"{path}: not an `agentkv calibrate` profile (no 'coefficients' or 'modelled_as')")
+    for key in ("coefficients", "modelled_as"):
+        if not isinstance(doc[key], dict):
+            raise UserError(f"{path}: '{key}' must be an object, got {type(doc[key]).__name__}")
+    for key, check in (("coefficients", CostCoefficients), ("modelled_as", lambda **t: Target(**t).cost())):
+        try:
+            check(**doc[key])
+        except (TypeError, ValueError, UserError) as e:
+            raise UserError(f"{path}: '{key}': {e}") from None
     return doc
 
 

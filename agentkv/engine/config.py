@@ -12,7 +12,19 @@ from agentkv.errors import UserError
 from agentkv.kv import HASH_ALGOS
 from agentkv.kv.eviction import ENGINE_POLICIES
 
-KV_DTYPES = ("auto", "bf16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2")
+# --kv-cache-dtype (vLLM's spellings) -> the KV element type the cost model and sizing read; one table
+# for simulate, serve and cache analyze
+KV_CACHE_DTYPES = {
+    "auto": "bf16",
+    "bf16": "bf16",
+    "bfloat16": "bf16",
+    "fp16": "fp16",
+    "fp8": "fp8",
+    "fp8_e4m3": "fp8",
+    "fp8_e5m2": "fp8",
+    "nvfp4": "nvfp4",  # Blackwell and later; attention K/V only (no MLA latent)
+}
+KV_DTYPES = tuple(KV_CACHE_DTYPES)
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
 # --quantization (vLLM's name): the weight dtype the cost model reads; None keeps the checkpoint's
 QUANTIZATION = {"fp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4"}
@@ -84,8 +96,8 @@ class EngineConfig:
 
     @property
     def kv_dtype(self) -> str:
-        """The KV element type the cost model understands: 'bf16' or 'fp8'."""
-        return "fp8" if self.kv_cache_dtype.startswith("fp8") else "bf16"
+        """The KV element type the cost model understands: 'bf16', 'fp16', 'fp8' or 'nvfp4'."""
+        return KV_CACHE_DTYPES[self.kv_cache_dtype]
 
     @property
     def weight_dtype(self) -> str | None:
@@ -154,7 +166,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     )
     _add_parallel_args(g)
     g.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
-    g.add_argument("--kv-cache-dtype", default="auto", help="auto (bf16) or fp8")
+    g.add_argument(
+        "--kv-cache-dtype",
+        default="auto",
+        help="auto (bf16), fp8, or nvfp4 (4-bit values + an fp8 scale per 16: 0.5625 bytes an element; "
+        "GPUs with fp4, not MLA models)",
+    )
     g.add_argument(
         "--max-model-len", type=int, default=None, help="context limit in tokens (default: the model's own)"
     )

@@ -130,6 +130,8 @@ class CostModel:
         self.dp, self.ep, self.expert_imbalance = dp, ep, expert_imbalance
         if kv_dtype not in KV_DTYPES:
             raise UserError(f"KV dtype '{kv_dtype}' is not one of {', '.join(KV_DTYPES)}")
+        self.gpu.check_kv_dtype(kv_dtype)
+        self.model.check_kv_dtype(kv_dtype)
         # weights default to the checkpoint's dtype (bf16 for the dense shapes, fp8 for DeepSeek's)
         weight_dtype = weight_dtype or self.model.weight_dtype
         self.kv_dtype, self.weight_dtype = kv_dtype, weight_dtype

@@ -179,7 +179,7 @@ class Engine:
                 gap = end - req.last_token
                 if gap > req.itl_max:
                     req.itl_max = gap
-                if itl is not None:
+                if itl is not None and req.measured:
                     itl.append(gap)
             req.last_token = end
             if req.token_times is not None:
@@ -204,6 +204,9 @@ class Engine:
             hints[req.session_id] = self.pool.block_table(req.request_id)  # int64, never changed in place
             if len(hints) > 4096:  # bounded: drop the least recently finished session
                 del hints[next(iter(hints))]
+        if req.block_ids is not None:  # a disaggregated prefill hands its block ids on (as vLLM's connector)
+            table = self.pool.block_table(req.request_id)
+            req.block_ids = [] if table is None else table.tolist()
         self.scheduler.finish(req)
         self.requests.pop(req.request_id, None)
         self.stats.requests_finished += 1
@@ -269,7 +272,7 @@ class Engine:
             g = first_gap if first_gap > inner_max else inner_max
             if g > req.itl_max:
                 req.itl_max = g
-            if itl is not None:
+            if itl is not None and req.measured:
                 itl.append(first_gap)
                 itl.extend(bs_gaps)
             if req.token_times is not None:

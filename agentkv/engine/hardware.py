@@ -75,6 +75,14 @@ class GPU:
         """HBM capacity in bytes (nameplate GB read as GiB, which matches what the driver reports)."""
         return self.hbm_gb * 2**30
 
+    def check_kv_dtype(self, dtype: str) -> None:
+        """UserError for an NVFP4 KV cache on a GPU without FP4 (no fp4 rate here: before Blackwell)."""
+        if dtype == "nvfp4" and self.fp4_tflops is None:
+            have = ", ".join(g.name for g in GPUS if g.fp4_tflops)
+            raise UserError(
+                f"--kv-cache-dtype nvfp4: the {self.name} has no FP4 support (GPUs with it: {have})"
+            )
+
     def tflops(self, dtype: str) -> float:
         """Dense TFLOP/s for GEMMs whose weights are `dtype` (bf16/fp16 share a rate)."""
         rate = {
@@ -269,3 +277,15 @@ def ring_allreduce_s(
     if tp <= 1:
         return 0.0
     return 2.0 * (tp - 1) / tp * nbytes / (link_gbps * 1e9) + latency_s
+
+
+def provisioned_power(system: str | System | None, gpu: str | GPU | None) -> tuple[float | None, str]:
+    """(watts per GPU, basis) that per-MW figures divide by: a named system's provisioned share per
+    GPU, else the GPU's board power; (None, why) when neither is known."""
+    if system is not None:
+        s = get_system(system)
+        return s.power_w_per_gpu, f"{s.name} provisioned {s.power_kw:g} kW / {s.gpus} GPUs"
+    if gpu is None:
+        return None, "power unknown: name the target's system with --system"
+    g = get_gpu(gpu)
+    return g.power_w, f"{g.name} board power {g.power_w:g} W"

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import CostModel
-from agentkv.engine.models.layout import group_size, is_hybrid, kv_layout, layer_block_bytes
+from agentkv.engine.models.layout import group_size, is_hybrid, kv_layout, page_bytes
 from agentkv.engine.models.shape import ModelShape
 from agentkv.errors import UserError
 from agentkv.kv.events import KVEvent
@@ -64,11 +64,7 @@ def make_pool(
             f"({max_model_len}); lower --max-model-len or give more memory"
         )
     lower = None
-    specs = []
-    if cfg.kv_offloading_size > 0:
-        specs.append(TierSpec("CPU", capacity_bytes=int(cfg.kv_offloading_size * GIB)))
-    if cfg.kv_disk_size > 0:
-        specs.append(TierSpec("DISK", capacity_bytes=int(cfg.kv_disk_size * GIB)))
+    specs = _tier_specs(cfg)
     if specs:
         lower = TierStack(
             specs, block_bytes, block_size=cfg.block_size, num_layers=shape.layers, on_event=on_event
@@ -77,21 +73,38 @@ def make_pool(
     return PoolSetup(pool, num_blocks, block_bytes)
 
 
+def _tier_specs(cfg: EngineConfig) -> list[TierSpec]:
+    """The tiers below the GPU the flags ask for (CPU, then DISK)."""
+    specs = []
+    if cfg.kv_offloading_size > 0:
+        specs.append(TierSpec("CPU", capacity_bytes=int(cfg.kv_offloading_size * GIB)))
+    if cfg.kv_disk_size > 0:
+        specs.append(TierSpec("DISK", capacity_bytes=int(cfg.kv_disk_size * GIB)))
+    return specs
+
+
+def _hybrid_tiers(cfg: EngineConfig, specs, unit: int, page: int, on_event) -> TierStack | None:
+    """Tiers below a hybrid pool: blocks kept per group, as vLLM's offloading connector keeps them
+    (one page a copy: vLLM's uniform page size); None without offload flags."""
+    tiers = _tier_specs(cfg)
+    if not tiers:
+        return None
+    return TierStack(
+        tiers,
+        unit,
+        block_size=cfg.block_size,
+        on_event=on_event,
+        group_bytes=[s.block_bytes for s in specs],
+        group_chunks=[max(1, min(page, s.block_bytes)) for s in specs],
+    )
+
+
 def _hybrid(cfg: EngineConfig, shape: ModelShape, cost: CostModel, max_model_len: int, on_event) -> PoolSetup:
     """Per-group tables over one pool; vLLM's page (`group_size` layers of the largest page) is the unit."""
     name = shape.name
-    if cfg.eviction_policy != "lru":
-        raise UserError(
-            f"--eviction-policy {cfg.eviction_policy}: {name} has hybrid KV groups; only lru applies"
-        )
-    if cfg.kv_offloading_size > 0 or cfg.kv_disk_size > 0:
-        raise UserError(
-            f"--kv-offloading-size/--disk-offload: not supported yet for {name} (hybrid KV groups)"
-        )
     dtype, tp, bs = cost.kv_dtype, cfg.tensor_parallel_size, cfg.block_size
     specs = kv_layout(shape, bs, dtype, tp)
-    size = group_size(shape.groups)
-    unit = int(size * max(layer_block_bytes(g, bs, dtype, tp) for g in shape.attention_groups))
+    unit = page_bytes(shape, bs, dtype, tp)
     if cfg.num_gpu_blocks_override is not None:
         capacity = cfg.num_gpu_blocks_override * unit
     else:
@@ -105,7 +118,10 @@ def _hybrid(cfg: EngineConfig, shape: ModelShape, cost: CostModel, max_model_len
             f"{need} tokens needs in {name}'s groups ({one_seq / GIB:.2f} GiB); "
             "lower --max-model-len or give more memory"
         )
-    pool = HybridPool(specs, capacity, bs, unit_bytes=unit, on_event=on_event)
+    lower = _hybrid_tiers(cfg, specs, unit, unit // group_size(shape.groups), on_event)
+    pool = HybridPool(
+        specs, capacity, bs, unit_bytes=unit, on_event=on_event, policy=cfg.eviction_policy, lower=lower
+    )
     return PoolSetup(pool, capacity // unit + 1, unit)
 
 

@@ -50,6 +50,8 @@ class EngineRequest:
         "hash_array",
         "hint",
         "computed",
+        "block_ids",
+        "measured",
     )
 
     def __init__(
@@ -88,10 +90,12 @@ class EngineRequest:
         self.finish_reason: str | None = None
         self.promote_s = 0.0
         self.user_data = user_data
+        self.measured = True  # False: a warm-up request, its token gaps kept out of the ITL sink
         self.hash_array = None  # block_hashes as uint64, when the caller has them (fast lookups)
         self.hint = None  # block ids of the session's previous turn on this engine (lookup hint)
         self.computed: ComputedBlocks | None = None  # the last prefix lookup (None: not looked up yet)
         self.external_tokens = 0  # prompt tokens whose KV arrived from another engine (disaggregated decode)
+        self.block_ids: list[int] | None = None  # [] asks the engine to keep its block ids at the finish
 
     @property
     def num_tokens(self) -> int:

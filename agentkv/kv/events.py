@@ -8,6 +8,8 @@ publishers (SGLang, earlier vLLM) decode too.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 
 
@@ -39,6 +41,27 @@ class AllBlocksCleared(msgspec.Struct, tag="AllBlocksCleared", tag_field="type")
 
 
 KVEvent = BlockStored | BlockRemoved | AllBlocksCleared
+
+
+class EventLog:
+    """Where a pool's events go (`BlockPool` and `HybridPool` alike): to `on_event`, else to a buffer
+    that `take_events` empties when `record_events`, else nowhere; and a cache reset's notice."""
+
+    def _setup_events(self, on_event: Callable[[KVEvent], None] | None, record_events: bool) -> None:
+        self._events: list[KVEvent] = []
+        self._emit = on_event if on_event is not None else (self._events.append if record_events else None)
+
+    def take_events(self) -> list[KVEvent]:
+        """The buffered events (record_events=True), oldest first; the buffer is emptied."""
+        events = self._events[:]
+        self._events.clear()
+        return events
+
+    def _cleared(self) -> None:
+        """The prefix cache was dropped: earlier lookups are stale; listeners hear AllBlocksCleared."""
+        self._epoch += 1
+        if self._emit is not None:
+            self._emit(AllBlocksCleared())
 
 
 class EventBatch(msgspec.Struct, array_like=True):

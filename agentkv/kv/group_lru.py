@@ -40,9 +40,9 @@ class ByteLRU:
         if self._queued > 4 * self.n + 4096:
             self._compact()
 
-    def removed(self, k: int) -> None:
-        """`k` blocks left the LRU by being referenced again (their entries retire lazily)."""
-        self.n -= k
+    def removed(self, blocks: np.ndarray) -> None:
+        """`blocks` left the LRU by being referenced again (their entries retire lazily)."""
+        self.n -= len(blocks)
 
     def pop_bytes(self, need: int) -> np.ndarray:
         """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry)."""

@@ -25,7 +25,8 @@ def _cdiv(a: int, b: int) -> int:
 
 class GroupBlocks:
     """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `block_size`,
-    `capacity`, `stats` and `_emit` from the pool."""
+    `capacity`, `stats`, `_emit` and `hooks` (told of stores and evictions: the eviction policy's
+    hints and the tiers below, `group_tiers.GroupHooks`, or None) from the pool."""
 
     def _setup_blocks(self) -> None:
         self.cached_maps: list[dict[int, int]] = [{} for _ in self.specs]
@@ -120,8 +121,9 @@ class GroupBlocks:
             if s.rule == "state" and hit:
                 b = self.cached_maps[g].get(hashes[hit - 1])
                 if b is not None and self.ref[b] == 0:  # a hit state is read (copied): recently used
-                    self.lru.removed(1)
-                    self.lru.add(np.array([b], dtype=np.int64))
+                    one = np.array([b], dtype=np.int64)
+                    self.lru.removed(one)
+                    self.lru.add(one)
             if len(shared[g]):
                 self._pin(g, shared[g])
         tables, skips = [], []
@@ -242,6 +244,8 @@ class GroupBlocks:
             except (OverflowError, TypeError, ValueError):
                 self.mirror = False
         self.stats.stored += len(hs)
+        if self.hooks is not None:
+            self.hooks.stored(g, blocks, lo, hashes)
         if self._emit is not None:
             bs = self.block_size
             seg = token_ids[lo * bs : hi * bs] if token_ids is not None and whole else []
@@ -263,7 +267,7 @@ class GroupBlocks:
         """Share cached blocks of group `g`: those unreferenced leave the LRU."""
         free = arr[self.ref[arr] == 0]
         if len(free):
-            self.lru.removed(len(free))
+            self.lru.removed(free)
             self.evictable_bytes -= len(free) * self.specs[g].block_bytes
         self.ref[arr] += 1
 
@@ -337,6 +341,8 @@ class GroupBlocks:
         if self._emit is not None:
             for g, hs in sorted(removed.items()):
                 self._emit(BlockRemoved(block_hashes=hs, medium="GPU", group_idx=g))
+        if self.hooks is not None:
+            self.hooks.evicted(removed)
 
     def check_invariants(self) -> None:
         """Bytes add up, the LRU holds exactly the unreferenced cached blocks, maps and tables agree."""

@@ -13,7 +13,9 @@ take, so capacity is shared as vLLM's unified pages share it). Per kind, as vLLM
   evictable cached block.
 
 A prefix hit is what every group can serve (`group_rules`). Eviction is LRU over the freed cached
-blocks of every group (vLLM's one free queue); unhashed blocks return to the free bytes at once.
+blocks of every group (vLLM's one free queue), or another policy (`group_tiers.PolicyQueue`);
+unhashed blocks return to the free bytes at once. Evicted blocks go to the tiers below when given
+(`lower`, a `TierStack` with per-group bytes), and a hit may read them back (`group_tiers`).
 The verbs are `BlockPool`'s, so the engine's scheduler drives either.
 """
 
@@ -25,8 +27,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from agentkv.kv import group_rules as R
-from agentkv.kv.events import AllBlocksCleared, KVEvent
+from agentkv.kv.events import EventLog, KVEvent
+from agentkv.kv.eviction import make_policy
+from agentkv.kv.eviction.base import Evictor
 from agentkv.kv.group_state import GroupBlocks
+from agentkv.kv.group_tiers import GroupHooks, GroupLower, PolicyQueue
 from agentkv.kv.hashmap import gallop, prefix_len
 from agentkv.kv.interface import ComputedBlocks, KVRequest, PoolStats
 
@@ -59,8 +64,9 @@ class HybridComputed(ComputedBlocks):
     hit: int = 0
 
 
-class HybridPool(GroupBlocks):
-    """Per-group block tables over one byte-sized pool; `BlockPool`'s verbs (LRU only, no lower tiers)."""
+class HybridPool(GroupLower, GroupBlocks, EventLog):
+    """Per-group block tables over one byte-sized pool; `BlockPool`'s verbs. `policy`: a name from
+    `eviction.ENGINE_POLICIES` or an `Evictor`; `lower`: a `TierStack` made with `group_bytes`."""
 
     def __init__(
         self,
@@ -71,6 +77,8 @@ class HybridPool(GroupBlocks):
         unit_bytes: int | None = None,
         on_event: Callable[[KVEvent], None] | None = None,
         record_events: bool = False,
+        policy: str | Evictor = "lru",
+        lower=None,
     ) -> None:
         if not specs or capacity_bytes < 1 or block_size < 1:
             raise ValueError("a hybrid pool needs groups, capacity_bytes >= 1 and block_size >= 1")
@@ -84,25 +92,36 @@ class HybridPool(GroupBlocks):
         self.unit_bytes = unit_bytes or self.growth_bytes
         self.num_blocks = self.capacity // self.unit_bytes  # as vLLM counts pages
         self.has_state = any(s.rule == "state" for s in self.specs)
-        self.lower = None
-        self.policy = None
+        if lower is not None and (lower.group_bytes != tuple(s.block_bytes for s in self.specs)):
+            raise ValueError("a hybrid pool's tiers need its groups' block bytes (TierStack group_bytes)")
+        self.lower = lower
+        self.policy = None if policy == "lru" else make_policy(policy) if isinstance(policy, str) else policy
+        self.hooks = GroupHooks(self) if lower is not None or self.policy is not None else None
+        self._sessions: dict[str, object] = {}  # running request -> its session (policies only)
         self.stats = PoolStats()
         self.last_promote_s = 0.0
-        self._events: list[KVEvent] = []
-        self._emit = on_event if on_event is not None else (self._events.append if record_events else None)
+        self._setup_events(on_event, record_events)
+        self._reset_blocks()
+
+    def _reset_blocks(self) -> None:
+        """Empty block bookkeeping, its LRU replaced by the policy when one is set."""
         self._setup_blocks()
+        if self.policy is not None:
+            self.lru = PolicyQueue(self.policy, self)
 
     # -- lookups -------------------------------------------------------------------------------
-    def longest_hit(self, block_hashes: Sequence[int], limit: int, full: int | None = None) -> int:
+    def longest_hit(self, block_hashes: Sequence[int], limit: int, full: int | None = None, maps=None) -> int:
         """Blocks every group can serve (at most `limit`): each rule in turn until none lowers it.
-        `full`: the full-attention groups' cached prefix when the caller knows it already."""
+        `full`: the full-attention groups' cached prefix when the caller knows it already; `maps`:
+        each group's cached hashes (default: the GPU's)."""
+        maps = self.cached_maps if maps is None else maps
         hit = limit if full is None else min(limit, full)
         while True:
             new = hit
             for g, s in enumerate(self.specs):
                 if new == 0:
                     return 0
-                cached = self.cached_maps[g]
+                cached = maps[g]
                 if s.rule == "full":
                     if full is None:
                         new = R.full_hit(cached, block_hashes, new)
@@ -156,6 +175,8 @@ class HybridPool(GroupBlocks):
         return hb[:k] if not rest else np.concatenate((hb[:k], np.asarray(rest, dtype=np.int64)))
 
     def touch(self, block_hashes: Sequence[int], found) -> None:
+        if self.policy is not None:
+            self.policy.on_lookup(block_hashes, found)
         self.stats.lookups += 1
 
     def record_prefix_cache_stats(self, num_tokens: int, num_hits: int, preempted: bool = False) -> None:
@@ -164,15 +185,16 @@ class HybridPool(GroupBlocks):
     def is_current(self, computed: ComputedBlocks) -> bool:
         return computed.epoch == self._epoch
 
-    def match_lower(self, block_hashes: Sequence[int], start: int, stop: int | None = None) -> list[str]:
-        return []
-
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
-        """Leading blocks every group can serve (counts nothing), and 0 below the GPU."""
+        """Leading blocks every group can serve from the GPU (counts nothing), then the blocks more
+        that the tiers below add to it."""
         full = None
         if self.specs[0].rule == "full":  # by bisection, as BlockPool.cached_prefix
             full = prefix_len(self.cached_maps[0].__contains__, block_hashes, 0)
-        return self.longest_hit(block_hashes, len(block_hashes), full), 0
+        gpu = self.longest_hit(block_hashes, len(block_hashes), full)
+        if self.lower is None or gpu == len(block_hashes):
+            return gpu, 0
+        return gpu, self.either_hit(block_hashes, len(block_hashes)) - gpu
 
     @property
     def cached(self) -> dict[int, int]:
@@ -191,6 +213,8 @@ class HybridPool(GroupBlocks):
         Blocks a window or chunk has moved past are freed first, as vLLM does before its check."""
         rid = req.request_id
         total = num_computed_tokens + num_new_tokens
+        if self.policy is not None:
+            self.lru.session = self._sessions[rid] = req.session_id
         quiet = self.quiet.get(rid)
         if quiet is not None and quiet[0] <= num_computed_tokens < quiet[1] and total <= quiet[2]:
             return True  # no block to free, take or cache (most decode steps)
@@ -219,7 +243,9 @@ class HybridPool(GroupBlocks):
                 f"is not a multiple of block_size {bs} on its first allocation"
             )
         if computed is not None and computed.num_lower:
-            raise ValueError(f"request {rid}: lower-tier blocks but the hybrid pool has no lower tiers")
+            if self.lower is None:
+                raise ValueError(f"request {rid}: lower-tier blocks but the hybrid pool has no lower tiers")
+            return self.admit_from_below(req, num_computed_tokens // bs, computed.num_lower, num_new_tokens)
         hit = num_computed_tokens // bs
         stale = computed is None or not self.is_current(computed) or len(computed.blocks) < hit
         if hit and stale and self.longest_hit(req.block_hashes, hit) < hit:
@@ -244,6 +270,8 @@ class HybridPool(GroupBlocks):
 
     def free(self, request_id: str) -> None:
         """Release a finished or preempted request's blocks, each group's tail first."""
+        if self.policy is not None:
+            self.lru.session = self._sessions.pop(request_id, None)
         self.release(request_id)
 
     @property
@@ -281,23 +309,19 @@ class HybridPool(GroupBlocks):
         """Drop the whole prefix cache (emits AllBlocksCleared); False if requests still hold blocks."""
         if self.tables:
             return False
-        self._setup_blocks()
-        self._epoch += 1
-        if self._emit is not None:
-            self._emit(AllBlocksCleared())
+        self._reset_blocks()
+        self._cleared()
         return True
 
-    def take_events(self) -> list[KVEvent]:
-        events = self._events[:]
-        self._events.clear()
-        return events
-
-    # session hints: LRU ignores them (the session-aware policies are single-table only)
+    # session hints, for the session-aware policy (LRU ignores them)
     def session_paused(self, session_id: object, now: float, reason: str = "tool_use") -> None:
-        pass
+        if self.policy is not None:
+            self.policy.session_paused(session_id, now, reason)
 
     def session_resumed(self, session_id: object, now: float) -> None:
-        pass
+        if self.policy is not None:
+            self.policy.session_resumed(session_id, now)
 
     def session_ended(self, session_id: object, now: float | None = None) -> None:
-        pass
+        if self.policy is not None:
+            self.policy.session_ended(session_id, now)

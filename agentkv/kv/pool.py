@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
+from agentkv.kv.events import BlockRemoved, BlockStored, EventLog, KVEvent
 from agentkv.kv.eviction import make_policy
 from agentkv.kv.eviction.base import Evictor
 from agentkv.kv.hashmap import add_copies, drop_copies, gallop, prefix_len
@@ -32,7 +32,7 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-class BlockPool:
+class BlockPool(EventLog):
     """Fixed-size KV blocks with reference counts, a prefix cache and a pluggable eviction policy.
 
     `policy` is a name from `agentkv.kv.eviction.POLICIES` or an `Evictor` (e.g. `Belady`).
@@ -70,8 +70,7 @@ class BlockPool:
         self.lower = lower
         self.stats = PoolStats()
         self.last_promote_s = 0.0
-        self._events: list[KVEvent] = []
-        self._emit = on_event if on_event is not None else (self._events.append if record_events else None)
+        self._setup_events(on_event, record_events)
         self._req_blocks: dict[str, np.ndarray] = {}
         self._req_hashed: dict[str, int] = {}  # leading blocks whose caching was decided
         self._req_session: dict[str, object] = {}
@@ -230,16 +229,8 @@ class BlockPool:
         self._empty = np.arange(self.num_blocks - 1, -1, -1, dtype=np.int64)
         self._n_empty = self.num_blocks
         self.policy.clear()
-        self._epoch += 1
-        if self._emit is not None:
-            self._emit(AllBlocksCleared())
+        self._cleared()
         return True
-
-    def take_events(self) -> list[KVEvent]:
-        """The buffered events (record_events=True), oldest first; the buffer is emptied."""
-        events = self._events[:]
-        self._events.clear()
-        return events
 
     # -- hints for session-aware policies --------------------------------------------------------
     def session_paused(self, session_id: object, now: float, reason: str = "tool_use") -> None:

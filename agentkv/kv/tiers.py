@@ -14,6 +14,10 @@ blocks and when it finds a prefix run missing on the GPU. Invariants:
 
 Costs: promotion (the critical path) is returned by `promote`; demotion copies (device->host, disk
 writes) are accumulated in the counters, since they may overlap compute.
+
+A hybrid model's pool (`groups.HybridPool`) gives `group_bytes`: its blocks are then keyed
+`(group, hash)`, as vLLM's offloading connector keys them (`OffloadKey`: hash and group index),
+each costing its group's bytes; a tier's capacity is shared in bytes and one LRU spans the groups.
 """
 
 from __future__ import annotations
@@ -89,14 +93,16 @@ class StackCounters:
 
 
 class _Tier:
-    """One lower tier's contents in eviction order (oldest first) and its counters."""
+    """One lower tier's contents in eviction order (oldest first, each with its bytes), its
+    capacity and use in bytes, and its counters."""
 
-    __slots__ = ("name", "capacity", "blocks", "disk", "counters")
+    __slots__ = ("name", "capacity", "used", "blocks", "disk", "counters")
 
     def __init__(self, name: str, capacity: int, disk: DiskModel | None) -> None:
         self.name = name
         self.capacity = capacity
-        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.used = 0
+        self.blocks: OrderedDict[object, int] = OrderedDict()
         self.disk = disk
         self.counters = TierCounters()
 
@@ -108,6 +114,8 @@ class TierStack:
     `block_bytes // num_layers`, since vLLM's offloading copies each layer's block separately (with
     K and V in separate tensors, as in FlashAttention's layout, pass half that). `link` defaults to
     the H200 measurements. `block_size` (tokens per block) fills token counters and events.
+    `group_bytes` (and `group_chunks`, one copy each): a hybrid pool's per-group block bytes, its
+    blocks keyed `(group, hash)`; `block_bytes` is then the unit `occupancy` counts in.
     """
 
     def __init__(
@@ -122,6 +130,8 @@ class TierStack:
         block_size: int = 0,
         num_layers: int = 1,
         link: LinkModel | None = None,
+        group_bytes: Sequence[int] | None = None,
+        group_chunks: Sequence[int] | None = None,
     ) -> None:
         if block_bytes <= 0 or num_layers <= 0:
             raise UserError(
@@ -147,13 +157,71 @@ class TierStack:
         self.block_size = block_size
         self.link = link if link is not None else h200_link()
         self.on_event = on_event
+        self._block_copy_s = self.link.seconds(block_bytes, self.chunk_bytes)  # one block, host<->GPU
+        largest = self._setup_groups(group_bytes, group_chunks, num_layers)
         self._tiers = [
-            _Tier(s.name, s.blocks(block_bytes), (s.disk or DiskModel()) if s.name == "DISK" else None)
+            _Tier(s.name, self._capacity(s, largest), (s.disk or DiskModel()) if s.name == "DISK" else None)
             for s in specs
         ]
         self._gpu: set[int] = set()
         self.counters = StackCounters(tiers={t.name: t.counters for t in self._tiers})
-        self._block_copy_s = self.link.seconds(block_bytes, self.chunk_bytes)  # one block, host<->GPU
+
+    def _setup_groups(self, group_bytes, group_chunks, num_layers: int) -> int:
+        """Per-group sizes and copy times (a hybrid pool's); returns the largest block's bytes."""
+        self.group_bytes = None if group_bytes is None else tuple(int(b) for b in group_bytes)
+        self._group_copy_s: tuple[float, ...] = ()
+        if self.group_bytes is None:
+            return self.block_bytes
+        chunks = list(group_chunks or [max(1, b // num_layers) for b in self.group_bytes])
+        if (
+            self.write_mode != "write_back"
+            or not self.group_bytes
+            or len(chunks) != len(self.group_bytes)
+            or min(self.group_bytes + tuple(chunks)) < 1
+        ):
+            raise UserError(
+                "tiers: per-group blocks need write_back, and a positive size and chunk per group"
+            )
+        self._group_copy_s = tuple(
+            self.link.seconds(b, c) for b, c in zip(self.group_bytes, chunks, strict=True)
+        )
+        return max(self.group_bytes)
+
+    def _capacity(self, spec: TierSpec, largest: int) -> int:
+        """A tier's bytes: whole blocks (dense), or its bytes holding at least the largest group's block."""
+        if self.group_bytes is None:
+            return spec.blocks(self.block_bytes) * self.block_bytes
+        n = spec.blocks(largest)  # the checks (set once, at least one block)
+        return spec.capacity_bytes if spec.capacity_bytes is not None else n * largest
+
+    def _cost(self, key) -> tuple[int, float]:
+        """A block's bytes and its host<->GPU copy seconds."""
+        if self.group_bytes is None:
+            return self.block_bytes, self._block_copy_s
+        g = key[0]
+        return self.group_bytes[g], self._group_copy_s[g]
+
+    def _stored_event(self, key, medium: str) -> BlockStored:
+        """BlockStored for one block below the GPU; a group's carries its `group_idx` and no spec kind,
+        as vLLM's offloading connector publishes an offloaded block (one hash, no tokens or parent)."""
+        if self.group_bytes is None:
+            return BlockStored(block_hashes=[key], block_size=self.block_size, medium=medium)
+        return BlockStored(
+            block_hashes=[key[1]],
+            block_size=self.block_size,
+            medium=medium,
+            group_idx=key[0],
+            kv_cache_spec_kind=None,
+        )
+
+    def _removed_events(self, keys: list, medium: str) -> list[BlockRemoved]:
+        """BlockRemoved for blocks dropped from `medium`: one event, or one per group (in key order)."""
+        if self.group_bytes is None:
+            return [BlockRemoved(block_hashes=keys, medium=medium)]
+        by: dict[int, list[int]] = {}
+        for g, h in keys:
+            by.setdefault(g, []).append(h)
+        return [BlockRemoved(block_hashes=hs, medium=medium, group_idx=g) for g, hs in by.items()]
 
     # -- queries ---------------------------------------------------------------------------------
     @property
@@ -171,8 +239,12 @@ class TierStack:
         return any(block_hash in t.blocks for t in self._tiers)
 
     def occupancy(self) -> dict[str, tuple[int, int]]:
-        """Per tier: (blocks held, capacity in blocks)."""
-        return {t.name: (len(t.blocks), t.capacity) for t in self._tiers}
+        """Per tier: (blocks held, capacity in blocks of `block_bytes`)."""
+        return {t.name: (len(t.blocks), t.capacity // self.block_bytes) for t in self._tiers}
+
+    def used_bytes(self) -> dict[str, int]:
+        """Per tier: the bytes its blocks take."""
+        return {t.name: t.used for t in self._tiers}
 
     def blocks(self, name: str) -> list[int]:
         """The hashes tier `name` holds, next victim first."""
@@ -233,8 +305,11 @@ class TierStack:
         for name, hashes in per_tier.items():
             tier = self._tier(name)
             n = len(hashes)
-            nbytes = n * self.block_bytes
-            seconds = n * self._block_copy_s
+            if self.group_bytes is None:
+                nbytes, seconds = n * self.block_bytes, n * self._block_copy_s
+            else:
+                costs = [self._cost(k) for k in hashes]
+                nbytes, seconds = sum(c[0] for c in costs), sum(c[1] for c in costs)
             if tier.disk is not None:
                 seconds += tier.disk.seconds(nbytes, n, write=False)
             for h in hashes:
@@ -257,9 +332,11 @@ class TierStack:
             if t.blocks:
                 hashes = list(t.blocks)
                 t.blocks.clear()
+                t.used = 0
                 t.counters.removed_blocks += len(hashes)
                 if self.on_event is not None:
-                    self.on_event(BlockRemoved(block_hashes=hashes, medium=t.name))
+                    for ev in self._removed_events(hashes, t.name):
+                        self.on_event(ev)
         self._gpu.clear()
 
     # -- internals -------------------------------------------------------------------------------
@@ -279,32 +356,33 @@ class TierStack:
         if block_hash in top.blocks:
             self._touch(top, block_hash)
             return 0.0
-        seconds = self._block_copy_s
+        nbytes, seconds = self._cost(block_hash)
         if top.disk is not None:
-            seconds += top.disk.seconds(self.block_bytes, 1, write=True)
-        top.counters.bytes_down += self.block_bytes
+            seconds += top.disk.seconds(nbytes, 1, write=True)
+        top.counters.bytes_down += nbytes
         top.counters.seconds_down += seconds
         self.counters.demote_s += seconds
-        self._insert(0, block_hash)
+        self._insert(0, block_hash, nbytes)
         return seconds
 
-    def _insert(self, level: int, block_hash: int) -> None:
-        """Store a block at `level`, first demoting that tier's victim one level down (or dropping it)."""
+    def _insert(self, level: int, block_hash, nbytes: int) -> None:
+        """Store a block at `level`, first demoting that tier's victims one level down (or dropping
+        them) until its bytes fit (one victim when every block is the same size)."""
         tier = self._tiers[level]
-        if len(tier.blocks) >= tier.capacity:
-            victim, _ = tier.blocks.popitem(last=False)
-            self._demote(level + 1, victim)
+        while tier.used + nbytes > tier.capacity:
+            victim, vbytes = tier.blocks.popitem(last=False)
+            tier.used -= vbytes
+            self._demote(level + 1, victim, vbytes)
             tier.counters.removed_blocks += 1
             if self.on_event is not None:
-                self.on_event(BlockRemoved(block_hashes=[victim], medium=tier.name))
-        tier.blocks[block_hash] = None
+                self.on_event(self._removed_events([victim], tier.name)[0])
+        tier.blocks[block_hash] = nbytes
+        tier.used += nbytes
         tier.counters.stored_blocks += 1
         if self.on_event is not None:
-            self.on_event(
-                BlockStored(block_hashes=[block_hash], block_size=self.block_size, medium=tier.name)
-            )
+            self.on_event(self._stored_event(block_hash, tier.name))
 
-    def _demote(self, level: int, block_hash: int) -> None:
+    def _demote(self, level: int, block_hash, nbytes: int) -> None:
         """Move a victim into tier `level` (a DISK write), or drop it past the last tier."""
         if level >= len(self._tiers):
             self.counters.dropped_blocks += 1
@@ -313,8 +391,8 @@ class TierStack:
         if block_hash in tier.blocks:
             self._touch(tier, block_hash)
             return
-        seconds = tier.disk.seconds(self.block_bytes, 1, write=True) if tier.disk is not None else 0.0
-        tier.counters.bytes_down += self.block_bytes
+        seconds = tier.disk.seconds(nbytes, 1, write=True) if tier.disk is not None else 0.0
+        tier.counters.bytes_down += nbytes
         tier.counters.seconds_down += seconds
         self.counters.demote_s += seconds
-        self._insert(level, block_hash)
+        self._insert(level, block_hash, nbytes)

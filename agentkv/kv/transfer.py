@@ -94,6 +94,22 @@ def fabric_link(gbps: float, min_copy_s: float, setup_s: float) -> LinkModel:
     return LinkModel((1,), (gbps * 1e9,), min_copy_s, setup_s)
 
 
+# Per-copy floors and per-transfer setup of KV moves between GPUs (assumed, not measured here): a copy
+# of one layer's block costs at least this (descriptor issue and completion), a transfer adds a handshake.
+NVLINK_MIN_COPY_S, NVLINK_SETUP_S = 0.5e-6, 10e-6
+RDMA_MIN_COPY_S, RDMA_SETUP_S = 0.5e-6, 30e-6
+
+
+def nvlink(gbps: float) -> LinkModel:
+    """A GPU's NVLink to a peer in its NVLink domain, `gbps` GB/s per direction (inf: free)."""
+    return fabric_link(gbps, NVLINK_MIN_COPY_S, NVLINK_SETUP_S)
+
+
+def rdma(gbps: float) -> LinkModel:
+    """A GPU's RDMA NIC to a GPU on another node, `gbps` GB/s per direction (inf: free)."""
+    return fabric_link(gbps, RDMA_MIN_COPY_S, RDMA_SETUP_S)
+
+
 @dataclass(frozen=True, slots=True)
 class DiskModel:
     """An NVMe SSD: sequential read/write bandwidth plus a latency per IO, `queue_depth` IOs in flight.

@@ -19,6 +19,7 @@ from agentkv.metrics.dist import Dist
 from agentkv.metrics.records import RequestRecord
 from agentkv.metrics.report import write_report
 from agentkv.metrics.summary import Summary, write_summary
+from agentkv.trace.warmup import measured
 
 CSV_FIELDS = tuple(f for f in RequestRecord.__struct_fields__ if f != "itls")  # a list per row: jsonl only
 OUTPUT_FILES = ("requests.jsonl", "summary.json", "records.csv", "vllm_result.json")
@@ -132,15 +133,17 @@ def write_outputs(
     out: Path, s: Summary, records: list[RequestRecord], *, report: bool = True, itl_values=None
 ) -> list[str]:
     """summary.json, records.csv, vllm_result.json and (unless `report` is False) report.html into
-    `out`; returns the names written. requests.jsonl is the caller's (bench appends it live)."""
+    `out`; returns the names written. requests.jsonl is the caller's (bench appends it live).
+    records.csv has every record (warm-up ones marked); vllm_result.json and the report the measured."""
     out.mkdir(parents=True, exist_ok=True)
     write_summary(s, out / "summary.json")
     write_records_csv(records, out / "records.csv")
+    kept = measured(records)
     (out / "vllm_result.json").write_bytes(
-        msgspec.json.format(msgspec.json.encode(vllm_result(s, records)), indent=2)
+        msgspec.json.format(msgspec.json.encode(vllm_result(s, kept)), indent=2)
     )
     names = ["summary.json", "records.csv", "vllm_result.json"]
     if report:
-        write_report(s, records, out / "report.html", itl_values)
+        write_report(s, kept, out / "report.html", itl_values)
         names.append("report.html")
     return names

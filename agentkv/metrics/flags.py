@@ -29,3 +29,13 @@ def add_output_flags(p) -> None:
         "(default 50,90,95,99,99.9; the terminal shows p50, p90 and p99)",
     )
     p.add_argument("--no-report", action="store_true", help="skip report.html")
+
+
+def add_tier_arg(p) -> None:
+    """--tier: the interactivity tier agents per GPU and per MW are counted at (bench and simulate)."""
+    p.add_argument(
+        "--tier",
+        default="tps=20,ttft_p90=10s",
+        metavar="tps=N,ttft_p90=T",
+        help="interactivity tier for agents per GPU and per MW (default tps=20,ttft_p90=10s)",
+    )

@@ -16,6 +16,7 @@ from agentkv.metrics.report_charts import cache_chart, distribution_charts, load
 from agentkv.metrics.report_prediction import prediction_panel
 from agentkv.metrics.report_sessions import context_chart, hit_rate_svg, swimlanes_svg
 from agentkv.metrics.summary import Summary
+from agentkv.metrics.tier import agents_text, reached_text, tier_text
 from agentkv.metrics.view import clocks_line
 
 _CSS = """
@@ -117,6 +118,9 @@ def _cards(s: Summary) -> str:
         _card("cache hit: server metrics", _pct(s.cache.metrics)),
         _card("cache hit: ceiling", _pct(s.cache.ceiling)),
     ]
+    if (i := s.interactivity) is not None:
+        got = reached_text(i) + (f"; {agents_text(i)}" if i.met else "")
+        cards.append(_card(f"interactivity ({tier_text(i)})", got))
     if s.goodput:
         slo = ", ".join(f"{k} ≤ {v * 1000:g} ms" for k, v in s.goodput.slo.items())
         cards.append(

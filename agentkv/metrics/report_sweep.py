@@ -29,6 +29,26 @@ def _xy(s: Summary) -> tuple[float | None, float | None]:
     return (1.0 / s.tpot.p50 if s.tpot.p50 else None, tp.output_tokens_per_s_per_gpu if tp else None)
 
 
+TIER_COLOR = "#7c3aed"
+
+
+def tier_marks(tier_tps: float, xs: list, ys: list, met: list) -> list[Series]:
+    """The interactivity tier on a throughput-against-interactivity chart (bench's and simulate's
+    sweep.html): a dashed vertical line at its tok/s per user, and a ring round each point meeting
+    it (`met[i]`); nothing when no point has both figures."""
+    pts = [(x, y, m) for x, y, m in zip(xs, ys, met, strict=True) if x is not None and y is not None]
+    if not pts:
+        return []
+    lo, hi = min(y for _, y, _ in pts), max(y for _, y, _ in pts)
+    name = f"tier: {tier_tps:g} tok/s per user"
+    out = [Series(name, [tier_tps, tier_tps], [lo, hi], kind="line", color=TIER_COLOR, dash=True)]
+    ring = [(x, y) for x, y, m in pts if m]
+    if ring:
+        xs, ys = [x for x, _ in ring], [y for _, y in ring]
+        out.append(Series("meets the tier", xs, ys, kind="rings", color=TIER_COLOR))
+    return out
+
+
 def curve(keys: list[str], points: list[Point]) -> Chart:
     """One line per setting of the keys after the first, its dots the first key's values."""
     ch = Chart(
@@ -56,6 +76,12 @@ def curve(keys: list[str], points: list[Point]) -> Chart:
         ch.add(
             Series(name, [x for x, _, _ in xy], [y for _, y, _ in xy], kind="dots", color=color, tips=tips)
         )
+    tiers = [s.interactivity for _, s, _ in points if s.interactivity is not None]
+    if tiers:
+        xy = [_xy(s) for _, s, _ in points]
+        met = [bool(s.interactivity and s.interactivity.met) for _, s, _ in points]
+        for s in tier_marks(tiers[0].tier_tps, [x for x, _ in xy], [y for _, y in xy], met):
+            ch.add(s)
     return ch
 
 

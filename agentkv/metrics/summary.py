@@ -298,8 +298,8 @@ def _goodput(records: list[RequestRecord], slo: dict[str, float] | None, dur: fl
 
 def with_percentiles(s: Summary, records: list[RequestRecord], itl_values, percentiles) -> Summary:
     """`s` with its latency distributions recomputed at `percentiles` (--percentiles); ITL kept as
-    it was when the token gaps (`itl_values`) are not at hand."""
-    ok = [r for r in records if r.ok]
+    it was when the token gaps (`itl_values`) are not at hand; warm-up records are left out."""
+    ok = [r for r in records if r.ok and not r.warmup]
     dists = latency_dists(ok, itl_values, percentiles)
     if itl_values is None:
         dists.pop("itl")

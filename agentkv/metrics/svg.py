@@ -74,7 +74,7 @@ class Series:
     name: str
     xs: list[float]
     ys: list[float]
-    kind: str = "dots"  # dots | line | step | bars
+    kind: str = "dots"  # dots | rings (an open circle around a point) | line | step | bars
     color: str = ""
     right: bool = False  # plot against the right-hand y axis
     tips: list[str] | None = None
@@ -338,6 +338,9 @@ def _draw(s: Series, sx: Scale, sy: Scale, base: float) -> str:
             for i in idx
         ]
         return f'<g fill="{c}" fill-opacity="0.6">{"".join(dots)}</g>'
+    if s.kind == "rings":
+        rings = [f'<circle cx="{sx(s.xs[i]):.1f}" cy="{sy(s.ys[i]):.1f}" r="5.5"/>' for i in idx]
+        return f'<g fill="none" stroke="{c}" stroke-width="1.5">{"".join(rings)}</g>'
     if s.kind == "bars":
         return _bars(s, idx, sx, sy, base)
     pts = []

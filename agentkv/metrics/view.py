@@ -7,6 +7,7 @@ from rich.table import Table
 from rich.text import Text
 
 from agentkv.metrics.summary import LATENCY_FIGURES, Dist, Summary
+from agentkv.metrics.tier import agents_text, reached_text, tier_text
 from agentkv.terminal import show
 
 CLOCKS = {
@@ -99,7 +100,7 @@ def overview_table(s: Summary) -> Table:
 
 
 def _deployment_rows(t: Table, s: Summary) -> None:
-    """A disaggregated run's two pools, and the run against its interactivity tier (simulate)."""
+    """A disaggregated run's two pools, and the run against its interactivity tier (agents per MW)."""
     if (d := s.disagg) is not None:
         t.add_row("prefill / decode pool hit rate", f"{pct(d.prefill_hit_rate)} / {pct(d.decode_hit_rate)}")
         t.add_row(
@@ -108,11 +109,10 @@ def _deployment_rows(t: Table, s: Summary) -> None:
             f"({d.kv_transferred_gb:,.1f} GB; {d.transfers_nvlink:,} NVLink, {d.transfers_rdma:,} RDMA)",
         )
     if (i := s.interactivity) is not None:
-        tier = f"tier >= {i.tier_tps:g} tok/s, TTFT p90 <= {i.tier_ttft_p90:g} s"
-        got = f"{num(i.tps_per_user_p50, 1)} tok/s, {num(i.ttft_p90, 2)} s"
-        t.add_row(f"interactivity ({tier})", f"{'met' if i.met else 'missed'}: {got}")
+        t.add_row(f"interactivity ({tier_text(i)})", reached_text(i))
         if i.met:
-            t.add_row("agents per GPU / per MW", f"{num(i.agents_per_gpu, 2)} / {num(i.agents_per_mw)}")
+            t.add_row("agents at the tier", agents_text(i))
+            t.add_row("power per GPU", i.power_basis or "unknown")
 
 
 def errors_table(s: Summary) -> Table:

@@ -91,6 +91,21 @@ def _hash_args(p) -> None:
     )
     p.add_argument("--hash-seed", default=None, help="the engines' hash seed (vLLM: PYTHONHASHSEED)")
     p.add_argument(
+        "--sliding-window",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="hybrid models: the window of the engines' sliding_window groups (the model config's "
+        "sliding_window, e.g. 128 for gpt-oss), so a predicted hit needs the window's blocks as vLLM's does",
+    )
+    p.add_argument(
+        "--attention-chunk-size",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="hybrid models: the chunk of chunked_local_attention groups (the config's attention_chunk_size)",
+    )
+    p.add_argument(
         "--tokenizer",
         default=None,
         metavar="PATH|builtin",
@@ -279,6 +294,7 @@ def config_from_args(args: argparse.Namespace):
         health_timeout=args.health_timeout,
         max_streams_per_tenant=args.max_streams_per_tenant,
         max_index_blocks=args.max_index_blocks,
+        windows={"sliding": args.sliding_window, "chunked": args.attention_chunk_size},
         host=args.host,
         port=args.port,
     )
@@ -290,6 +306,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UserError(f"--processes must be 1 to 256, got {args.processes}")
     if args.block_size < 1:
         raise UserError(f"--block-size must be >= 1, got {args.block_size}")
+    if not (0 <= args.sliding_window <= 1 << 24 and 0 <= args.attention_chunk_size <= 1 << 24):
+        raise UserError(
+            "--sliding-window and --attention-chunk-size must be 0 (not told) to 16,777,216 tokens"
+        )
     if args.approx_capacity < 1 or not args.approx_ttl > 0:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
     if not (args.temperature >= 0 and args.affinity >= 0 and args.kv_weight >= 0):

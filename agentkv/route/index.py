@@ -25,10 +25,9 @@ from dataclasses import dataclass
 from itertools import takewhile
 
 from agentkv.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
-from agentkv.route.groups import GroupFilter
+from agentkv.route.groups import GPU_NAMES, GroupFilter
 
 GPU = "GPU"
-_GPU_NAMES = frozenset({"GPU", "DEVICE", "CUDA", "HBM"})
 
 
 def tier_name(medium: str | None) -> str:
@@ -36,7 +35,7 @@ def tier_name(medium: str | None) -> str:
     if medium is None:
         return GPU
     m = medium.upper()
-    return GPU if m in _GPU_NAMES else m
+    return GPU if m in GPU_NAMES else m
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +48,16 @@ class Match:
     @property
     def blocks(self) -> int:
         return self.gpu + self.lower
+
+
+def served(groups: GroupFilter, found: dict[int, Match], hashes: Sequence[int], tokens: int | None):
+    """`found` with each hybrid worker's match cut to what its groups' rules serve (`groups.served`);
+    a cut match keeps no lower-tier blocks (a hybrid pool has none)."""
+    for w, m in found.items():
+        hit = groups.served(w, hashes, m.gpu, tokens)
+        if hit != m.gpu:
+            found[w] = Match(hit)
+    return found
 
 
 def _prefix(held: set[int], hashes: Sequence[int], start: int = 0) -> int:
@@ -134,11 +143,17 @@ class BlockIndex:
             self.groups.forget(worker)
 
     # -- queries ---------------------------------------------------------------------------------
-    def find_matches(self, hashes: Sequence[int]) -> dict[int, Match]:
-        """Longest cached prefix of `hashes` on every worker that has one (GPU, then lower tiers)."""
-        out: dict[int, Match] = {}
+    def find_matches(self, hashes: Sequence[int], tokens: int | None = None) -> dict[int, Match]:
+        """Longest cached prefix of `hashes` on every worker that has one (GPU, then lower tiers); on a
+        hybrid worker, what its groups serve of a prompt of `tokens` tokens."""
         if not hashes:
-            return out
+            return {}
+        if self.groups._others:
+            return served(self.groups, self._find(hashes), hashes, tokens)
+        return self._find(hashes)
+
+    def _find(self, hashes: Sequence[int]) -> dict[int, Match]:
+        out: dict[int, Match] = {}
         h0 = hashes[0]
         for w, held in self._gpu.items():
             if h0 in held:
@@ -209,12 +224,18 @@ class TenantIndex:
     """
 
     def __init__(
-        self, salts: dict[str, str] | None = None, max_roots: int = 1 << 20, max_blocks: int | None = None
+        self,
+        salts: dict[str, str] | None = None,
+        max_blocks: int | None = None,
+        windows: dict[str, int] | None = None,
+        block_size: int = 16,
+        max_roots: int = 1 << 20,
     ) -> None:
         self.indexes: dict[str, BlockIndex] = {DEFAULT_TENANT: BlockIndex()}
         self.max_blocks = max_blocks  # per worker, all tenants and tiers: stores past it are dropped
         self.overflow = 0  # blocks dropped for that bound
-        self.groups = GroupFilter()  # a hybrid model's events: only the full-attention group's apply
+        # a hybrid model's events: the full-attention group's are indexed, the others' kept by group
+        self.groups = GroupFilter(windows, block_size, max_blocks or 1 << 22)
         self.salts = dict(salts or {})  # cache_salt -> tenant
         self._roots: OrderedDict[int, str] = OrderedDict()  # first hash of a request -> tenant
         self.max_roots = max_roots
@@ -284,13 +305,21 @@ class TenantIndex:
         self.groups.forget(worker)
         return sum(idx.clear_worker(worker) for idx in self.indexes.values())
 
-    def find_matches(self, tenant: str, hashes: Sequence[int]) -> dict[int, Match]:
-        """Longest cached prefix per worker, looked up in `tenant`'s index only."""
+    def find_matches(self, tenant: str, hashes: Sequence[int], tokens: int | None = None) -> dict[int, Match]:
+        """Longest cached prefix per worker, looked up in `tenant`'s index only; on a hybrid worker,
+        what its groups serve of a prompt of `tokens` tokens (`served`)."""
+        if not hashes:
+            return {}
+        if self.groups._others:  # a hybrid worker reported (dense: this one check)
+            return served(self.groups, self._find(tenant, hashes), hashes, tokens)
+        return self._find(tenant, hashes)
+
+    def _find(self, tenant: str, hashes: Sequence[int]) -> dict[int, Match]:
         idx = self.indexes.get(tenant)
-        own = idx.find_matches(hashes) if idx is not None else {}
+        own = idx._find(hashes) if idx is not None else {}  # the tenants' indexes hold no groups
         if tenant == DEFAULT_TENANT or not self.salts:
             return own
-        loose = self.indexes[DEFAULT_TENANT].find_matches(hashes)  # other replicas' unattributed runs
+        loose = self.indexes[DEFAULT_TENANT]._find(hashes)  # other replicas' unattributed runs
         for w, m in loose.items():
             if m.blocks > own.get(w, _EMPTY).blocks:
                 own[w] = m

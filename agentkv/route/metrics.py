@@ -57,8 +57,8 @@ _TOTALS: tuple[tuple[str, str, Callable[[Router], float]], ...] = (
     ),
     (
         "index_skipped_group_blocks",
-        "Blocks a hybrid model's window or state groups stored or removed: not indexed, the "
-        "full-attention group decides prefix hits.",
+        "Blocks a hybrid model's window or state groups stored or removed: kept apart from the "
+        "full-attention index, they cut a predicted hit to what their rules serve.",
         lambda r: r.index.groups.skipped_stores + r.index.groups.skipped_removals,
     ),
     ("broken_streams", "", lambda r: r.stats.broken_streams),

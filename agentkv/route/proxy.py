@@ -73,6 +73,7 @@ class RouterConfig:
     max_model_len: int = 0  # the workers' context length (0: learned from their /v1/models)
     max_streams_per_tenant: int = 1024  # concurrent requests per tenant (429 past it; 0: no limit)
     max_index_blocks: int = 1 << 22  # indexed blocks per worker (stores past it are dropped, counted)
+    windows: dict = field(default_factory=dict)  # hybrid models: rule -> tokens (--sliding-window)
     host: str = "127.0.0.1"
     port: int = 8000
     process: int | None = None  # this one's index under `--processes N` (the port is shared)
@@ -90,7 +91,7 @@ class Router:
     def __init__(self, cfg: RouterConfig) -> None:
         self.cfg = cfg
         self.tenants = Tenants.from_file(cfg.api_keys, router_secret(cfg.secret) if cfg.api_keys else b"")
-        self.index = TenantIndex(salts=self.tenants.salts(), max_blocks=cfg.max_index_blocks)
+        self.index = TenantIndex(self.tenants.salts(), cfg.max_index_blocks, cfg.windows, cfg.block_size)
         self.approx = ApproxIndex(cfg.approx_capacity, cfg.approx_ttl)
         self.hasher = RequestHasher(
             make_hasher(cfg.hash_algo, cfg.hash_seed), cfg.block_size, Tokenizer(cfg.tokenizer)
@@ -263,10 +264,7 @@ class Router:
             {
                 "workers": {k: block_digest(v) for k, v in held.items()},
                 "index_overflow_blocks": self.index.overflow,
-                "skipped_group_blocks": {
-                    "stored": self.index.groups.skipped_stores,
-                    "removed": self.index.groups.skipped_removals,
-                },
+                "skipped_group_blocks": self.index.groups.counts(),
             }
         )
 
@@ -307,7 +305,9 @@ class Router:
         with self.pool.lock:
             if h.exact:
                 ev = (
-                    self.index.find_matches(tenant, h.hashes) if any(w.mode == "event" for w in views) else {}
+                    self.index.find_matches(tenant, h.hashes, h.prompt_tokens)
+                    if any(w.mode == "event" for w in views)
+                    else {}
                 )
                 ap = (
                     self.approx.find_matches(tenant, h.hashes)

@@ -1,12 +1,15 @@
-"""Ray plumbing shared by `simulate --sweep --ray` and `cache analyze --ray`: the `--ray` flag, joining
-(or starting) a cluster, and tasks over one shared object streamed back as they finish. Ray is
-imported only when `--ray` is given (optional extra agentkv[ray])."""
+"""Ray plumbing shared by `simulate --sweep --ray`, `cache analyze --ray` and `bench --ray`: the `--ray`
+flag, joining (or starting) a cluster, and tasks over one shared object streamed back as they finish
+(bench's shard actors: agentkv.bench.ray_shards). Ray is imported only when `--ray` is given
+(optional extra agentkv[ray])."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator, Sequence
 
 from agentkv.errors import UserError
@@ -15,15 +18,15 @@ INSTALL_HINT = "--ray needs Ray: pip install 'agentkv[ray]'"
 LOCAL = "local"  # `--ray` with no address: a new single-machine cluster, stopped at the end
 
 
-def add_ray_arg(p: argparse.ArgumentParser, what: str) -> None:
-    """`--ray [ADDRESS]`: run `what` (e.g. "the sweep's points") as Ray tasks."""
+def add_ray_arg(p: argparse.ArgumentParser, what: str, kind: str = "tasks") -> None:
+    """`--ray [ADDRESS]`: run `what` (e.g. "the sweep's points") as Ray `kind` (tasks, actors)."""
     p.add_argument(
         "--ray",
         nargs="?",
         const=LOCAL,
         default=None,
         metavar="ADDRESS",
-        help=f"run {what} as Ray tasks: on the cluster at ADDRESS (auto, ray://host:port, "
+        help=f"run {what} as Ray {kind}: on the cluster at ADDRESS (auto, ray://host:port, "
         "host:port) or, with no address, a new local cluster (needs pip install 'agentkv[ray]')",
     )
 
@@ -38,20 +41,29 @@ def import_ray():
 
 
 def connect(ray, address: str, num_cpus: int | None = None) -> None:
-    """Join the cluster at `address` (`auto`, `ray://host:port`, `host:port`) or start a local one."""
+    """Join the cluster at `address` (`auto`, `ray://host:port`, `host:port`) or start a local one.
+
+    ray.init replaces the SIGTERM handler with sys.exit; the caller's (the event loop's stop
+    request) is put back, so a stopped run still writes what finished."""
     quiet = {"log_to_driver": False, "configure_logging": False}
-    if address == LOCAL:
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **quiet)
-        return
-    _reachable(address)
+    main = threading.current_thread() is threading.main_thread()
+    term = signal.getsignal(signal.SIGTERM) if main else None
     try:
-        ray.init(address=address, **quiet)
-    except (ConnectionError, ValueError, RuntimeError) as e:
-        raise UserError(f"--ray {address}: cannot join the Ray cluster ({e})") from None
+        if address == LOCAL:
+            os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+            ray.init(num_cpus=num_cpus, include_dashboard=False, **quiet)
+            return
+        reachable(address)
+        try:
+            ray.init(address=address, **quiet)
+        except (ConnectionError, ValueError, RuntimeError) as e:
+            raise UserError(f"--ray {address}: cannot join the Ray cluster ({e})") from None
+    finally:
+        if term is not None:
+            signal.signal(signal.SIGTERM, term)
 
 
-def _reachable(address: str, timeout: float = 5.0) -> None:
+def reachable(address: str, timeout: float = 5.0) -> None:
     """A UserError at once when nothing listens at `host:port` (Ray itself retries for minutes)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not port.isdigit():

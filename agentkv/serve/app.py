@@ -28,8 +28,10 @@ from agentkv.gate.errors import JSON
 from agentkv.gate.options import HttpLimits
 from agentkv.gate.web import error_middleware, error_response, quiet_probes
 from agentkv.gate.work import OFFLOAD_BYTES, Offload
+from agentkv.kv.transfer import LinkModel, nvlink
 from agentkv.serve.info import add_info_routes
 from agentkv.serve.metrics import ServerMetrics
+from agentkv.serve.pd import KVLink
 from agentkv.serve.protocol import GenRequest, Limits, RequestError, parse_chat, parse_completion
 from agentkv.serve.responses import DONE, ChunkWriter, engine_times, full_response
 from agentkv.serve.runner import EngineRunner, RequestStream
@@ -55,6 +57,7 @@ class ServeOptions:
     kv_events_token_ids: bool = True  # BlockStored carries the prompt's token ids (as vLLM)
     http: HttpLimits = HttpLimits()  # body caps, timeouts, connection cap, parser processes
     default_max_tokens: int = 256  # chat requests without max_tokens (completions default to 16, as vLLM)
+    kv_link: LinkModel | None = None  # a disaggregated decode's inbound KV link (None: the GPU's NVLink)
 
 
 class Server:
@@ -81,6 +84,8 @@ class Server:
             if self.publisher is not None:
                 self.publisher.close()
             raise
+        link = opts.kv_link if opts.kv_link is not None else nvlink(self.runner.engine.cost.gpu.gpu_link_gbps)
+        self.kv_link = KVLink(self.runner, link, opts.host, opts.port)
         self.metrics = ServerMetrics(self.runner, self.model_name)
         self.runner.on_step = self.metrics.on_step
         self.runner.on_finish = self.metrics.on_finish
@@ -118,6 +123,7 @@ class Server:
             ) from None
         self._site_runner = runner
         self.port = runner.addresses[0][1]
+        self.kv_link.port = self.port
         self.runner.start()
         self.offload.start()
         return self.url
@@ -166,10 +172,18 @@ class Server:
         if gen.session_id is None:
             gen.session_id = request.headers.get("x-session-id")  # what agentkv route forwards
         rid = f"{prefix}-{uuid.uuid4().hex}"
+        kt = gen.kv_transfer
         try:
-            stream = self.runner.submit(rid, gen)
+            if kt is not None and kt.do_remote_prefill:  # a decode: wait for the prompt's KV to arrive
+                hashes, arrived, wait_s = self.kv_link.receive(gen)
+                await asyncio.sleep(wait_s)
+                stream = self.runner.submit(rid, gen, hashes, arrived)
+            else:
+                stream = self.runner.submit(rid, gen)
         except ValueError as e:  # the engine's own checks (lengths): a bad request all the same
             return self._error(request, RequestError(str(e)))
+        if kt is not None and kt.do_remote_decode and stream.engine_req is not None:
+            stream.engine_req.block_ids = []  # a prefill: keep its block ids for the decode
         try:
             if gen.stream:
                 return await self._stream(request, rid, gen, stream)
@@ -181,8 +195,9 @@ class Server:
                 return self._error(
                     request, RequestError("the server is shutting down", None, 503, "ServiceUnavailableError")
                 )
-            times = engine_times(stream.engine_req, self.options.time_scale)
-            body = full_response(rid, gen, n, stream.cached_tokens, engine=times)
+            times = self._times(gen, stream)
+            handoff = self.kv_link.producer_params(stream) if kt is not None and kt.do_remote_decode else None
+            body = full_response(rid, gen, n, stream.cached_tokens, engine=times, kv_transfer_params=handoff)
             return web.Response(body=body, content_type=JSON)
         finally:
             if not stream.finished:
@@ -207,13 +222,20 @@ class Server:
                     await resp.write(writer.chunk(start, n, done))
             tail = DONE
             if gen.include_usage:
-                times = engine_times(stream.engine_req, self.options.time_scale)
+                times = self._times(gen, stream)
                 tail = writer.usage_chunk(stream.sent, stream.cached_tokens, times) + DONE
             await resp.write(tail)
             await resp.write_eof()
         except (ConnectionError, RuntimeError) as e:  # peer gone: the finally in _generate aborts
             log.info("%s: client disconnected mid-stream (%s)", rid, type(e).__name__)
         return resp
+
+    def _times(self, gen: GenRequest, stream: RequestStream) -> dict | None:
+        """The engine's times of a request, but not of a disaggregated decode: they would start when
+        its KV arrived, not when the client sent it (clients then time it with their own clock)."""
+        if gen.kv_transfer is not None and gen.kv_transfer.do_remote_prefill:
+            return None
+        return engine_times(stream.engine_req, self.options.time_scale)
 
     async def _parsed(self, request: web.Request, parse: Callable, *args):
         """`parse(body, *args)` of the body read under the caps: here when small, else in a worker

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 from agentkv.engine.config import EngineConfig, add_engine_args
 from agentkv.errors import UserError
 from agentkv.gate.options import add_http_args, http_limits_from_args
+from agentkv.kv.transfer import nvlink
 
 if TYPE_CHECKING:
     from agentkv.serve.app import ServeOptions
@@ -40,6 +42,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         default=1,
         help="engines to start, on consecutive ports and event endpoints (default 1)",
+    )
+    p.add_argument(
+        "--disagg",
+        default=None,
+        metavar="prefill=N,decode=M",
+        help="disaggregated prefill/decode: N prefill and M decode workers on ports PORT+1 on, behind a "
+        "proxy on PORT that drives them as vLLM's NIXL proxy does (replaces --workers)",
+    )
+    p.add_argument(
+        "--kv-link-gbps",
+        type=float,
+        default=None,
+        metavar="GBPS",
+        help="--disagg: GB/s of the KV link into a decode worker (default the GPU's NVLink; RDMA "
+        "between nodes: the NIC's, e.g. 50; inf: free)",
     )
     add_http_args(p, parse_processes=1)
     p.add_argument(
@@ -113,7 +130,7 @@ def _kv_events_args(p) -> None:
     )
 
 
-def _curve_from_args(args: argparse.Namespace) -> list | None:
+def _curve_from_args(args: argparse.Namespace, workers: int | None = None) -> list | None:
     """The publishers' CurveServers, one per worker, from the two CURVE flags (both or neither), or None.
 
     A folder gives worker I its own pair, DIR/worker-I.key_secret, so a router can pin each worker;
@@ -128,7 +145,8 @@ def _curve_from_args(args: argparse.Namespace) -> list | None:
         )
     from agentkv.events.curve import SECRET_SUFFIX, CurveServer, load_keypair, load_public_keys
 
-    flag, n, folder = "--kv-events-curve-secret-key", max(1, getattr(args, "workers", 1)), Path(secret)
+    n = workers if workers is not None else max(1, getattr(args, "workers", 1))
+    flag, folder = "--kv-events-curve-secret-key", Path(secret)
     allowed = load_public_keys(allow, "--kv-events-curve-allow")
     if not folder.is_dir():
         return [CurveServer(*load_keypair(folder, flag), allowed)] * n
@@ -166,6 +184,8 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
             topic = cfg.get("topic") or topic
     if args.default_max_tokens < 1:
         raise UserError(f"--default-max-tokens must be >= 1, got {args.default_max_tokens}")
+    if args.kv_link_gbps is not None and not args.kv_link_gbps > 0:
+        raise UserError(f"--kv-link-gbps must be > 0 (inf: a free link), got {args.kv_link_gbps}")
     if not 0 <= args.port <= 65535:
         raise UserError(f"--port must be in 0..65535, got {args.port}")
     return ServeOptions(
@@ -181,6 +201,7 @@ def options_from_args(args: argparse.Namespace) -> ServeOptions:
         kv_events_token_ids=args.kv_events_token_ids == "on",
         http=http_limits_from_args(args),
         default_max_tokens=args.default_max_tokens,
+        kv_link=None if args.kv_link_gbps is None else nvlink(args.kv_link_gbps),
     )
 
 
@@ -195,6 +216,26 @@ def serve_command(args: argparse.Namespace) -> int:
     if args.workers < 1:
         raise UserError(f"--workers must be >= 1, got {args.workers}")
     opts = options_from_args(args)
+    if args.disagg is not None:
+        return _run_disagg(config, opts, args)
     if args.workers == 1:
         return run_one(config, opts)
     return run_workers(config, worker_options(opts, args.workers, _curve_from_args(args)))
+
+
+def _run_disagg(config: EngineConfig, opts: ServeOptions, args: argparse.Namespace) -> int:
+    """N prefill and M decode workers on PORT+1.., the proxy (serve/pd_proxy.py) on PORT."""
+    from agentkv.engine.kv_move import parse_disagg
+    from agentkv.serve.launch import ProxySpec, run_workers, worker_options
+
+    n_prefill, n_decode = parse_disagg(args.disagg)
+    if args.workers != 1:
+        raise UserError("--disagg sets the workers (prefill=N,decode=M); leave out --workers")
+    if opts.port == 0:
+        raise UserError("--disagg needs an explicit --port (the proxy's; workers take the ports after it)")
+    shifted = dataclasses.replace(opts, port=opts.port + 1)
+    options = worker_options(shifted, n_prefill + n_decode, _curve_from_args(args, n_prefill + n_decode))
+    host = f"[{opts.host}]" if ":" in opts.host else opts.host
+    urls = [f"http://{host}:{o.port}" for o in options]
+    spec = ProxySpec(tuple(urls[:n_prefill]), tuple(urls[n_prefill:]), opts.host, opts.port, opts.http)
+    return run_workers(config, options, front=spec)

@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 from agentkv.engine.config import EngineConfig
 from agentkv.errors import UserError
+from agentkv.gate.options import HttpLimits
 from agentkv.serve.app import ServeOptions
 
 log = logging.getLogger("agentkv.serve")
@@ -136,8 +137,46 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def run_workers(config: EngineConfig, options: list[ServeOptions]) -> int:
-    """Start one child per options, print each once ready, stop all on a signal or a death."""
+@dataclasses.dataclass(frozen=True)
+class ProxySpec:
+    """The front of a disaggregated pair (serve/pd_proxy.py): its workers' URLs and its address."""
+
+    prefill: tuple[str, ...]
+    decode: tuple[str, ...]
+    host: str
+    port: int
+    http: HttpLimits
+
+
+def _proxy_main(spec: ProxySpec, index: int, log_level: int, q) -> None:
+    """A child process: the disaggregation proxy until SIGTERM, reporting ready (or the error) on `q`."""
+    from agentkv.serve.pd_proxy import PDProxy
+
+    _die_with_parent()
+    logging.basicConfig(level=log_level, format="%(asctime)s proxy %(name)s %(message)s")
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        proxy = PDProxy(spec.prefill, spec.decode, spec.host, spec.port, spec.http)
+        try:
+            url = await proxy.start()
+        except OSError as e:
+            q.put((index, "error", f"cannot listen on {spec.host}:{spec.port}: {e.strerror}"))
+            return
+        q.put((index, "ready", f"proxy: {url}  prefill={len(spec.prefill)} decode={len(spec.decode)}"))
+        try:
+            await stop.wait()
+        finally:
+            await proxy.stop()
+
+    asyncio.run(main())
+
+
+def run_workers(config: EngineConfig, options: list[ServeOptions], front: ProxySpec | None = None) -> int:
+    """Start one child per options, print each once ready, stop all on a signal or a death. `front`:
+    a disaggregation proxy started once every worker is up (one more child)."""
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     level = logging.getLogger().level
@@ -145,6 +184,9 @@ def run_workers(config: EngineConfig, options: list[ServeOptions]) -> int:
         ctx.Process(target=_worker_main, args=(config, o, i, level, q), name=f"agentkv-worker-{i}")
         for i, o in enumerate(options)
     ]
+    if front is not None:
+        n = len(procs)
+        procs.append(ctx.Process(target=_proxy_main, args=(front, n, level, q), name="agentkv-proxy"))
     stopping = False
 
     def on_signal(signum, frame) -> None:
@@ -164,7 +206,7 @@ def run_workers(config: EngineConfig, options: list[ServeOptions]) -> int:
                 dead = [i for i, p in enumerate(procs) if not p.is_alive()]
                 if dead:
                     print(
-                        f"agentkv serve: worker {dead[0]} exited (code {procs[dead[0]].exitcode}); "
+                        f"agentkv serve: {_who(procs, dead[0])} exited (code {procs[dead[0]].exitcode}); "
                         "stopping the others",
                         file=sys.stderr,
                         flush=True,
@@ -173,19 +215,23 @@ def run_workers(config: EngineConfig, options: list[ServeOptions]) -> int:
                     break
                 continue
             if kind == "error":
-                print(f"agentkv: error: worker {index}: {msg}", file=sys.stderr, flush=True)
+                print(f"agentkv: error: {_who(procs, index)}: {msg}", file=sys.stderr, flush=True)
                 rc = 2
                 break
             pending.discard(index)
             print(f"agentkv serve: {msg}  pid={procs[index].pid}", flush=True)
             if not pending:
-                print(f"agentkv serve: {len(procs)} workers up; Ctrl-C stops them all", flush=True)
+                print(f"agentkv serve: {len(options)} workers up; Ctrl-C stops them all", flush=True)
     finally:
         _stop_all(procs)
         for s, h in old.items():
             signal.signal(s, h)
         q.close()
     return rc
+
+
+def _who(procs: list, index: int) -> str:
+    return "the proxy" if procs[index].name == "agentkv-proxy" else f"worker {index}"
 
 
 def _stop_all(procs: list) -> None:

@@ -29,6 +29,20 @@ class StreamOptions(msgspec.Struct):
     continuous_usage_stats: bool | None = False
 
 
+class KVTransferParams(msgspec.Struct, kw_only=True):
+    """vLLM's `kv_transfer_params` (its NIXL connector's fields) for disaggregated prefill/decode:
+    `do_remote_decode` asks a prefill to hand its KV on; `do_remote_prefill` with the prefill's
+    `remote_block_ids` tells a decode that the prompt's KV is coming. Other keys are ignored."""
+
+    do_remote_decode: bool | None = False
+    do_remote_prefill: bool | None = False
+    remote_engine_id: str | None = None
+    remote_block_ids: list[int] | None = None
+    remote_host: str | None = None
+    remote_port: int | None = None
+    tp_size: int | None = None
+
+
 class _Common(msgspec.Struct, kw_only=True):
     """Keys both endpoints share; types as in vLLM's protocol, nulls allowed where it allows them."""
 
@@ -55,6 +69,7 @@ class _Common(msgspec.Struct, kw_only=True):
     skip_special_tokens: bool | None = None
     include_stop_str_in_output: bool | None = None
     session_id: str | int | None = None  # agentkv's own: a hint for session-aware eviction
+    kv_transfer_params: KVTransferParams | None = None
 
 
 class CompletionBody(_Common, kw_only=True):
@@ -117,6 +132,7 @@ class GenRequest:
     continuous_usage: bool
     cache_salt: str | None
     session_id: str | None
+    kv_transfer: KVTransferParams | None = None
 
 
 def parse_completion(body: bytes, limits: Limits) -> GenRequest:
@@ -273,4 +289,22 @@ def _finish(
         continuous_usage=bool(opts and opts.continuous_usage_stats),
         cache_salt=req.cache_salt,
         session_id=session,
+        kv_transfer=_kv_transfer(req.kv_transfer_params),
     )
+
+
+def _kv_transfer(kt: KVTransferParams | None) -> KVTransferParams | None:
+    """The transfer parameters a request carries, checked as far as the emulation relies on them."""
+    if kt is None or not (kt.do_remote_decode or kt.do_remote_prefill):
+        return None
+    if kt.do_remote_decode and kt.do_remote_prefill:
+        raise RequestError(
+            "kv_transfer_params: do_remote_decode and do_remote_prefill are exclusive", "kv_transfer_params"
+        )
+    if kt.do_remote_prefill and kt.remote_block_ids is None:
+        raise RequestError(
+            "kv_transfer_params.remote_block_ids is required with do_remote_prefill", "kv_transfer_params"
+        )
+    if kt.tp_size is not None and kt.tp_size < 1:
+        raise RequestError("kv_transfer_params.tp_size must be >= 1", "kv_transfer_params")
+    return kt

@@ -119,6 +119,7 @@ def full_response(
     cached_tokens: int,
     finish_reason: str = "length",
     engine: dict | None = None,
+    kv_transfer_params: dict | None = None,
 ) -> bytes:
     """The non-streaming body of a completion or chat completion (with `engine_times` as `agentkv`)."""
     text = text_of(0, n_out)
@@ -149,6 +150,8 @@ def full_response(
         "choices": [choice],
         "usage": usage(len(gen.prompt_ids), n_out, cached_tokens),
     }
+    if kv_transfer_params is not None:  # a disaggregated prefill's hand-off, as vLLM's response field
+        body["kv_transfer_params"] = kv_transfer_params
     if engine is not None:
         body["agentkv"] = engine
     return _enc.encode(body)

@@ -67,9 +67,12 @@ class RequestStream:
 
     @property
     def cached_tokens(self) -> int:
-        """Prompt tokens served from the prefix cache (GPU plus lower tiers), as vLLM's usage reports."""
+        """Prompt tokens served from the prefix cache (GPU plus lower tiers) or arrived from a prefill
+        worker, as vLLM's usage reports them (its computed tokens at first scheduling)."""
         r = self.engine_req
-        return 0 if r is None else r.num_cached_tokens + sum(r.lower_tier_tokens.values())
+        if r is None:
+            return 0
+        return max(r.num_cached_tokens + sum(r.lower_tier_tokens.values()), r.external_tokens)
 
 
 class EngineRunner:
@@ -109,8 +112,15 @@ class EngineRunner:
         self._task: asyncio.Task | None = None
 
     # -- handlers' side ---------------------------------------------------------------------------
-    def submit(self, request_id: str, gen: GenRequest) -> RequestStream:
-        """Queue a validated request; it joins the batch at the next step."""
+    def submit(
+        self,
+        request_id: str,
+        gen: GenRequest,
+        block_hashes: list[int] | None = None,
+        external_tokens: int = 0,
+    ) -> RequestStream:
+        """Queue a validated request; it joins the batch at the next step. `external_tokens`: its
+        prompt KV that arrived from a prefill worker (a disaggregated decode)."""
         stream = RequestStream(request_id, gen)
         arrival = self.event_time()
         self.clock.advance_to(arrival)
@@ -120,6 +130,8 @@ class EngineRunner:
             request_id,
             max_tokens=gen.max_tokens,
             token_ids=gen.prompt_ids,
+            block_hashes=block_hashes,
+            external_tokens=external_tokens,
             cache_salt=gen.cache_salt,
             session_id=gen.session_id,
             user_data=stream,

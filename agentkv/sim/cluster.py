@@ -31,6 +31,7 @@ from agentkv.trace.blocks import chain_keys
 from agentkv.trace.ceiling import CeilingTracker
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, ReplayPlan
+from agentkv.trace.warmup import check_load, is_warmup
 
 
 @dataclass(slots=True)
@@ -63,11 +64,15 @@ class SimConfig:
     tier_tps: float = 20.0  # interactivity tier: output tok/s per user (p50) at least this ...
     tier_ttft_p90: float = 10.0  # ... and TTFT p90 at most this many seconds
     cycle: bool = False  # refill the trace queue so no lane runs dry (needs duration or max_requests)
+    think_scale: float = 1.0  # think/tool gaps between turns x this (latencies are not scaled)
+    warmup_requests: int = 0  # the first N released requests warm the cache, left out of every figure
+    warmup_s: float = 0.0  # ... or those due in the first S simulated seconds
 
     def __post_init__(self) -> None:
         if self.workers < 1 or (self.lanes is not None and self.lanes < 1):
             raise UserError("--workers and --lanes must be >= 1")
         _check_deployment(self)
+        check_load(self)
         if not self.kv_weight >= 0:
             raise UserError(f"--kv-weight must be >= 0, got {self.kv_weight}")
         if self.router not in POLICIES:
@@ -144,6 +149,7 @@ class Cluster:
             idle_gap_cap=cfg.idle_gap_cap,
             max_requests=cfg.max_requests,
             cycle=cfg.cycle,
+            time_scale=cfg.think_scale,
         )
         self.total = cfg.max_requests or sum(t.num_requests for t in traces)
         self.ceiling = CeilingTracker()
@@ -338,6 +344,7 @@ class Cluster:
             hash_array=key_array,
             external_tokens=ext,
         )
+        req.measured = not is_warmup(self.cfg, item.id, d.due)
         self._wake(w, now)
         return req
 

@@ -15,6 +15,7 @@ from agentkv.placement import POLICIES, add_kv_weight_arg
 from agentkv.scaleout.raytasks import add_ray_arg
 from agentkv.sim.deploy_args import add_deploy_args, deploy_settings
 from agentkv.trace.command import add_trace_args
+from agentkv.trace.warmup import add_warmup_args, parse_think_scale, parse_warmup
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +32,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="concurrent session lanes (default 16); with --session-rate a cap on trees at once (default: none)",
     )
     add_arrival_args(p)
+    add_warmup_args(p)
     p.add_argument(
         "--router", default="kv_aware", choices=POLICIES, help="placement policy (default kv_aware)"
     )
@@ -90,14 +92,23 @@ def add_arrival_args(p: argparse.ArgumentParser) -> None:
 
 
 def arrival_settings(args: argparse.Namespace) -> dict:
-    """SimConfig's lanes, session_rate and arrivals from the flags; a one-line error for a bad rate."""
+    """SimConfig's load from the flags (lanes, session rate, arrivals, think scale, warm-up); one-line
+    errors for a bad rate or warm-up."""
     rate = args.session_rate
     if rate is not None and not 0 < rate < float("inf"):
         from agentkv.errors import UserError
 
         raise UserError(f"--session-rate must be > 0 sessions/s, got {rate:g}")
     lanes = args.lanes if args.lanes is not None or rate is not None else 16
-    return {"lanes": lanes, "session_rate": rate, "arrivals": args.arrivals}
+    warm_n, warm_s = parse_warmup(args.warmup)
+    return {
+        "lanes": lanes,
+        "session_rate": rate,
+        "arrivals": args.arrivals,
+        "think_scale": parse_think_scale(args.think_scale),
+        "warmup_requests": warm_n,
+        "warmup_s": warm_s,
+    }
 
 
 def load_traces(args: argparse.Namespace):

@@ -6,16 +6,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system
-from agentkv.kv.transfer import LinkModel, fabric_link
+from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system, provisioned_power
+from agentkv.kv.transfer import LinkModel, nvlink, rdma
 
 if TYPE_CHECKING:
     from agentkv.sim.cluster import SimConfig
 
-# Per-copy floors and per-transfer setup of KV moves (assumed, not measured here): a copy of one
-# layer's block costs at least this (descriptor issue and completion), a transfer adds a handshake.
-NVLINK_MIN_COPY_S, NVLINK_SETUP_S = 0.5e-6, 10e-6
-RDMA_MIN_COPY_S, RDMA_SETUP_S = 0.5e-6, 30e-6
 DEFAULT_DOMAIN, DEFAULT_NIC_GBPS = 8, 50.0  # a GPU with no system in the catalogue: HGX-like, 400 Gb/s
 
 
@@ -41,12 +37,13 @@ def deployment(cfg: SimConfig) -> Deployment:
     topology (power stays the GPU's board power, since no system was chosen)."""
     if cfg.system is not None:
         s = get_system(cfg.system)
-        basis = f"{s.name} provisioned {s.power_kw:g} kW / {s.gpus} GPUs"
-        return Deployment(get_gpu(s.gpu), s, s.nvlink_domain, s.nic_gbps, s.power_w_per_gpu, basis)
+        w, basis = provisioned_power(s, None)
+        return Deployment(get_gpu(s.gpu), s, s.nvlink_domain, s.nic_gbps, w, basis)
     gpu = get_gpu(cfg.engine.gpu)
     s = _system_of_gpu(gpu)
     domain, nic = (s.nvlink_domain, s.nic_gbps) if s else (DEFAULT_DOMAIN, DEFAULT_NIC_GBPS)
-    return Deployment(gpu, None, domain, nic, gpu.power_w, f"{gpu.name} board power {gpu.power_w:g} W")
+    w, basis = provisioned_power(None, gpu)
+    return Deployment(gpu, None, domain, nic, w, basis)
 
 
 def pool_tp(cfg: SimConfig) -> tuple[int, int]:
@@ -67,7 +64,4 @@ def kv_links(dep: Deployment, override_gbps: float | None) -> tuple[LinkModel, L
     """(NVLink, RDMA) links of one GPU, per direction; `override_gbps` sets both (inf: free)."""
     nv = dep.gpu.gpu_link_gbps if override_gbps is None else override_gbps
     nic = dep.nic_gbps if override_gbps is None else override_gbps
-    return (
-        fabric_link(nv, NVLINK_MIN_COPY_S, NVLINK_SETUP_S),
-        fabric_link(nic, RDMA_MIN_COPY_S, RDMA_SETUP_S),
-    )
+    return nvlink(nv), rdma(nic)

@@ -4,9 +4,8 @@ the interactivity tier. Import-light (argparse only), like command.py."""
 from __future__ import annotations
 
 import argparse
-import re
 
-from agentkv.errors import UserError
+from agentkv.metrics.flags import add_tier_arg
 from agentkv.placement import POLICIES
 
 
@@ -52,45 +51,20 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="refill the trace queue so every lane stays busy (with --duration): steady load for agents per MW",
     )
-    g.add_argument(
-        "--tier",
-        default="tps=20,ttft_p90=10s",
-        metavar="tps=N,ttft_p90=T",
-        help="interactivity tier for agents per GPU and per MW (default tps=20,ttft_p90=10s)",
-    )
-
-
-XPYD = re.compile(r"\s*(\d+)\s*p\s*(\d+)\s*d\s*", re.IGNORECASE)
-
-
-def parse_disagg(spec: str | None, flag: str = "--disagg") -> tuple[int, int]:
-    """`prefill=N,decode=M` or `NpMd` (xPyD) -> (N, M); None -> (0, 0) (aggregated)."""
-    if spec is None:
-        return 0, 0
-    want = f"{flag}: expected prefill=N,decode=M or NpMd (e.g. 2p6d) with N, M >= 1, got {spec!r}"
-    m = XPYD.fullmatch(spec)
-    if m:
-        out = {"prefill": int(m[1]), "decode": int(m[2])}
-    else:
-        out = {}
-        for part in (s.strip() for s in spec.split(",") if s.strip()):
-            key, sep, val = part.partition("=")
-            if not sep or key.strip() not in ("prefill", "decode") or not val.strip().isdigit():
-                raise UserError(want)
-            out[key.strip()] = int(val)
-    if set(out) != {"prefill", "decode"} or min(out.values()) < 1:
-        raise UserError(want)
-    return out["prefill"], out["decode"]
+    add_tier_arg(g)
 
 
 def disagg_fields(value: str) -> dict[str, int]:
     """A `--sweep disagg=NpMd` value as the SimConfig fields it sets."""
+    from agentkv.engine.kv_move import parse_disagg
+
     prefill, decode = parse_disagg(value, "--sweep disagg")
     return {"prefill_workers": prefill, "decode_workers": decode}
 
 
 def deploy_settings(args: argparse.Namespace) -> dict:
     """The SimConfig fields the deployment flags set."""
+    from agentkv.engine.kv_move import parse_disagg
     from agentkv.metrics.tier import parse_tier
 
     prefill, decode = parse_disagg(args.disagg)

@@ -20,6 +20,7 @@ from dataclasses import replace
 import numpy as np
 
 from agentkv.engine.engine import Engine, StepResult
+from agentkv.engine.kv_move import kv_transfer_seconds
 from agentkv.metrics.summary import DisaggStats, Dist, Summary
 from agentkv.placement.policy import RouteRequest, make_policy
 from agentkv.sim.cluster import Cluster, EventKind, SimConfig
@@ -119,19 +120,17 @@ class DisaggCluster(Cluster):
         """Seconds to move `tokens` tokens of prompt KV from `fl`'s prefill worker to `dw`: each decode
         rank receives its shard in copies of one layer's block; the pools' narrower TP bounds the links
         used at once. NVLink within one NVLink domain, else RDMA."""
-        eng = dw.engine
-        tp_p, tp_d = pool_tp(self.cfg)
-        rank_bpt = eng.cost.kv_bytes_per_token  # one decode rank's bytes per token, all layers
-        per_link = tokens * rank_bpt * tp_d / min(tp_p, tp_d)
-        chunk = max(1, int(eng.config.block_size * rank_bpt / eng.model_shape.layers))
         dom = self.dep.nvlink_domain
         same = self.gpu_at[fl.p] // dom == self.gpu_at[dw.index] // dom
         if same:
             self.n_nvlink += 1
         else:
             self.n_rdma += 1
-        self.moved_bytes += tokens * rank_bpt * tp_d
-        return (self.nvlink if same else self.rdma).seconds(int(per_link), chunk)
+        secs, moved = kv_transfer_seconds(
+            dw.engine, tokens, pool_tp(self.cfg)[0], self.nvlink if same else self.rdma
+        )
+        self.moved_bytes += moved
+        return secs
 
     def _transfer(self, fl: _Flight, now: float) -> None:
         """Pick the decode worker and queue the KV's arrival there."""

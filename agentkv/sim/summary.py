@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -13,6 +12,7 @@ from agentkv.metrics.summary import LATENCY_FIGURES, DisaggStats, Sample, Summar
 from agentkv.metrics.tier import interactivity
 from agentkv.sim.deploy import deployment, pool_tp, total_gpus
 from agentkv.trace.plan import Dispatch, ReplayPlan
+from agentkv.trace.warmup import is_warmup, measured, warmup_label, warmup_notes
 
 if TYPE_CHECKING:
     from agentkv.sim.cluster import SimConfig
@@ -46,6 +46,9 @@ class SimSettings(msgspec.Struct, kw_only=True):
     gpus: int = 0
     power_w_per_gpu: float | None = None  # what the per-MW figures divide by
     power_basis: str = ""
+    think_scale: float = 1.0
+    cycle: bool = False  # the traces replayed again as lanes drain (--cycle)
+    warmup: str | None = None  # "100 requests" or "30s": left out of every figure
 
 
 def finished_record(d: Dispatch, req, worker: int | str, ceil_tok: int, prefill=None) -> RequestRecord:
@@ -94,6 +97,20 @@ def pool_hit_rate(workers) -> float | None:
     return sum(w.engine.prefix_cache_hits for w in workers) / queries if queries else None
 
 
+def _measured(records, cfg: SimConfig, workers) -> tuple[list[RequestRecord], float | None, int]:
+    """(the measured records, the engines' prefix-cache hit rate, preemptions): with a warm-up its
+    records are marked and left out, and the engines' counters (which count it) give way to the
+    records' own preemptions and no server-side hit rate."""
+    pools = cfg.prefill_workers > 0
+    if not (cfg.warmup_requests or cfg.warmup_s):
+        hits = pool_hit_rate(workers[: cfg.prefill_workers] if pools else workers)
+        return records, hits, sum(w.engine.num_preemptions for w in workers)
+    for r in records:
+        r.warmup = is_warmup(cfg, r.id, r.scheduled)
+    kept = measured(records)
+    return kept, None, sum(r.preemptions for r in kept)
+
+
 def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
     """The run's settings as summary.json's `config` records them (pools and power included)."""
     tp_p, tp_d = pool_tp(cfg)
@@ -124,6 +141,9 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         gpus=gpus,
         power_w_per_gpu=dep.power_w_per_gpu,
         power_basis=dep.power_basis,
+        think_scale=cfg.think_scale,
+        cycle=cfg.cycle,
+        warmup=warmup_label(cfg),
     )
 
 
@@ -140,7 +160,9 @@ def sim_summary(
 ) -> Summary:
     """The summary of a run: the records' figures, the engines' counters, the settings, and the
     run against its interactivity tier; `disagg`: the pools of a disaggregated run (its prefill
-    pool's engines come first in `workers` and give the reported prefix-cache hit rate)."""
+    pool's engines come first in `workers` and give the reported prefix-cache hit rate). Warm-up
+    records are marked here and left out."""
+    all_records, (records, hit_rate, preempted) = records, _measured(records, cfg, workers)
     ok_in = sum(r.input_tokens for r in records if r.ok) or 1
     by_tier: dict[str, float] = {}
     for r in records:
@@ -164,19 +186,19 @@ def sim_summary(
         target=f"simulated {shape} {dep.gpu.name}{where} {ecfg.model}",
         config=config,
         itl_values=itl,
-        metrics_hit_rate=pool_hit_rate(workers[: cfg.prefill_workers] if pools else workers),
+        metrics_hit_rate=hit_rate,
         timeline=timeline,
         gpus=gpus,
         power_w=dep.power_w_per_gpu,
-        preemptions=sum(w.engine.num_preemptions for w in workers),
+        preemptions=preempted,
         by_tier=by_tier,
-        notes=notes,
+        notes=[*notes, *warmup_notes(cfg, len(all_records) - len(records), "simulated")],
         clocks={**dict.fromkeys(LATENCY_FIGURES, "virtual"), "duration": "virtual"},
     )
     summary.disagg = disagg
+    summary.warmup_requests = len(all_records) - len(records)
     tier = (cfg.tier_tps, cfg.tier_ttft_p90)
-    offered = cfg.lanes if cfg.lanes is not None else max(1, math.ceil(trees or 0))  # --session-rate: no cap
     summary.interactivity = interactivity(
-        summary, offered, gpus, dep.power_w_per_gpu, tier, dep.power_basis, mean_trees=trees
+        summary, cfg.lanes, gpus, dep.power_w_per_gpu, tier, dep.power_basis, mean_trees=trees
     )
     return summary

@@ -26,6 +26,7 @@ from agentkv.sim.cluster import SimConfig, simulate
 from agentkv.sim.deploy_args import disagg_fields
 from agentkv.sim.knee import best_line, knees
 from agentkv.terminal import EXIT_INTERRUPTED, StopRequest, ignore_sigint, show
+from agentkv.trace.command import selection_of
 from agentkv.units import parse_capacity, parse_duration
 
 _GIB = float(1 << 30)
@@ -248,6 +249,8 @@ def run_sweep(args: argparse.Namespace, base: SimConfig, console: Console) -> in
         total, interrupted = len(results), False
     else:
         keys, results, total, interrupted = _grid_results(args, base, console)
+    for _, s in results:  # as a single run records it, so `agentkv compare` sees a different selection
+        s.config["selection"] = selection_of(args)
     if args.json:
         out = [{"overrides": o, "summary": msgspec.to_builtins(s)} for o, s in results]
         sys.stdout.write(msgspec.json.format(msgspec.json.encode(out), indent=2).decode() + "\n")

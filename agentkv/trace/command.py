@@ -92,6 +92,7 @@ def selection_of(args: argparse.Namespace) -> dict:
         "traces_limit": getattr(args, "traces_limit", None),
         "max_context": getattr(args, "max_context", None),
         "over_context": getattr(args, "over_context", None),
+        "trace_block_size": getattr(args, "trace_block_size", None),
     }
 
 

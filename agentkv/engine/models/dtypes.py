@@ -6,8 +6,11 @@ import re
 
 from agentkv.errors import UserError
 
-DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5}
-KV_DTYPES = ("bf16", "fp16", "fp8")
+# NVFP4 KV (vLLM's --kv-cache-dtype nvfp4, TensorRT-LLM's NVFP4 KV cache): e2m1 values, half a byte,
+# plus one fp8 (E4M3) scale per 16 elements; the per-tensor fp32 scale is left out (a few bytes a layer)
+NVFP4_BYTES = 0.5 + 1 / 16
+DTYPE_BYTES = {"bf16": 2.0, "fp16": 2.0, "fp8": 1.0, "fp4": 0.5, "nvfp4": NVFP4_BYTES}
+KV_DTYPES = ("bf16", "fp16", "fp8", "nvfp4")
 
 
 def lookup_key(name: str) -> str:

@@ -82,6 +82,12 @@ def kv_layout(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int =
     )
 
 
+def page_bytes(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int = 1) -> int:
+    """vLLM's page, the unit `num_gpu_blocks` counts in: `group_size` layers of the largest page."""
+    size = group_size(shape.groups)
+    return int(size * max(layer_block_bytes(g, block_size, dtype, tp) for g in shape.attention_groups))
+
+
 def dense_block_bytes(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int = 1) -> float:
     """One block if every layer group kept every token (today's single-table sizing)."""
     return shape.kv_bytes_per_token(dtype, tp) * block_size

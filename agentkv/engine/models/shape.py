@@ -186,6 +186,17 @@ class ModelShape:
         check_dtype(dtype, KV_DTYPES)
         return sum(g.bytes_per_token(dtype, tp) for g in self.attention_groups)
 
+    def check_kv_dtype(self, dtype: str) -> None:
+        """UserError when engines cannot keep this model's KV in `dtype`: NVFP4 KV is attention's per-head
+        K and V; vLLM's MLA backends cache the latent in fp8 at most (FlashInfer-MLA: auto, bf16, fp8)."""
+        check_dtype(dtype, KV_DTYPES)
+        mla = [g.name for g in self.groups if g.kind is GroupKind.MLA or g.fixed_entry_bytes]
+        if dtype == "nvfp4" and mla:
+            raise UserError(
+                f"--kv-cache-dtype nvfp4: {self.name} caches an MLA latent ({mla[0]}); "
+                "vLLM's MLA attention backends take fp8 KV at most"
+            )
+
     def long_context_bytes_per_token(self, dtype: str = "bf16", tp: int = 1) -> float:
         """What one more token adds once the sequence is longer than every window and chunk: the full
         attention and MLA groups only (windowed groups and states stop growing)."""

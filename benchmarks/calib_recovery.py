@@ -1,0 +1,145 @@
+"""Coefficient recovery: `agentkv calibrate` against `agentkv serve` started with known coefficients.
+
+Run: .venv/bin/python benchmarks/calib_recovery.py [--gpu h100 --model qwen2.5-7b --time-scale 1]
+     [--budget 60s] [--runs 3] [--keep DIR]
+
+Each run starts serve (a subprocess) with the coefficients below, calibrates it (a subprocess),
+and prints each fitted coefficient against the truth with its standard error, the fit's MAPE per
+family, and per probe the measured time, the engine time of the model serve ran (`true`), what
+the host added (measured - true: HTTP, parsing, the event loop) and the fitted model's time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+from agentkv.calib import fit as F
+from agentkv.calib.plan import Probe
+from agentkv.engine.cost import CostCoefficients, load_coefficients
+
+CLI = [sys.executable, "-m", "agentkv.cli"]
+# unlike the bundled H200 fit, as tests/test_calibrate.py starts serve
+TRUTH = dict(gemm_eff=0.7, overlap_k=1.6, attn_self_eff=0.6, attn_past_eff=0.3, stream_gbps=80.0)
+TRUTH |= dict(past_setup_s=50e-6, launch_floor_s=60e-6, floor_k=2.5)
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            raise SystemExit(f"serve exited with {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=2).close()
+            return
+        except OSError:
+            time.sleep(0.2)
+    raise SystemExit(f"{url} did not answer in {timeout:.0f} s")
+
+
+def calibrate_once(args: argparse.Namespace, tmp: Path, i: int) -> dict:
+    """Start serve with TRUTH, calibrate it into tmp/profile-<i>.json, stop serve; the profile."""
+    truth = tmp / "true.json"
+    truth.write_text(json.dumps({"name": "true", "coefficients": true_coeffs().to_dict()}))
+    port = _port()
+    shape = ["--gpu", args.gpu, "--model", args.model, "-tp", str(args.tp)]
+    serve = [*CLI, "serve", "--port", str(port), "--time-scale", str(args.time_scale), *shape]
+    with open(tmp / f"serve-{i}.log", "w") as log:
+        proc = subprocess.Popen([*serve, "--profile", str(truth)], stdout=log, stderr=subprocess.STDOUT)
+    out = tmp / f"profile-{i}.json"
+    try:
+        _wait(f"http://127.0.0.1:{port}/health", proc)
+        t0 = time.monotonic()
+        cmd = [*CLI, "calibrate", "--target", f"http://127.0.0.1:{port}", "--out", str(out), "-q"]
+        res = subprocess.run([*cmd, "--budget", args.budget, "--repeats", str(args.repeats)], text=True)
+        print(f"run {i}: calibrate exit {res.returncode} in {time.monotonic() - t0:.0f} s, load {_load()}")
+    finally:
+        proc.terminate()
+        proc.wait(15)
+    return json.loads(out.read_text())
+
+
+def true_coeffs() -> CostCoefficients:
+    return replace(load_coefficients(), **TRUTH)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def report(doc: dict) -> dict[str, float]:
+    """Print one profile's recovery and per-probe table; the coefficients' signed errors (%)."""
+    fitted = CostCoefficients(**doc["coefficients"])
+    se = doc["fit"]["stderr_pct"]
+    errs = {}
+    print(f"{'coefficient':16s} {'true':>10s} {'fitted':>10s} {'error':>8s} {'stderr%':>8s}")
+    for name, v in TRUTH.items():
+        got = getattr(fitted, name)
+        errs[name] = (got / v - 1) * 100
+        s = "-" if se.get(name) is None else f"{se[name]:.1f}"
+        print(f"{name:16s} {v:10.4g} {got:10.4g} {errs[name]:+7.1f}% {s:>8s}")
+    ov = doc["fit"]["overhead"]
+    print(
+        f"overhead: {ov['request_s'] * 1e3:.2f} ms per request, {ov['prompt_token_s'] * 1e6:.3f} us per token"
+    )
+    print("fit MAPE %:", ", ".join(f"{k} {v:.1f}" for k, v in doc["fit"]["mape_pct"].items()))
+    t = F.Target(**doc["modelled_as"])
+    true_cm, fit_cm = t.cost(true_coeffs()), t.cost(fitted)
+    oh = (ov["request_s"], ov["prompt_token_s"])
+    print(f"{'probe':44s} {'measured':>9s} {'true':>9s} {'host':>8s} {'fitted':>9s}  (ms)")
+    off: dict[str, list[float]] = {}  # the fitted engine against the true one, no overheads
+    for p in [Probe(**x) for x in doc["probes"]]:
+        m, tr = p.measured_s * 1e3, F.predict(true_cm, t, p) * 1e3
+        print(f"{p.label():44s} {m:9.2f} {tr:9.2f} {m - tr:+8.2f} {F.predict(fit_cm, t, p, oh) * 1e3:9.2f}")
+        off.setdefault(p.family, []).append(abs(F.predict(fit_cm, t, p) * 1e3 / tr - 1) * 100)
+    print(
+        "fitted vs true engine, mean |error| %:",
+        ", ".join(f"{k} {sum(v) / len(v):.1f}" for k, v in off.items()),
+    )
+    return errs
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gpu", default="h100")
+    ap.add_argument("--model", default="qwen2.5-7b")
+    ap.add_argument("--tp", type=int, default=1)
+    ap.add_argument("--time-scale", type=float, default=1.0)
+    ap.add_argument("--budget", default="60s")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument(
+        "--keep", default=None, help="folder for the profiles and serve logs (default: a temp one)"
+    )
+    ap.add_argument("--profiles", nargs="*", default=None, help="report these profiles instead of running")
+    args = ap.parse_args()
+    docs = [json.loads(Path(p).read_text()) for p in args.profiles] if args.profiles else []
+    tmp = Path(args.keep or tempfile.mkdtemp(prefix="calib-recovery-"))
+    tmp.mkdir(parents=True, exist_ok=True)
+    for i in range(0 if docs else args.runs):
+        docs.append(calibrate_once(args, tmp, i))
+    all_errs = [report(d) for d in docs]
+    if len(all_errs) > 1:
+        print("signed error % per run:")
+        for name in TRUTH:
+            print(f"{name:16s} " + " ".join(f"{e[name]:+7.1f}" for e in all_errs))
+    print(f"profiles in {tmp}")
+
+
+if __name__ == "__main__":
+    main()

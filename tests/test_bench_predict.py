@@ -1,0 +1,118 @@
+"""`agentkv bench --predict PROFILE`: one command benches and predicts the run. Against the embedded
+server with a profile of its own coefficients the prediction matches; a bad profile fails before
+the run; a failed run is not predicted."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from agentkv.cli import main
+from agentkv.engine.cost import load_coefficients
+from tests.cluster import CLI
+from tests.serveutil import stream_server_process
+
+SHORT = ["--max-requests", "8", "--duration", "none", "--time-scale", "10", "-q"]
+
+
+def _profile(path: Path, **over) -> Path:
+    """A profile of the embedded server's own model: its GPU and model, the bundled coefficients."""
+    doc = {
+        "name": "embedded",
+        "coefficients": load_coefficients().to_dict(),
+        "modelled_as": {"gpu": "h200", "model": "llama3-8b"},
+    }
+    path.write_text(json.dumps(doc | over))
+    return path
+
+
+def _bench(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([*CLI, "bench", *argv], capture_output=True, text=True, timeout=timeout)
+
+
+def test_bench_predict_against_the_embedded_server(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    res = _bench(*SHORT, "--out", str(out), "--predict", str(_profile(tmp_path / "p.json")))
+    assert res.returncode == 0, res.stderr
+    assert "prefix-cache hit rate" in res.stdout and "output throughput" in res.stdout
+    doc = json.loads((out / "prediction.json").read_text())
+    rows = (out / "predictions.jsonl").read_text().splitlines()
+    summary = json.loads((out / "summary.json").read_text())
+    assert doc["requests"] == len(rows) == summary["succeeded"] == 8
+    # serve steps the same engine with these coefficients: hits equal, throughput within a few %
+    assert doc["hit_rate"]["predicted"] == pytest.approx(doc["hit_rate"]["measured"], abs=1e-9)
+    assert doc["hit_rate"]["measured"] > 0.1
+    assert abs(doc["throughput"]["diff_pct"]) < 3.0, doc["throughput"]
+    # engine-clock stamps: each request arrives as it did; a busy host's late steps are the rest
+    assert doc["overall"]["e2e"]["mape_pct"] < 10.0, doc["overall"]
+    assert "Prediction" in (out / "report.html").read_text()
+    assert main(["compare", str(out), str(out), "--json"]) == 0
+    assert str(out) in json.loads(capsys.readouterr().out)["predictions"]
+
+
+def _main(capsys, *argv: str) -> tuple[int, str]:
+    """`agentkv bench ARGV` in this process: (exit status, stderr)."""
+    rc = main(["bench", *argv])
+    return rc, capsys.readouterr().err
+
+
+def test_a_bad_profile_fails_before_the_run(tmp_path: Path, capsys) -> None:
+    coeffs = load_coefficients().to_dict() | {"gemm_eff": -1}
+    cases = [
+        (tmp_path / "none.json", "none.json: cannot read the profile"),
+        (_profile(tmp_path / "c.json", coefficients=coeffs), "c.json: 'coefficients'"),
+        (
+            _profile(tmp_path / "m.json", modelled_as={"gpu": "h200", "model": "nope"}),
+            "m.json: 'modelled_as'",
+        ),
+        (_profile(tmp_path / "t.json", modelled_as=[]), "t.json: 'modelled_as' must be an object"),
+    ]
+    for path, says in cases:
+        # a target nobody listens on: the check must come before bench reads the traces or connects
+        rc, err = _main(
+            capsys, "--target", "http://127.0.0.1:9", "--out", str(tmp_path / "o"), "--predict", str(path)
+        )
+        assert rc == 2 and says in err and len(err.strip().splitlines()) == 1, (path, err)
+        assert not (tmp_path / "o").exists()
+    rc, err = _main(capsys, "--sweep", "lanes=1,2", "--predict", str(_profile(tmp_path / "p.json")))
+    assert rc == 2 and "--predict simulates one run" in err, err
+
+
+def test_a_failed_run_is_not_predicted(tmp_path: Path, capsys) -> None:
+    out = tmp_path / "run"
+    with stream_server_process("--ignore-stream") as url:  # every request fails: the run is invalid
+        rc, err = _main(
+            capsys,
+            *SHORT,
+            "--target",
+            url,
+            "--out",
+            str(out),
+            "--predict",
+            str(_profile(tmp_path / "p.json")),
+        )
+    assert rc == 3 and "no prediction: the run is invalid (exit 3)" in err, err
+    assert (out / "summary.json").is_file() and not (out / "prediction.json").exists()
+
+
+def test_an_interrupted_run_is_not_predicted(tmp_path: Path) -> None:
+    out, prof = tmp_path / "run", _profile(tmp_path / "p.json")
+    with stream_server_process("--itl", "0.02") as url:  # streams of a few hundred ms
+        p = subprocess.Popen(
+            [*CLI, "bench", "--target", url, "--out", str(out), "-q", "--predict", str(prof)],
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(600):  # until a request has finished
+            if (out / "requests.jsonl").is_file() and (out / "requests.jsonl").read_text():
+                break
+            time.sleep(0.05)
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "no prediction: the run was interrupted (exit 130)" in err, err
+    assert (out / "summary.json").is_file() and not (out / "prediction.json").exists()
