@@ -138,3 +138,21 @@ def test_arrived_kv_of_a_whole_block_prompt_is_admitted_on_a_hybrid_model():
     )
     s = simulate(_traces(4096, 8, n=4, turns=3), cfg).summary
     assert s.succeeded == 12 and s.failed == 0
+
+
+def test_a_run_that_stalls_with_requests_queued_is_invalid():
+    """Should requests be left waiting with nothing to step (as the hybrid admission bug left them),
+    the run says how many never finished and is invalid, instead of a valid summary of the rest."""
+    from agentkv.sim.disagg import DisaggCluster
+
+    class _LosesArrivals(DisaggCluster):
+        def _kv_arrived(self, w, now, seq):  # the KV arrives but the decode worker never queues it
+            self.arrivals.pop(seq)
+
+    cfg = SimConfig(engine=EngineConfig(max_model_len=32_000), lanes=2, max_requests=6)
+    cfg = dataclasses.replace(cfg, prefill_workers=1, decode_workers=1)
+    s = _LosesArrivals(_traces(512, 4, n=2, turns=3), cfg).run().summary
+    assert not s.valid and s.succeeded == 0
+    assert "released requests never finished" in s.invalid_reason
+    ok = simulate(_traces(512, 4, n=2, turns=3), cfg).summary
+    assert ok.valid and ok.succeeded == 6
