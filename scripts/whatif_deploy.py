@@ -1,14 +1,15 @@
-"""Deployment what-if (docs/simulate.md): DeepSeek shapes on 8x H200, 8x B200, GB300 and Vera Rubin NVL72
-slices; agents/MW at an interactivity tier by a lanes search, beside AA-AgentPerf's published figures.
+"""Deployment what-if (docs/simulate.md): DeepSeek shapes on 8x H200, B200, B300, MI355X, GB300 and
+Vera Rubin NVL72; agents/MW at an interactivity tier by a lanes search, beside AA-AgentPerf's figures.
 
 Each row runs `agentkv simulate` (this checkout's) per lanes point with --cycle --warm-start and a
-bisection on lanes; a rack is simulated as one 8-GPU (or 16-GPU disaggregated) slice priced at the
-rack's provisioned power per GPU. --quick runs one small row (for tests)."""
+bisection on lanes; a rack is simulated as one 8-GPU slice priced at the rack's provisioned power per
+GPU, or with --rack as the whole 72 GPUs. --quick runs one small row (for tests)."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import resource
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -21,16 +22,36 @@ MODELS = {
     "DeepSeek-V4-Flash": "deepseek-v4-flash",
     "DeepSeek-V3": "deepseek-v3",
 }
-SYSTEMS = {"8x H200": "dgx-h200", "8x B200": "dgx-b200", "GB300 NVL72": "gb300-nvl72", "VR NVL72": "vr-nvl72"}
+SYSTEMS = {
+    "8x H200": "dgx-h200",
+    "8x B200": "dgx-b200",
+    "8x B300": "dgx-b300",
+    "8x MI355X": "mi355x-8",
+    "GB300 NVL72": "gb300-nvl72",
+    "VR NVL72": "vr-nvl72",
+}
 MODES = {
     "agg": ["-tp", "8"],
     "disagg": ["--disagg", "prefill=1,decode=1", "-tp", "4", "--decode-router", "session"],
     # wide EP on a rack: 8 of the 72 DP ranks (tp 1) whose experts spread over all 72 GPUs
     "wide-ep": ["-tp", "1", "-dp", "72", "-ep", "--workers", "8"],
 }
+# --rack: the whole 72-GPU rack in one simulation (9 TP 8 engines; 3 TP 8 prefill + 6 TP 8 decode
+# engines; or all 72 DP ranks of the wide-EP group)
+RACK_MODES = {
+    "agg": ["-tp", "8", "--workers", "9"],
+    "disagg": ["--disagg", "3p6d", "-tp", "8", "--decode-router", "session"],
+    "wide-ep": ["-tp", "1", "-dp", "72", "-ep", "--workers", "72"],
+}
+RACK_LABEL = {"agg": "9x TP8", "disagg": "3p6d TP8", "wide-ep": "72 DP ranks"}
 # AA-AgentPerf, DeepSeek-V4-Pro, >= 20 tok/s per user, TTFT <= 10 s: agents per MW (per GPU)
-AA = {"dgx-h200": (2594, 1.4), "gb300-nvl72": (61354, 57.5)}
-AA_OTHER = "B300 21,053/MW; MI355X 3,551/MW (no row here)"
+# (B300 and MI355X: per MW only; no per-GPU figure published with them)
+AA = {
+    "dgx-h200": (2594, 1.4),
+    "gb300-nvl72": (61354, 57.5),
+    "dgx-b300": (21053, None),
+    "mi355x-8": (3551, None),
+}
 DEFAULT_TIER, RELAXED_TIER = (20.0, 10.0), (5.0, 30.0)
 
 
@@ -42,6 +63,8 @@ class Row:
     quant: str
     offload: str = ""
     imbalance: float = 1.0  # --expert-imbalance (wide-ep rows)
+    rack: bool = False  # the whole 72-GPU rack, not an 8-GPU slice
+    cpu_s: float = 0.0  # CPU seconds of its simulate processes
     points: dict = field(default_factory=dict)  # lanes -> summary (or error string)
     error: str = ""
 
@@ -49,16 +72,24 @@ class Row:
 def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
     """One `agentkv simulate` point as JSON, or its one-line error."""
     cmd = [sys.executable, "-m", "agentkv.cli", "simulate", a.traces, "--traces-limit", str(a.traces_limit)]
-    cmd += ["--model", MODELS[row.model], "--system", SYSTEMS[row.system], *MODES[row.mode]]
+    cmd += ["--model", MODELS[row.model], "--system", SYSTEMS[row.system]]
+    cmd += RACK_MODES[row.mode] if row.rack else MODES[row.mode]
     cmd += ["--cycle", "--warm-start", "--duration", a.duration, "--lanes", str(lanes), "-q", "--json"]
     cmd += ["--quantization", row.quant] if row.quant != "default" else []
     cmd += ["--cpu-offload", row.offload] if row.offload else []
     cmd += ["--expert-imbalance", str(row.imbalance)] if row.mode == "wide-ep" else []
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
-    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=900)
+    before = _children_cpu()
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=a.point_timeout)
+    row.cpu_s += _children_cpu() - before
     if p.returncode != 0:
         return (p.stderr.strip().splitlines() or ["failed"])[-1].removeprefix("agentkv: error: ")
     return json.loads(p.stdout)
+
+
+def _children_cpu() -> float:
+    u = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return u.ru_utime + u.ru_stime
 
 
 def meets(s: dict, tier: tuple[float, float]) -> bool:
@@ -68,9 +99,16 @@ def meets(s: dict, tier: tuple[float, float]) -> bool:
 
 def point(row: Row, lanes: int, a) -> dict | str:
     if lanes not in row.points:
+        before = row.cpu_s
         row.points[lanes] = simulate(row, lanes, a)
         if a.progress:
-            print(f"  {row.model} {row.system} {row.mode} {row.quant} lanes={lanes}", file=sys.stderr)
+            rack = " rack" if row.rack else ""
+            print(
+                f"  {row.model} {row.system} {row.mode}{rack} {row.quant} lanes={lanes}: "
+                f"{row.cpu_s - before:.0f} s CPU",
+                file=sys.stderr,
+                flush=True,
+            )
     return row.points[lanes]
 
 
@@ -110,33 +148,43 @@ def ratio(row: Row, f: dict) -> str:
     ref = AA.get(SYSTEMS[row.system]) if row.model == "DeepSeek-V4-Pro" else None
     if not ref:
         return "-"
-    r, g = f["agents_mw"] / ref[0], f["agents_gpu"] / ref[1]
 
     def out(x: float) -> str:
         return "" if 0.5 <= x <= 2.0 else " (outside 0.5-2x)"
 
-    return f"{r:.2f}x of {ref[0]:,}/MW{out(r)}; {g:.2f}x of {ref[1]}/GPU{out(g)}"
+    r = f["agents_mw"] / ref[0]
+    text = f"{r:.2f}x of {ref[0]:,}/MW{out(r)}"
+    if ref[1] is None:
+        return text
+    g = f["agents_gpu"] / ref[1]
+    return f"{text}; {g:.2f}x of {ref[1]}/GPU{out(g)}"
 
 
 def run_row(row: Row, a) -> str:
     """One table line: the default tier's knee, else the relaxed tier's, else the 1-lane figures."""
-    tier_name, k = "default", knee(row, DEFAULT_TIER, 1, a.max_lanes, a)
+    lo = a.min_lanes or (9 if row.rack else 1)  # a rack: one lane per TP 8 engine at least
+    tier_name, k = "default", knee(row, DEFAULT_TIER, lo, a.max_lanes, a)
     if k is None and not row.error:
-        tier_name, k = "relaxed", knee(row, RELAXED_TIER, 1, a.max_lanes, a)
+        tier_name, k = "relaxed", knee(row, RELAXED_TIER, lo, a.max_lanes, a)
     mode = f"{row.mode} (imbalance {row.imbalance:g})" if row.mode == "wide-ep" else row.mode
+    mode += f" ({RACK_LABEL[row.mode]}, whole rack)" if row.rack else ""
     label = (
         f"| {row.model} | {row.system} | {mode} | {row.quant}{' +CPU ' + row.offload if row.offload else ''}"
     )
+    cpu = f" {row.cpu_s:,.0f} s ({len(row.points)}) |"
     if row.error:
-        return f"{label} | - | error: {row.error} | | | | | | |"
+        return f"{label} | - | error: {row.error} | | | | | | |{cpu}"
     if k is None:
-        f, tier_name = figures(row.points[1]), "none met (1 lane)"
-        return f"{label} | {f['gpus']} | {tier_name} | - | - | - | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s |"
+        f, tier_name = figures(row.points[lo]), f"none met ({lo} lanes)"
+        return (
+            f"{label} | {f['gpus']} | {tier_name} | - | - | - | {f['mtok_mw']:.2f} | {f['tps']:.1f} "
+            f"| {f['ttft']:.1f} s |{cpu}"
+        )
     f = figures(row.points[k])
     at = f"{k}{'+' if k == a.max_lanes else ''}"
     return (
         f"{label} | {f['gpus']} | {tier_name}: {at} lanes | {f['agents_gpu']:.2f} | {f['agents_mw']:,.0f} | "
-        f"{ratio(row, f)} | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s |"
+        f"{ratio(row, f)} | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s |{cpu}"
     )
 
 
@@ -144,6 +192,10 @@ def rows(a) -> list[Row]:
     if a.quick:
         return [Row("DeepSeek-V4-Pro", "8x H200", "agg", "default")]
     out = []
+    if a.rack:
+        racks = [s for s in a.systems.split(",") if "NVL72" in s]
+        kinds = [k for k in a.rows.split(",") if k in RACK_MODES]
+        return [Row(m, s, k, "default", rack=True) for m in a.models.split(",") for s in racks for k in kinds]
     if a.wide_ep:
         racks = [s for s in a.systems.split(",") if "NVL72" in s]
         return [
@@ -177,6 +229,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--systems", default=",".join(SYSTEMS))
     ap.add_argument("--rows", default="agg,fp4,disagg,cpu", help="which rows per model and system")
     ap.add_argument("--wide-ep", action="store_true", help="only wide-EP rows (racks; imbalance 1.0 and 1.5)")
+    ap.add_argument(
+        "--rack",
+        action="store_true",
+        help="simulate the NVL72 systems' whole 72 GPUs (rows agg: 9x TP8, disagg: 3p6d TP8, wide-ep: "
+        "72 DP ranks) with lanes searched from 9 to --max-lanes",
+    )
+    ap.add_argument(
+        "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"
+    )
+    ap.add_argument("--point-timeout", type=float, default=3600.0, help="seconds per simulate point")
     ap.add_argument("--progress", action="store_true", help="print each point to stderr")
     a = ap.parse_args(argv)
     if a.quick:
@@ -192,12 +254,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| model | system | mode | weights | GPUs sim'd | knee | agents/GPU | agents/MW | vs AA-AgentPerf "
-        "| M tok/s per MW | tok/s/user p50 | TTFT p90 |"
+        "| M tok/s per MW | tok/s/user p50 | TTFT p90 | CPU (points) |"
     )
-    print("|---|---|---|---|---:|---|---:|---:|---|---:|---:|---:|")
+    print("|---|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|")
     for r in rows(a):
         print(run_row(r, a), flush=True)
-    print(f"# other AA-AgentPerf figures: {AA_OTHER}")
     return 0
 
 

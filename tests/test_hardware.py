@@ -85,7 +85,8 @@ def test_missing_dtype_rate_is_a_user_error():
         get_gpu("h100").tflops("fp4")
     with pytest.raises(UserError, match="MI300X has no published dense fp4"):
         get_gpu("mi300x").tflops("fp4")
-    assert get_gpu("rubin").tflops("fp8") == 17500  # NVIDIA's preliminary FP8 figure
+    # NVIDIA: 1.2 EF FP8/FP6 per VR NVL72 rack, 17.5 PF per GPU (72 x 17.5 = 1.26 EF), dense
+    assert get_gpu("rubin").tflops("fp8") == 17500
     with pytest.raises(UserError, match="int3"):
         get_gpu("h200").tflops("int3")
 

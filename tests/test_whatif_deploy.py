@@ -53,3 +53,37 @@ def test_a_failing_point_is_reported_not_hidden(tmp_path):
     assert p.returncode == 0
     rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| DeepSeek-V3")]
     assert len(rows) == 1 and "error:" in rows[0]
+
+
+@pytest.mark.skipif(not TRACES.is_dir(), reason="needs the shared Claude Code traces")
+def test_rack_row_simulates_all_72_gpus_and_reports_its_cpu():
+    """--rack: the GB300 NVL72 row is 9 TP 8 engines in one simulation (72 GPUs), priced at the
+    rack's provisioned W per GPU, with the CPU seconds of its points."""
+    p = _run(
+        *("--rack", "--models", "DeepSeek-V4-Pro", "--systems", "GB300 NVL72", "--rows", "agg"),
+        *("--traces-limit", "2", "--duration", "30s", "--max-lanes", "9"),
+    )
+    assert p.returncode == 0, p.stderr
+    rows = [ln for ln in p.stdout.splitlines() if ln.startswith("| DeepSeek-V4-Pro | GB300 NVL72")]
+    assert len(rows) == 1, p.stdout
+    cells = [c.strip() for c in rows[0].strip("|").split("|")]
+    assert cells[2] == "agg (9x TP8, whole rack)" and cells[4] == "72"
+    if cells[5].startswith("default:"):
+        agents_gpu, agents_mw = float(cells[6]), float(cells[7].replace(",", ""))
+        assert agents_gpu == pytest.approx(agents_mw * (142e3 / 72) / 1e6, abs=0.006)  # 2 decimals
+    assert cells[-1].endswith("(1)") and cells[-1].split()[0].replace(",", "").isdigit()
+
+
+def test_per_mw_only_reference_gives_one_ratio():
+    """B300 and MI355X are published per MW only: the ratio names that figure, no per-GPU one."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("whatif_deploy", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    row = mod.Row("DeepSeek-V4-Pro", "8x MI355X", "agg", "default")
+    text = mod.ratio(row, {"agents_mw": 3551 * 3.0, "agents_gpu": 5.0})
+    assert text == "3.00x of 3,551/MW (outside 0.5-2x)"
+    row = mod.Row("DeepSeek-V4-Pro", "8x B300", "agg", "default")
+    assert mod.ratio(row, {"agents_mw": 21053 * 0.6, "agents_gpu": 1.0}) == "0.60x of 21,053/MW"

@@ -140,8 +140,11 @@ GPUS: tuple[GPU, ...] = (
         1800,
         2050,
         ("rubin", "vr200", "vera-rubin", "rubin-vr200", "vr200-nvl72"),
-        "preliminary: 22 TB/s (earlier 13), ~4,000 bf16 TFLOP/s, fp8 17,500 (NVIDIA's 'FP8/FP6 training "
-        "17.5 PF' per GPU, 1.2 EF FP8 per rack; dense assumed) [S, preliminary], 1,800-2,300 W (midpoint)",
+        "preliminary: 22 TB/s (earlier 13), ~4,000 bf16 TFLOP/s [?]; fp8 17,500: NVIDIA's CES 2026 "
+        "'FP8/FP6 training' figure, 1.2 EF per VR NVL72 rack (72 x 17.5 PF = 1.26 EF; half the 35 PF NVFP4 "
+        "training rate), dense: NVIDIA calls it 3.3x GB300 NVL72, whose dense fp8 is 0.36 EF (0.72 EF with "
+        "sparsity) [S: press coverage of NVIDIA's announcement]; fp4 50,000 is the 'NVFP4 inference' figure "
+        "(adaptive compression; 35,000 for training) [S]; 1,800-2,300 W (midpoint) [?]",
     ),
     GPU("MI300X", 192, 5.3, 1307, 2615, None, 64, 448, 750, ("mi300x", "mi300")),
     GPU("MI325X", 256, 6.0, 1307, 2615, None, 64, 448, 1000, ("mi325x", "mi325")),
@@ -226,7 +229,7 @@ SYSTEMS: tuple[System, ...] = (
         8,
         50,
         14.0,
-        ("mi355x-8", "8xmi355x"),
+        ("mi355x-8", "8xmi355x", "mi355x"),
         "AMD Instinct MI355X: 1,400 W per GPU [S]; node ~14 kW = 8x 1.4 kW + ~2.8 kW host, an estimate [?]; "
         "Pollara 400 Gb/s NIC per GPU [S]",
     ),

@@ -4,6 +4,7 @@ One home for `simulate --disagg` and `serve --disagg`, so both price a transfer 
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING
 
 from agentkv.errors import UserError
@@ -26,16 +27,21 @@ def kv_transfer_seconds(dst: Engine, tokens: int, tp_src: int, link: LinkModel) 
     return link.seconds(int(per_link), chunk), int(tokens * rank_bpt * tp_dst)
 
 
-def parse_disagg(spec: str | None) -> tuple[int, int]:
-    """`prefill=N,decode=M` -> (N, M); None -> (0, 0) (aggregated)."""
+XPYD = re.compile(r"\s*(\d+)\s*p\s*(\d+)\s*d\s*", re.IGNORECASE)
+
+
+def parse_disagg(spec: str | None, flag: str = "--disagg") -> tuple[int, int]:
+    """`prefill=N,decode=M` or `NpMd` (vLLM's and llm-d's xPyD) -> (N, M); None -> (0, 0) (aggregated)."""
     if spec is None:
         return 0, 0
-    out: dict[str, int] = {}
-    for part in (s.strip() for s in spec.split(",") if s.strip()):
+    want = f"{flag}: expected prefill=N,decode=M or NpMd (e.g. 2p6d) with N, M >= 1, got {spec!r}"
+    m = XPYD.fullmatch(spec)
+    out: dict[str, int] = {"prefill": int(m[1]), "decode": int(m[2])} if m else {}
+    for part in () if m else (s.strip() for s in spec.split(",") if s.strip()):
         key, sep, val = part.partition("=")
         if not sep or key.strip() not in ("prefill", "decode") or not val.strip().isdigit():
-            raise UserError(f"--disagg: expected prefill=N,decode=M, got {spec!r}")
+            raise UserError(want)
         out[key.strip()] = int(val)
     if set(out) != {"prefill", "decode"} or min(out.values()) < 1:
-        raise UserError(f"--disagg: expected prefill=N,decode=M with N, M >= 1, got {spec!r}")
+        raise UserError(want)
     return out["prefill"], out["decode"]

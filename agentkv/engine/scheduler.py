@@ -101,8 +101,9 @@ class Scheduler:
             return n  # decoding
         bs = self.pool.block_size
         last = req.num_tokens - req.num_tokens % bs
-        if computed < last:
-            n = min(n, last - computed) // bs * bs
+        if computed < last:  # the chunk's end on a block boundary; `computed` need not be on one
+            # (a disaggregated decode's arrived KV ends a token short of the prompt)
+            n = max(0, min(computed + n, last) // bs * bs - computed)
         return n
 
     def _lookup(self, req: EngineRequest) -> None:

@@ -212,7 +212,14 @@ class Cluster:
                 done = len(self.records)
                 self.progress(done, self.total)
         sim_s = max((r.end for r in self.records), default=0.0)
-        return SimResult(self.records, self._summary(), time.perf_counter() - wall0, sim_s)
+        summary = self._summary()
+        if plan.in_flight:  # nothing left to step, yet requests never ended: report, never hide
+            why = f"{plan.in_flight:,} released requests never finished (the simulation stalled with them queued)"
+            summary.notes.append(why)
+            summary.valid = False
+            summary.invalid_reasons.append(why)
+            summary.invalid_reason = "; ".join(summary.invalid_reasons)
+        return SimResult(self.records, summary, time.perf_counter() - wall0, sim_s)
 
     def _push(self, t: float, w: SimWorker, kind: EventKind, version: int | None = None) -> int:
         """Queue an event for `w` at `t` (stale once `w.version` moves on, unless `version` is -1)."""
@@ -375,8 +382,15 @@ def simulate(
 ) -> SimResult:
     """Replay `traces` on `cfg.workers` simulated engines (or disaggregated prefill and decode
     pools when `cfg.prefill_workers` > 0); returns records and the summary."""
+    return make_cluster(traces, cfg, progress).run()
+
+
+def make_cluster(
+    traces: Sequence[Trace], cfg: SimConfig, progress: Callable[[int, int], None] | None = None
+) -> Cluster:
+    """The cluster `cfg` describes: prefill and decode pools when `cfg.prefill_workers` > 0."""
     if cfg.prefill_workers > 0:
         from agentkv.sim.disagg import DisaggCluster
 
-        return DisaggCluster(traces, cfg, progress).run()
-    return Cluster(traces, cfg, progress).run()
+        return DisaggCluster(traces, cfg, progress)
+    return Cluster(traces, cfg, progress)

@@ -186,12 +186,12 @@ def _run_one(args: argparse.Namespace, cfg, console):
     """(result, token gaps, interrupted): one simulated run with a progress bar (and ETA) on a terminal. The
     first Ctrl-C stops releasing requests, lets those in flight finish and keeps the run; a second
     stops at once."""
-    from agentkv.sim.cluster import Cluster
+    from agentkv.sim.cluster import make_cluster
     from agentkv.terminal import StopRequest, progress_bar
     from agentkv.trace.command import selection_of
 
     traces, notes = load_traces(args)
-    cluster = Cluster(traces, cfg)
+    cluster = make_cluster(traces, cfg)  # --disagg: the prefill and decode pools
     show = not args.quiet and sys.stderr.isatty()
     if not args.quiet and not show:  # no bar (piped): one line, so a long run is not silent
         print(

@@ -23,7 +23,8 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         "--disagg",
         default=None,
         metavar="prefill=N,decode=M",
-        help="disaggregate prefill and decode into pools of N and M engines (replaces --workers)",
+        help="disaggregate prefill and decode into pools of N and M engines (replaces --workers); "
+        "NpMd (vLLM's xPyD) says the same, e.g. 2p6d",
     )
     for pool in ("prefill", "decode"):
         g.add_argument(
@@ -51,6 +52,14 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         help="refill the trace queue so every lane stays busy (with --duration): steady load for agents per MW",
     )
     add_tier_arg(g)
+
+
+def disagg_fields(value: str) -> dict[str, int]:
+    """A `--sweep disagg=NpMd` value as the SimConfig fields it sets."""
+    from agentkv.engine.kv_move import parse_disagg
+
+    prefill, decode = parse_disagg(value, "--sweep disagg")
+    return {"prefill_workers": prefill, "decode_workers": decode}
 
 
 def deploy_settings(args: argparse.Namespace) -> dict:

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from rich.console import Console
 
 from agentkv.errors import UserError
-from agentkv.metrics.summary import Summary
+from agentkv.metrics.summary import Interactivity, Summary
 from agentkv.sim.cluster import SimConfig
 
 RANGE = re.compile(r"\s*(\d+)\s*\.\.\s*(\d+)\s*")
@@ -77,3 +77,37 @@ def search_results(
 
         results += [({**g, "lanes": str(n)}, s) for n, s in bisect_lanes(run, lo, hi)]
     return [*grid[0], "lanes"], results
+
+
+def knees(results: list[tuple[dict, Summary]]) -> list[tuple[str, Interactivity | None, bool]]:
+    """Per setting of the keys other than lanes ("k=v, ..."): its knee (None: no point meets the
+    tier) and whether the knee is the most lanes run (the top still met)."""
+    from agentkv.metrics.tier import knee
+
+    groups: dict[tuple, list[Interactivity]] = {}
+    for overrides, s in results:
+        rest = tuple((k, v) for k, v in overrides.items() if k != "lanes")
+        if s.interactivity is not None:
+            groups.setdefault(rest, []).append(s.interactivity)
+    out = []
+    for rest, points in groups.items():
+        k = knee(points)
+        top = k is not None and k.sessions == max(p.sessions for p in points)
+        out.append((", ".join(f"{key}={v}" for key, v in rest) or "all points", k, top))
+    return out
+
+
+def best_line(found: list[tuple[str, Interactivity | None, bool]]) -> str:
+    """The setting whose knee gives the most agents per MW (e.g. the prefill:decode split of a
+    `--sweep disagg=...` search), with agents per GPU and GPUs."""
+    met = [(where, k) for where, k, _ in found if k is not None and k.agents_per_mw is not None]
+    if not met:
+        return "best: no setting meets the tier"
+    where, k = max(met, key=lambda m: (m[1].agents_per_mw, m[1].agents_per_gpu or 0.0))
+    gpus = round(k.agents / k.agents_per_gpu) if k.agents and k.agents_per_gpu else 0
+    tied = [w for w, o in met if w != where and o.agents_per_mw == k.agents_per_mw]
+    return (
+        f"best ({len(met)} of {len(found)} settings meet the tier): {where}: {k.agents_per_mw:,.0f} agents/MW, "
+        f"{k.agents_per_gpu:,.2f} agents/GPU on {gpus} GPUs"
+        + (f" (tied with {'; '.join(tied)})" if tied else "")
+    )

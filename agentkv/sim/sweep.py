@@ -23,6 +23,8 @@ from agentkv.metrics.summary import Summary, write_summary
 from agentkv.metrics.validity import EXIT_INVALID
 from agentkv.metrics.view import ms, num, pct
 from agentkv.sim.cluster import SimConfig, simulate
+from agentkv.sim.deploy_args import disagg_fields
+from agentkv.sim.knee import best_line, knees
 from agentkv.terminal import EXIT_INTERRUPTED, StopRequest, ignore_sigint, show
 from agentkv.trace.command import selection_of
 from agentkv.units import parse_capacity, parse_duration
@@ -57,6 +59,8 @@ _HINTS = {**typing.get_type_hints(EngineConfig), **typing.get_type_hints(SimConf
 def _field(key: str) -> str:
     """The config field a sweep key sets (UserError for an unknown key)."""
     name = _ALIASES[key][0] if key in _ALIASES else key
+    if name == "disagg":  # sets prefill_workers and decode_workers at once (agentkv.sim.knee)
+        return name
     if name not in _SIM_FIELDS and name not in _ENGINE_FIELDS:
         raise UserError(
             f"--sweep: unknown setting '{key}' (use a simulate flag name, e.g. lanes, "
@@ -103,6 +107,9 @@ def apply(cfg: SimConfig, overrides: dict[str, str]) -> SimConfig:
     engine: dict[str, object] = {}
     for key, raw in overrides.items():
         name = _field(key)
+        if name == "disagg":
+            sim.update(disagg_fields(raw))
+            continue
         (sim if name in _SIM_FIELDS else engine)[name] = _value(key, name, raw)
     if engine:
         sim["engine"] = dataclasses.replace(cfg.engine, **engine)
@@ -146,26 +153,20 @@ def _table(keys: list[str], results: list[tuple[dict, Summary]]) -> Table:
 
 
 def print_knee(results: list[tuple[dict, Summary]], console: Console) -> None:
-    """Per setting of the other keys, the most lanes meeting the interactivity tier (agents per GPU, per MW)."""
-    from agentkv.metrics.tier import knee
-
-    groups: dict[tuple, list] = {}
-    for overrides, s in results:
-        rest = tuple((k, v) for k, v in overrides.items() if k != "lanes")
-        if s.interactivity is not None:
-            groups.setdefault(rest, []).append(s.interactivity)
-    for rest, points in groups.items():
-        where = ", ".join(f"{k}={v}" for k, v in rest) or "all points"
-        k = knee(points)
+    """Per setting of the other keys, the most lanes meeting the interactivity tier (agents per GPU,
+    per MW); with more than one setting, the best by agents per MW."""
+    found = knees(results)
+    for where, k, top in found:
         if k is None:
             console.print(f"knee ({where}): no point meets the tier")
             continue
-        top = "at least " if k.sessions == max(p.sessions for p in points) else ""
         console.print(
-            f"knee ({where}): {top}{k.sessions} lanes meet tps>={k.tier_tps:g}, TTFT p90<={k.tier_ttft_p90:g}s "
-            f"with {k.agents:,.1f} session trees in progress: {k.agents_per_gpu:,.2f} agents/GPU, "
-            f"{k.agents_per_mw:,.0f} agents/MW ({k.power_basis})"
+            f"knee ({where}): {'at least ' if top else ''}{k.sessions} lanes meet tps>={k.tier_tps:g}, "
+            f"TTFT p90<={k.tier_ttft_p90:g}s with {k.agents:,.1f} session trees in progress: "
+            f"{k.agents_per_gpu:,.2f} agents/GPU, {k.agents_per_mw:,.0f} agents/MW ({k.power_basis})"
         )
+    if len(found) > 1:
+        console.print(best_line(found))
 
 
 def _local_points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict], stop: StopRequest):
