@@ -53,7 +53,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="append",
         default=[],
         metavar="KEY=V1,V2",
-        help="run a grid over a setting (repeatable), e.g. --sweep lanes=16,64 --sweep cpu_offload=0,512GB",
+        help="run a grid over a setting (repeatable), e.g. --sweep lanes=16,64 --sweep cpu_offload=0,512GB; "
+        "lanes=LO..HI searches the tier's knee, disagg=1p3d,2p2d,3p1d the prefill:decode split",
     )
     add_ray_arg(p, "the sweep's points")
     p.add_argument(
