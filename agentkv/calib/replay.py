@@ -104,7 +104,7 @@ def replay(
     `delay_s`: engine seconds before a sent request reaches the engine, per request and per prompt token."""
     eng = Engine(ecfg)
     bs = ecfg.block_size
-    order = sorted(items, key=lambda x: (x[0].sent, x[0].id))
+    order = sorted(items, key=lambda x: (arrival(x[0], delay_s), x[0].sent, x[0].id))
     arrivals = [arrival(r, delay_s) for r, _, _ in order]
     out: dict[int, Predicted] = {}
     live: dict[str, RequestRecord] = {}
