@@ -40,3 +40,18 @@ def test_the_profiles_per_token_overhead_reorders_client_clock_arrivals() -> Non
     assert late[1].first_token < late[0].first_token
     plain = replay(ENGINE, items, (0.0, 0.0), False)
     assert plain[0].first_token < plain[1].first_token
+
+
+def test_engine_arrivals_come_from_serves_stamp_not_the_delivery() -> None:
+    """agentkv serve's engine clock runs 100 s behind the client's; request 1's first token took 30 ms
+    longer to reach the client than request 0's. Its arrival is its engine stamp moved by the fastest
+    delivery (0.5 ms): 6.5 ms, not its first token less its TTFT (36.5 ms)."""
+    items = [_item(0, 4000, 0.0, None), _item(1, 4000, 0.001, None)]
+    for (rec, _, _), true, lag in zip(items, (0.004, 0.006), (0.0005, 0.0305), strict=True):
+        rec.clock, rec.ttft, rec.engine_arrival = "engine", 1.0, true - 100.0
+        rec.first_token = true + rec.ttft + lag
+    pred = replay(ENGINE, items, (0.0, 0.0), False)
+    assert abs(pred[0].arrival - 0.0045) < 1e-9 and abs(pred[1].arrival - 0.0065) < 1e-9
+    for rec, _, _ in items:  # a run recorded before bench kept the stamp: first token less TTFT
+        rec.engine_arrival = None
+    assert abs(replay(ENGINE, items, (0.0, 0.0), False)[1].arrival - 0.0365) < 1e-9

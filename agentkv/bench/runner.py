@@ -279,6 +279,7 @@ class BenchRun:
             itl_max=lat.itl_max,
             itls=lat.itls,
             clock="engine" if eng is not None else "",
+            engine_arrival=None if eng is None else eng.arrival,
             input_tokens=res.prompt_tokens if res.prompt_tokens else r.input_tokens,
             output_tokens=n,
             expected_output_tokens=max_tokens,
