@@ -52,6 +52,12 @@ class Latency:
         return lat
 
 
+def engine_stamp(eng: EngineTimes | None) -> dict:
+    """A record's clock fields: `clock` engine and the engine's arrival stamp when agentkv serve
+    timed the request (what `agentkv predict` replays arrivals from), else none."""
+    return {"clock": "engine", "engine_arrival": eng.arrival} if eng is not None else {}
+
+
 def clocks_of(records: Sequence[RequestRecord], scale: float) -> tuple[dict[str, str], list[str]]:
     """The clock of each latency figure and of the duration, and the notes that say so."""
     ok = [r for r in records if r.ok]

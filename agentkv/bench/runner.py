@@ -19,7 +19,7 @@ import numpy as np
 
 from agentkv.bench import load
 from agentkv.bench.client import BenchClient, StreamResult
-from agentkv.bench.clocks import Latency, catchup_note, clocks_of
+from agentkv.bench.clocks import Latency, catchup_note, clocks_of, engine_stamp
 from agentkv.bench.gpu import GpuMonitor
 from agentkv.bench.hints import add_hints
 from agentkv.bench.prompts import PromptBuilder, send_item
@@ -278,7 +278,7 @@ class BenchRun:
             tpot=lat.tpot,
             itl_max=lat.itl_max,
             itls=lat.itls,
-            clock="engine" if eng is not None else "",
+            **engine_stamp(eng),
             input_tokens=res.prompt_tokens if res.prompt_tokens else r.input_tokens,
             output_tokens=n,
             expected_output_tokens=max_tokens,

@@ -85,9 +85,26 @@ def trace_requests(run: Run, traces: list[Trace]) -> list[tuple[RequestRecord, T
     return out
 
 
-def arrival(r: RequestRecord, delay_s: tuple[float, float]) -> float:
-    """When the request reached the engine: stamped by the target's own clock (agentkv serve's
-    first token less its engine TTFT), else the send time plus the profile's overheads."""
+def clock_offset(records: list[RequestRecord]) -> float | None:
+    """The client's clock less agentkv serve's engine clock: the least gap between a first token's
+    engine stamp and its reading by the client (the fastest delivery); None without engine stamps."""
+    gaps = [
+        r.first_token - r.ttft - r.engine_arrival
+        for r in records
+        if r.clock == "engine"
+        and r.engine_arrival is not None
+        and r.first_token is not None
+        and r.ttft is not None
+    ]
+    return min(gaps) if gaps else None
+
+
+def arrival(r: RequestRecord, delay_s: tuple[float, float], offset: float | None = None) -> float:
+    """When the request reached the engine, on the client's clock: agentkv serve's own stamp moved by
+    `offset` (`clock_offset`), or for older runs its first token less its engine TTFT (which adds
+    the token's delivery time), else the send time plus the profile's overheads."""
+    if r.clock == "engine" and r.engine_arrival is not None and offset is not None:
+        return max(r.sent, r.engine_arrival + offset)
     if r.clock == "engine" and r.first_token is not None and r.ttft is not None:
         return max(r.sent, r.first_token - r.ttft)
     return r.sent + delay_s[0] + delay_s[1] * r.input_tokens
@@ -104,8 +121,9 @@ def replay(
     `delay_s`: engine seconds before a sent request reaches the engine, per request and per prompt token."""
     eng = Engine(ecfg)
     bs = ecfg.block_size
-    order = sorted(items, key=lambda x: (x[0].sent, x[0].id))
-    arrivals = [arrival(r, delay_s) for r, _, _ in order]
+    offset = clock_offset([r for r, _, _ in items])
+    order = sorted(items, key=lambda x: (arrival(x[0], delay_s, offset), x[0].sent, x[0].id))
+    arrivals = [arrival(r, delay_s, offset) for r, _, _ in order]
     out: dict[int, Predicted] = {}
     live: dict[str, RequestRecord] = {}
     i, now, n = 0, 0.0, len(order)

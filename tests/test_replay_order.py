@@ -1,0 +1,57 @@
+"""`agentkv predict`'s replay serves requests in the order they reached the engine, not the order the
+client sent them: two clients' prompts sent 1 ms apart can reach the engine in the other order
+(parsing, tokenizing), and a first-come-first-served engine then prefills the later-sent one first."""
+
+from __future__ import annotations
+
+from agentkv.calib.replay import replay
+from agentkv.engine.config import EngineConfig
+from agentkv.metrics.records import RequestRecord
+from agentkv.trace.model import Request, Session, Trace
+
+ENGINE = EngineConfig(gpu="h100", model="qwen2.5-7b", max_num_batched_tokens=8192, max_model_len=32768)
+
+
+def _item(i: int, n: int, sent: float, arrival: float | None):
+    """Record `i` of an `n`-token prompt sent at `sent`; `arrival` given: agentkv serve's engine
+    clock stamped it (first token less its engine TTFT), else the client's clock."""
+    tr = Trace(id=f"t{i}", block_size=16, session=Session(id=f"s{i}", requests=[]))
+    req = Request(t=0.0, input_tokens=n, output_tokens=2, hash_ids=[i * 1000 + k for k in range(n // 16)])
+    rec = RequestRecord(id=i, trace=tr.id, session=f"s{i}#0", tree=f"s{i}#0", sent=sent, input_tokens=n)
+    rec.output_tokens = 2
+    if arrival is not None:
+        rec.clock, rec.first_token, rec.ttft = "engine", arrival + 1.0, 1.0
+    return rec, tr, req
+
+
+def test_engine_stamped_arrivals_set_the_order() -> None:
+    """Sent 0.0 then 0.001, reached the engine at 0.020 and 0.010: the second-sent prefills first."""
+    pred = replay(ENGINE, [_item(0, 6000, 0.0, 0.020), _item(1, 6000, 0.001, 0.010)], (0.0, 0.0), False)
+    assert abs(pred[0].arrival - 0.020) < 1e-9 and abs(pred[1].arrival - 0.010) < 1e-9
+    assert pred[1].first_token < pred[0].first_token
+
+
+def test_the_profiles_per_token_overhead_reorders_client_clock_arrivals() -> None:
+    """On the client's clock a long prompt sent first reaches the engine after a short one sent 1 ms
+    later when the profile's per-prompt-token overhead says so; without overheads, sent order holds."""
+    items = [_item(0, 16000, 0.0, None), _item(1, 2000, 0.001, None)]
+    late = replay(ENGINE, items, (0.0, 1e-6), False)
+    assert late[1].arrival < late[0].arrival
+    assert late[1].first_token < late[0].first_token
+    plain = replay(ENGINE, items, (0.0, 0.0), False)
+    assert plain[0].first_token < plain[1].first_token
+
+
+def test_engine_arrivals_come_from_serves_stamp_not_the_delivery() -> None:
+    """agentkv serve's engine clock runs 100 s behind the client's; request 1's first token took 30 ms
+    longer to reach the client than request 0's. Its arrival is its engine stamp moved by the fastest
+    delivery (0.5 ms): 6.5 ms, not its first token less its TTFT (36.5 ms)."""
+    items = [_item(0, 4000, 0.0, None), _item(1, 4000, 0.001, None)]
+    for (rec, _, _), true, lag in zip(items, (0.004, 0.006), (0.0005, 0.0305), strict=True):
+        rec.clock, rec.ttft, rec.engine_arrival = "engine", 1.0, true - 100.0
+        rec.first_token = true + rec.ttft + lag
+    pred = replay(ENGINE, items, (0.0, 0.0), False)
+    assert abs(pred[0].arrival - 0.0045) < 1e-9 and abs(pred[1].arrival - 0.0065) < 1e-9
+    for rec, _, _ in items:  # a run recorded before bench kept the stamp: first token less TTFT
+        rec.engine_arrival = None
+    assert abs(replay(ENGINE, items, (0.0, 0.0), False)[1].arrival - 0.0365) < 1e-9
