@@ -244,7 +244,12 @@ def request_options(args: argparse.Namespace):
     return RequestOptions.from_flags(args.header, args.extra_body, args.api_key, args.api_key_file)
 
 
-def _load(args: argparse.Namespace, notes: list[str], requests):
+def default_out() -> str:
+    """The output folder when --out is not given: out/bench-<local time>."""
+    return f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def load_traces(args: argparse.Namespace, notes: list[str], requests):
     """The selected traces; against a --target, sessions over its max_model_len (/v1/models, asked
     with `requests`' headers) are dropped or trimmed as --over-context says, unless --max-context."""
     from agentkv.bench.target_info import max_model_len
@@ -269,8 +274,8 @@ def bench_command(args: argparse.Namespace) -> int:
 
         sweep_settings(args)
     notes: list[str] = []
-    traces = _load(args, notes, checked.requests)
-    out = Path(args.out or f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}")
+    traces = load_traces(args, notes, checked.requests)
+    out = Path(args.out or default_out())
     console = Console(stderr=True)
     for n in notes:
         console.print(n, markup=False, highlight=False)

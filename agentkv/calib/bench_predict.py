@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 
 def add_predict_flag(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +27,7 @@ def add_predict_flag(sub: argparse._SubParsersAction) -> None:
 
 def bench_then_predict(args: argparse.Namespace) -> int:
     """Entry point of `agentkv bench`: the run, then its prediction when --predict names a profile."""
-    from agentkv.bench.command import bench_command
+    from agentkv.bench.command import bench_command, default_out
 
     if args.predict is None:
         return bench_command(args)
@@ -39,7 +38,7 @@ def bench_then_predict(args: argparse.Namespace) -> int:
         raise UserError("--predict simulates one run; predict each point of a sweep with `agentkv predict`")
     read_profile(args.predict)  # a missing or bad profile fails before the run
     if args.out is None:  # bench's own default, fixed now so the prediction knows the folder
-        args.out = f"out/bench-{time.strftime('%Y%m%d-%H%M%S')}"
+        args.out = default_out()
     rc = bench_command(args)
     if rc != 0:
         why = {130: "was interrupted", 3: "is invalid"}.get(rc, "failed")
@@ -52,10 +51,10 @@ def bench_then_predict(args: argparse.Namespace) -> int:
 def predict_bench_run(args: argparse.Namespace) -> dict:
     """`agentkv predict` on the finished run in `args.out`, with the traces bench selected (the
     same files, selection and context window) and the engine the profile and run describe."""
-    from agentkv.bench.command import _load, request_options
+    from agentkv.bench.command import load_traces, request_options
     from agentkv.calib.predict import predict_run, print_prediction
 
-    traces = _load(args, [], request_options(args))
+    traces = load_traces(args, [], request_options(args))
     pargs = argparse.Namespace(
         run_dir=args.out,
         profile=args.predict,
