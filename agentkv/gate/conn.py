@@ -188,6 +188,11 @@ class GuardedSite(web.TCPSite):
         )
 
 
+def base_url(host: str, port: int) -> str:
+    """`http://host:port`, an IPv6 host in brackets."""
+    return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
+
+
 def make_runner(app: web.Application, limits: HttpLimits) -> web.AppRunner:
     """An AppRunner with the limits' keep-alive, client cancellation, and no automatic decompression
     (read_body inflates under its caps instead); unparsable requests are answered without a traceback."""

@@ -23,7 +23,7 @@ from agentkv.engine.config import EngineConfig
 from agentkv.events.curve import CurveServer
 from agentkv.events.publisher import DEFAULT_TOPIC, ZmqEventPublisher
 from agentkv.gate.body import BodyTimeout, encoding_of, likely_large, read_body, refuse_and_close
-from agentkv.gate.conn import ConnectionGuard, make_runner, start_site
+from agentkv.gate.conn import ConnectionGuard, base_url, make_runner, start_site
 from agentkv.gate.errors import JSON
 from agentkv.gate.options import HttpLimits
 from agentkv.gate.web import error_middleware, error_response, quiet_probes
@@ -130,8 +130,7 @@ class Server:
 
     @property
     def url(self) -> str:
-        host = self.options.host
-        return f"http://{'[' + host + ']' if ':' in host else host}:{self.port}"
+        return base_url(self.options.host, self.port)
 
     async def stop(self) -> None:
         if self._site_runner is not None:

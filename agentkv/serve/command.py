@@ -226,6 +226,7 @@ def serve_command(args: argparse.Namespace) -> int:
 def _run_disagg(config: EngineConfig, opts: ServeOptions, args: argparse.Namespace) -> int:
     """N prefill and M decode workers on PORT+1.., the proxy (serve/pd_proxy.py) on PORT."""
     from agentkv.engine.kv_move import parse_disagg
+    from agentkv.gate.conn import base_url
     from agentkv.serve.launch import ProxySpec, run_workers, worker_options
 
     n_prefill, n_decode = parse_disagg(args.disagg)
@@ -235,7 +236,6 @@ def _run_disagg(config: EngineConfig, opts: ServeOptions, args: argparse.Namespa
         raise UserError("--disagg needs an explicit --port (the proxy's; workers take the ports after it)")
     shifted = dataclasses.replace(opts, port=opts.port + 1)
     options = worker_options(shifted, n_prefill + n_decode, _curve_from_args(args, n_prefill + n_decode))
-    host = f"[{opts.host}]" if ":" in opts.host else opts.host
-    urls = [f"http://{host}:{o.port}" for o in options]
+    urls = [base_url(o.host, o.port) for o in options]
     spec = ProxySpec(tuple(urls[:n_prefill]), tuple(urls[n_prefill:]), opts.host, opts.port, opts.http)
     return run_workers(config, options, front=spec)

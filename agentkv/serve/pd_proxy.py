@@ -22,7 +22,7 @@ import msgspec
 from aiohttp import web
 
 from agentkv.gate.body import BodyTimeout, read_body, refuse_and_close
-from agentkv.gate.conn import make_runner, start_site
+from agentkv.gate.conn import base_url, make_runner, start_site
 from agentkv.gate.errors import JSON, RequestError
 from agentkv.gate.options import HttpLimits
 from agentkv.gate.web import error_middleware, error_response
@@ -73,7 +73,7 @@ class PDProxy:
         await self._runner.setup()
         await start_site(self._runner, self.host, self.port, self.http)
         self.port = self._runner.addresses[0][1]
-        return f"http://{self.host}:{self.port}"
+        return base_url(self.host, self.port)
 
     async def stop(self) -> None:
         if self._runner is not None:
