@@ -4,6 +4,7 @@ the run; a failed run is not predicted."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import signal
 import subprocess
@@ -116,3 +117,23 @@ def test_an_interrupted_run_is_not_predicted(tmp_path: Path) -> None:
         _, err = p.communicate(timeout=60)
     assert p.returncode == 130 and "no prediction: the run was interrupted (exit 130)" in err, err
     assert (out / "summary.json").is_file() and not (out / "prediction.json").exists()
+
+
+def test_bench_predict_runs_predict_with_every_predict_default() -> None:
+    """bench --predict builds predict's arguments from predict's own flags: each flag `agentkv
+    predict` has is there at its default, so a new one cannot be left out (even odd folder names)."""
+    from agentkv.calib.command import predict_args
+    from agentkv.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    predict = sub.choices["predict"]
+    for run_dir, prof in (("runs/a", "p.json"), ("-odd dir", "-p.json")):
+        got = vars(predict_args(run_dir, prof))
+        assert got.pop("run_dir") == run_dir and got.pop("profile") == prof
+        dests = {a.dest for a in predict._actions} - {"help", "run_dir", "profile"}
+        assert dests and set(got) == dests, set(got) ^ dests
+        for a in predict._actions:
+            if a.dest in got:
+                assert got[a.dest] == a.default, a.dest
+        cli = vars(build_parser().parse_args(["predict", f"--profile={prof}", "--", run_dir]))
+        assert {k: cli[k] for k in got} == got

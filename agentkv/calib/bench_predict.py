@@ -52,19 +52,11 @@ def predict_bench_run(args: argparse.Namespace) -> dict:
     """`agentkv predict` on the finished run in `args.out`, with the traces bench selected (the
     same files, selection and context window) and the engine the profile and run describe."""
     from agentkv.bench.command import load_traces, request_options
+    from agentkv.calib.command import predict_args
     from agentkv.calib.predict import predict_run, print_prediction
 
     traces = load_traces(args, [], request_options(args))
-    pargs = argparse.Namespace(
-        run_dir=args.out,
-        profile=args.predict,
-        out=None,
-        block_size=None,
-        max_model_len=None,
-        num_gpu_blocks_override=None,
-        max_num_seqs=None,
-        no_overhead=False,
-    )
+    pargs = predict_args(str(args.out), args.predict)
     doc = predict_run(pargs, traces)
     if args.json:  # stdout holds the run's summary JSON: the table would break it
         print(f"wrote predictions.jsonl and prediction.json to {doc['out']}", file=sys.stderr)

@@ -37,11 +37,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_predict(sub: argparse._SubParsersAction) -> None:
-    """The flags of `agentkv predict`."""
+    """The `agentkv predict` subcommand."""
     p = sub.add_parser(
         "predict",
         help="simulate a bench run with a calibrate profile: predicted TTFT/TPOT/E2E beside the measured",
     )
+    add_predict_args(p)
+    p.set_defaults(func=predict_command)
+
+
+def predict_args(run_dir: str, profile: str) -> argparse.Namespace:
+    """`agentkv predict RUN_DIR --profile PROFILE` with every other flag at its default, parsed by
+    predict's own flags (what `bench --predict` runs, so a new predict flag cannot be missed there)."""
+    p = argparse.ArgumentParser(prog="agentkv predict", add_help=False)
+    add_predict_args(p)
+    return p.parse_args([f"--profile={profile}", "--", run_dir])  # names may start with -
+
+
+def add_predict_args(p: argparse.ArgumentParser) -> None:
+    """The flags of `agentkv predict`."""
     p.add_argument("run_dir", metavar="RUN_DIR", help="the --out folder of an `agentkv bench` run")
     p.add_argument("--profile", required=True, help="profile JSON written by `agentkv calibrate`")
     p.add_argument(
@@ -70,7 +84,6 @@ def _add_predict(sub: argparse._SubParsersAction) -> None:
         help="leave out the profile's per-request and per-prompt-token overheads (HTTP, parsing)",
     )
     p.add_argument("--json", action="store_true", help="print prediction.json instead of the table")
-    p.set_defaults(func=predict_command)
 
 
 def calibrate_command(args: argparse.Namespace) -> int:
