@@ -36,9 +36,12 @@ def _run(c: BenchConfig, out, clients: int, **server_kw):
     return asyncio.run(go())
 
 
-def test_two_shards_replay_the_same_requests_as_one(tmp_path):
+def test_two_shards_replay_the_same_requests_as_one(tmp_path, capsys):
     one = _run(cfg(lanes=4), tmp_path / "one", 1)
+    capsys.readouterr()
     two = _run(cfg(lanes=4), tmp_path / "two", 2)
+    starts = [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("client shard")]
+    assert [ln.split(":")[0] for ln in starts] == ["client shard 0", "client shard 1"], starts
     assert len(one.records) == sum(len(t.session.requests) for t in TRACES)
     assert _keys(two.records) == _keys(one.records)
     assert all(r.ok for r in two.records)
@@ -193,3 +196,17 @@ def test_ctrl_c_stops_every_shard_and_writes_the_merged_summary(tmp_path):
     assert s.requests == len(read_records(tmp_path / "requests.jsonl")) >= 4
     pids = [c["pid"] for c in s.config["clients"]]
     assert len(pids) == 2 and all(not os.path.exists(f"/proc/{pid}") for pid in pids)
+
+
+def test_a_sweeps_points_do_not_print_shard_start_lines(tmp_path, capfd):
+    """A sweep prints its own progress, one line a point: its --clients points do not add a line
+    per shard as a single run does (test_two_shards_replay_the_same_requests_as_one)."""
+    from agentkv.cli import main
+    from tests.serveutil import stream_server_process
+
+    argv = ["--clients", "2", "--max-requests", "4", "--duration", "none", "-q", "--time-scale", "50"]
+    with stream_server_process("--itl", "0", "--ttft", "0") as url:
+        rc = main(["bench", "--target", url, *argv, "--out", str(tmp_path), "--sweep", "lanes=2"])
+    err = capfd.readouterr().err
+    assert rc == 0 and "lanes" in err and "client shard" not in err, err
+    assert len(read_records(tmp_path / "point-0" / "requests.jsonl")) == 4

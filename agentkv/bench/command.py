@@ -301,7 +301,9 @@ def _run_one(args, traces, target: str, out: Path, console, notes, show: bool = 
     if args.clients > 1 or args.ray is not None:
         from agentkv.bench.shards import ShardedRun
 
-        run = ShardedRun(cfg, traces, args.clients, out=out, notes=notes, loop=args.loop, ray=args.ray)
+        run = ShardedRun(
+            cfg, traces, args.clients, out=out, notes=notes, loop=args.loop, ray=args.ray, announce=show
+        )
     else:
         run = BenchRun(cfg, traces, out=out, notes=notes)
     with contextlib.ExitStack() as stack:

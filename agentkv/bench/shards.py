@@ -127,7 +127,8 @@ class _Flight:
 
 class ShardedRun:
     """`await run()` replays `traces` with `n` client shards and returns one BenchResult: local
-    processes, or with `ray` (an address, or "local") Ray actors on that cluster."""
+    processes, or with `ray` (an address, or "local") Ray actors on that cluster. `announce`: a
+    line per shard on stderr as it starts (off in a sweep's points, which have their own progress)."""
 
     def __init__(
         self,
@@ -138,10 +139,12 @@ class ShardedRun:
         notes=(),
         loop="auto",
         ray: str | None = None,
+        announce: bool = True,
     ):
         n, clamp = clamp_clients(n, traces, cfg)
         self.base = BenchRun(cfg, traces, out=out, notes=[*notes, *clamp])
         self.cfg, self.n, self.loop, self.ray, self.on_tick = cfg, n, loop, ray, None
+        self.announce = announce
         self.parts = split(cfg, traces, n)
         self.shards: list[Shard] = []
         self.transport = None  # RayShards with --ray
@@ -241,6 +244,8 @@ class ShardedRun:
             self._start()
             for s in self.shards:
                 await asyncio.to_thread(self._measure_clock, s)
+                if not self.announce:
+                    continue
                 print(
                     f"client shard {s.index}: {s.link.where}, {s.traces} session trees, clock offset "
                     f"{s.offset * 1e6:+,.0f} us (RTT {s.rtt * 1e6:,.0f} us)",
