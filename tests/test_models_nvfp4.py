@@ -35,6 +35,8 @@ def test_llama_70b_nvfp4_kv_bytes_by_hand():
     ("gpu", "model", "says"),
     [
         ("h200", "llama3-70b", "the H200 SXM has no FP4 support (GPUs with it: B200"),
+        # MI355X has FP4 (MXFP4), not NVIDIA's NVFP4: vLLM's nvfp4 KV is Blackwell-only
+        ("mi355x", "llama3-70b", "the MI355X has no NVFP4 (AMD's FP4 is MXFP4) (GPUs with it: B200"),
         ("b200", "deepseek-v3", "DeepSeek-V3 caches an MLA latent"),
     ],
 )
@@ -43,6 +45,7 @@ def test_nvfp4_is_refused_without_fp4_or_for_mla_in_one_line(capsys, gpu, model,
     assert main([*argv, "--max-requests", "1", "--json"]) == 2
     err = capsys.readouterr().err.strip()
     assert says in err and "--kv-cache-dtype nvfp4" in err and "\n" not in err and "Traceback" not in err
+    assert "MI355X" not in err.split("GPUs with it:")[-1]
     if model == "deepseek-v3":
         with pytest.raises(UserError, match="MLA latent"):
             make_grid("10GB", "16", "lru", model, "nvfp4")

@@ -69,6 +69,7 @@ class GPU:
     power_w: float
     aliases: tuple[str, ...] = ()
     note: str = ""
+    vendor: str = "nvidia"  # "amd": FP4 is MXFP4 there, and vLLM has no NVFP4 KV cache on ROCm
 
     @property
     def hbm_bytes(self) -> float:
@@ -76,12 +77,13 @@ class GPU:
         return self.hbm_gb * 2**30
 
     def check_kv_dtype(self, dtype: str) -> None:
-        """UserError for an NVFP4 KV cache on a GPU without FP4 (no fp4 rate here: before Blackwell)."""
-        if dtype == "nvfp4" and self.fp4_tflops is None:
-            have = ", ".join(g.name for g in GPUS if g.fp4_tflops)
-            raise UserError(
-                f"--kv-cache-dtype nvfp4: the {self.name} has no FP4 support (GPUs with it: {have})"
-            )
+        """UserError for an NVFP4 KV cache on a GPU without FP4 (no fp4 rate here: before Blackwell),
+        or on an AMD one (its FP4 is MXFP4; vLLM's nvfp4 KV needs Blackwell's FlashInfer kernels)."""
+        if dtype != "nvfp4" or (self.fp4_tflops is not None and self.vendor == "nvidia"):
+            return
+        have = ", ".join(g.name for g in GPUS if g.fp4_tflops and g.vendor == "nvidia")
+        why = "no FP4 support" if self.fp4_tflops is None else "no NVFP4 (AMD's FP4 is MXFP4)"
+        raise UserError(f"--kv-cache-dtype nvfp4: the {self.name} has {why} (GPUs with it: {have})")
 
     def tflops(self, dtype: str) -> float:
         """Dense TFLOP/s for GEMMs whose weights are `dtype` (bf16/fp16 share a rate)."""
@@ -146,9 +148,9 @@ GPUS: tuple[GPU, ...] = (
         "sparsity) [S: press coverage of NVIDIA's announcement]; fp4 50,000 is the 'NVFP4 inference' figure "
         "(adaptive compression; 35,000 for training) [S]; 1,800-2,300 W (midpoint) [?]",
     ),
-    GPU("MI300X", 192, 5.3, 1307, 2615, None, 64, 448, 750, ("mi300x", "mi300")),
-    GPU("MI325X", 256, 6.0, 1307, 2615, None, 64, 448, 1000, ("mi325x", "mi325")),
-    GPU("MI355X", 288, 8.0, 2516, 5033, 10066, 64, 576, 1400, ("mi355x", "mi355")),
+    GPU("MI300X", 192, 5.3, 1307, 2615, None, 64, 448, 750, ("mi300x", "mi300"), vendor="amd"),
+    GPU("MI325X", 256, 6.0, 1307, 2615, None, 64, 448, 1000, ("mi325x", "mi325"), vendor="amd"),
+    GPU("MI355X", 288, 8.0, 2516, 5033, 10066, 64, 576, 1400, ("mi355x", "mi355"), vendor="amd"),
 )
 _GPU_INDEX = {_key(a): g for g in GPUS for a in (g.name, *g.aliases)}
 
