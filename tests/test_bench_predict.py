@@ -137,3 +137,34 @@ def test_bench_predict_runs_predict_with_every_predict_default() -> None:
                 assert got[a.dest] == a.default, a.dest
         cli = vars(build_parser().parse_args(["predict", f"--profile={prof}", "--", run_dir]))
         assert {k: cli[k] for k in got} == got
+
+
+@pytest.mark.slow
+def test_bench_predict_through_a_router_keeps_each_workers_clock(tmp_path: Path) -> None:
+    """bench --predict through `agentkv route` to two serve workers started a second apart: each
+    engine clock starts at its own start, so the records name their engine and predict moves each
+    engine's stamps by its own offset (one offset for both would put one worker's arrivals a second
+    early), and prediction.json and the terminal say so."""
+    from agentkv.calib.replay import clock_offsets
+    from agentkv.metrics.records import read_records
+    from tests.cluster import Cluster
+
+    out = tmp_path / "run"
+    with Cluster(tmp_path / "logs", 2, events=False, replay=False) as c:
+        c.start_worker(0, time_scale=10.0)
+        time.sleep(1.0)  # worker 1's engine clock starts about 10 engine seconds after worker 0's
+        c.start_worker(1, time_scale=10.0)
+        c.start_router(["--policy", "round_robin"])
+        c.wait_ready()
+        c.wait_taken_in()
+        prof = str(_profile(tmp_path / "p.json"))
+        res = _bench(*SHORT, "--target", c.router_url(), "--out", str(out), "--predict", prof)
+    assert res.returncode == 0, res.stderr
+    recs = read_records(out / "requests.jsonl")
+    assert len(recs) == 8 and all(r.clock == "engine" and len(r.engine_id) == 32 for r in recs)
+    offsets = clock_offsets(recs, one_server=False).offsets
+    assert len(offsets) == 2 and abs(offsets[max(offsets)] - offsets[min(offsets)]) > 5.0, offsets
+    doc = json.loads((out / "prediction.json").read_text())
+    says = "arrivals: 2 engines' stamps, each on its own clock and offset"
+    assert doc["arrivals"] == says and says in res.stdout
+    assert doc["requests"] == 8 and doc["overall"]["e2e"]["mape_pct"] < 50.0, doc["overall"]

@@ -4,7 +4,9 @@ client sent them: two clients' prompts sent 1 ms apart can reach the engine in t
 
 from __future__ import annotations
 
-from agentkv.calib.replay import replay
+import pytest
+
+from agentkv.calib.replay import clock_offsets, replay
 from agentkv.engine.config import EngineConfig
 from agentkv.metrics.records import RequestRecord
 from agentkv.trace.model import Request, Session, Trace
@@ -55,3 +57,46 @@ def test_engine_arrivals_come_from_serves_stamp_not_the_delivery() -> None:
     for rec, _, _ in items:  # a run recorded before bench kept the stamp: first token less TTFT
         rec.engine_arrival = None
     assert abs(replay(ENGINE, items, (0.0, 0.0), False)[1].arrival - 0.0365) < 1e-9
+
+
+def _on_engine(rec: RequestRecord, true: float, behind: float, engine_id: str, lag: float = 0.0005) -> None:
+    """Stamp `rec` as agentkv serve engine `engine_id` would: arrived at `true` (client clock) on an
+    engine clock `behind` seconds behind the client's; its first token delivered `lag` after it."""
+    rec.clock, rec.ttft, rec.engine_arrival, rec.engine_id = "engine", 1.0, true - behind, engine_id
+    rec.first_token = true + rec.ttft + lag
+
+
+def test_two_engines_behind_a_router_each_get_their_own_clock_offset() -> None:
+    """Through `agentkv route`, worker a's clock runs 100 s behind the client's and worker b's 250 s:
+    one offset for both would put b's arrivals 150 s early (clamped to their send time); one offset
+    each puts every arrival where it was, and the note says how many clocks it told apart."""
+    items = [_item(i, 4000, 0.001 * i, None) for i in range(4)]
+    for (rec, _, _), true, behind, eng in zip(
+        items, (0.004, 0.006, 0.020, 0.030), (100.0, 100.0, 250.0, 250.0), "aabb", strict=True
+    ):
+        _on_engine(rec, true, behind, eng)
+    clocks = clock_offsets([r for r, _, _ in items])
+    assert clocks.offsets == pytest.approx({"a": 100.0005, "b": 250.0005})
+    assert "2 engines' stamps, each on its own clock" in clocks.note
+    pred = replay(ENGINE, items, (0.0, 0.0), False, clocks)
+    assert [pred[i].arrival for i in range(4)] == pytest.approx([0.0045, 0.0065, 0.0205, 0.0305], abs=1e-9)
+
+
+def test_stamps_naming_no_engine_are_not_put_on_a_guessed_clock() -> None:
+    """Stamps without an engine id (an older serve): behind a router (the target answered no
+    /server_info) or beside stamps that name their engine, they cannot be put on one clock; they
+    arrive at their first token less their engine TTFT, and the note says so."""
+    items = [_item(i, 4000, 0.001 * i, None) for i in range(2)]
+    _on_engine(items[0][0], 0.004, 100.0, "", lag=0.0005)
+    _on_engine(items[1][0], 0.006, 250.0, "", lag=0.0305)
+    recs = [r for r, _, _ in items]
+    routed = clock_offsets(recs, one_server=False)
+    assert routed.offsets == {} and "not one agentkv serve (a router?)" in routed.note
+    pred = replay(ENGINE, items, (0.0, 0.0), False, routed)
+    assert [pred[0].arrival, pred[1].arrival] == pytest.approx([0.0045, 0.0365], abs=1e-9)
+    items[0][0].engine_id = "a"
+    mixed = clock_offsets(recs)
+    assert mixed.offsets == pytest.approx({"a": 100.0005}) and "other stamps name theirs" in mixed.note
+    assert replay(ENGINE, items, (0.0, 0.0), False, mixed)[1].arrival == pytest.approx(0.0365, abs=1e-9)
+    items[0][0].engine_id = ""  # one agentkv serve (it answered /server_info): its one clock, as before
+    assert clock_offsets(recs).note == "arrivals: one engine's stamps, moved onto the client's clock"

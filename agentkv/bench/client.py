@@ -72,6 +72,7 @@ class EngineTimes(msgspec.Struct):
     time_scale: float | None = None
     first_scheduled: float | None = None
     preemptions: int = 0
+    engine_id: str = ""  # whose clock: one id per agentkv serve engine
 
 
 class _Chunk(msgspec.Struct):

@@ -53,9 +53,11 @@ class Latency:
 
 
 def engine_stamp(eng: EngineTimes | None) -> dict:
-    """A record's clock fields: `clock` engine and the engine's arrival stamp when agentkv serve
-    timed the request (what `agentkv predict` replays arrivals from), else none."""
-    return {"clock": "engine", "engine_arrival": eng.arrival} if eng is not None else {}
+    """A record's clock fields: `clock` engine, the engine's arrival stamp and which engine's clock
+    it is when agentkv serve timed the request (what `agentkv predict` replays arrivals from)."""
+    if eng is None:
+        return {}
+    return {"clock": "engine", "engine_arrival": eng.arrival, "engine_id": eng.engine_id}
 
 
 def clocks_of(records: Sequence[RequestRecord], scale: float) -> tuple[dict[str, str], list[str]]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import msgspec
 
 from agentkv.calib.accuracy import FIGURES, accuracy, row
-from agentkv.calib.replay import load_run, replay, trace_requests
+from agentkv.calib.replay import clock_offsets, load_run, replay, trace_requests
 from agentkv.engine.config import EngineConfig
 from agentkv.errors import UserError
 
@@ -77,7 +77,8 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
     delay = (0.0, 0.0) if args.no_overhead else (ov.get("request_s", 0.0), ov.get("prompt_token_s", 0.0))
     delay = (delay[0] * scale, delay[1] * scale)  # wall seconds -> the run's target seconds
     items = trace_requests(run, traces)
-    pred = replay(ecfg, items, delay, bool(run.config.get("tenant_salts")))
+    clocks = clock_offsets(run.records, one_server=bool(run.config.get("server")))
+    pred = replay(ecfg, items, delay, bool(run.config.get("tenant_salts")), clocks)
     rows = [row(r, pred[r.id], delay[0] + delay[1] * r.input_tokens) for r, _, _ in items]
     rows.sort(key=lambda x: x["id"])
     out = Path(args.out or run.path)
@@ -95,6 +96,7 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
         "overhead_s": {"request": delay[0], "prompt_token": delay[1]},
         "failed_requests_skipped": run.failed,
         "cache_bust": run.config.get("cache_bust"),
+        "arrivals": clocks.note,
     } | accuracy(rows)
     (out / "prediction.json").write_text(json.dumps(doc, indent=1) + "\n")
     extra = {"out": str(out)}
@@ -137,6 +139,7 @@ def print_prediction(doc: dict) -> None:
         f"output throughput: measured {tp['output_tokens_per_s']:,.1f} tok/s, predicted "
         f"{tp['output_tokens_per_s_pred']:,.1f} tok/s ({tp['diff_pct']:+.2f}%)"
     )
+    con.print(doc["arrivals"], markup=False, highlight=False)
     con.print(f"[dim]wrote predictions.jsonl and prediction.json to {doc['out']}[/dim]")
     if doc.get("report"):
         con.print(f"[dim]added the prediction errors to {doc['report']}[/dim]")

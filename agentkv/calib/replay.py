@@ -85,25 +85,59 @@ def trace_requests(run: Run, traces: list[Trace]) -> list[tuple[RequestRecord, T
     return out
 
 
-def clock_offset(records: list[RequestRecord]) -> float | None:
-    """The client's clock less agentkv serve's engine clock: the least gap between a first token's
-    engine stamp and its reading by the client (the fastest delivery); None without engine stamps."""
-    gaps = [
-        r.first_token - r.ttft - r.engine_arrival
-        for r in records
-        if r.clock == "engine"
+@dataclass(slots=True)
+class Clocks:
+    """Each engine's clock against the client's (engine id -> client less engine seconds; "" for
+    stamps that name no engine) and how the arrivals were placed, in a line for prediction.json."""
+
+    offsets: dict[str, float]
+    note: str
+
+
+def _stamped(r: RequestRecord) -> bool:
+    return (
+        r.clock == "engine"
         and r.engine_arrival is not None
         and r.first_token is not None
         and r.ttft is not None
-    ]
-    return min(gaps) if gaps else None
+    )
 
 
-def arrival(r: RequestRecord, delay_s: tuple[float, float], offset: float | None = None) -> float:
+def clock_offsets(records: list[RequestRecord], one_server: bool = True) -> Clocks:
+    """Per engine, the client's clock less its clock: the least gap between a first token's engine
+    stamp and its reading by the client (the fastest delivery). Each agentkv serve engine runs its
+    own clock, so a run through `agentkv route` to several workers gets one offset per engine. Stamps
+    that name no engine (older serve) share one offset only when the target was one agentkv serve
+    (`one_server`: it answered /server_info, a router does not) and no other stamp names one; else
+    those arrivals are their first token less their engine TTFT, which needs no engine clock."""
+    gaps: dict[str, float] = {}
+    for r in records:
+        if _stamped(r):
+            g = r.first_token - r.ttft - r.engine_arrival
+            gaps[r.engine_id] = min(g, gaps.get(r.engine_id, g))
+    if not gaps:
+        engine = any(
+            r.clock == "engine" and r.first_token is not None and r.ttft is not None for r in records
+        )
+        how = "first token less engine TTFT" if engine else "send time plus the profile's overheads"
+        return Clocks({}, f"arrivals: {how} (client clock)")
+    named = len(gaps) - ("" in gaps)
+    if "" in gaps and (named or not one_server):
+        del gaps[""]
+        why = "other stamps name theirs" if named else "the target was not one agentkv serve (a router?)"
+        left = "first token less engine TTFT (client clock) for stamps naming no engine"
+        return Clocks(gaps, f"arrivals: {named} engine clock(s) told apart; {left}: {why}")
+    if named > 1:
+        return Clocks(gaps, f"arrivals: {named} engines' stamps, each on its own clock and offset")
+    return Clocks(gaps, "arrivals: one engine's stamps, moved onto the client's clock")
+
+
+def arrival(r: RequestRecord, delay_s: tuple[float, float], offsets: dict[str, float] | None = None) -> float:
     """When the request reached the engine, on the client's clock: agentkv serve's own stamp moved by
-    `offset` (`clock_offset`), or for older runs its first token less its engine TTFT (which adds
-    the token's delivery time), else the send time plus the profile's overheads."""
-    if r.clock == "engine" and r.engine_arrival is not None and offset is not None:
+    its engine's offset (`clock_offsets`), or its first token less its engine TTFT (which adds the
+    token's delivery time), else the send time plus the profile's overheads."""
+    offset = (offsets or {}).get(r.engine_id) if r.engine_arrival is not None else None
+    if r.clock == "engine" and offset is not None:
         return max(r.sent, r.engine_arrival + offset)
     if r.clock == "engine" and r.first_token is not None and r.ttft is not None:
         return max(r.sent, r.first_token - r.ttft)
@@ -115,15 +149,17 @@ def replay(
     items: list[tuple[RequestRecord, Trace, Request]],
     delay_s: tuple[float, float],
     tenant_salts: bool,
+    clocks: Clocks | None = None,
 ) -> dict[int, Predicted]:
     """Run the records' requests on one engine in arrival order; record id -> prediction.
 
-    `delay_s`: engine seconds before a sent request reaches the engine, per request and per prompt token."""
+    `delay_s`: engine seconds before a sent request reaches the engine, per request and per prompt
+    token; `clocks`: the engines' offsets (default: `clock_offsets` of the records)."""
     eng = Engine(ecfg)
     bs = ecfg.block_size
-    offset = clock_offset([r for r, _, _ in items])
-    order = sorted(items, key=lambda x: (arrival(x[0], delay_s, offset), x[0].sent, x[0].id))
-    arrivals = [arrival(r, delay_s, offset) for r, _, _ in order]
+    offsets = (clocks or clock_offsets([r for r, _, _ in items])).offsets
+    order = sorted(items, key=lambda x: (arrival(x[0], delay_s, offsets), x[0].sent, x[0].id))
+    arrivals = [arrival(r, delay_s, offsets) for r, _, _ in order]
     out: dict[int, Predicted] = {}
     live: dict[str, RequestRecord] = {}
     i, now, n = 0, 0.0, len(order)

@@ -45,6 +45,7 @@ class RequestRecord(msgspec.Struct, kw_only=True, omit_defaults=True):
     preemptions: int = 0
     clock: str = ""  # "engine": ttft, tpot, itl_max and e2e are the target's own (agentkv serve's) times
     engine_arrival: float | None = None  # agentkv serve: when its engine saw the request (engine clock)
+    engine_id: str = ""  # agentkv serve: which engine's clock engine_arrival is on (one per worker)
     ok: bool = True
     error: str = ""  # reason when not ok: http_500, timeout, reset, context_overflow, not_streamed, ...
     http_status: int = 0  # the server's HTTP status when not ok (0: no HTTP answer)

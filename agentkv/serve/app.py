@@ -234,7 +234,7 @@ class Server:
         its KV arrived, not when the client sent it (clients then time it with their own clock)."""
         if gen.kv_transfer is not None and gen.kv_transfer.do_remote_prefill:
             return None
-        return engine_times(stream.engine_req, self.options.time_scale)
+        return engine_times(stream.engine_req, self.options.time_scale, self.kv_link.engine_id)
 
     async def _parsed(self, request: web.Request, parse: Callable, *args):
         """`parse(body, *args)` of the body read under the caps: here when small, else in a worker

@@ -28,9 +28,10 @@ def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None)
     return u
 
 
-def engine_times(req: EngineRequest | None, time_scale: float) -> dict | None:
+def engine_times(req: EngineRequest | None, time_scale: float, engine_id: str = "") -> dict | None:
     """agentkv's own `agentkv` object: the request's times on the engine's clock (engine seconds),
-    each output token's as seconds after `arrival`; what `agentkv bench` measures latency from."""
+    each output token's as seconds after `arrival`; what `agentkv bench` measures latency from.
+    `engine_id` names the engine whose clock it is (behind a router, workers' clocks differ)."""
     if req is None or req.first_token is None:
         return None
     a = req.arrival
@@ -45,6 +46,7 @@ def engine_times(req: EngineRequest | None, time_scale: float) -> dict | None:
         "end": end,
         "token_times": np.round(np.asarray(times) - a, 9).tolist(),
         "preemptions": req.num_preemptions,
+        "engine_id": engine_id,
     }
 
 
