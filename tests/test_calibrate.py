@@ -49,7 +49,13 @@ def _args(**kw) -> argparse.Namespace:
 def test_plan_fits_the_model_length_and_the_kv_cache() -> None:
     plan = make_plan(4096, 16, 8192, kv_tokens=100_000)
     assert plan and all(p.past + p.new + p.ctx + p.out <= 4096 for p in plan)
-    assert {p.family for p in plan} == {"prefill_cold", "prefill_cached", "decode", "interference"}
+    assert {p.family for p in plan} == {
+        "prefill_cold",
+        "prefill_cached",
+        "decode",
+        "interference",
+        "loaded_ttft",
+    }
     small_kv = make_plan(131072, 16, 8192, kv_tokens=20_000)
     assert all(p.past + p.new + p.ctx <= 18_000 and p.n * p.ctx <= 10_000 for p in small_kv)
     busy = [p for p in small_kv if p.family == "interference"]  # prefill + the streams beside it fit
@@ -86,8 +92,10 @@ def test_a_slower_target_gets_fewer_probes_cheapest_first() -> None:
         t, make_plan(131072, 16, 8192, kv_tokens=489_824), (speed[0] * 100, speed[1] * 100), args, 60.0
     )
     assert slowdown(t, speed) == pytest.approx((1.0, 1.0)) and 0 < len(slow) < len(quick)
-    est = [est_wall_s(t, p, 2) for p in quick]
-    assert est == sorted(est) and sum(est) <= 60.0
+    est = [est_wall_s(t, p, 2) for p in quick if p.family != "loaded_ttft"]
+    assert est == sorted(est) and sum(est_wall_s(t, p, 2) for p in quick) <= 60.0
+    fams = [p.family for p in quick]  # loaded_ttft first: a busy host overruns the estimates
+    assert fams.count("loaded_ttft") >= 1 and "loaded_ttft" not in fams[fams.count("loaded_ttft") :]
     with pytest.raises(UserError, match="too short"):
         plan_for(t, make_plan(131072, 16, 8192), speed, argparse.Namespace(repeats=2, budget="1ms"), 0.001)
 
