@@ -92,13 +92,18 @@ def plan_for(
     t: fitmod.Target, plan: list[Probe], speed: tuple[float, float], args, budget_s: float
 ) -> list[Probe]:
     """The probes that fit `budget_s` at the pilot's speed, cheapest first (a budget cut short by a
-    slower target than estimated drops the dearest ones of every family), but loaded_ttft first of
-    all: the only probes that see host time under traffic, and a busy host overruns estimates."""
+    slower target than estimated drops the dearest ones of every family), but loaded_ttft ones first
+    of all, within a third of the budget: the only probes that see host time under traffic (the
+    cheapest-first order and a busy host's overrun would otherwise leave them out)."""
     slow = slowdown(t, speed)
     stretch_decodes(t, plan, slow[1])
     shape_interference(t, plan, slow)
     est = {id(p): est_wall_s(t, p, args.repeats, slow) for p in plan}
-    plan = within_budget(plan, [est[id(p)] for p in plan], budget_s)
+    loaded = [p for p in plan if p.family == "loaded_ttft"]
+    first = within_budget(loaded, [est[id(p)] for p in loaded], budget_s / 3)
+    rest = [p for p in plan if p.family != "loaded_ttft"]
+    left = budget_s - sum(est[id(p)] for p in first)
+    plan = first + within_budget(rest, [est[id(p)] for p in rest], left)
     if not plan:
         raise UserError(f"--budget {args.budget} is too short for any probe")
     return sorted(plan, key=lambda p: (p.family != "loaded_ttft", est[id(p)]))
