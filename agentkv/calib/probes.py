@@ -122,7 +122,7 @@ class Prober:
         """`repeats` samples of `p` (twice as many for short prefills, which host timing noise hurts most);
         its measurement is the least (a busy host only ever adds delay), but for loaded_ttft, whose
         host delay is what it measures, the median."""
-        if p.family != "decode" and p.new <= SHORT_PREFILL:
+        if p.family not in ("decode", "loaded_ttft") and p.new <= SHORT_PREFILL:
             repeats *= 2
         measure = {"decode": self.itl, "interference": self.stall, "loaded_ttft": self.loaded_ttft}
         measure = measure.get(p.family, self.ttft)

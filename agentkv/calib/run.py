@@ -83,7 +83,7 @@ def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, floa
         )
         eng *= slow[0]
         reqs = 2 if p.past else 1
-    if p.family != "decode" and p.new <= SHORT_PREFILL:
+    if p.family not in ("decode", "loaded_ttft") and p.new <= SHORT_PREFILL:
         repeats *= 2
     return repeats * (eng / t.time_scale + reqs * REQUEST_WALL_S)
 
@@ -92,9 +92,9 @@ def plan_for(
     t: fitmod.Target, plan: list[Probe], speed: tuple[float, float], args, budget_s: float
 ) -> list[Probe]:
     """The probes that fit `budget_s` at the pilot's speed, cheapest first (a budget cut short by a
-    slower target than estimated drops the dearest ones of every family), but loaded_ttft ones first
-    of all, within a third of the budget: the only probes that see host time under traffic (the
-    cheapest-first order and a busy host's overrun would otherwise leave them out)."""
+    slower target than estimated drops the dearest ones of every family); loaded_ttft ones are chosen
+    before the rest, within a third of the budget (the only probes that see host time under traffic:
+    a cheapest-first choice left them out of a 45 s budget on a slow host)."""
     slow = slowdown(t, speed)
     stretch_decodes(t, plan, slow[1])
     shape_interference(t, plan, slow)
@@ -106,7 +106,7 @@ def plan_for(
     plan = first + within_budget(rest, [est[id(p)] for p in rest], left)
     if not plan:
         raise UserError(f"--budget {args.budget} is too short for any probe")
-    return sorted(plan, key=lambda p: (p.family != "loaded_ttft", est[id(p)]))
+    return sorted(plan, key=lambda p: est[id(p)])
 
 
 async def calibrate(args: argparse.Namespace) -> int:
