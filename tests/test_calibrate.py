@@ -49,7 +49,13 @@ def _args(**kw) -> argparse.Namespace:
 def test_plan_fits_the_model_length_and_the_kv_cache() -> None:
     plan = make_plan(4096, 16, 8192, kv_tokens=100_000)
     assert plan and all(p.past + p.new + p.ctx + p.out <= 4096 for p in plan)
-    assert {p.family for p in plan} == {"prefill_cold", "prefill_cached", "decode", "interference"}
+    assert {p.family for p in plan} == {
+        "prefill_cold",
+        "prefill_cached",
+        "decode",
+        "interference",
+        "loaded_ttft",
+    }
     small_kv = make_plan(131072, 16, 8192, kv_tokens=20_000)
     assert all(p.past + p.new + p.ctx <= 18_000 and p.n * p.ctx <= 10_000 for p in small_kv)
     busy = [p for p in small_kv if p.family == "interference"]  # prefill + the streams beside it fit
@@ -88,6 +94,9 @@ def test_a_slower_target_gets_fewer_probes_cheapest_first() -> None:
     assert slowdown(t, speed) == pytest.approx((1.0, 1.0)) and 0 < len(slow) < len(quick)
     est = [est_wall_s(t, p, 2) for p in quick]
     assert est == sorted(est) and sum(est) <= 60.0
+    tight = plan_for(t, make_plan(131072, 16, 8192, kv_tokens=489_824), speed, args, 15.0)
+    assert [p.n for p in tight if p.family == "loaded_ttft"] == [1]  # chosen before cheaper probes
+    assert sum(est_wall_s(t, p, 2) for p in tight) <= 15.0 and len(tight) > 5
     with pytest.raises(UserError, match="too short"):
         plan_for(t, make_plan(131072, 16, 8192), speed, argparse.Namespace(repeats=2, budget="1ms"), 0.001)
 
@@ -145,7 +154,8 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["modelled_as"]["gpu"] == "h100" and doc["modelled_as"]["tp"] == 4
     assert doc["server"]["server_info"]["engine"] == "agentkv" and doc["error"] is None
-    assert set(doc["fit"]["mape_pct"]) == {"prefill_cold", "prefill_cached", "decode", "interference", "all"}
+    fams = {"prefill_cold", "prefill_cached", "decode", "interference", "loaded_ttft", "all"}
+    assert set(doc["fit"]["mape_pct"]) == fams
     mape = doc["fit"]["mape_pct"]  # measured vs fitted; a busy host adds noise to the short prefills
     assert mape["decode"] < 5.0 and mape["prefill_cold"] < 15.0 and mape["prefill_cached"] < 15.0, mape
     _check_stalls(doc)

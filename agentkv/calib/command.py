@@ -81,7 +81,7 @@ def add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-overhead",
         action="store_true",
-        help="leave out the profile's per-request and per-prompt-token overheads (HTTP, parsing)",
+        help="leave out the profile's host overheads: per request, per prompt token, per other request in flight",
     )
     p.add_argument("--json", action="store_true", help="print prediction.json instead of the table")
 

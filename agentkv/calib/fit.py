@@ -45,12 +45,24 @@ class Target:
         return CostModel(self.gpu, self.model, tp=self.tp, kv_dtype=self.kv_dtype, coeffs=coeffs)
 
 
-def predict(cm: CostModel, t: Target, p: Probe, overhead: tuple[float, float] = (0.0, 0.0)) -> float:
-    """Engine seconds the probe measures: chunked prefill steps to the first token (plus `overhead`,
-    wall seconds per request and per prompt token), one decode step, or for interference the longest
-    step that batches a prefill chunk (the token budget less the decodes) with the decodes."""
+def host_delay(overhead: tuple[float, ...], prompt_tokens: int, others: int = 0) -> float:
+    """Wall seconds before the engine sees a request: per request, per prompt token and (a third
+    overhead, 0 when absent) per other request in flight, which a busy host serving them adds."""
+    per_other = overhead[2] if len(overhead) > 2 else 0.0
+    return overhead[0] + overhead[1] * prompt_tokens + per_other * others
+
+
+def predict(cm: CostModel, t: Target, p: Probe, overhead: tuple[float, ...] = (0.0, 0.0)) -> float:
+    """Engine seconds the probe measures: chunked prefill steps to the first token (plus the host
+    delay of `overhead`), one decode step, for interference the longest step that batches a prefill
+    chunk (the token budget less the decodes) with the decodes, and for loaded_ttft half a decode
+    step (the one under way), the step batching the prompt with the decodes, and the host delay."""
     if p.family == "decode":
         return cm.step_time([], [p.ctx + p.out // 2] * p.n)
+    if p.family == "loaded_ttft":
+        dec = [p.ctx + p.out // 2] * p.n
+        eng = 0.5 * cm.step_time([], dec) + cm.step_time([(p.new, 0)], dec)
+        return eng + host_delay(overhead, p.new, p.n) * t.time_scale
     if p.family == "interference":
         dec, worst, done, left = [p.ctx + p.out // 2] * p.n, 0.0, 0, p.new
         while left > 0:
@@ -63,7 +75,7 @@ def predict(cm: CostModel, t: Target, p: Probe, overhead: tuple[float, float] = 
         n = min(t.chunk, left)
         total += cm.step_time([(n, done)], [])
         done, left = done + n, left - n
-    return total + (overhead[0] + overhead[1] * (p.past + p.new)) * t.time_scale
+    return total + host_delay(overhead, p.past + p.new) * t.time_scale
 
 
 def _coeffs(x, base: CostCoefficients) -> CostCoefficients:
@@ -109,6 +121,19 @@ def fit(t: Target, probes: list[Probe], start: CostCoefficients | None = None) -
     return Fit(_coeffs(res.x, base), (float(res.x[-2]) / 1e3, float(res.x[-1]) / 1e6), _stderr(res))
 
 
+def fit_loaded(
+    t: Target, probes: list[Probe], coeffs: CostCoefficients, overhead: tuple[float, ...]
+) -> float:
+    """Wall seconds per other request in flight (>= 0): the least-squares slope, through zero, of
+    what loaded_ttft probes measured beyond their prediction without it, against their streams (the
+    intercept is the fitted per-request overhead); 0 without such probes."""
+    cm, base = t.cost(coeffs), (overhead[0], overhead[1], 0.0)
+    pts = [p for p in probes if p.measured_s and p.family == "loaded_ttft" and p.n > 0]
+    extra = [(p.measured_s - predict(cm, t, p, base)) / t.time_scale for p in pts]
+    den = sum(p.n * p.n for p in pts)
+    return max(0.0, sum(p.n * e for p, e in zip(pts, extra, strict=True)) / den) if den else 0.0
+
+
 def _stderr(res) -> dict[str, float | None]:
     """Relative standard errors (%) of the free coefficients: sqrt(diag((J'J)^-1) x residual variance)
     of their logarithms (a log's standard error is the value's relative one); None where the probes do
@@ -123,7 +148,7 @@ def _stderr(res) -> dict[str, float | None]:
 
 
 def errors(
-    t: Target, probes: list[Probe], coeffs: CostCoefficients, overhead: tuple[float, float]
+    t: Target, probes: list[Probe], coeffs: CostCoefficients, overhead: tuple[float, ...]
 ) -> dict[str, float]:
     """Mean absolute percentage error per probe family (and 'all' over the fitted families)."""
     cm = t.cost(coeffs)

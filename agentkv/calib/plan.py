@@ -17,6 +17,9 @@ DECODE_TOKENS_MAX = 262_144  # N x context of one decode probe (keeps the KV it 
 DECODE_OUT = 48  # output tokens per decode stream
 INTERFERE_NEW = (2048, 8192)  # a cold prefill of this many tokens arrives ...
 INTERFERE_N, INTERFERE_CTX = 8, 1024  # ... while this many streams of this context decode
+# host time under traffic: a short prompt's first token while K streams of LOADED_CTX decode (an
+# engine and API server sharing a busy host meet time per request that grows with the streams)
+LOADED_NEW, LOADED_CTX, LOADED_N = 256, 512, (1, 3)
 
 
 @dataclass(slots=True)
@@ -24,8 +27,9 @@ class Probe:
     """One measurement: `family` prefill_cold (new), prefill_cached (new after past), decode (n x ctx)
     or interference (a cold prefill of `new`, sent `lead_s` wall seconds after n x ctx streams start).
 
-    `measured_s` is engine seconds (wall x time scale): TTFT for prefill, inter-token time for decode,
-    the longest decode gap across the prefill for interference."""
+    Family loaded_ttft is a short cold prompt (`new`) sent beside n x ctx decoding streams.
+    `measured_s` is engine seconds (wall x time scale): TTFT for prefill and loaded_ttft, inter-token
+    time for decode, the longest decode gap across the prefill for interference."""
 
     family: str
     new: int = 0
@@ -41,8 +45,8 @@ class Probe:
         """A short name for progress lines and tables."""
         if self.family == "decode":
             return f"decode n={self.n} ctx={self.ctx}"
-        if self.family == "interference":
-            return f"interference new={self.new} beside n={self.n} ctx={self.ctx}"
+        if self.family in ("interference", "loaded_ttft"):
+            return f"{self.family} new={self.new} beside n={self.n} ctx={self.ctx}"
         return f"{self.family} new={self.new} past={self.past}"
 
 
@@ -66,6 +70,9 @@ def make_plan(
         busy = INTERFERE_N * (INTERFERE_CTX + DECODE_OUT)
         if new <= room and busy <= cap and (not kv_tokens or new + busy <= kv_tokens * 0.9):
             out.append(Probe("interference", new=new, n=INTERFERE_N, ctx=INTERFERE_CTX, out=DECODE_OUT))
+    for n in LOADED_N:
+        if room >= LOADED_CTX + DECODE_OUT and n * (LOADED_CTX + DECODE_OUT) + LOADED_NEW <= cap:
+            out.append(Probe("loaded_ttft", new=LOADED_NEW, n=n, ctx=LOADED_CTX, out=DECODE_OUT))
     for p in out:
         p.past -= p.past % block_size  # a cached past is whole blocks
     return out

@@ -84,10 +84,9 @@ class Prober:
             raise ProbeError(f"target {self.client.base}: {p.n} streams never decoded together")
         return statistics.median(gaps) * self.scale
 
-    async def stall(self, p: Probe) -> float | None:
-        """Engine seconds of the longest decode gap while a cold `p.new`-token prefill, sent `p.lead_s`
-        wall seconds after `p.n` streams of `p.ctx` tokens, runs beside them (None: no stream was
-        decoding across it)."""
+    async def _beside(self, p: Probe) -> tuple[StreamResult, list[StreamResult]]:
+        """A cold `p.new`-token prompt sent `p.lead_s` wall seconds after `p.n` streams of `p.ctx`
+        tokens start: (its result, the streams' results)."""
         streams = [asyncio.create_task(self._send(self._ids(p.ctx), p.out)) for _ in range(p.n)]
         try:
             await asyncio.sleep(p.lead_s)
@@ -98,6 +97,12 @@ class Prober:
                 task.cancel()
         if not pre.token_times:
             raise ProbeError(f"target {self.client.base}: a stream carried no output tokens")
+        return pre, results
+
+    async def stall(self, p: Probe) -> float | None:
+        """Engine seconds of the longest decode gap while a cold `p.new`-token prefill runs beside
+        `p.n` decoding streams (None: no stream was decoding across it)."""
+        pre, results = await self._beside(p)
         lo, hi = pre.sent, pre.token_times[0]
         gaps = [
             b - a
@@ -107,17 +112,26 @@ class Prober:
         ]
         return max(gaps) * self.scale if gaps else None
 
+    async def loaded_ttft(self, p: Probe) -> float:
+        """Engine seconds to the first token of a cold `p.new`-token prompt sent while `p.n` streams
+        decode: client-side TTFT under traffic, host time included."""
+        pre, _ = await self._beside(p)
+        return (pre.token_times[0] - pre.sent) * self.scale
+
     async def run(self, p: Probe, repeats: int) -> None:
         """`repeats` samples of `p` (twice as many for short prefills, which host timing noise hurts most);
-        its measurement is the least (a busy host only ever adds delay)."""
-        if p.family != "decode" and p.new <= SHORT_PREFILL:
+        its measurement is the least (a busy host only ever adds delay), but for loaded_ttft, whose
+        host delay is what it measures, the median."""
+        if p.family not in ("decode", "loaded_ttft") and p.new <= SHORT_PREFILL:
             repeats *= 2
-        measure = {"decode": self.itl, "interference": self.stall}.get(p.family, self.ttft)
+        measure = {"decode": self.itl, "interference": self.stall, "loaded_ttft": self.loaded_ttft}
+        measure = measure.get(p.family, self.ttft)
         for _ in range(repeats):
             v = await measure(p)
             if v is not None:
                 p.samples_s.append(v)
-        p.measured_s = min(p.samples_s) if p.samples_s else None
+        pick = statistics.median if p.family == "loaded_ttft" else min
+        p.measured_s = pick(p.samples_s) if p.samples_s else None
 
 
 PILOT_NEW, PILOT_OUT = 512, 16  # the pilot request: a 512-token prefill, then 16 tokens of decode

@@ -8,6 +8,7 @@ before it."""
 
 from __future__ import annotations
 
+import heapq
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -144,57 +145,69 @@ def arrival(r: RequestRecord, delay_s: tuple[float, float], offsets: dict[str, f
     return r.sent + delay_s[0] + delay_s[1] * r.input_tokens
 
 
+def _add(eng: Engine, item: tuple[RequestRecord, Trace, Request], at: float, tenant_salts: bool) -> None:
+    """Add a record's request to `eng`, arriving at `at`, keyed as bench and simulate key it."""
+    r, tr, req = item
+    space = tr.hash_space(r.tree)
+    if tenant_salts and tr.hash_id_scope != "local":
+        space = f"{space}|{r.tree}"
+    keys = chain_keys(space, req.hash_ids, tr.block_size, eng.config.block_size, req.input_tokens)
+    n_out = max(1, r.output_tokens)
+    if req.input_tokens + n_out > eng.max_model_len:
+        raise UserError(
+            f"record {r.id}: {req.input_tokens} + {n_out} tokens exceed the predicted engine's "
+            f"max_model_len {eng.max_model_len}; pass --max-model-len"
+        )
+    eng.add_request(
+        str(r.id),
+        max_tokens=n_out,
+        prompt_len=req.input_tokens,
+        block_hashes=keys.tolist(),
+        session_id=r.tree,
+        arrival=at,
+        hash_array=keys,
+    )
+
+
 def replay(
     ecfg: EngineConfig,
     items: list[tuple[RequestRecord, Trace, Request]],
-    delay_s: tuple[float, float],
+    delay_s: tuple[float, ...],
     tenant_salts: bool,
     clocks: Clocks | None = None,
 ) -> dict[int, Predicted]:
     """Run the records' requests on one engine in arrival order; record id -> prediction.
 
-    `delay_s`: engine seconds before a sent request reaches the engine, per request and per prompt
-    token; `clocks`: the engines' offsets (default: `clock_offsets` of the records)."""
+    `delay_s`: engine seconds before a sent request reaches the engine, per request, per prompt token
+    and (optional third) per other request then in flight in the prediction (`fit.host_delay`);
+    `clocks`: the engines' offsets (default: `clock_offsets` of the records); a request timed on
+    agentkv serve's engine clock arrives at its stamp instead."""
     eng = Engine(ecfg)
-    bs = ecfg.block_size
     offsets = (clocks or clock_offsets([r for r, _, _ in items])).offsets
     order = sorted(items, key=lambda x: (arrival(x[0], delay_s, offsets), x[0].sent, x[0].id))
-    arrivals = [arrival(r, delay_s, offsets) for r, _, _ in order]
+    base = [arrival(r, delay_s, offsets) for r, _, _ in order]
+    per_other = delay_s[2] if len(delay_s) > 2 else 0.0
     out: dict[int, Predicted] = {}
     live: dict[str, RequestRecord] = {}
+    pending: list[tuple[float, int]] = []  # sent, not yet at the engine: (arrival, index in order)
     i, now, n = 0, 0.0, len(order)
-    while i < n or eng.has_work():
+    while i < n or pending or eng.has_work():
         if not eng.has_work():
-            now = max(now, arrivals[i])
-        while i < n and arrivals[i] <= now:
-            r, tr, req = order[i]
-            space = tr.hash_space(r.tree)
-            if tenant_salts and tr.hash_id_scope != "local":
-                space = f"{space}|{r.tree}"
-            keys = chain_keys(space, req.hash_ids, tr.block_size, bs, req.input_tokens)
-            n_out = max(1, r.output_tokens)
-            if req.input_tokens + n_out > eng.max_model_len:
-                raise UserError(
-                    f"record {r.id}: {req.input_tokens} + {n_out} tokens exceed the predicted engine's "
-                    f"max_model_len {eng.max_model_len}; pass --max-model-len"
-                )
-            eng.add_request(
-                str(r.id),
-                max_tokens=n_out,
-                prompt_len=req.input_tokens,
-                block_hashes=keys.tolist(),
-                session_id=r.tree,
-                arrival=arrivals[i],
-                hash_array=keys,
-            )
-            live[str(r.id)] = r
+            now = max(now, min([*base[i : i + 1], *(a for a, _ in pending[:1])]))
+        while i < n and base[i] <= now:
+            busy = per_other * (len(live) + len(pending)) if order[i][0].clock != "engine" else 0.0
+            heapq.heappush(pending, (base[i] + busy, i))
             i += 1
+        while pending and pending[0][0] <= now:
+            at, j = heapq.heappop(pending)
+            _add(eng, order[j], at, tenant_salts)
+            live[str(order[j][0].id)] = order[j][0]
         eng.clock.advance_to(now)
         res = eng.step()
         if res is None:
-            if i >= n:
+            if i >= n and not pending:
                 raise UserError(f"the predicted engine cannot schedule {eng.num_waiting} waiting requests")
-            now = arrivals[i]
+            now = min([*base[i : i + 1], *(a for a, _ in pending[:1])])
             continue
         now = res.end
         for o in res.outputs:

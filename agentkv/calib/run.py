@@ -57,11 +57,11 @@ def stretch_decodes(t: fitmod.Target, plan: list[Probe], slow: float = 1.0) -> N
 
 
 def shape_interference(t: fitmod.Target, plan: list[Probe], slow: tuple[float, float]) -> None:
-    """Each interference probe's lead (wall seconds until its streams all decode) and stream length
-    (they outlast twice the prefill), from the bundled model at the pilot's speed."""
+    """Each interference and loaded_ttft probe's lead (wall seconds until its streams all decode) and
+    stream length (they outlast twice the prefill), from the bundled model at the pilot's speed."""
     cm = t.cost()
     for p in plan:
-        if p.family == "interference":
+        if p.family in ("interference", "loaded_ttft"):
             fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx)) * slow[0]
             step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out)) * slow[1]
             pre = fitmod.predict(cm, t, Probe("prefill_cold", new=p.new)) * slow[0]
@@ -72,18 +72,18 @@ def shape_interference(t: fitmod.Target, plan: list[Probe], slow: tuple[float, f
 def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, float] = (1.0, 1.0)) -> float:
     """Planning estimate of a probe's wall seconds: the bundled coefficients x the pilot's slowdown."""
     cm = t.cost()
-    if p.family in ("decode", "interference"):
+    if p.family in ("decode", "interference", "loaded_ttft"):
         fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx + p.new))
         step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out))
         eng = fill * slow[0] + p.out * step * slow[1]
-        reqs = p.n + (p.family == "interference")
+        reqs = p.n + (p.family != "decode")
     else:
         eng = fitmod.predict(cm, t, p) + (
             fitmod.predict(cm, t, Probe("prefill_cold", new=p.past)) if p.past else 0
         )
         eng *= slow[0]
         reqs = 2 if p.past else 1
-    if p.family != "decode" and p.new <= SHORT_PREFILL:
+    if p.family not in ("decode", "loaded_ttft") and p.new <= SHORT_PREFILL:
         repeats *= 2
     return repeats * (eng / t.time_scale + reqs * REQUEST_WALL_S)
 
@@ -92,12 +92,18 @@ def plan_for(
     t: fitmod.Target, plan: list[Probe], speed: tuple[float, float], args, budget_s: float
 ) -> list[Probe]:
     """The probes that fit `budget_s` at the pilot's speed, cheapest first (a budget cut short by a
-    slower target than estimated drops the dearest ones of every family)."""
+    slower target than estimated drops the dearest ones of every family); loaded_ttft ones are chosen
+    before the rest, within a third of the budget (the only probes that see host time under traffic:
+    a cheapest-first choice left them out of a 45 s budget on a slow host)."""
     slow = slowdown(t, speed)
     stretch_decodes(t, plan, slow[1])
     shape_interference(t, plan, slow)
     est = {id(p): est_wall_s(t, p, args.repeats, slow) for p in plan}
-    plan = within_budget(plan, [est[id(p)] for p in plan], budget_s)
+    loaded = [p for p in plan if p.family == "loaded_ttft"]
+    first = within_budget(loaded, [est[id(p)] for p in loaded], budget_s / 3)
+    rest = [p for p in plan if p.family != "loaded_ttft"]
+    left = budget_s - sum(est[id(p)] for p in first)
+    plan = first + within_budget(rest, [est[id(p)] for p in rest], left)
     if not plan:
         raise UserError(f"--budget {args.budget} is too short for any probe")
     return sorted(plan, key=lambda p: est[id(p)])
@@ -159,10 +165,11 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
     fitted = None
     if len(done) >= 3:
         f = fitmod.fit(t, done)
+        ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
         fitted = {
             "coefficients": f.coeffs.to_dict(),
-            "overhead": {"request_s": f.overhead[0], "prompt_token_s": f.overhead[1]},
-            "mape_pct": fitmod.errors(t, done, f.coeffs, f.overhead),
+            "overhead": {"request_s": ov[0], "prompt_token_s": ov[1], "per_other_request_s": ov[2]},
+            "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
             "stderr_pct": f.stderr_pct,
         }
     doc = profile_doc(f"{model_id}@{base}", base, t, server, plan, fitted, error)

