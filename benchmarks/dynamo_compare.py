@@ -10,13 +10,13 @@ timing table); CPU seconds are each tool's own process time for the replay.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 from dynamo_peer import dynamo_python, perf_table, run_dynamo
 
 from agentkv.engine.config import EngineConfig
@@ -53,7 +53,7 @@ def write_mooncake(traces: list, path: Path, block_size: int = 64) -> int:
     `block_size`-token blocks; a partial last block gets an id of its own), every session from t=0
     at its recorded times; returns the requests."""
     ids: dict[object, int] = {}
-    with path.open("w") as f:
+    with path.open("wb") as f:
         reqs = block_accesses(arrivals(traces), block_size)
         for r in sorted(reqs, key=lambda r: r.time):
             hs = [ids.setdefault(h, len(ids)) for h in r.hashes]
@@ -65,7 +65,7 @@ def write_mooncake(traces: list, path: Path, block_size: int = 64) -> int:
                 "output_length": max(1, r.output_tokens),
                 "hash_ids": hs,
             }
-            f.write(json.dumps(row, separators=(",", ":")) + "\n")
+            f.write(msgspec.json.encode(row) + b"\n")
     return len(reqs)
 
 
