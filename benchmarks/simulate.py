@@ -10,33 +10,36 @@ Dynamo's offline replay of the same file (`dynamo.replay.run_trace_replay`, Rust
 scripts/dynamo_replay.py in a Python 3.10 venv with ai-dynamo==1.6.1 (created here when missing,
 skipped with the reason when that fails). Dynamo gets the same block size, KV blocks per worker,
 scheduler limits, router weight and, as a timing table, agentkv's own H200 cost model (prefill by new tokens,
-decode by active KV tokens and context), so both replay the same cluster. Prints figures only.
+decode by active KV tokens and context), so both replay the same cluster (benchmarks/dynamo_compare.py).
+Prints figures only.
 
 (c) The same 119 traces on a 72-GPU GB300 NVL72 rack, disaggregated: Llama-3.1-70B, 8 prefill
 workers and 10 decode workers at TP 4, 256 lanes: wall and CPU seconds (target: under 2 minutes).
 (d) The same Claude Code traces on 8 H200s for each model family (`MODELS`: dense, MoE, MLA,
 sliding-window, linear-attention and DeepSeek-V4 shapes; replicas = 8 / TP): hit rate, TTFT and
 CPU time beside the Llama-3.1-8B run (issue #15's target: a DeepSeek-V4 shape within 1.5x).
+(e) `--only dynamo` (not in the default run): (b) in each router mode both tools have (`--routers`,
+default kv_aware and round_robin, beside Dynamo's kv_router and round_robin), on the Mooncake trace
+and on the Claude Code traces converted to one Mooncake file; CPU seconds each side and their ratio
+(issue #15's target: agentkv within 1.5x of Dynamo in every mode).
 
-Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake|disagg|models] [--models A,B] [--no-dynamo]
+Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake|disagg|models|dynamo] [--models A,B]
+     [--routers kv_aware,round_robin] [--no-dynamo]
 """
 
 from __future__ import annotations
 
 import argparse
-import gzip
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from dynamo_peer import dynamo_python, perf_table, run_dynamo
+from dynamo_compare import MODES, compare, table
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
-from agentkv.placement.policy import make_policy
 from agentkv.sim.cluster import SimConfig, SimResult, simulate
 from agentkv.trace.formats import load_paths
 
@@ -200,115 +203,50 @@ def model_families(names: list[str] | None) -> list[Row]:
     return rows
 
 
-def _mooncake_agentkv(src: Path, ecfg: EngineConfig) -> Row:
-    """agentkv's replay of the Mooncake trace by timestamp on 8 workers, printed and as a table row."""
-    cfg = SimConfig(engine=ecfg, workers=WORKERS, router="kv_aware", idle_gap_cap=None)
-    print(
-        f"(b) {src.name}: 8x H200, Llama-3.1-8B, by timestamp, kv_aware, block 16   "
-        f"load average before: {loadavg()}"
-    )
-    res, lw, lc, sw, sc = timed_sim([src], cfg)
-    s, n = res.summary, len(res.records)
-    print(
-        f"    agentkv: {n:,} requests; load {lw:.1f} s + simulate {sw:.1f} s wall, {lc + sc:.1f} s CPU; "
-        f"{res.sim_s:,.0f} s simulated; hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}); "
-        f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms"
-    )
-    return Row(
-        "agentkv, mooncake (b)",
-        n,
-        lw + sw,
-        lc + sc,
-        res.sim_s,
-        s.cache.reported,
-        f"TTFT p50/p99 {ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, TPOT p50 {ms(s.tpot.p50)} ms",
-    )
-
-
-def _dynamo_replay(py: str, why: str, src: Path, ecfg: EngineConfig) -> dict | None:
-    """Dynamo's replay of the same trace and cluster (our cost model as its timings); None on failure."""
-    engine = Engine(ecfg)
-    with tempfile.TemporaryDirectory() as tmp:
-        trace = Path(tmp) / "conversation_trace.jsonl"
-        trace.write_bytes(gzip.decompress(src.read_bytes()))  # Dynamo reads plain JSONL
-        npz = Path(tmp) / "agentkv_h200_llama3_8b.npz"
-        perf_table(engine, npz)
-        dcfg = {
-            "trace": str(trace),
-            "workers": WORKERS,
-            "block_size": ecfg.block_size,
-            "trace_block_size": 512,
-            "num_gpu_blocks": engine.num_gpu_blocks,
-            "max_num_seqs": ecfg.max_num_seqs,
-            "max_num_batched_tokens": ecfg.max_num_batched_tokens,
-            "router": "kv_router",
-            "prefill_load_scale": make_policy("kv_aware").weight,
-            "perf_npz": str(npz),
-        }
-        print(
-            f"    Dynamo ({why}): {engine.num_gpu_blocks:,} blocks of {ecfg.block_size} per worker, "
-            f"kv_router (prefill_load_scale {dcfg['prefill_load_scale']:g}, as kv_aware's weight), "
-            f"agentkv's cost model as its timing table   load average: {loadavg()}"
-        )
-        try:
-            return run_dynamo(py, dcfg)
-        except RuntimeError as e:
-            print(f"    Dynamo: failed: {e}")
-            return None
-
-
-def _dynamo_row(d: dict) -> Row:
-    """Dynamo's figures (scripts/dynamo_replay.py's JSON), printed and as a table row."""
-    sim_s = (d["duration_ms"] or 0) / 1e3
-    print(
-        f"    Dynamo: {d['completed_requests']:,} requests; {d['wall_s']:.1f} s wall ({d['wall_time_ms'] / 1e3:.1f} s "
-        f"inside Rust), {d['cpu_s']:.1f} s CPU; {sim_s:,.0f} s simulated; reuse "
-        f"{d['prefix_cache_reused_ratio']:.1%}; TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
-        f"TPOT p50 {d['median_tpot_ms']:,.1f} ms"
-    )
-    return Row(
-        "Dynamo 1.6.1, mooncake (b)",
-        d["completed_requests"],
-        d["wall_s"],
-        d["cpu_s"],
-        sim_s,
-        d["prefix_cache_reused_ratio"],
-        f"TTFT p50/p99 {d['median_ttft_ms']:,.0f}/{d['p99_ttft_ms']:,.0f} ms, "
-        f"TPOT p50 {d['median_tpot_ms']:,.0f} ms",
-    )
+def _rows(results: list) -> list[Row]:
+    """dynamo_compare's results as rows of the final table."""
+    rows = []
+    for name, router, a, d in results:
+        rows.append(Row(f"agentkv, {name} {router}", a.requests, a.wall_s, a.cpu_s, a.sim_s, a.hit))
+        if d is not None:
+            row = Row(f"Dynamo 1.6.1, {name} {MODES[router]}", d.requests, d.wall_s, d.cpu_s, d.sim_s, d.hit)
+            rows.append(row)
+    return rows
 
 
 def mooncake(with_dynamo: bool) -> list[Row]:
-    """(b): the Mooncake conversation trace in agentkv and, unless skipped, in Dynamo's replay."""
-    src = SHARED / "traces" / "mooncake" / "conversation_trace.jsonl.gz"
-    if not src.is_file():
-        print(f"(b) skipped: {src} not found")
-        return []
-    ecfg = EngineConfig(gpu="h200", model="llama3-8b")
-    a = _mooncake_agentkv(src, ecfg)
-    if not with_dynamo:
-        print("    Dynamo: skipped (--no-dynamo)")
-        return [a]
-    py, why = dynamo_python()
-    if py is None:
-        print(f"    Dynamo: skipped: {why}")
-        return [a]
-    d = _dynamo_replay(py, why, src, ecfg)
-    if d is None:
-        return [a]
-    b = _dynamo_row(d)
-    print(
-        f"    agentkv / Dynamo: {a.wall_s / b.wall_s:.2f}x wall, {a.cpu_s / b.cpu_s:.2f}x CPU "
-        f"(target: within 3x)"
-    )
-    return [a, b]
+    """(b): the Mooncake conversation trace by timestamp, kv_aware, in agentkv and Dynamo's replay."""
+    print(f"(b) Mooncake conversation trace: 8x H200, Llama-3.1-8B, kv_aware   load average: {loadavg()}")
+    res = compare(SHARED, ["mooncake"], ["kv_aware"], with_dynamo)
+    for line in table(res):
+        print("    " + line)
+    return _rows(res)
+
+
+def dynamo_modes(routers: list[str], with_dynamo: bool) -> list[Row]:
+    """(e): both sources (Claude Code converted to Mooncake, and Mooncake) in each router mode that
+    agentkv and Dynamo share; issue #15's target: agentkv's CPU within 1.5x of Dynamo's in each."""
+    print(f"(e) agentkv vs Dynamo per router mode ({', '.join(routers)})   load average: {loadavg()}")
+    res = compare(SHARED, ["claude", "mooncake"], routers, with_dynamo)
+    print(f"\n(e) load average at the end: {loadavg()}")
+    for line in table(res):
+        print("    " + line)
+    ratios = [a.cpu_s / d.cpu_s for _, _, a, d in res if d]
+    if ratios:
+        print(f"    worst CPU ratio {max(ratios):.2f}x (target: within 1.5x in every mode)")
+    return _rows(res)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", choices=["claude", "mooncake", "disagg", "models"], default=None)
+    ap.add_argument("--only", choices=["claude", "mooncake", "disagg", "models", "dynamo"], default=None)
     ap.add_argument("--models", default=None, help="comma-separated names from MODELS for (d) (default all)")
     ap.add_argument("--no-dynamo", action="store_true", help="skip Dynamo's replay")
+    ap.add_argument(
+        "--routers",
+        default=",".join(MODES),
+        help="for --only dynamo: agentkv routers to compare, each beside its Dynamo mode (default all shared)",
+    )
     args = ap.parse_args()
     print(f"{os.cpu_count()} CPUs, load average {loadavg()}; Python {sys.version.split()[0]}")
     rows: list[Row] = []
@@ -326,6 +264,11 @@ def main() -> None:
         rows += mooncake(not args.no_dynamo)
     if args.only in (None, "models"):
         rows += model_families(args.models.split(",") if args.models else None)
+    if args.only == "dynamo":
+        routers = args.routers.split(",")
+        if bad := [r for r in routers if r not in MODES]:
+            ap.error(f"--routers: {','.join(bad)} has no Dynamo replay mode (use {', '.join(MODES)})")
+        rows += dynamo_modes(routers, not args.no_dynamo)
     print(
         f"\n{'run':36} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
         f"{'req/CPU s':>9} {'CPU ms/req':>10} {'hit':>6}  notes"

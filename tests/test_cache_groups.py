@@ -12,6 +12,7 @@ import pytest
 
 from agentkv.cache.analyze import analyze
 from agentkv.cache.grid import make_grid
+from agentkv.cache.view import chart_series, write_plot
 from agentkv.cli import main
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
@@ -243,3 +244,34 @@ def test_a_cpu_tier_raises_the_hit_rate_on_real_sessions(shared_dir):
         assert tiered.tier_hit_tokens["GPU"] > 0 and tiered.tier_hit_tokens["CPU"] > 0
         assert gpu_only.hit_tokens < tiered.hit_tokens <= runs[1].ceilings[0].hit_tokens
         assert tiered.hit_tokens == sum(tiered.tier_hit_tokens.values())
+
+
+def test_the_plot_draws_each_groups_own_line(tmp_path):
+    # gpt-oss at two capacities that evict: the window group alone keeps more hits than the model
+    # (its line is drawn, dashed, at its own figures); the ceilings agree, so no ceiling group line
+    unit = page_bytes(get_model(OSS), 16)
+    a = analyze(_agents(), make_grid(f"{1099 * unit},{1599 * unit}", "16", None, OSS))
+    series = {s.name: s for s in chart_series(a, 16)}
+    cells = sorted(a.results, key=lambda r: r.capacity_bytes)
+    window = series["lru: sliding_window 128 alone"]
+    assert window.dash and window.ys == [100 * r.groups[1].hit_rate for r in cells]
+    assert window.ys > series["lru"].ys == [100 * r.hit_rate for r in cells]
+    for name, g in (("lru: full_attention alone", 0),):  # drawn only where it differs from the model's
+        differs = any(abs(r.groups[g].hit_rate - r.hit_rate) >= 5e-4 for r in cells)
+        assert (name in series) == differs
+    assert not [n for n in series if n.startswith("unbounded:")] and "unbounded" in series
+    write_plot(a, tmp_path / "chart.svg")
+    assert "lru: sliding_window 128 alone" in (tmp_path / "chart.svg").read_text()
+
+
+def test_the_plot_draws_a_state_models_full_group_ceiling(tmp_path):
+    # Qwen3-Next: the full-attention group alone would serve 240 tokens unbounded, the model 160 (the
+    # state saved at A's 10th block): a dashed ceiling line at 240 / 520; a dense model draws none
+    a_ids = list(range(1, 11))
+    turns = [(0.0, 160, a_ids), (1.0, 160, [*a_ids[:5], *range(50, 55)]), (2.0, 200, [*a_ids, 20, 21, 22])]
+    a = analyze([_trace("abc", turns)], make_grid("10GB,20GB", "16", None, "qwen3-next"))
+    series = {s.name: s for s in chart_series(a, 16)}
+    assert series["unbounded"].ys == [100 * 160 / 520] * 2
+    assert series["unbounded: full_attention alone"].ys == [100 * 240 / 520] * 2
+    dense = analyze([_trace("abc", turns)], make_grid("10GB,20GB", "16", "lru", "llama3-8b"))
+    assert [s.name for s in chart_series(dense, 16)] == ["lru", "unbounded"]

@@ -39,18 +39,28 @@ def _cell_text(r: CellResult | None, tiers: bool) -> str:
     return text
 
 
+def _apart(
+    rows: list[list[GroupFigure] | None], model: list[float | None]
+) -> list[tuple[str, list[float | None]]]:
+    """Each KV group's own hit rates (one per capacity, None where not replayed), for the groups
+    whose figure differs from the model-level one at some capacity (the others add nothing)."""
+    first = next((r for r in rows if r), None)
+    out = []
+    for g, fig in enumerate(first or []):
+        rates = [r[g].hit_rate if r else None for r in rows]
+        if any(
+            x is not None and m is not None and abs(x - m) >= 5e-4 for x, m in zip(rates, model, strict=True)
+        ):
+            out.append((fig.group, rates))
+    return out
+
+
 def _group_rows(t: Table, rows: list[list[GroupFigure] | None], model: list[float | None]) -> None:
     """Under a row of model-level hits (one per capacity), each KV group's own figure, when some
     capacity shows it apart from the model's: what that group alone could serve."""
-    first = next((r for r in rows if r), None)
-    if first is None:
-        return
-    for g, fig in enumerate(first):
-        rates = [r[g].hit_rate if r else None for r in rows]
-        if all(x is None or m is None or abs(x - m) < 5e-4 for x, m in zip(rates, model, strict=True)):
-            continue
+    for name, rates in _apart(rows, model):
         cells = [f"[dim]{_pct(x)}[/dim]" if x is not None else "-" for x in rates]
-        t.add_row(f"[dim]  {fig.group} alone[/dim]", *cells)
+        t.add_row(f"[dim]  {name} alone[/dim]", *cells)
 
 
 def tables(a: Analysis) -> list[Table]:
@@ -129,12 +139,49 @@ def render(a: Analysis, console: Console) -> None:
         console.print("[yellow]interrupted: '-' marks replays that did not run[/yellow]")
 
 
+def chart_series(a: Analysis, bs: int) -> list:
+    """The lines of block size `bs`'s chart (agentkv.metrics.svg Series): one per policy and the
+    ceiling, then for a hybrid model a dashed one per KV group whose own hit rate ('alone') differs."""
+    from agentkv.metrics.svg import Series
+
+    rows = sorted((r for r in a.results if r.block_size == bs), key=lambda r: r.capacity_bytes)
+    kind = "line" if len(a.capacities) > 1 else "dots"
+    xs_all = sorted({r.capacity_bytes / 1e9 for r in rows})
+    out, alone = [], []
+    for p in a.policies:
+        pts = [r for r in rows if r.policy == p]
+        xs, ys = [r.capacity_bytes / 1e9 for r in pts], [r.hit_rate for r in pts]
+        tips = [f"{p} at {r.capacity}: {_pct(r.hit_rate)}" for r in pts]
+        out.append(Series(p, xs, [100 * y for y in ys], kind, tips=tips))
+        for g, rates in _apart([r.groups for r in pts], ys):
+            got = [(r, x) for r, x in zip(pts, rates, strict=True) if x is not None]
+            gx, gy = [r.capacity_bytes / 1e9 for r, _ in got], [100 * x for _, x in got]
+            tips = [f"{g} alone, {p} at {r.capacity}: {_pct(x)}" for r, x in got]
+            alone.append(Series(f"{p}: {g} alone", gx, gy, kind, tips=tips, dash=True))
+    c = next(c for c in a.ceilings if c.block_size == bs)
+    n = len(xs_all)
+    out.append(
+        Series(
+            "unbounded",
+            xs_all,
+            [100 * c.hit_rate] * n,
+            kind,
+            color="#111827",
+            tips=[f"unbounded cache: {_pct(c.hit_rate)}"] * n,
+        )
+    )
+    for g, (x,) in _apart([c.groups], [c.hit_rate]):
+        tip = f"unbounded cache, {g} alone: {_pct(x)}"
+        alone.append(Series(f"unbounded: {g} alone", xs_all, [100 * x] * n, kind, tips=[tip] * n, dash=True))
+    return out + alone
+
+
 def charts(a: Analysis) -> list[str]:
-    """One SVG chart per block size: hit rate (%) vs capacity (GB), a line per policy and the ceiling."""
-    from agentkv.metrics.svg import Chart, Series
+    """One SVG chart per block size: hit rate (%) vs capacity (GB), a line per policy and the ceiling
+    (and per KV group of a hybrid model, dashed)."""
+    from agentkv.metrics.svg import Chart
 
     out = []
-    ceilings = {c.block_size: c for c in a.ceilings}
     for bs in a.block_sizes:
         ch = Chart(
             f"Token hit rate vs KV capacity, block size {bs} ({a.model} {a.kv_cache_dtype})",
@@ -145,31 +192,8 @@ def charts(a: Analysis) -> list[str]:
             ymin=0.0,
             ymax=100.0,
         )
-        rows = sorted((r for r in a.results if r.block_size == bs), key=lambda r: r.capacity_bytes)
-        kind = "line" if len(a.capacities) > 1 else "dots"
-        xs_all = sorted({r.capacity_bytes / 1e9 for r in rows})
-        for p in a.policies:
-            pts = [r for r in rows if r.policy == p]
-            ch.add(
-                Series(
-                    p,
-                    [r.capacity_bytes / 1e9 for r in pts],
-                    [100 * r.hit_rate for r in pts],
-                    kind,
-                    tips=[f"{p} at {r.capacity}: {_pct(r.hit_rate)}" for r in pts],
-                )
-            )
-        c = ceilings[bs]
-        ch.add(
-            Series(
-                "unbounded",
-                xs_all,
-                [100 * c.hit_rate] * len(xs_all),
-                kind,
-                color="#111827",
-                tips=[f"unbounded cache: {_pct(c.hit_rate)}"] * len(xs_all),
-            )
-        )
+        for s in chart_series(a, bs):
+            ch.add(s)
         out.append(ch.svg())
     return out
 
