@@ -60,6 +60,15 @@ class GroupBlocks:
         k = total // bs
         return k if total % bs == 0 and 0 < k <= len(req.block_hashes) else 0
 
+    def _arrived(self, req: KVRequest) -> int:
+        """The last block boundary of prompt KV that arrived from another engine (a disaggregated
+        decode's `external_tokens`, 0: none): the prefill engine's state there came with it. vLLM's
+        DeepSeek-V4 compressor state is a window group (`CompressorStateCache` declares a
+        `SlidingWindowMLASpec`): NIXL sends its window's tail blocks (`get_exchange_clipped_blocks`)
+        and the decode caches the loaded blocks (`Scheduler._update_waiting_for_remote_kv` ->
+        `cache_blocks`), so its next turn hits there as the prefill engine's would."""
+        return min(getattr(req, "external_tokens", 0) // self.block_size, len(req.block_hashes))
+
     def new_blocks(self, req: KVRequest, total: int) -> list[int]:
         """Blocks each group must take for a running request to hold `total` tokens."""
         rid, n_tok = req.request_id, _cdiv(total, self.block_size)
@@ -178,14 +187,15 @@ class GroupBlocks:
 
     # -- internals -------------------------------------------------------------------------------
     def _cache(self, req: KVRequest, total: int, fresh_state: bool, new: list[int] | None = None) -> None:
-        """Give the blocks `total` tokens fill their hashes; save a state at an aligned boundary."""
+        """Give the blocks `total` tokens fill their hashes; save a state at an aligned boundary, or
+        (at admission) at the last boundary of KV that arrived from another engine."""
         rid = req.request_id
         tables, hashed = self.tables[rid], self.hashed[rid]
         for g, s in enumerate(self.specs):
             if s.rule != "state":
                 self._cache_tokens(req, g, total)
                 continue
-            k = self._boundary(req, total)
+            k = self._boundary(req, total) or (self._arrived(req) if fresh_state else 0)
             if k <= hashed[g]:
                 continue
             hashed[g] = k
