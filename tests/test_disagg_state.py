@@ -94,3 +94,17 @@ def test_a_v4_disaggregated_decode_pool_hits_from_the_second_turn():
     want = (2992 + 4000) / (3000 + 4000 + 5000)
     assert s.disagg.decode_hit_rate == pytest.approx(want, rel=1e-9)
     assert s.disagg.prefill_hit_rate == pytest.approx(want, rel=1e-9)
+
+
+def test_arrived_kv_takes_only_the_windows_tail_blocks():
+    """vLLM takes no block for arrived tokens a window has moved past (the null block pads them): a
+    1,000-token arrival holds 8 blocks of V4's 128-token window group, not 63, and caches just those;
+    an aggregated engine computing the prompt caches all 62 full ones as its window moves on."""
+    dec, agg = Engine(V4), Engine(V4)
+    for e, ext in ((dec, 999), (agg, 0)):
+        e.add_request("a", max_tokens=3, token_ids=list(range(1, 1001)), external_tokens=ext)
+        while e.has_work() and e.step() is not None:
+            e.pool.check_invariants()
+    g = next(g for g, s in enumerate(dec.pool.specs) if s.rule == "sliding")
+    assert len(dec.pool.cached_maps[g]) == 8 and len(agg.pool.cached_maps[g]) == 62
+    assert len(dec.pool.cached_maps[0]) == len(agg.pool.cached_maps[0]) == 62
