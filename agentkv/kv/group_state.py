@@ -61,12 +61,9 @@ class GroupBlocks:
         return k if total % bs == 0 and 0 < k <= len(req.block_hashes) else 0
 
     def _arrived(self, req: KVRequest) -> int:
-        """The last block boundary of prompt KV that arrived from another engine (a disaggregated
-        decode's `external_tokens`, 0: none): the prefill engine's state there came with it. vLLM's
-        DeepSeek-V4 compressor state is a window group (`CompressorStateCache` declares a
-        `SlidingWindowMLASpec`): NIXL sends its window's tail blocks (`get_exchange_clipped_blocks`)
-        and the decode caches the loaded blocks (`Scheduler._update_waiting_for_remote_kv` ->
-        `cache_blocks`), so its next turn hits there as the prefill engine's would."""
+        """The last block boundary of KV that arrived from another engine (a disaggregated decode's
+        `external_tokens`): the prefill engine's state there came with it, as vLLM's connector sends
+        V4's compressor-state window tail and the decode caches loaded blocks (docs/simulate.md)."""
         return min(getattr(req, "external_tokens", 0) // self.block_size, len(req.block_hashes))
 
     def new_blocks(self, req: KVRequest, total: int) -> list[int]:
