@@ -60,6 +60,12 @@ class GroupBlocks:
         k = total // bs
         return k if total % bs == 0 and 0 < k <= len(req.block_hashes) else 0
 
+    def _arrived(self, req: KVRequest) -> int:
+        """The last block boundary of KV that arrived from another engine (a disaggregated decode's
+        `external_tokens`): the prefill engine's state there came with it, as vLLM's connector sends
+        V4's compressor-state window tail and the decode caches loaded blocks (docs/simulate.md)."""
+        return min(getattr(req, "external_tokens", 0) // self.block_size, len(req.block_hashes))
+
     def new_blocks(self, req: KVRequest, total: int) -> list[int]:
         """Blocks each group must take for a running request to hold `total` tokens."""
         rid, n_tok = req.request_id, _cdiv(total, self.block_size)
@@ -73,14 +79,25 @@ class GroupBlocks:
                 out.append(max(0, n_tok - len(self.tables[rid][g])))
         return out
 
-    def first_blocks(self, hit: int, total: int) -> list[int]:
+    def first_skips(self, req: KVRequest, hit: int) -> list[int]:
+        """Each group's leading null blocks at admission: those a window or chunk has moved past at
+        the hit's end, or at the arrived KV's (vLLM's `allocate_new_computed_blocks` pads what
+        external tokens skip with the null block: no block is taken for them)."""
+        bs = self.block_size
+        done = max(hit * bs, getattr(req, "external_tokens", 0))
+        return [R.skipped_tokens(s.rule, s.window, done) // bs for s in self.specs]
+
+    def first_blocks(self, hit: int, total: int, skips: list[int]) -> list[int]:
         """Blocks each group takes at admission after a hit of `hit` blocks (a state: one running)."""
         n_tok = _cdiv(total, self.block_size)
-        return [1 if s.rule == "state" else max(0, n_tok - hit) for s in self.specs]
+        return [
+            1 if s.rule == "state" else max(0, n_tok - max(hit, k))
+            for s, k in zip(self.specs, skips, strict=True)
+        ]
 
-    def shared_blocks(self, hashes: Sequence[int], hit: int, full=None) -> list[np.ndarray]:
-        """Each token group's cached blocks a hit of `hit` blocks shares (states are copied, not held);
-        `full`: group 0's, found by the lookup."""
+    def shared_blocks(self, hashes: Sequence[int], hit: int, skips: list[int], full=None) -> list[np.ndarray]:
+        """Each token group's cached blocks a hit of `hit` blocks shares, from its first non-null block
+        (`skips`) on (states are copied, not held); `full`: group 0's, found by the lookup."""
         bs, out = self.block_size, []
         for g, s in enumerate(self.specs):
             if g == 0 and full is not None:
@@ -90,6 +107,7 @@ class GroupBlocks:
                 out.append(EMPTY)
                 continue
             idx = R.hit_blocks(s.rule, hit, s.window, bs)
+            idx = range(max(idx.start, min(skips[g], hit)), hit)
             get = self.cached_maps[g].__getitem__
             out.append(np.fromiter(map(get, hashes[idx.start : idx.stop]), np.int64, len(idx)))
         return out
@@ -114,9 +132,11 @@ class GroupBlocks:
         return computed, c_hi, t_hi
 
     # -- changes ---------------------------------------------------------------------------------
-    def start(self, req: KVRequest, hit: int, shared: list[np.ndarray], new: list[int], total: int) -> None:
-        """Admit a request whose allocation was checked: share, take, cache."""
-        rid, bs, hashes = req.request_id, self.block_size, req.block_hashes
+    def start(
+        self, req: KVRequest, hit: int, shared: list[np.ndarray], new: list[int], total: int, skips: list[int]
+    ) -> None:
+        """Admit a request whose allocation was checked: share, take, cache (`skips`: `first_skips`)."""
+        rid, hashes = req.request_id, req.block_hashes
         for g, s in enumerate(self.specs):
             if s.rule == "state" and hit:
                 b = self.cached_maps[g].get(hashes[hit - 1])
@@ -126,17 +146,14 @@ class GroupBlocks:
                     self.lru.add(one)
             if len(shared[g]):
                 self._pin(g, shared[g])
-        tables, skips = [], []
+        tables = []
         for g, s in enumerate(self.specs):
             if s.rule == "state":
                 tables.append(self._take(g, 1))
-                skips.append(0)
-            else:
-                lo = R.hit_blocks(s.rule, hit, s.window, bs).start
-                head = np.full(lo, NULL, dtype=np.int64)
+            else:  # null up to the window's start (at or past the hit's), then shared, then fresh
+                head = np.full(skips[g], NULL, dtype=np.int64)
                 tables.append(np.concatenate((head, shared[g], self._take(g, new[g]))))
-                skips.append(lo)
-        self.tables[rid], self.skip[rid] = tables, skips
+        self.tables[rid], self.skip[rid] = tables, list(skips)
         self.hashed[rid] = [hit] * len(self.specs)
         self._cache(req, total, fresh_state=True)
 
@@ -178,14 +195,15 @@ class GroupBlocks:
 
     # -- internals -------------------------------------------------------------------------------
     def _cache(self, req: KVRequest, total: int, fresh_state: bool, new: list[int] | None = None) -> None:
-        """Give the blocks `total` tokens fill their hashes; save a state at an aligned boundary."""
+        """Give the blocks `total` tokens fill their hashes; save a state at an aligned boundary, or
+        (at admission) at the last boundary of KV that arrived from another engine."""
         rid = req.request_id
         tables, hashed = self.tables[rid], self.hashed[rid]
         for g, s in enumerate(self.specs):
             if s.rule != "state":
                 self._cache_tokens(req, g, total)
                 continue
-            k = self._boundary(req, total)
+            k = self._boundary(req, total) or (self._arrived(req) if fresh_state else 0)
             if k <= hashed[g]:
                 continue
             hashed[g] = k

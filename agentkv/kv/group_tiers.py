@@ -181,7 +181,8 @@ class GroupLower:
             )
         held, load = self._plan(hashes, hit)
         total = hit * bs + num_new_tokens
-        new = self.first_blocks(hit, total)
+        skips = self.first_skips(req, hit)
+        new = self.first_blocks(hit, total, skips)
         need = 0
         for s, n, h, ld in zip(self.specs, new, held, load, strict=True):
             need += s.block_bytes * (n + len(ld) + (int((self.ref[h] == 0).sum()) if len(h) else 0))
@@ -196,7 +197,7 @@ class GroupLower:
             if len(h):
                 self._pin(g, h)
         loaded = [self._load(req, g, ld) for g, ld in enumerate(load)]
-        self.start(req, hit, self.shared_blocks(hashes, hit), new, total)
+        self.start(req, hit, self.shared_blocks(hashes, hit, skips), new, total, skips)
         for g in range(len(self.specs)):
             for arr in (held[g], loaded[g]):
                 if len(arr):

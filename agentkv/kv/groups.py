@@ -255,9 +255,10 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
             )
         current = computed is not None and self.is_current(computed) and len(computed.blocks) >= hit
         full = computed.blocks[:hit] if current and self.specs[0].rule == "full" else None
-        shared = self.shared_blocks(req.block_hashes, hit, full)
+        skips = self.first_skips(req, hit)
+        shared = self.shared_blocks(req.block_hashes, hit, skips, full)
         total = num_computed_tokens + num_new_tokens
-        new = self.first_blocks(hit, total)
+        new = self.first_blocks(hit, total, skips)
         need = sum(n * s.block_bytes for n, s in zip(new, self.specs, strict=True))
         for s, blocks in zip(self.specs, shared, strict=True):
             if len(blocks):
@@ -265,7 +266,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         if need > self.available_bytes:
             self.stats.alloc_failures += 1
             return False
-        self.start(req, hit, shared, new, total)
+        self.start(req, hit, shared, new, total, skips)
         return True
 
     def free(self, request_id: str) -> None:
