@@ -149,6 +149,9 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     mape = doc["fit"]["mape_pct"]  # measured vs fitted; a busy host adds noise to the short prefills
     assert mape["decode"] < 5.0 and mape["prefill_cold"] < 15.0 and mape["prefill_cached"] < 15.0, mape
     _check_stalls(doc)
+    for name, why in doc["fit"]["not_identifiable"].items():  # said, with the reason and what was kept
+        assert "10% change" in why and "default" in why, (name, why)
+        assert f"not identifiable on this target: {name}: " in run.stdout
     fitted = CostCoefficients(**doc["coefficients"])
     for name, se in doc["fit"]["stderr_pct"].items():  # what the probes pin, they recover
         if se is not None and se < 5.0:
