@@ -1,7 +1,7 @@
 """Coefficient recovery: `agentkv calibrate` against `agentkv serve` started with known coefficients.
 
 Run: .venv/bin/python benchmarks/calib_recovery.py [--gpu h100 --model qwen2.5-7b --time-scale 1]
-     [--budget 60s] [--runs 3] [--keep DIR]
+     [--budget 60s] [--runs 3] [--keep DIR]   (or --profiles P.json ... [--refit])
 
 Each run starts serve (a subprocess) with the coefficients below, calibrates it (a subprocess),
 and prints each fitted coefficient against the truth with its standard error, the fit's MAPE per
@@ -20,10 +20,11 @@ import sys
 import tempfile
 import time
 import urllib.request
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from agentkv.calib import fit as F
+from agentkv.calib.identify import resolve
 from agentkv.calib.plan import Probe
 from agentkv.engine.cost import CostCoefficients, load_coefficients
 
@@ -67,7 +68,8 @@ def calibrate_once(args: argparse.Namespace, tmp: Path, i: int) -> dict:
         t0 = time.monotonic()
         cmd = [*CLI, "calibrate", "--target", f"http://127.0.0.1:{port}", "--out", str(out), "-q"]
         res = subprocess.run([*cmd, "--budget", args.budget, "--repeats", str(args.repeats)], text=True)
-        print(f"run {i}: calibrate exit {res.returncode} in {time.monotonic() - t0:.0f} s, load {_load()}")
+        took = time.monotonic() - t0
+        print(f"run {i}: calibrate exit {res.returncode} in {took:.0f} s, load {_load()}")
     finally:
         proc.terminate()
         proc.wait(15)
@@ -85,14 +87,17 @@ def _load() -> str:
 def report(doc: dict) -> dict[str, float]:
     """Print one profile's recovery and per-probe table; the coefficients' signed errors (%)."""
     fitted = CostCoefficients(**doc["coefficients"])
-    se = doc["fit"]["stderr_pct"]
+    se, unpinned = doc["fit"]["stderr_pct"], doc["fit"].get("not_identifiable", {})
     errs = {}
     print(f"{'coefficient':16s} {'true':>10s} {'fitted':>10s} {'error':>8s} {'stderr%':>8s}")
     for name, v in TRUTH.items():
         got = getattr(fitted, name)
         errs[name] = (got / v - 1) * 100
         s = "-" if se.get(name) is None else f"{se[name]:.1f}"
-        print(f"{name:16s} {v:10.4g} {got:10.4g} {errs[name]:+7.1f}% {s:>8s}")
+        flag = "  not identifiable" if name in unpinned else ""
+        print(f"{name:16s} {v:10.4g} {got:10.4g} {errs[name]:+7.1f}% {s:>8s}{flag}")
+    for name, why in unpinned.items():
+        print(f"  {name}: {why}")
     ov = doc["fit"]["overhead"]
     print(
         f"overhead: {ov['request_s'] * 1e3:.2f} ms per request, {ov['prompt_token_s'] * 1e6:.3f} us per token"
@@ -114,6 +119,20 @@ def report(doc: dict) -> dict[str, float]:
     return errs
 
 
+def refit(doc: dict) -> dict:
+    """`doc` with its probes measured and fitted again by this tree's code (the least or median of
+    the stored samples, fit, identifiability), to compare fits without re-running serve."""
+    t = F.Target(**doc["modelled_as"])
+    probes = [Probe(**x) for x in doc["probes"]]
+    for p in probes:
+        p.settle()
+    f = resolve(t, probes, F.fit(t, probes))
+    ov = {"request_s": f.overhead[0], "prompt_token_s": f.overhead[1]}
+    fit = {"overhead": ov, "mape_pct": F.errors(t, probes, f.coeffs, f.overhead)}
+    fit |= {"stderr_pct": f.stderr_pct, "not_identifiable": f.not_identifiable}
+    return doc | {"coefficients": f.coeffs.to_dict(), "probes": [asdict(p) for p in probes], "fit": fit}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gpu", default="h100")
@@ -127,8 +146,10 @@ def main() -> None:
         "--keep", default=None, help="folder for the profiles and serve logs (default: a temp one)"
     )
     ap.add_argument("--profiles", nargs="*", default=None, help="report these profiles instead of running")
+    ap.add_argument("--refit", action="store_true", help="with --profiles: fit their probes again first")
     args = ap.parse_args()
     docs = [json.loads(Path(p).read_text()) for p in args.profiles] if args.profiles else []
+    docs = [refit(d) for d in docs] if args.refit else docs
     tmp = Path(args.keep or tempfile.mkdtemp(prefix="calib-recovery-"))
     tmp.mkdir(parents=True, exist_ok=True)
     for i in range(0 if docs else args.runs):

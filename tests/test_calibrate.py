@@ -159,6 +159,7 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     mape = doc["fit"]["mape_pct"]  # measured vs fitted; a busy host adds noise to the short prefills
     assert mape["decode"] < 5.0 and mape["prefill_cold"] < 15.0 and mape["prefill_cached"] < 15.0, mape
     _check_stalls(doc)
+    _check_unpinned(doc, run.stdout)
     fitted = CostCoefficients(**doc["coefficients"])
     for name, se in doc["fit"]["stderr_pct"].items():  # what the probes pin, they recover
         if se is not None and se < 5.0:
@@ -181,6 +182,13 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     assert mean["prefill_cached"] < 0.12 and max(max(v) for v in off.values()) < 0.3, off
     eng = Engine(EngineConfig(gpu="h100", model="llama3-70b", tensor_parallel_size=4, cost_profile=str(out)))
     assert eng.cost.coeffs == load_coefficients(out)
+
+
+def _check_unpinned(doc: dict, stdout: str) -> None:
+    """Each coefficient calibrate names not identifiable is said, with the reason and what was kept."""
+    for name, why in doc["fit"]["not_identifiable"].items():
+        assert "10% change" in why and "default" in why, (name, why)
+        assert f"not identifiable on this target: {name}: " in stdout
 
 
 def _check_stalls(doc: dict) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -78,47 +78,63 @@ def predict(cm: CostModel, t: Target, p: Probe, overhead: tuple[float, ...] = (0
     return total + host_delay(overhead, p.past + p.new) * t.time_scale
 
 
-def _coeffs(x, base: CostCoefficients) -> CostCoefficients:
-    """The coefficients of the optimiser's vector (their logarithms, then the overheads)."""
-    vals = {n: float(np.exp(v)) for n, v in zip(FREE, x, strict=False)}
+def _coeffs(x, base: CostCoefficients, names: tuple[str, ...] = tuple(FREE)) -> CostCoefficients:
+    """The coefficients of the optimiser's vector (the logarithms of `names`, then the overheads)."""
+    vals = {n: float(np.exp(v)) for n, v in zip(names, x, strict=False)}
     return replace(base, **vals)
+
+
+# a host hiccup (a late wake-up, a GC pause) can add tens of ms to one probe even after the least of
+# its samples: residuals beyond ~5% (in log) weigh linearly, not quadratically (soft L1)
+ROBUST_SCALE = 0.05
 
 
 @dataclass(frozen=True, slots=True)
 class Fit:
-    """Fitted coefficients, the overheads (wall s per request, per prompt token), and each free
+    """Fitted coefficients, the overheads (wall s per request, per prompt token), each free
     coefficient's standard error in % of its value (from the Jacobian; large or None: the probes do
-    not pin it)."""
+    not pin it), and those the probes cannot pin on this target at all (name: why; see identify.py)."""
 
     coeffs: CostCoefficients
     overhead: tuple[float, float]
     stderr_pct: dict[str, float | None]
+    not_identifiable: dict[str, str] = field(default_factory=dict)
+    rms: float = 0.0  # root mean square of log(predicted / measured) over the fitted probes
 
 
-def fit(t: Target, probes: list[Probe], start: CostCoefficients | None = None) -> Fit:
-    """Bounded least squares on log(predicted / measured) over the coefficients' logarithms (WIDE
-    bounds) and the two overheads; the roofs (copy, GEMM) stay the bundled ones."""
+def fit(
+    t: Target,
+    probes: list[Probe],
+    start: CostCoefficients | None = None,
+    fixed: CostCoefficients | None = None,
+    names: tuple[str, ...] = tuple(FREE),
+) -> Fit:
+    """Bounded least squares (soft L1) on log(predicted / measured) over the logarithms of `names`
+    (WIDE bounds) and the two overheads; the roofs (copy, GEMM) and the other coefficients stay
+    `fixed`'s (default: the bundled ones)."""
     from scipy.optimize import least_squares
 
-    base = load_coefficients()
+    base = fixed or load_coefficients()
     pts = [p for p in probes if p.measured_s and p.family in FITTED]
     meas = np.array([p.measured_s for p in pts])
     src = start.to_dict() if start else {n: v[0] for n, v in FREE.items()}
 
     def residuals(x):
-        cm = t.cost(_coeffs(x, base))
+        cm = t.cost(_coeffs(x, base, names))
         ov = (x[-2] / 1e3, x[-1] / 1e6)
         return np.log(np.array([predict(cm, t, p, ov) for p in pts]) / meas)
 
     oh = list(OVERHEAD.values())
-    lo = [np.log(WIDE[n][0]) for n in FREE] + [v[1] for v in oh]
-    hi = [np.log(WIDE[n][1]) for n in FREE] + [v[2] for v in oh]
+    lo = [np.log(WIDE[n][0]) for n in names] + [v[1] for v in oh]
+    hi = [np.log(WIDE[n][1]) for n in names] + [v[2] for v in oh]
     x0 = [
-        float(np.clip(np.log(max(src[n], WIDE[n][0])), a, b)) for n, a, b in zip(FREE, lo, hi, strict=False)
+        float(np.clip(np.log(max(src[n], WIDE[n][0])), a, b)) for n, a, b in zip(names, lo, hi, strict=False)
     ]
     x0 += [v[0] for v in oh]
-    res = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac")
-    return Fit(_coeffs(res.x, base), (float(res.x[-2]) / 1e3, float(res.x[-1]) / 1e6), _stderr(res))
+    res = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", loss="soft_l1", f_scale=ROBUST_SCALE)
+    rms = float(np.sqrt(np.mean(res.fun**2)))
+    ov = (float(res.x[-2]) / 1e3, float(res.x[-1]) / 1e6)
+    return Fit(_coeffs(res.x, base, names), ov, _stderr(res, names), rms=rms)
 
 
 def fit_loaded(
@@ -134,7 +150,7 @@ def fit_loaded(
     return max(0.0, sum(p.n * e for p, e in zip(pts, extra, strict=True)) / den) if den else 0.0
 
 
-def _stderr(res) -> dict[str, float | None]:
+def _stderr(res, names: tuple[str, ...]) -> dict[str, float | None]:
     """Relative standard errors (%) of the free coefficients: sqrt(diag((J'J)^-1) x residual variance)
     of their logarithms (a log's standard error is the value's relative one); None where the probes do
     not move the coefficient at all (a flat Jacobian column, e.g. pinned at a bound)."""
@@ -144,7 +160,7 @@ def _stderr(res) -> dict[str, float | None]:
     se = np.sqrt(np.clip(np.diag(cov), 0.0, None))
     col = np.linalg.norm(j, axis=0)
     flat = col < 1e-6 * max(float(col.max()), 1e-300)
-    return {n: None if flat[i] else round(float(se[i] * 100), 2) for i, n in enumerate(FREE)}
+    return {n: None if flat[i] else round(float(se[i] * 100), 2) for i, n in enumerate(names)}
 
 
 def errors(

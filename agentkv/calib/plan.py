@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 
 MIN_MODEL_LEN = 1024  # below this the probes cannot separate prefill from overheads
-COLD = (128, 512, 2048, 4096, 8192, 16384, 32768, 65536)
+SHORT_PREFILL, TINY_PREFILL = 1024, 128  # new tokens up to which a prefill probe takes more samples
+COLD = (16, 128, 512, 2048, 4096, 8192, 16384, 32768, 65536)
 # attention to a cached past is pinned by the probes where it is a large share of the step: many new
 # tokens after a long past (a 32K model: 4096 after 16384 spend ~half their time there; 1024 after
 # 8192, the most the plan had before, under 30%, beside 5-20% of host delay)
 CACHED_PAST = (2048, 4096, 8192, 16384, 32768)
 CACHED_NEW = (128, 1024, 4096)
+# the per-layer setup of a cached-past kernel is a fifth of the step of a few new tokens after a
+# short past (a 7B model: 50 us of ~250 us a layer), but under 5% of any step above
+TINY_NEW, TINY_PAST_MAX = 16, 8192
 DECODE_N = (1, 8, 32)
 DECODE_CTX = (1024, 4096, 8192, 32768, 65536)
 DECODE_TOKENS_MAX = 262_144  # N x context of one decode probe (keeps the KV it needs modest)
@@ -41,6 +46,14 @@ class Probe:
     samples_s: list[float] = field(default_factory=list)
     measured_s: float | None = None
 
+    def settle(self) -> None:
+        """`measured_s` from the samples: a prefill's or a stall's least (a busy host only adds delay
+        to those), a decode step's median (a server that catches up after a late wake-up, as agentkv
+        serve does within its slack, delivers one window's tokens faster than its steps) and a
+        loaded_ttft's median (its host delay is what it measures)."""
+        pick = statistics.median if self.family in ("decode", "loaded_ttft") else min
+        self.measured_s = pick(self.samples_s) if self.samples_s else None
+
     def label(self) -> str:
         """A short name for progress lines and tables."""
         if self.family == "decode":
@@ -62,6 +75,8 @@ def make_plan(
         for new in CACHED_NEW:
             if past + new <= room and past <= max_model_len // 2:
                 out.append(Probe("prefill_cached", new=new, past=past))
+        if past <= min(TINY_PAST_MAX, max_model_len // 2) and past + TINY_NEW <= room:
+            out.append(Probe("prefill_cached", new=TINY_NEW, past=past))
     for ctx in DECODE_CTX:
         for n in DECODE_N:
             if ctx + DECODE_OUT <= room and n * ctx <= cap:
@@ -76,6 +91,14 @@ def make_plan(
     for p in out:
         p.past -= p.past % block_size  # a cached past is whole blocks
     return out
+
+
+def samples(p: Probe, repeats: int) -> int:
+    """How many times to send `p`: prefills of up to 1,024 new tokens twice `repeats`, of up to 128
+    four times (host timing noise hurts the shortest most, and they cost least)."""
+    if p.family in ("decode", "loaded_ttft") or p.new > SHORT_PREFILL:
+        return repeats
+    return repeats * (4 if p.new <= TINY_PREFILL else 2)
 
 
 def within_budget(probes: list[Probe], est_wall_s: list[float], budget_s: float) -> list[Probe]:

@@ -9,11 +9,9 @@ import uuid
 from collections.abc import Callable
 
 from agentkv.bench.client import BenchClient, StreamResult
-from agentkv.calib.plan import Probe
+from agentkv.calib.plan import Probe, samples
 from agentkv.errors import UserError
 from agentkv.trace.blocks import request_tokens
-
-SHORT_PREFILL = 1024  # new tokens up to which a prefill probe takes twice the samples
 
 
 class ProbeError(UserError):
@@ -119,19 +117,14 @@ class Prober:
         return (pre.token_times[0] - pre.sent) * self.scale
 
     async def run(self, p: Probe, repeats: int) -> None:
-        """`repeats` samples of `p` (twice as many for short prefills, which host timing noise hurts most);
-        its measurement is the least (a busy host only ever adds delay), but for loaded_ttft, whose
-        host delay is what it measures, the median."""
-        if p.family not in ("decode", "loaded_ttft") and p.new <= SHORT_PREFILL:
-            repeats *= 2
+        """`samples(p, repeats)` samples of `p`, then its measurement (`Probe.settle`)."""
         measure = {"decode": self.itl, "interference": self.stall, "loaded_ttft": self.loaded_ttft}
         measure = measure.get(p.family, self.ttft)
-        for _ in range(repeats):
+        for _ in range(samples(p, repeats)):
             v = await measure(p)
             if v is not None:
                 p.samples_s.append(v)
-        pick = statistics.median if p.family == "loaded_ttft" else min
-        p.measured_s = pick(p.samples_s) if p.samples_s else None
+        p.settle()
 
 
 PILOT_NEW, PILOT_OUT = 512, 16  # the pilot request: a 512-token prefill, then 16 tokens of decode

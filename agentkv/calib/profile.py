@@ -23,7 +23,8 @@ def profile_doc(
     fitted: dict | None,
     error: str | None,
 ) -> dict:
-    """The profile as a JSON-ready dict; `fitted`: {'coefficients', 'overhead', 'mape_pct', 'stderr_pct'} or None."""
+    """The profile as a JSON-ready dict; `fitted`: {'coefficients', 'overhead', 'mape_pct', 'stderr_pct',
+    'not_identifiable'} or None."""
     done = [asdict(p) for p in probes if p.measured_s is not None]
     doc = {
         "about": "agentkv calibrate: black-box probes of an OpenAI-compatible engine, fitted to the "
@@ -40,7 +41,8 @@ def profile_doc(
         c = {k: (float(f"{v:.6g}") if math.isfinite(v) else v) for k, v in fitted["coefficients"].items()}
         doc |= {
             "coefficients": c,
-            "fit": {k: fitted[k] for k in ("overhead", "mape_pct", "stderr_pct")} | {"points": len(done)},
+            "fit": {k: fitted[k] for k in ("overhead", "mape_pct", "stderr_pct", "not_identifiable")}
+            | {"points": len(done)},
         }
     return doc
 

@@ -8,8 +8,9 @@ import time
 
 from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
-from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, within_budget
-from agentkv.calib.probes import PILOT_NEW, PILOT_OUT, SHORT_PREFILL, Prober, pilot, run_plan
+from agentkv.calib.identify import resolve
+from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
+from agentkv.calib.probes import PILOT_NEW, PILOT_OUT, Prober, pilot, run_plan
 from agentkv.calib.profile import profile_doc, write_profile
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
@@ -83,9 +84,7 @@ def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, floa
         )
         eng *= slow[0]
         reqs = 2 if p.past else 1
-    if p.family not in ("decode", "loaded_ttft") and p.new <= SHORT_PREFILL:
-        repeats *= 2
-    return repeats * (eng / t.time_scale + reqs * REQUEST_WALL_S)
+    return samples(p, repeats) * (eng / t.time_scale + reqs * REQUEST_WALL_S)
 
 
 def plan_for(
@@ -128,8 +127,12 @@ async def calibrate(args: argparse.Namespace) -> int:
         except UserError as e:
             error = f"warm-up: {e}"
         else:
-            plan = make_plan(max_len, bs, t.chunk, kv_tokens)
-            plan = plan_for(t, plan, speed, args, deadline - time.monotonic())
+            full = make_plan(max_len, bs, t.chunk, kv_tokens)
+            plan = plan_for(t, full, speed, args, deadline - time.monotonic())
+            if not args.quiet:
+                slow = slowdown(t, speed)
+                est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
+                print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
             error = await _run_with_bar(prober, plan, args, deadline)
     return _finish(args, client.base, ids[0], t, {"model": card, "server_info": info}, plan, error)
 
@@ -164,13 +167,14 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
     done = [p for p in plan if p.measured_s is not None]
     fitted = None
     if len(done) >= 3:
-        f = fitmod.fit(t, done)
+        f = resolve(t, done, fitmod.fit(t, done))
         ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
         fitted = {
             "coefficients": f.coeffs.to_dict(),
             "overhead": {"request_s": ov[0], "prompt_token_s": ov[1], "per_other_request_s": ov[2]},
             "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
             "stderr_pct": f.stderr_pct,
+            "not_identifiable": f.not_identifiable,
         }
     doc = profile_doc(f"{model_id}@{base}", base, t, server, plan, fitted, error)
     write_profile(args.out, doc)
@@ -189,6 +193,8 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
     if fitted:
         fams = ", ".join(f"{k} {v:.1f}%" for k, v in fitted["mape_pct"].items())
         print(f"calibrated {model_id} as {t.gpu}/{t.model} tp={t.tp}: {len(done)} probes, MAPE {fams}")
+        for name, why in fitted["not_identifiable"].items():
+            print(f"not identifiable on this target: {name}: {why}")
         print(f"wrote {args.out}")
     if error:
         raise UserError(f"{error} ({len(done)} finished probes written to {args.out})")

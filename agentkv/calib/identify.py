@@ -1,0 +1,115 @@
+"""Which coefficients the probes can pin on this target, and what the profile keeps for the others.
+
+A coefficient is identifiable when, with every probe timed to 1% (`SIGMA_REF`), the probes would
+know it to `LIMIT_PCT`: its term must be a large enough share of some probed step, and not one
+another coefficient can mimic (the launch floor and its exponent trade off freely where the floor
+stays under a layer's weight read). This depends on the target's shapes, not on the noise of one run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from agentkv.calib.fit import FITTED, WIDE, Fit, Target, fit, predict
+from agentkv.calib.plan import Probe
+from agentkv.engine.calibrate import FREE
+from agentkv.engine.cost import CostCoefficients, load_coefficients
+
+SIGMA_REF = 0.01  # the timing error per probe the test assumes (1%)
+LIMIT_PCT = 25.0  # a coefficient known only to worse than this is not identifiable
+STEP = 0.01  # relative change for the numerical derivatives
+# keep the defaults when the fit with them is at most this much worse (root mean square of log errors)
+RMS_SLACK = (1.05, 0.001)
+FLOOR = ("launch_floor_s", "floor_k")
+
+
+def jacobian(
+    t: Target, probes: list[Probe], c: CostCoefficients, overhead: tuple[float, float]
+) -> np.ndarray:
+    """d log(predicted) / d log(coefficient) for FREE, then d log(predicted) / d overhead (per request
+    and per token, in units of 1 ms and 1 us), one row per fitted probe."""
+    pts = [p for p in probes if p.measured_s and p.family in FITTED]
+    base = np.log([predict(t.cost(c), t, p, overhead) for p in pts])
+    cols = []
+    for n in FREE:
+        up = t.cost(replace(c, **{n: getattr(c, n) * (1 + STEP)}))
+        cols.append((np.log([predict(up, t, p, overhead) for p in pts]) - base) / np.log1p(STEP))
+    for d in ((1e-3, 0.0), (0.0, 1e-6)):
+        ov = (overhead[0] + d[0], overhead[1] + d[1])
+        cols.append(np.log([predict(t.cost(c), t, p, ov) for p in pts]) - base)
+    return np.array(cols).T
+
+
+def structural_se(j: np.ndarray) -> np.ndarray:
+    """Relative standard errors (%) of each column's parameter at `SIGMA_REF` timing error per row
+    (infinite for a column the rows do not move, or one others can reproduce exactly)."""
+    norm = np.linalg.norm(j, axis=0)
+    ok = norm > 1e-12
+    u, s, vt = np.linalg.svd(j[:, ok] / norm[ok], full_matrices=False)
+    inv = np.where(s > 1e-9 * s.max(), 1.0 / np.maximum(s, 1e-300) ** 2, 1e30)
+    var = (vt.T**2) @ inv
+    out = np.full(j.shape[1], np.inf)
+    out[ok] = np.sqrt(var) / norm[ok] * SIGMA_REF * 100
+    return out
+
+
+def _off_bounds(c: CostCoefficients) -> CostCoefficients:
+    """`c` with each coefficient the fit left at a bound of its range (where a log-space derivative
+    vanishes: noise pushed it there) back at its bundled default, so identifiability is judged at a
+    plausible value of every term."""
+    default = load_coefficients()
+    edge = {
+        n: getattr(default, n) for n, (lo, hi) in WIDE.items() if not lo * 1.01 < getattr(c, n) < hi / 1.01
+    }
+    return replace(c, **edge)
+
+
+def unpinned(t: Target, probes: list[Probe], f: Fit) -> dict[str, str]:
+    """name: why, for the free coefficients these probes cannot pin on this target at the fit."""
+    j = jacobian(t, probes, _off_bounds(f.coeffs), f.overhead)
+    se = structural_se(j)
+    out = {}
+    for i, n in enumerate(FREE):
+        if se[i] > LIMIT_PCT:
+            share = float(np.abs(j[:, i]).max()) * 10
+            known = "not at all" if not np.isfinite(se[i]) or se[i] > 1e5 else f"to +-{se[i]:.0f}%"
+            out[n] = (
+                f"a 10% change moves no probed step by more than {share:.2g}%; with 1% timing error "
+                f"the probes would know it {known}"
+            )
+    return out
+
+
+def _groups(bad: dict[str, str]) -> list[tuple[str, ...]]:
+    """The unpinned coefficients as they are tried at their defaults: the launch floor and its
+    exponent together (one without the other makes an odd pair), the others one at a time."""
+    out = [g for g in (FLOOR,) if set(g) & set(bad)]
+    return out + [(n,) for n in bad if n not in FLOOR]
+
+
+def resolve(t: Target, probes: list[Probe], f: Fit) -> Fit:
+    """`f` with its unpinned coefficients marked. Group by group, they take their bundled defaults
+    (the rest refitted) unless the probes contradict the defaults (the fit's RMS error grows by more
+    than `RMS_SLACK`); then they keep the fitted values, which reproduce the probed steps."""
+    bad = unpinned(t, probes, f)
+    default, cur, notes, held = load_coefficients(), f, {}, set()
+    for g in _groups(bad):
+        names = tuple(m for m in FREE if m not in held and m not in g)
+        fixed = replace(cur.coeffs, **{n: getattr(default, n) for n in g})
+        alt = fit(t, probes, start=cur.coeffs, fixed=fixed, names=names)
+        ok = alt.rms <= f.rms * RMS_SLACK[0] + RMS_SLACK[1]
+        for n in g:
+            why = bad.get(n, "pinned only with the launch floor's other coefficient, which is not")
+            if ok:
+                notes[n] = f"{why}; the default {getattr(default, n):.4g} is kept"
+            else:
+                notes[n] = (
+                    f"{why}; the default {getattr(default, n):.4g} fits the probes worse (RMS error "
+                    f"{f.rms * 100:.1f}% -> {alt.rms * 100:.1f}%), so the fitted value stays"
+                )
+        if ok:
+            cur = alt
+            held |= set(g)
+    return replace(cur, stderr_pct=dict.fromkeys(FREE) | cur.stderr_pct, not_identifiable=notes)
