@@ -46,6 +46,12 @@ class Response:
         UpstreamBroken when the worker broke off before the end."""
         return await self._conn.readany()
 
+    @property
+    def at_end(self) -> bool:
+        """The whole body has arrived and been read: the next `readany()` would return b''."""
+        c = self._conn
+        return c.done and not c.body
+
     def release(self) -> None:
         """Done with it: the connection goes back to the pool when the body was read to its end and
         the worker keeps it alive, else it is closed."""

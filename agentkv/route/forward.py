@@ -104,13 +104,18 @@ async def _relay(
     w: Worker,
     first: bytes,
 ) -> None:
-    """Copy the worker's bytes to the client until either end stops, and say which one did."""
+    """Copy the worker's bytes to the client until either end stops, and say which one did. The
+    last bytes go out with the end of the response (and the head, when it all came at once): one write."""
     loop = asyncio.get_running_loop()
     chunk = first
     while True:
+        end = upstream.at_end
         try:
             if not resp.prepared:
                 await resp.prepare(request)
+            if end:
+                await resp.write_eof(chunk)
+                return
             if chunk:
                 await resp.write(chunk)
         except ConnectionError:  # the client left
@@ -125,10 +130,5 @@ async def _relay(
             if request.protocol is not None:
                 request.protocol.force_close()  # an incomplete response, not a clean end
             return
-        if not chunk:
-            break
-        w.last_byte = loop.time()
-    try:
-        await resp.write_eof()
-    except ConnectionError:
-        router.stats.client_disconnects += 1
+        if chunk:
+            w.last_byte = loop.time()
