@@ -100,6 +100,26 @@ def test_keep_alive_reuses_one_connection_and_sends_the_request_as_given():
     assert b"accept-encoding" not in req.lower()  # the body comes back as the worker wrote it
 
 
+def test_connections_idle_past_keepalive_are_closed_not_reused():
+    async def main():
+        up = Upstream(keepalive=0.3)
+        srv = RawServer(lambda n: LENGTH)
+        async with srv as url:
+            await asyncio.gather(*(_read_all(up, url) for _ in range(4)))  # a burst: 4 connections
+            host = next(iter(up._hosts.values()))
+            assert len(host.idle) == 4
+            for _ in range(5):  # then one at a time: one connection kept warm, the others go stale
+                await asyncio.sleep(0.1)
+                await _read_all(up, url)
+            assert srv.connections == 4 and len(host.idle) == 1
+            await asyncio.sleep(0.4)
+            await _read_all(up, url)  # past keepalive: not reused (the worker may close it as we send)
+            assert srv.connections == 5
+        up.close()
+
+    asyncio.run(main())
+
+
 def test_a_pooled_connection_the_worker_closed_is_replaced_without_an_error():
     async def main():
         up = Upstream()

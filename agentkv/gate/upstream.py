@@ -328,8 +328,11 @@ class _Host:
 
     def put(self, c: _Conn) -> None:
         self.busy.discard(c)
-        c.idle_since = time.monotonic()
-        self.idle.append(c)
+        c.idle_since = now = time.monotonic()
+        idle = self.idle
+        while idle and (idle[0].closed or now - idle[0].idle_since >= self.keepalive):
+            idle.popleft().abort()  # left over from a burst: closed, or about to be by the worker
+        idle.append(c)
 
     def close(self) -> None:
         for c in [*self.idle, *self.busy]:
