@@ -71,7 +71,7 @@ class _Conn(asyncio.Protocol):
         self.buf = b""  # bytes not yet parsed (head, chunk framing)
         self.body: list[bytes] = []  # de-framed body bytes not yet read
         self.body_bytes = 0
-        self.head: tuple | None = None  # (status, content type, length, keep-alive) once parsed
+        self.head: tuple | None = None  # (status, content type, content length) once parsed
         self.mode = ""  # body framing: "length", "chunked", "close"
         self.left = 0  # bytes left of the body ("length") or of the current chunk ("chunked")
         self.done = False  # the body is complete
