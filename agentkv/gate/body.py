@@ -58,11 +58,16 @@ def likely_large(request: web.BaseRequest, threshold: int) -> bool:
 async def read_body(
     request: web.BaseRequest, limit: int, timeout: float | None = None, *, inflate: bool = True
 ) -> bytearray:
-    """The whole body, inflated (a bytearray: no copy of a large body); RequestError 408 / 413 / 400 /
+    """The whole body, inflated (a bytearray, or bytes when it was all there: no copy of a large body);
+    RequestError 408 / 413 / 400 /
     415 as the module says. `inflate=False`: the bytes as sent, for `inflate_body` in a parse process."""
     enc = encoding_of(request)
-    if request.content_length is not None and request.content_length > limit:
+    n = request.content_length
+    if n is not None and n > limit:
         raise too_large(limit)
+    content = request.content
+    if (enc is None or not inflate) and n is not None and content.is_eof():
+        return content.read_nowait()  # all of it arrived with the head (the usual small request)
     try:
         async with asyncio.timeout(timeout):
             return await _read(request, limit, enc if inflate else None)

@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
+from agentkv.gate.upstream import ConnectFailed, Response
+
 if TYPE_CHECKING:
     from agentkv.route.proxy import Router
     from agentkv.route.workers import Load, Worker
@@ -35,7 +37,7 @@ class Retry(Exception):
 
 
 async def forward(
-    router: Router, request: web.Request, w: Worker, path: str, payload: bytes, headers: dict, load: Load
+    router: Router, request: web.Request, w: Worker, path: str, payload: bytes, headers: bytes, load: Load
 ) -> web.StreamResponse:
     """POST to `w` and stream its answer back; Retry if it failed before its first byte (from which on
     the request counts as `w`'s KV load): an error, a retryable status, no byte within
@@ -61,8 +63,8 @@ async def forward(
 
 
 async def _first_byte(
-    router: Router, w: Worker, path: str, payload: bytes, headers: dict
-) -> tuple[aiohttp.ClientResponse, bytes]:
+    router: Router, w: Worker, path: str, payload: bytes, headers: bytes
+) -> tuple[Response, bytes]:
     """The worker's response and its first bytes, or Retry."""
     limit = router.cfg.first_byte_timeout
     deadline = asyncio.timeout(limit)
@@ -70,10 +72,10 @@ async def _first_byte(
     upstream = None
     try:
         async with deadline:
-            upstream = await router.session.post(w.url(path), data=payload, headers=headers)
+            upstream = await router.upstream.post(w.spec.url + path, payload, headers)
             if upstream.status in RETRY_STATUS:
                 raise Retry(f"HTTP {upstream.status}")
-            return upstream, await upstream.content.readany()
+            return upstream, await upstream.readany()
     except CONNECT_ERRORS + (Retry,) as e:
         if upstream is not None:
             upstream.release()
@@ -84,7 +86,7 @@ async def _first_byte(
                 raise Retry("taken out of rotation while the request waited for its first byte") from None
             w.first_byte_timeouts += 1
             raise Retry(f"no first byte within --first-byte-timeout {limit:g}s") from None
-        raise Retry(type(e).__name__, dead=isinstance(e, aiohttp.ClientConnectorError)) from None
+        raise Retry(type(e).__name__, dead=isinstance(e, ConnectFailed)) from None
     except asyncio.CancelledError:
         router.stats.client_disconnects += 1
         if upstream is not None:
@@ -98,17 +100,22 @@ async def _relay(
     router: Router,
     request: web.Request,
     resp: web.StreamResponse,
-    upstream: aiohttp.ClientResponse,
+    upstream: Response,
     w: Worker,
     first: bytes,
 ) -> None:
-    """Copy the worker's bytes to the client until either end stops, and say which one did."""
+    """Copy the worker's bytes to the client until either end stops, and say which one did. The
+    last bytes go out with the end of the response (and the head, when it all came at once): one write."""
     loop = asyncio.get_running_loop()
     chunk = first
     while True:
+        end = upstream.at_end
         try:
             if not resp.prepared:
                 await resp.prepare(request)
+            if end:
+                await resp.write_eof(chunk)
+                return
             if chunk:
                 await resp.write(chunk)
         except ConnectionError:  # the client left
@@ -116,17 +123,12 @@ async def _relay(
             upstream.close()
             return
         try:
-            chunk = await upstream.content.readany()
+            chunk = await upstream.readany()
         except CONNECT_ERRORS:
             router.stats.broken_streams += 1
             log.warning("worker %d broke a response mid-stream; the client's stream ends early", w.slot)
             if request.protocol is not None:
                 request.protocol.force_close()  # an incomplete response, not a clean end
             return
-        if not chunk:
-            break
-        w.last_byte = loop.time()
-    try:
-        await resp.write_eof()
-    except ConnectionError:
-        router.stats.client_disconnects += 1
+        if chunk:
+            w.last_byte = loop.time()

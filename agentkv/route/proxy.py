@@ -23,15 +23,17 @@ from aiohttp import web
 from agentkv.gate.body import BodyTimeout, encoding_of, likely_large, read_body, refuse_and_close
 from agentkv.gate.errors import RequestError
 from agentkv.gate.options import HttpLimits
+from agentkv.gate.upstream import Upstream
 from agentkv.gate.web import error_middleware, error_response
 from agentkv.gate.work import OFFLOAD_BYTES, Offload
 from agentkv.kv.digest import block_digest
 from agentkv.kv.hashing import make_hasher
 from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.approx import ApproxIndex
-from agentkv.route.forward import CONNECT_ERRORS, Retry, forward
+from agentkv.route.forward import Retry, forward
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.metrics import RouterStats, merge_processes, publish_page, render_metrics, sibling_pages
+from agentkv.route.models import learn_max_model_len, models
 from agentkv.route.prepare import Prepared, init_child, prepare, prepare_in_child
 from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
 from agentkv.route.replica import SessionTieKvAware, tie_key
@@ -41,6 +43,7 @@ from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec
 log = logging.getLogger("agentkv.route")
 
 _NO_MATCH = Match(0)
+_JSON = b"Content-Type: application/json\r\n"
 _ASK = object()  # _generate's tenant not yet known: authenticate the request
 FALLBACK_MAX_MODEL_LEN = 1 << 20  # the hashing bound until a worker reports its max_model_len
 
@@ -110,7 +113,8 @@ class Router:
         self.stats = RouterStats()
         self.tie_key = tie_key(cfg.secret)  # replicas given one secret break ties alike
         self.policy = self._make_policy()
-        self.session: aiohttp.ClientSession | None = None
+        self.session: aiohttp.ClientSession | None = None  # health checks, scrapes, /v1/models
+        self.upstream = Upstream(keepalive=4.0, connect_timeout=5.0)  # the proxied requests
         self.guard = None  # the listening site's ConnectionGuard (set by listen.py)
         self._streams: dict[str, int] = {}  # tenant -> requests in flight
         self.max_model_len = cfg.max_model_len or FALLBACK_MAX_MODEL_LEN
@@ -167,7 +171,7 @@ class Router:
 
             warm_up()
         if not self.cfg.max_model_len:
-            self._learner = asyncio.create_task(self._learn_max_model_len(), name="route-max-model-len")
+            self._learner = asyncio.create_task(learn_max_model_len(self), name="route-max-model-len")
         if self.cfg.metrics_dir is not None:
             self._publisher = asyncio.create_task(
                 publish_page(self.cfg.metrics_dir, str(self.cfg.process), lambda: render_metrics(self)),
@@ -190,27 +194,8 @@ class Router:
         await self.pool.close()
         if self.session is not None:
             await self.session.close()
+        self.upstream.close()
         self.offload.close()
-
-    async def _learn_max_model_len(self) -> None:
-        """The largest `max_model_len` the workers' /v1/models report (vLLM's and agentkv serve's
-        card carry it): the bound on hashing work. Asked every second or so until one answers."""
-        while True:
-            found = []
-            for w in self.pool.workers:
-                try:
-                    async with self.session.get(
-                        w.spec.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=5)
-                    ) as r:
-                        cards = (await r.json()).get("data") or []
-                    found += [c["max_model_len"] for c in cards if type(c.get("max_model_len")) is int]
-                except (aiohttp.ClientError, *CONNECT_ERRORS, ValueError, AttributeError, TypeError):
-                    continue
-            if found:
-                self.max_model_len, self.max_model_len_known = max(found), True
-                log.info("prompts over %d tokens (the workers' max_model_len) are refused", max(found))
-                return
-            await asyncio.sleep(1)
 
     # -- endpoints -------------------------------------------------------------------------------
     async def completions(self, request: web.Request) -> web.StreamResponse:
@@ -269,16 +254,7 @@ class Router:
         )
 
     async def models(self, request: web.Request) -> web.StreamResponse:
-        if self.tenants.authenticate(request.headers) is None:
-            self.stats.unauthorized += 1
-            return _error(401, "missing or invalid API key", "AuthenticationError")
-        for w in self.pool.healthy():
-            try:
-                async with self.session.get(w.spec.url + "/v1/models") as r:
-                    return web.Response(body=await r.read(), status=r.status, content_type="application/json")
-            except CONNECT_ERRORS:
-                continue
-        return _error(503, "no healthy worker", "ServiceUnavailableError")
+        return await models(self, request)
 
     async def health(self, request: web.Request) -> web.Response:
         up = [w.slot for w in self.pool.workers if w.healthy]
@@ -352,9 +328,9 @@ class Router:
         except RequestError as e:
             return error_response(e)
         session = request.headers.get("x-session-id") or prep.session
-        headers = {"Content-Type": "application/json"}
-        if session:
-            headers["x-session-id"] = session
+        headers = _JSON + (
+            b"x-session-id: " + session.encode("utf-8", "surrogateescape") + b"\r\n" if session else b""
+        )
         tried: set[int] = set()
         st.requests += 1
         while True:
@@ -395,6 +371,6 @@ class Router:
             return await self.offload.run_raw(prepare_in_child, body, enc, cap, chat, salt, limit, refuse)
 
     async def _forward(
-        self, request: web.Request, w: Worker, path: str, payload: bytes, headers: dict, load: Load
+        self, request: web.Request, w: Worker, path: str, payload: bytes, headers: bytes, load: Load
     ) -> web.StreamResponse:
         return await forward(self, request, w, path, payload, headers, load)

@@ -21,7 +21,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import aiohttp
-from yarl import URL
 
 from agentkv.errors import UserError
 from agentkv.events.curve import CurveClient, is_local
@@ -80,14 +79,6 @@ class Worker:
         self.subscriber: ZmqEventSubscriber | None = None
         self.thread: threading.Thread | None = None
         self.stop: threading.Event | None = None
-        self._urls: dict[str, URL] = {}
-
-    def url(self, path: str) -> URL:
-        """The worker's URL for `path`, parsed once (yarl's parse costs more than the lookup)."""
-        u = self._urls.get(path)
-        if u is None:
-            u = self._urls[path] = URL(self.spec.url + path)
-        return u
 
     # WorkerView ---------------------------------------------------------------------------------
     def active_requests(self) -> int:

@@ -104,9 +104,13 @@ def _piece_ids(piece: str):
 def encode(text: str) -> list[int]:
     """Token ids of `text`: pseudo-words exactly, other pieces hashed into `[0, VOCAB_SIZE)`."""
     lookup = _tables()[1].get
-    ids: list[int] = []
+    words = text.split()
+    ids: list[int] = list(map(lookup, words))  # at C speed: text rendered from ids is all pseudo-words
+    if None not in ids:
+        return ids
+    ids = []
     append, extend = ids.append, ids.extend
-    for word in text.split():
+    for word in words:
         i = lookup(word)
         if i is not None:
             append(i)
