@@ -141,7 +141,17 @@ def figures(s: dict) -> dict:
         "tps": i["tps_per_user_p50"] or 0.0,
         "ttft": i["ttft_p90"] or 0.0,
         "gpus": gpus,
+        "mix": mix(s),
     }
+
+
+def mix(s: dict) -> str:
+    """Which traces a point replayed, `37 (138K)`: distinct traces and mean prompt tokens. Lanes take
+    traces in path order, so a point with few lanes replays only the first few of --traces-limit, and
+    tokens/s per MW follows that mix's prompt length (docs/simulate.md, whole racks)."""
+    traces = len({x["trace"] for x in s.get("sessions") or []})
+    prompt = s["input_tokens"] / s["succeeded"] if s.get("succeeded") else 0.0
+    return f"{traces} ({prompt / 1e3:.0f}K)"
 
 
 def ratio(row: Row, f: dict) -> str:
@@ -173,18 +183,18 @@ def run_row(row: Row, a) -> str:
     )
     cpu = f" {row.cpu_s:,.0f} s ({len(row.points)}) |"
     if row.error:
-        return f"{label} | - | error: {row.error} | | | | | | |{cpu}"
+        return f"{label} | - | error: {row.error} | | | | | | | |{cpu}"
     if k is None:
         f, tier_name = figures(row.points[lo]), f"none met ({lo} lanes)"
         return (
             f"{label} | {f['gpus']} | {tier_name} | - | - | - | {f['mtok_mw']:.2f} | {f['tps']:.1f} "
-            f"| {f['ttft']:.1f} s |{cpu}"
+            f"| {f['ttft']:.1f} s | {f['mix']} |{cpu}"
         )
     f = figures(row.points[k])
     at = f"{k}{'+' if k == a.max_lanes else ''}"
     return (
         f"{label} | {f['gpus']} | {tier_name}: {at} lanes | {f['agents_gpu']:.2f} | {f['agents_mw']:,.0f} | "
-        f"{ratio(row, f)} | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s |{cpu}"
+        f"{ratio(row, f)} | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s | {f['mix']} |{cpu}"
     )
 
 
@@ -254,9 +264,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| model | system | mode | weights | GPUs sim'd | knee | agents/GPU | agents/MW | vs AA-AgentPerf "
-        "| M tok/s per MW | tok/s/user p50 | TTFT p90 | CPU (points) |"
+        "| M tok/s per MW | tok/s/user p50 | TTFT p90 | traces (mean prompt) | CPU (points) |"
     )
-    print("|---|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|")
+    print("|---|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows(a):
         print(run_row(r, a), flush=True)
     return 0
