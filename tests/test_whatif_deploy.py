@@ -39,6 +39,13 @@ def test_unknown_system_is_a_one_line_error(tmp_path):
     assert p.returncode == 2 and "unknown dgx-h100" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("split", ["6p4d", "0p9d", "p9d", "6p3", "sixp3d"])
+def test_bad_rack_split_is_a_one_line_error(split):
+    """--rack-split names a whole rack's TP 8 engines: N prefill + M decode = 9, each at least 1."""
+    p = _run("--rack", "--rows", "disagg", "--rack-split", split)
+    assert p.returncode == 2 and f"got {split!r}" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_a_failing_point_is_reported_not_hidden(tmp_path):
     p = _run(
         "--models",
