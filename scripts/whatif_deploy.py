@@ -36,14 +36,14 @@ MODES = {
     # wide EP on a rack: 8 of the 72 DP ranks (tp 1) whose experts spread over all 72 GPUs
     "wide-ep": ["-tp", "1", "-dp", "72", "-ep", "--workers", "8"],
 }
-# --rack: the whole 72-GPU rack in one simulation (9 TP 8 engines; 3 TP 8 prefill + 6 TP 8 decode
-# engines; or all 72 DP ranks of the wide-EP group)
+# --rack: the whole 72-GPU rack in one simulation (9 TP 8 engines; --rack-split TP 8 prefill and
+# decode engines, 3p6d by default; or all 72 DP ranks of the wide-EP group)
 RACK_MODES = {
     "agg": ["-tp", "8", "--workers", "9"],
-    "disagg": ["--disagg", "3p6d", "-tp", "8", "--decode-router", "session"],
+    "disagg": ["--disagg", "{split}", "-tp", "8", "--decode-router", "session"],
     "wide-ep": ["-tp", "1", "-dp", "72", "-ep", "--workers", "72"],
 }
-RACK_LABEL = {"agg": "9x TP8", "disagg": "3p6d TP8", "wide-ep": "72 DP ranks"}
+RACK_LABEL = {"agg": "9x TP8", "disagg": "{split} TP8", "wide-ep": "72 DP ranks"}
 # AA-AgentPerf, DeepSeek-V4-Pro, >= 20 tok/s per user, TTFT <= 10 s: agents per MW (per GPU)
 # (B300 and MI355X: per MW only; no per-GPU figure published with them)
 AA = {
@@ -64,6 +64,7 @@ class Row:
     offload: str = ""
     imbalance: float = 1.0  # --expert-imbalance (wide-ep rows)
     rack: bool = False  # the whole 72-GPU rack, not an 8-GPU slice
+    split: str = "3p6d"  # --rack-split: a disaggregated rack's TP 8 prefill and decode engines
     cpu_s: float = 0.0  # CPU seconds of its simulate processes
     points: dict = field(default_factory=dict)  # lanes -> summary (or error string)
     error: str = ""
@@ -73,7 +74,7 @@ def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
     """One `agentkv simulate` point as JSON, or its one-line error."""
     cmd = [sys.executable, "-m", "agentkv.cli", "simulate", a.traces, "--traces-limit", str(a.traces_limit)]
     cmd += ["--model", MODELS[row.model], "--system", SYSTEMS[row.system]]
-    cmd += RACK_MODES[row.mode] if row.rack else MODES[row.mode]
+    cmd += [x.format(split=row.split) for x in RACK_MODES[row.mode]] if row.rack else MODES[row.mode]
     cmd += ["--cycle", "--warm-start", "--duration", a.duration, "--lanes", str(lanes), "-q", "--json"]
     cmd += ["--quantization", row.quant] if row.quant != "default" else []
     cmd += ["--cpu-offload", row.offload] if row.offload else []
@@ -141,7 +142,17 @@ def figures(s: dict) -> dict:
         "tps": i["tps_per_user_p50"] or 0.0,
         "ttft": i["ttft_p90"] or 0.0,
         "gpus": gpus,
+        "mix": mix(s),
     }
+
+
+def mix(s: dict) -> str:
+    """Which traces a point replayed, `37 (138K)`: distinct traces and mean prompt tokens. Lanes take
+    traces in path order, so a point with few lanes replays only the first few of --traces-limit, and
+    tokens/s per MW follows that mix's prompt length (docs/simulate.md, whole racks)."""
+    traces = len({x["trace"] for x in s.get("sessions") or []})
+    prompt = s["input_tokens"] / s["succeeded"] if s.get("succeeded") else 0.0
+    return f"{traces} ({prompt / 1e3:.0f}K)"
 
 
 def ratio(row: Row, f: dict) -> str:
@@ -167,24 +178,24 @@ def run_row(row: Row, a) -> str:
     if k is None and not row.error:
         tier_name, k = "relaxed", knee(row, RELAXED_TIER, lo, a.max_lanes, a)
     mode = f"{row.mode} (imbalance {row.imbalance:g})" if row.mode == "wide-ep" else row.mode
-    mode += f" ({RACK_LABEL[row.mode]}, whole rack)" if row.rack else ""
+    mode += f" ({RACK_LABEL[row.mode].format(split=row.split)}, whole rack)" if row.rack else ""
     label = (
         f"| {row.model} | {row.system} | {mode} | {row.quant}{' +CPU ' + row.offload if row.offload else ''}"
     )
     cpu = f" {row.cpu_s:,.0f} s ({len(row.points)}) |"
     if row.error:
-        return f"{label} | - | error: {row.error} | | | | | | |{cpu}"
+        return f"{label} | - | error: {row.error} | | | | | | | |{cpu}"
     if k is None:
         f, tier_name = figures(row.points[lo]), f"none met ({lo} lanes)"
         return (
             f"{label} | {f['gpus']} | {tier_name} | - | - | - | {f['mtok_mw']:.2f} | {f['tps']:.1f} "
-            f"| {f['ttft']:.1f} s |{cpu}"
+            f"| {f['ttft']:.1f} s | {f['mix']} |{cpu}"
         )
     f = figures(row.points[k])
     at = f"{k}{'+' if k == a.max_lanes else ''}"
     return (
         f"{label} | {f['gpus']} | {tier_name}: {at} lanes | {f['agents_gpu']:.2f} | {f['agents_mw']:,.0f} | "
-        f"{ratio(row, f)} | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s |{cpu}"
+        f"{ratio(row, f)} | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s | {f['mix']} |{cpu}"
     )
 
 
@@ -195,7 +206,12 @@ def rows(a) -> list[Row]:
     if a.rack:
         racks = [s for s in a.systems.split(",") if "NVL72" in s]
         kinds = [k for k in a.rows.split(",") if k in RACK_MODES]
-        return [Row(m, s, k, "default", rack=True) for m in a.models.split(",") for s in racks for k in kinds]
+        return [
+            Row(m, s, k, "default", rack=True, split=a.rack_split)
+            for m in a.models.split(",")
+            for s in racks
+            for k in kinds
+        ]
     if a.wide_ep:
         racks = [s for s in a.systems.split(",") if "NVL72" in s]
         return [
@@ -236,6 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         "72 DP ranks) with lanes searched from 9 to --max-lanes",
     )
     ap.add_argument(
+        "--rack-split",
+        default="3p6d",
+        help="--rack disagg row: NpMd TP 8 prefill and decode engines, N + M = 9 (default 3p6d)",
+    )
+    ap.add_argument(
         "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"
     )
     ap.add_argument("--point-timeout", type=float, default=3600.0, help="seconds per simulate point")
@@ -246,6 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     bad = [x for x in a.models.split(",") if x not in MODELS] + [
         x for x in a.systems.split(",") if x not in SYSTEMS
     ]
+    n, _, m = a.rack_split.removesuffix("d").partition("p")
+    if not (
+        n.isdigit()
+        and m.isdigit()
+        and a.rack_split.endswith("d")
+        and int(n) + int(m) == 9
+        and min(int(n), int(m)) >= 1
+    ):
+        ap.error(f"--rack-split: expected NpMd with N + M = 9 TP 8 engines (e.g. 6p3d), got {a.rack_split!r}")
     if bad:
         ap.error(f"unknown {', '.join(bad)}; models: {', '.join(MODELS)}; systems: {', '.join(SYSTEMS)}")
     print(f"# {a.traces} first {a.traces_limit} traces, --cycle --warm-start --duration {a.duration}")
@@ -254,9 +284,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         "| model | system | mode | weights | GPUs sim'd | knee | agents/GPU | agents/MW | vs AA-AgentPerf "
-        "| M tok/s per MW | tok/s/user p50 | TTFT p90 | CPU (points) |"
+        "| M tok/s per MW | tok/s/user p50 | TTFT p90 | traces (mean prompt) | CPU (points) |"
     )
-    print("|---|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|")
+    print("|---|---|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|")
     for r in rows(a):
         print(run_row(r, a), flush=True)
     return 0

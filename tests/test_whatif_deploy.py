@@ -39,6 +39,13 @@ def test_unknown_system_is_a_one_line_error(tmp_path):
     assert p.returncode == 2 and "unknown dgx-h100" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("split", ["6p4d", "0p9d", "p9d", "6p3", "sixp3d"])
+def test_bad_rack_split_is_a_one_line_error(split):
+    """--rack-split names a whole rack's TP 8 engines: N prefill + M decode = 9, each at least 1."""
+    p = _run("--rack", "--rows", "disagg", "--rack-split", split)
+    assert p.returncode == 2 and f"got {split!r}" in p.stderr and "Traceback" not in p.stderr
+
+
 def test_a_failing_point_is_reported_not_hidden(tmp_path):
     p = _run(
         "--models",
@@ -72,16 +79,34 @@ def test_rack_row_simulates_all_72_gpus_and_reports_its_cpu():
         agents_gpu, agents_mw = float(cells[6]), float(cells[7].replace(",", ""))
         assert agents_gpu == pytest.approx(agents_mw * (142e3 / 72) / 1e6, abs=0.006)  # 2 decimals
     assert cells[-1].endswith("(1)") and cells[-1].split()[0].replace(",", "").isdigit()
+    traces = cells[-2].split()[0]  # the mix it replayed: at most the 2 traces it was given
+    if not cells[5].startswith("error"):
+        assert traces.isdigit() and 1 <= int(traces) <= 2 and cells[-2].endswith("K)")
 
 
-def test_per_mw_only_reference_gives_one_ratio():
-    """B300 and MI355X are published per MW only: the ratio names that figure, no per-GPU one."""
+def _module():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("whatif_deploy", SCRIPT)
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod  # its dataclasses look their module up
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_mix_names_the_traces_a_point_replayed_and_their_mean_prompt():
+    """A slice and a rack on one --traces-limit replay different traces (lanes take them in path
+    order); the row says which, so tokens/s per MW is compared on the same mix."""
+    mod = _module()
+    sessions = [{"trace": "t1"}, {"trace": "t1"}, {"trace": "t2"}, {"trace": "t3"}]
+    s = {"sessions": sessions, "input_tokens": 1_380_000, "succeeded": 10}
+    assert mod.mix(s) == "3 (138K)"
+    assert mod.mix({"sessions": [], "input_tokens": 0, "succeeded": 0}) == "0 (0K)"
+
+
+def test_per_mw_only_reference_gives_one_ratio():
+    """B300 and MI355X are published per MW only: the ratio names that figure, no per-GPU one."""
+    mod = _module()
     row = mod.Row("DeepSeek-V4-Pro", "8x MI355X", "agg", "default")
     text = mod.ratio(row, {"agents_mw": 3551 * 3.0, "agents_gpu": 5.0})
     assert text == "3.00x of 3,551/MW (outside 0.5-2x)"
