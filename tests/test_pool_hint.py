@@ -75,3 +75,38 @@ def test_retried_lookups_of_waiting_requests_equal_plain_lookups():
     assert not eng.has_work()
     assert eng.num_preemptions > 0 and seen["hinted_retries"] > 0, (eng.num_preemptions, seen)
     pool.check_invariants()
+
+
+def test_hybrid_hint_with_stale_blocks_in_the_middle_equals_plain_lookup():
+    """A hybrid pool's hint whose blocks fail the check here and there (a recomputed copy of a
+    cached block is unhashed; an evicted block was reused): the lookup patches those from the map
+    and gives exactly the plain answer, also when the prefix runs past the failed ones."""
+    from agentkv.kv.groups import GroupSpec, HybridPool
+
+    rng = random.Random(11)
+    pool = HybridPool([GroupSpec("full", 2), GroupSpec("sliding", 3, window=32)], 2400, 16)
+    sessions = {s: [rng.getrandbits(63) for _ in range(rng.randint(5, 60))] for s in range(10)}
+    last: dict[int, np.ndarray] = {}
+    past_a_failure = 0
+    for step in range(300):
+        s = rng.randrange(10)
+        chain = sessions[s] = sessions[s] + [rng.getrandbits(63) for _ in range(rng.randint(1, 20))]
+        hint = last.get(s)
+        if hint is not None and len(hint) > 2:
+            hint = hint.copy()
+            for i in rng.sample(range(len(hint)), rng.randint(1, len(hint) // 2)):
+                hint[i] = rng.randrange(-1, 600)  # stale ids, nulls and others' blocks
+        arr = np.asarray(chain, dtype=np.uint64)
+        tokens = len(chain) * 16 + 5
+        plain = pool.get_computed_blocks(chain, tokens, count=False)
+        hinted = pool.get_computed_blocks(chain, tokens, count=False, hint=hint, hash_array=arr)
+        assert list(hinted.blocks) == list(plain.blocks), step
+        if hint is not None and len(plain.blocks) > 1:
+            h = hint[: len(plain.blocks)]
+            past_a_failure += bool((h != np.asarray(plain.blocks)).any()) and h[-1] == plain.blocks[-1]
+        rid, n = f"r{step}", hinted.hit
+        if pool.allocate_slots(PoolRequest(rid, chain), tokens - n * 16, n * 16, hinted):
+            last[s] = pool.block_table(rid).copy()
+            pool.free(rid)
+        pool.check_invariants()
+    assert past_a_failure > 0  # the prefix did run on past failed hint blocks

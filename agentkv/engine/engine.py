@@ -214,10 +214,11 @@ class Engine:
     # -- decode bursts (simulator fast path) -----------------------------------------------------
     def plan_burst(self, max_steps: int = 1 << 20) -> DecodeBurst | None:
         """The coming run of pure-decode steps, when nothing else can change the batch before its
-        first request finishes: no waiting request, every running one decoding, and blocks for all
-        of it free. Steps are exactly those `step()` would run; None when that is not the case."""
+        first request finishes: every running one decoding, blocks for all of it free, and no waiting
+        request that a step could admit meanwhile (`Scheduler.burst_room`). Steps are exactly those
+        `step()` would run; None when that is not the case."""
         sched = self.scheduler
-        if sched.waiting or not sched.running:
+        if not sched.running:
             return None
         reqs = sched.running
         k = max_steps
@@ -238,6 +239,12 @@ class Engine:
         def need(steps: int) -> int:
             return sum(-(-(r.num_computed + steps) // bs) - -(-r.num_computed // bs) for r in reqs)
 
+        if sched.waiting:  # a burst past a queue the steps would not admit from (vLLM's too)
+            room = sched.burst_room(need(k))
+            if room is None:
+                return None
+            free = min(free, room)
+
         if need(k) > free:  # largest k whose new blocks fit
             lo, hi = 0, k
             while lo < hi:
@@ -250,9 +257,18 @@ class Engine:
         if k < 2:
             return None
         now = self.clock.now()
-        durations = self.cost.decode_steps(len(reqs), ctx_sum, ctx_max, k)
-        ends = now + np.cumsum(durations)
-        return DecodeBurst(now, ends.tolist(), list(reqs))
+        if sched.waiting:  # the ends `step()` would reach, to the last bit (bursts with nothing
+            return DecodeBurst(now, self._step_ends(now, len(reqs), ctx_sum, ctx_max, k), list(reqs))
+        durations = self.cost.decode_steps(len(reqs), ctx_sum, ctx_max, k)  # waiting keep their rounding)
+        return DecodeBurst(now, (now + np.cumsum(durations)).tolist(), list(reqs))
+
+    def _step_ends(self, now: float, n: int, ctx_sum: int, ctx_max: int, k: int) -> list[float]:
+        """The end times of `k` decode-only steps of `n` requests, as `step()` computes each."""
+        agg, ends = self.cost.step_time_agg, []
+        for i in range(k):
+            now += agg(0, 0, 0.0, 0.0, False, 0, n, ctx_sum + i * n, ctx_max + i)
+            ends.append(now)
+        return ends
 
     def commit_burst(self, burst: DecodeBurst, steps: int) -> StepResult:
         """Apply the first `steps` steps of `burst` (as `steps` calls of `step()` would)."""

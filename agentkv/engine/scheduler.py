@@ -95,6 +95,38 @@ class Scheduler:
                 budget -= n
         return batch, preempted
 
+    def burst_room(self, want: int) -> int | None:
+        """Blocks (up to about `want`) the running requests' decodes may take while no step could
+        admit the waiting queue's head: all free ones when the batch is full; when (a retry, on a
+        plain pool without tiers) it needs more than the free blocks, as many as can be taken
+        before one of its cached prefix blocks would be evicted (its need stays, the room only
+        shrinks); None when a step might admit it. Call it only when every running request decodes
+        (then no block gets cached)."""
+        req, pool, cfg = self.waiting[0], self.pool, self.config
+        budget = cfg.max_num_batched_tokens - len(self.running)
+        if budget <= 0 or len(self.running) >= cfg.max_num_seqs:
+            return pool.num_free_blocks  # the head is not even looked at
+        if not isinstance(pool, BlockPool) or pool.lower is not None or req.external_tokens:
+            return None
+        if cfg.enable_prefix_caching and req.computed is None:
+            return None  # its first lookup tells the eviction policy: a step makes it
+        self._lookup(req)  # a retry, as the step's own would be
+        bs = pool.block_size
+        hit = req.num_computed // bs
+        free_hits = np.asarray(req.computed.blocks[:hit] if hit else [], dtype=np.int64)
+        free_hits = free_hits[pool.ref[free_hits] == 0]
+        need = -(-min(req.num_tokens - req.num_computed, budget) // bs) + len(free_hits)  # as `_admit`
+        if need <= pool.num_free_blocks:
+            return None
+        empty = pool.num_empty_blocks
+        if want <= empty or not len(free_hits):
+            return pool.num_free_blocks if not len(free_hits) else empty
+        order = pool.policy.next_victims(want - empty)
+        if order is None:
+            return empty
+        hits = np.isin(order, free_hits)
+        return empty + (int(hits.argmax()) if hits.any() else len(order))
+
     def _aligned(self, req: EngineRequest, n: int, computed: int) -> int:
         """A prefill chunk cut to end on a block boundary, and on the prompt's last one (0: none fits)."""
         if computed >= max(req.prompt_len, req.num_tokens - 1):

@@ -74,11 +74,21 @@ class ByteLRU:
         return victims
 
     def _compact(self) -> None:
-        bl = np.concatenate([c[0] for c in self._q])
-        st = np.concatenate([c[1] for c in self._q])
-        ok = self._live(bl, st)
-        self._q = deque([(bl[ok], st[ok])])
-        self._queued = int(ok.sum())
+        """Drop the stale entries chunk by chunk, merging what is left into pieces of about 64K: no
+        temporary the size of the whole queue (fresh pages cost more than the filtering here)."""
+        q, bls, sts, m = deque(), [], [], 0
+        for bl, st in self._q:
+            ok = self._live(bl, st)
+            bls.append(bl[ok])
+            sts.append(st[ok])
+            m += len(bls[-1])
+            if m >= 1 << 16:
+                q.append((np.concatenate(bls), np.concatenate(sts)))
+                bls, sts, m = [], [], 0
+        if m:
+            q.append((np.concatenate(bls), np.concatenate(sts)))
+        self._q = q
+        self._queued = sum(len(c[0]) for c in q)
 
     def blocks(self) -> list[int]:
         """The live blocks, oldest first (for invariant checks)."""

@@ -170,9 +170,22 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         m = min(len(hint), limit, len(hash_array))
         hb = hint[:m]
         ok = (hb >= 0) & self.hashed_blk[hb] & (self.bgroup[hb] == 0) & (self.bh64[hb] == hash_array[:m])
-        k = m if ok.all() else int(ok.argmin())
-        rest = gallop(get, block_hashes, limit, k)
-        return hb[:k] if not rest else np.concatenate((hb[:k], np.asarray(rest, dtype=np.int64)))
+        if not ok.all():  # past a failed block the hint may hold most of the rest (a recomputed
+            hb, k = self._patch_hint(hb, ok, block_hashes)  # copy of a cached block is unhashed)
+            if k < m:
+                return hb
+        rest = gallop(get, block_hashes, limit, m)
+        return hb if not rest else np.concatenate((hb, np.asarray(rest, dtype=np.int64)))
+
+    def _patch_hint(self, hb: np.ndarray, ok: np.ndarray, block_hashes) -> tuple[np.ndarray, int]:
+        """The hint's blocks with those that failed the check looked up in the map instead, up to the
+        first hash not cached: (the blocks, how many). Only the failed ones cost a lookup."""
+        bad = np.flatnonzero(~ok)
+        found = gallop(self.cached_maps[0].get, [block_hashes[i] for i in bad.tolist()], len(bad))
+        end = int(bad[len(found)]) if len(found) < len(bad) else len(hb)
+        out = hb[:end].copy()
+        out[bad[: len(found)]] = found
+        return out, end
 
     def touch(self, block_hashes: Sequence[int], found) -> None:
         if self.policy is not None:

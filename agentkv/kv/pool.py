@@ -190,6 +190,11 @@ class BlockPool(PoolHashes, EventLog):
         return self._n_empty + len(self.policy)
 
     @property
+    def num_empty_blocks(self) -> int:
+        """Blocks holding nothing: taking up to this many evicts no cached block."""
+        return self._n_empty
+
+    @property
     def usage(self) -> float:
         """Fraction of blocks held by running requests (vllm:kv_cache_usage_perc)."""
         return 1.0 - self.num_free_blocks / self.num_blocks

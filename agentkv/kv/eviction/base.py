@@ -54,6 +54,11 @@ class Evictor:
         """Take `n` blocks out, best victim first (`n <= len(self)`); the pool drops their content."""
         raise NotImplementedError
 
+    def next_victims(self, n: int):
+        """The next `n` victims `pop_victims` would give, oldest first, without taking them; None
+        where the policy cannot tell ahead (the caller then assumes any block may go)."""
+        return None
+
     def check(self) -> None:
         """Assert internal consistency (tests)."""
 
@@ -122,6 +127,21 @@ class ChunkQueue:
             out.append(take)
             need -= len(take)
         return out
+
+    def peek(self, need: int, live) -> np.ndarray:
+        """The first `need` live blocks, oldest first, as `pop` would give them; the queue unchanged."""
+        out: list[np.ndarray] = []
+        for bl, st in self.q:
+            lo = 0
+            while need > 0 and lo < len(bl):
+                hi = min(len(bl), lo + 2 * need + 64)
+                take = bl[lo:hi][live(bl[lo:hi], st[lo:hi])][:need]
+                out.append(take)
+                need -= len(take)
+                lo = hi
+            if need <= 0:
+                break
+        return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
 
     def compact(self, live) -> None:
         """Drop the stale entries (one pass, in bulk)."""

@@ -35,5 +35,8 @@ class LRU(StampedEvictor):
     def pop_victims(self, n: int) -> np.ndarray:
         return self._evicted(self._q.pop(n, self._live), n)
 
+    def next_victims(self, n: int) -> np.ndarray:
+        return self._q.peek(n, self._live)
+
     def check(self) -> None:
         assert len(self.blocks()) == self._n
