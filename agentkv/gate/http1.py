@@ -76,20 +76,26 @@ def _parse_head(text: str) -> Head:
     return Head(code, ctype, length, chunked, not close)
 
 
-def whole_chunks(data: bytes) -> bytes | None:
-    """Fast path: `data` is whole non-final chunks without CRLF inside (one SSE event each, as
-    servers send them): their joined payloads, checked against the sizes; else None."""
+def whole_chunks(data: bytes) -> tuple[bytes, bytes] | None:
+    """Fast path: `data` begins with whole non-final chunks without CRLF inside (one SSE event
+    each, as servers send them): their joined payloads, checked against the sizes, and the bytes
+    after them (a chunk cut by the read, the last chunk); else None."""
     parts = data.split(b"\r\n")
-    if not len(parts) & 1 or parts[-1]:
+    k = (len(parts) - 1) & ~1  # parts that form whole (size, data) pairs, each followed by a CRLF
+    datas = parts[1:k:2]
+    lens = list(map(len, datas))
+    if 0 in lens:  # the last chunk (or an empty line): the slow path reads from there
+        k = 2 * lens.index(0)
+        datas, lens = datas[: k // 2], lens[: k // 2]
+    if not k:
         return None
-    sizes, datas = parts[0:-1:2], parts[1::2]
     try:  # compared in C (map), not in a Python loop: this runs once per read
-        lens = list(map(len, datas))
-        if 0 in lens or lens != list(map(int, sizes, repeat(16))):
-            return None
+        if lens != list(map(int, parts[0:k:2], repeat(16))):
+            return None  # a CRLF inside a chunk's data (its first piece never matches its size)
     except ValueError:  # chunk extensions: the slow path reads them
         return None
-    return b"".join(datas)
+    rest = parts[k:]
+    return b"".join(datas), rest[0] if len(rest) == 1 else b"\r\n".join(rest)
 
 
 class ChunkDecoder:
@@ -105,47 +111,97 @@ class ChunkDecoder:
         self.done = self.extra = False
 
     def feed(self, data: bytes) -> bytes:
-        if self.done:
-            self.extra = self.extra or bool(data)
-            return b""
-        if not self.buf and not self.left:
-            body = whole_chunks(data)
-            if body is not None:
-                return body
-        return self._feed(self.buf + data if self.buf else data)
+        if not self.left and not self.buf:  # at a chunk-size line
+            fast = whole_chunks(data)
+            if fast is not None:
+                if not fast[1]:
+                    return fast[0]  # the common case: a read of whole chunks
+                return self._feed(fast[1], [fast[0]], False)
+        return self._feed(self.buf + data if self.buf else data, [], True)
 
-    def _feed(self, buf: bytes) -> bytes:
-        pos, n, left, out = 0, len(buf), self.left, []
-        find, append = buf.find, out.append
-        while pos < n:
-            if left > 0:
-                end = min(pos + left, n)
-                append(buf[pos:end])
-                left -= end - pos
-                pos = end
-                if not left:
-                    left = -1
-                continue
-            end = find(b"\r\n", pos)
-            if end < 0:
-                if n - pos > MAX_HEAD_BYTES:
-                    raise FramingError("bad chunk framing: a line too long")
-                break
-            if left == -1:  # the CRLF closing a chunk
-                if end != pos:
-                    raise FramingError("bad chunk framing: no CRLF after a chunk's data")
-                left = 0
-            elif left == -2:  # trailers, up to an empty line
-                if end == pos:
-                    self.done, self.extra = True, end + 2 < n
-                    pos = n
-                    break
-            else:
-                left = _chunk_size(buf[pos:end]) or -2
-            pos = end + 2
-        self.left = left
-        self.buf = buf[pos:] if pos < n else b""
+    def _feed(self, buf: bytes, out: list[bytes], fast: bool) -> bytes:
+        """The general case (`fast`: the fast path may still apply once open data is done)."""
+        if self.done:
+            self.extra = self.extra or bool(buf)
+            return b""
+        i = self._owed(buf, out) if self.left else 0
+        if not self.left:  # at a chunk-size line
+            rest = whole_chunks(buf[i:] if i else buf) if fast else None
+            if rest is not None:
+                out.append(rest[0])
+                buf, i = rest[1], 0
+            i, self.left = _whole(buf, i, out)
+        if self.left == -2:
+            i = self._trailers(buf, i)
+        self.buf = buf[i:] if i < len(buf) else b""
         return out[0] if len(out) == 1 else b"".join(out)
+
+    def _owed(self, buf: bytes, out: list[bytes]) -> int:
+        """Finish what an earlier read left open: a chunk's data, then its CRLF; where that ends."""
+        i, left = 0, self.left
+        if left > 0:
+            i = min(left, len(buf))
+            out.append(buf[:i])
+            left -= i
+            if left:
+                self.left = left
+                return i
+            left = -1
+        if left == -1:
+            if len(buf) - i < 2:
+                self.left = -1
+                return i
+            if buf[i : i + 2] != b"\r\n":
+                raise FramingError("bad chunk framing: no CRLF after a chunk's data")
+            i, left = i + 2, 0
+        self.left = left
+        return i
+
+    def _trailers(self, buf: bytes, i: int) -> int:
+        """Skip trailer lines up to the empty one that ends the body; where reading stopped."""
+        n = len(buf)
+        while True:
+            j = buf.find(b"\r\n", i)
+            if j < 0:
+                if n - i > MAX_HEAD_BYTES:
+                    raise FramingError("bad chunk framing: a trailer too long")
+                return i
+            if j == i:
+                self.done, self.extra = True, j + 2 < n
+                return n
+            i = j + 2
+
+
+def _whole(buf: bytes, i: int, out: list[bytes]) -> tuple[int, int]:
+    """Chunks from `i` on (size line, data, CRLF), their data appended to `out`; returns where
+    reading stopped and the decoder's state there (ChunkDecoder.left)."""
+    n, find, append = len(buf), buf.find, out.append
+    while True:
+        j = find(b"\r\n", i)
+        if j < 0:
+            if n - i > MAX_HEAD_BYTES:
+                raise FramingError("bad chunk framing: a line too long")
+            return i, 0
+        try:
+            size = int(buf[i:j], 16)
+        except ValueError:  # a chunk extension (";name=value"), or not a size at all
+            size = _chunk_size(buf[i:j])
+        if size <= 0:
+            if size:
+                raise FramingError(f"bad chunk framing: size line {buf[i:j][:40]!r}")
+            return j + 2, -2  # the last chunk; trailers (if any) end with an empty line
+        start = j + 2
+        stop = start + size
+        if stop + 2 > n:  # this chunk (or its closing CRLF) continues in a later read
+            if stop <= n:
+                append(buf[start:stop])
+                return stop, -1
+            append(buf[start:])
+            return n, stop - n
+        if buf[stop : stop + 2] != b"\r\n":
+            raise FramingError("bad chunk framing: no CRLF after a chunk's data")
+        append(buf[start:stop])
+        i = stop + 2
 
 
 def _chunk_size(line: bytes) -> int:
