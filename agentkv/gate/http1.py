@@ -117,6 +117,7 @@ class ChunkDecoder:
                 if not fast[1]:
                     return fast[0]  # the common case: a read of whole chunks
                 return self._feed(fast[1], [fast[0]], False)
+            return self._feed(data, [], False)
         return self._feed(self.buf + data if self.buf else data, [], True)
 
     def _feed(self, buf: bytes, out: list[bytes], fast: bool) -> bytes:
