@@ -2,8 +2,9 @@
 
 aiohttp feeds every HTTP chunk of a stream (one per token) through its Python StreamReader; with
 the same SSE reader behind both, it costs about twice the client CPU per token (docs/performance.md).
-Here one `data_received` call de-chunks whatever arrived and hands each SSE `data:` line, with that
-read's arrival time, to a callback. Supports chunked, Content-Length and close-delimited bodies, TLS,
+Here one `data_received` call de-chunks whatever arrived (the framing, shared with the router's
+client, is agentkv/gate/http1.py) and hands each SSE `data:` line, with that read's arrival time,
+to a callback. Supports chunked, Content-Length and close-delimited bodies, TLS,
 and one retry on a fresh connection when a reused keep-alive connection turns out to be closed.
 """
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 import asyncio
 import ssl as _ssl
 from collections.abc import Callable
-from itertools import repeat
 from urllib.parse import urlsplit
+
+from agentkv.gate.http1 import ChunkDecoder, FramingError, Head, head_end, parse_head
 
 # (payloads of the `data:` lines in one read, not stripped of the space/CR around them; arrival time)
 OnLines = Callable[[list[bytes], float], None]
@@ -40,11 +42,9 @@ class _Exchange:
         "state",
         "head",
         "status",
-        "chunked",
+        "chunks",
         "left",
         "close",
-        "cbuf",
-        "need",
         "lbuf",
         "body",
         "got_bytes",
@@ -56,8 +56,9 @@ class _Exchange:
     def __init__(self, on_lines: OnLines, clock: Callable[[], float], done: asyncio.Future):
         self.on_lines, self.clock, self.done = on_lines, clock, done
         self.state, self.head, self.status = _HEAD, b"", 0
-        self.chunked, self.left, self.close = False, -1, False  # left: Content-Length bytes to go (-1: none)
-        self.cbuf, self.need, self.lbuf = b"", 0, b""  # need > 0: chunk bytes to go; 0: size line; -1: CRLF
+        self.chunks: ChunkDecoder | None = None  # a chunked body's decoder
+        self.left, self.close = -1, False  # left: Content-Length bytes to go (-1: none)
+        self.lbuf = b""  # a partial SSE line
         self.body: list[bytes] = []  # the first KEEP_BYTES of a body that is not SSE (its error message)
         self.got_bytes = False
         self.keep_body = False
@@ -65,126 +66,55 @@ class _Exchange:
 
     def feed(self, data: bytes) -> None:
         self.got_bytes = True
-        data_in = data
         now = self.clock()
         if self.state == _HEAD:
             self.head += data
-            end = self.head.find(b"\r\n\r\n")
-            if end < 0:
+            try:
+                end = head_end(self.head)
+                if end < 0:
+                    return
+                self._parse_head(parse_head(self.head[:end]))
+            except FramingError as e:
+                self._fail(f"the server sent a bad response: {e}")
                 return
-            data = data_in = self.head[end + 4 :]
-            self._parse_head(self.head[:end])
+            data = self.head[end + 4 :]
             self.state = _BODY
-            if not self.chunked and self.left == 0:
+            if self.left == 0:
                 self._finish()
                 return
             if not data:
                 return
         if self.state != _BODY:
             return
-        if self.chunked:
-            data = self._whole_chunks(data) if not self.cbuf and not self.need else None
-            if data is None:
-                data = self._dechunk(data_in)
-        elif self.left >= 0:
+        dec = self.chunks
+        if dec is not None:
+            try:
+                data = dec.feed(data)
+            except FramingError as e:
+                self._fail(f"the server sent a bad response: {e}")
+                return
+            if data:
+                self._body(data, now)
+            if dec.done:
+                self.close = self.close or dec.extra  # bytes after the response: not reused
+                self._finish()
+            return
+        if self.left >= 0:
             data = data[: self.left]
             self.left -= len(data)
         if data:
             self._body(data, now)
-        if self.state == _BODY and self.left == 0 and not self.chunked:
+        if self.left == 0:
             self._finish()
 
-    def _parse_head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        parts = lines[0].split(b" ", 2)
-        try:
-            self.status = int(parts[1])
-        except (IndexError, ValueError):
-            self.status = 0
-        for ln in lines[1:]:
-            name, _, value = ln.partition(b":")
-            name, value = name.strip().lower(), value.strip().lower()
-            if name == b"transfer-encoding" and b"chunked" in value:
-                self.chunked = True
-            elif name == b"content-length":
-                self.left = int(value)
-            elif name == b"connection" and value == b"close":
-                self.close = True
-            elif name == b"content-type" and value.startswith(b"application/json"):
-                self.json = True
-        if self.chunked:
-            self.left = -1
+    def _parse_head(self, head: Head) -> None:
+        self.status, self.close = head.status, not head.keep
+        if head.chunked:
+            self.chunks = ChunkDecoder()
+        elif head.length is not None:
+            self.left = head.length
+        self.json = head.content_type.startswith("application/json")
         self.keep_body = self.status != 200 or self.json  # a JSON 200: the server ignored `stream`
-        if self.left < 0 and not self.chunked:
-            self.close = True  # delimited by the connection closing
-
-    @staticmethod
-    def _whole_chunks(data: bytes) -> bytes | None:
-        """Fast path: `data` is whole non-final chunks without CRLF inside (one SSE event each, as
-        servers send them): their joined payloads, checked against the sizes; else None."""
-        parts = data.split(b"\r\n")
-        if not len(parts) & 1 or parts[-1]:
-            return None
-        sizes, datas = parts[0:-1:2], parts[1::2]
-        try:  # compared in C (map), not in a Python loop: this runs once per read
-            if b"0" in sizes or list(map(len, datas)) != list(map(int, sizes, repeat(16))):
-                return None
-        except ValueError:  # chunk extensions: the slow path reads them
-            return None
-        return b"".join(datas)
-
-    def _dechunk(self, data: bytes) -> bytes:
-        """The body bytes inside the chunk framing of `data` (plus what was left over from before)."""
-        buf = self.cbuf + data if self.cbuf else data
-        n, i, need, out = len(buf), 0, self.need, []
-        if need > 0:  # finish a chunk begun in an earlier read
-            take = min(need, n)
-            out.append(buf[:take])
-            i, need = take, need - take
-            if need:
-                self.cbuf, self.need = b"", need
-                return out[0]
-            need = -1
-        if need == -1:  # the CRLF after a chunk's data
-            if n - i < 2:
-                self.cbuf, self.need = buf[i:], -1
-                return b"".join(out)
-            i += 2
-        find, append = buf.find, out.append
-        while True:  # whole chunks: size line, data, CRLF
-            j = find(b"\r\n", i)
-            if j < 0:
-                need = 0
-                break
-            try:
-                size = int(buf[i:j], 16)
-            except ValueError:  # a chunk extension (";name=value")
-                size = int(buf[i:j].split(b";", 1)[0], 16)
-            if size == 0:  # last chunk; trailers (if any) end with an empty line
-                end = j if buf[j + 2 : j + 4] == b"\r\n" else buf.find(b"\r\n\r\n", j)
-                if end < 0:
-                    need = 0
-                    break
-                self.cbuf, self.need = b"", 0
-                body = b"".join(out)
-                if body:
-                    self._body(body, self.clock())
-                self._finish()
-                return b""
-            start = j + 2
-            stop = start + size
-            if stop + 2 > n:  # this chunk (or its closing CRLF) continues in a later read
-                if stop <= n:
-                    append(buf[start:stop])
-                    i, need = stop, -1
-                else:
-                    append(buf[start:])
-                    i, need = n, stop - n
-                break
-            append(buf[start:stop])
-            i = stop + 2
-        self.cbuf, self.need = (buf[i:] if i < n else b""), need
-        return out[0] if len(out) == 1 else b"".join(out)
 
     def _body(self, data: bytes, now: float) -> None:
         if self.keep_body:
@@ -207,8 +137,13 @@ class _Exchange:
         if not self.done.done():
             self.done.set_result(None)
 
+    def _fail(self, detail: str) -> None:
+        self.state, self.close = _DONE, True
+        if not self.done.done():
+            self.done.set_exception(HttpError("reset", detail))
+
     def lost(self, exc: Exception | None) -> None:
-        if self.state == _BODY and self.close and not self.chunked and self.left < 0 and exc is None:
+        if self.state == _BODY and self.chunks is None and self.left < 0 and exc is None:
             self._finish()  # a close-delimited body ends here
         elif self.state != _DONE and not self.done.done():
             self.done.set_exception(HttpError("reset", f"connection closed mid-response ({exc or 'EOF'})"))

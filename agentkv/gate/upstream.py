@@ -3,8 +3,8 @@
 aiohttp's client costs a proxied request about as much CPU as everything else the router does
 (benchmarks/upstream_client.py measures both); this one does only what a proxy to vLLM-style
 workers needs: one request per pooled keep-alive connection (TCP_NODELAY, as asyncio sets it),
-a response head parsed once, the body de-framed (Content-Length, chunked, or to the close) and
-handed over as it arrives, with reading paused while a slow client leaves BUFFER_BYTES unread.
+a response head parsed once, the body de-framed (Content-Length, chunked, or to the close; the
+framing is gate/http1.py, shared with the bench's client) and handed over as it arrives, with reading paused while a slow client leaves BUFFER_BYTES unread.
 No redirects, cookies or compression (no Accept-Encoding is sent, so the body is as the engine
 wrote it). Errors are ConnectionError subclasses: `ConnectFailed` when no connection could be
 made (the worker is down), `UpstreamBroken` when it broke off or answered something that is not
@@ -21,8 +21,9 @@ from collections import deque
 
 from yarl import URL
 
+from agentkv.gate.http1 import ChunkDecoder, FramingError, head_end, parse_head
+
 BUFFER_BYTES = 1 << 18  # unread body bytes past which reading from the worker pauses
-MAX_HEAD_BYTES = 1 << 16  # a response head (status line and headers) longer than this is refused
 
 
 class UpstreamBroken(ConnectionError):
@@ -68,7 +69,8 @@ class _Conn(asyncio.Protocol):
     def __init__(self, pool: _Host) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
-        self.buf = b""  # bytes not yet parsed (head, chunk framing)
+        self.buf = b""  # bytes of the response head not yet parsed
+        self.chunks: ChunkDecoder | None = None  # a chunked body's decoder
         self.body: list[bytes] = []  # de-framed body bytes not yet read
         self.body_bytes = 0
         self.head: tuple | None = None  # (status, content type, content length) once parsed
@@ -89,7 +91,9 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         if self.done or self.error is not None:
             return  # bytes after a complete response (or a failure): the connection is not reused
-        if self.head is None or self.mode == "chunked":
+        if self.mode == "chunked":
+            self._chunks(data)
+        elif self.head is None:
             self.buf = self.buf + data if self.buf else data
             self._parse()
         elif self.mode == "length":
@@ -130,106 +134,44 @@ class _Conn(asyncio.Protocol):
             self.transport.pause_reading()
 
     def _parse(self) -> None:
-        if self.head is None:
-            end = self.buf.find(b"\r\n\r\n")
+        try:
+            end = head_end(self.buf)
             if end < 0:
-                if len(self.buf) > MAX_HEAD_BYTES:
-                    self._fail(UpstreamBroken("the worker's response head is too long"))
                 return
-            try:
-                self._head(self.buf[:end].decode("latin-1"))
-            except (ValueError, IndexError):
-                self._fail(UpstreamBroken("the worker's response is not HTTP/1.x"))
-                return
-            rest, self.buf = self.buf[end + 4 :], b""
-            if self.mode != "chunked":
-                if rest and not self.done:
-                    self.data_received(rest)
-                elif rest:
-                    self.keep = False  # bytes after a body-less answer
-                return
-            self.buf = rest
-        self._chunks()
-
-    def _head(self, text: str) -> None:
-        """Status line and the headers the proxy needs; the framing of the body."""
-        first, _, rest = text.partition("\r\n")
-        version, status = first.split(" ", 2)[:2]
-        if not version.startswith("HTTP/1."):
-            raise ValueError(version)
-        ctype, length, chunked, close = "application/octet-stream", None, False, version == "HTTP/1.0"
-        for line in rest.split("\r\n"):
-            name, _, value = line.partition(":")
-            name = name.strip().lower()
-            if name == "content-type":
-                ctype = value.split(";", 1)[0].strip().lower() or ctype
-            elif name == "content-length":
-                length = int(value)
-            elif name == "transfer-encoding":
-                chunked = value.strip().lower().endswith("chunked")
-            elif name == "connection":
-                v = value.lower()
-                close = "close" in v if version != "HTTP/1.0" else "keep-alive" not in v
-        code = int(status)
-        self.keep = not close
-        if chunked:
-            self.mode, length = "chunked", None
-        elif length is not None:
-            if length < 0:
-                raise ValueError(length)
-            self.mode, self.left = "length", length
-            self.done = length == 0
-        elif code in (204, 304) or code < 200:
-            self.mode, self.done, length = "length", True, 0
+            head = parse_head(self.buf[:end])
+        except FramingError as e:
+            self._fail(UpstreamBroken(f"the worker sent a bad response: {e}"))
+            return
+        rest, self.buf = self.buf[end + 4 :], b""
+        self.keep = head.keep
+        self.head = (head.status, head.content_type, head.length)
+        if head.chunked:
+            self.mode, self.chunks = "chunked", ChunkDecoder()
+            if rest:
+                self._chunks(rest)
         else:
-            self.mode, self.keep = "close", False
-        self.head = (code, ctype, length)
+            self.mode = "close" if head.to_close else "length"
+            self.left = head.length or 0
+            self.done = head.length == 0
+            if rest and not self.done:
+                self.data_received(rest)
+            elif rest:
+                self.keep = False  # bytes after a body-less answer
 
-    def _chunks(self) -> None:
-        """De-frame the chunked bytes in `buf`: `left` > 0 is data still owed of the current chunk,
-        -1 the CRLF after a chunk, -2 the trailers after the last, 0 a chunk-size line."""
-        buf, pos, n, left, out = self.buf, 0, len(self.buf), self.left, []
-        while pos < n:
-            if left > 0:
-                end = min(pos + left, n)
-                out.append(buf[pos:end])
-                left -= end - pos
-                pos = end
-                if not left:
-                    left = -1
-                continue
-            end = buf.find(b"\r\n", pos)
-            if end < 0:
-                if n - pos > MAX_HEAD_BYTES:
-                    return self._bad_chunk()
-                break
-            if left == -1:  # the CRLF closing a chunk
-                if end != pos:
-                    return self._bad_chunk()
-                left = 0
-            elif left == -2:  # trailers, up to an empty line
-                if end == pos:
-                    self.done = True
-                    if end + 2 < n:
-                        self.keep = False  # bytes after the response
-                    pos = n
-                    break
-            else:
-                try:
-                    size = int(buf[pos:end].split(b";", 1)[0], 16)
-                except ValueError:
-                    return self._bad_chunk()
-                if size < 0:
-                    return self._bad_chunk()
-                left = size if size else -2
-            pos = end + 2
-        self.left = left
-        self.buf = buf[pos:] if pos < n else b""
+    def _chunks(self, data: bytes) -> None:
+        """De-frame chunked bytes (gate/http1.ChunkDecoder) into the body."""
+        dec = self.chunks
+        try:
+            out = dec.feed(data)
+        except FramingError as e:
+            self._fail(UpstreamBroken(f"the worker sent a bad response: {e}"))
+            return
+        if dec.done:
+            self.done = True
+            if dec.extra:
+                self.keep = False  # bytes after the response
         if out:
-            self._take(out[0] if len(out) == 1 else b"".join(out))
-
-    def _bad_chunk(self) -> None:
-        self._fail(UpstreamBroken("bad chunk framing from the worker"))
+            self._take(out)
 
     def _fail(self, e: Exception) -> None:
         if not self.done and self.error is None:
@@ -290,6 +232,7 @@ class _Conn(asyncio.Protocol):
         self.buf = b""
         self.body.clear()
         self.body_bytes, self.head, self.mode, self.left, self.done = 0, None, "", 0, False
+        self.chunks = None
 
 
 class _Host:
