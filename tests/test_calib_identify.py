@@ -4,8 +4,6 @@ and what no probed step depends on is reported as not identifiable instead of as
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import numpy as np
 import pytest
 
@@ -13,20 +11,8 @@ from agentkv.calib import fit as F
 from agentkv.calib.identify import jacobian, resolve, unpinned
 from agentkv.calib.plan import Probe, make_plan, samples
 from agentkv.engine.calibrate import FREE
-from agentkv.engine.cost import load_coefficients
+from tests.test_calibrate import TRUE  # the coefficients the serve test starts serve with
 
-# unlike the bundled H200 fit, as tests/test_calibrate.py and benchmarks/calib_recovery.py start serve
-TRUE = replace(
-    load_coefficients(),
-    gemm_eff=0.7,
-    overlap_k=1.6,
-    attn_self_eff=0.6,
-    attn_past_eff=0.3,
-    stream_gbps=80.0,
-    past_setup_s=50e-6,
-    launch_floor_s=60e-6,
-    floor_k=2.5,
-)
 OVERHEAD = (1e-3, 1e-7)  # wall s per request, per prompt token
 QWEN = F.Target("h100", "qwen2.5-7b")  # the recovery benchmark's target: 157 us of weights a layer
 SMALL = F.Target("h100", "llama3-8b", tp=8)  # 18 us of weights a layer: the launch floor dominates
