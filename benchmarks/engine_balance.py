@@ -27,6 +27,8 @@ def load(run: Path) -> tuple[dict[str, list[dict]], dict[str, set[str]]]:
     by: dict[str, list[dict]] = defaultdict(list)
     trees: dict[str, set[str]] = defaultdict(set)
     path = run / "requests.jsonl" if run.is_dir() else run
+    if not path.is_file():
+        sys.exit(f"{path}: not found (give a simulate or bench --out folder)")
     with open(path) as f:
         for n, line in enumerate(f, 1):
             try:
