@@ -162,7 +162,7 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     _check_unpinned(doc, run.stdout)
     fitted = CostCoefficients(**doc["coefficients"])
     for name, se in doc["fit"]["stderr_pct"].items():  # what the probes pin, they recover
-        if se is not None and se < 5.0:
+        if se is not None and se < 5.0 and name not in doc["fit"]["not_identifiable"]:
             assert getattr(fitted, name) == pytest.approx(getattr(TRUE, name), rel=0.1), (
                 name,
                 se,
