@@ -122,4 +122,5 @@ def test_cache_analyze_first_ctrl_c_shows_finished_replays():
     res, err = _interrupt(args, "analyzing", delay=1.5)
     assert res.returncode == 130 and "Traceback" not in err, err
     assert "replays done" in err and "'-' marks replays that did not run" in res.stdout
-    assert "unbounded cache (ceiling)" in res.stdout
+    # the ceiling row (its label wraps at 80 columns once finished cells widen the table)
+    assert "unbounded" in res.stdout and "(ceiling)" in res.stdout
