@@ -64,7 +64,7 @@ class GroupBlocks:
         """The last block boundary of KV that arrived from another engine (a disaggregated decode's
         `external_tokens`): the prefill engine's state there came with it, as vLLM's connector sends
         V4's compressor-state window tail and the decode caches loaded blocks (docs/simulate.md)."""
-        return min(getattr(req, "external_tokens", 0) // self.block_size, len(req.block_hashes))
+        return min(req.external_tokens // self.block_size, len(req.block_hashes))
 
     def new_blocks(self, req: KVRequest, total: int) -> list[int]:
         """Blocks each group must take for a running request to hold `total` tokens."""
@@ -84,7 +84,7 @@ class GroupBlocks:
         the hit's end, or at the arrived KV's (vLLM's `allocate_new_computed_blocks` pads what
         external tokens skip with the null block: no block is taken for them)."""
         bs = self.block_size
-        done = max(hit * bs, getattr(req, "external_tokens", 0))
+        done = max(hit * bs, req.external_tokens)
         return [R.skipped_tokens(s.rule, s.window, done) // bs for s in self.specs]
 
     def first_blocks(self, hit: int, total: int, skips: list[int]) -> list[int]:

@@ -17,6 +17,7 @@ class KVRequest(Protocol):
     block_hashes: Sequence[int]  # the prompt's full-block hashes: the prefix-cache keys
     session_id: object  # for session-aware eviction policies
     token_ids: Sequence[int] | None  # fill BlockStored events when given
+    external_tokens: int  # leading prompt tokens whose KV arrived from another engine (disaggregated decode)
 
 
 @dataclass(slots=True)
@@ -27,6 +28,7 @@ class PoolRequest:
     block_hashes: Sequence[int] = ()
     session_id: object = None
     token_ids: Sequence[int] | None = None
+    external_tokens: int = 0
 
 
 @dataclass(slots=True)
