@@ -191,9 +191,13 @@ def replay(
     live: dict[str, RequestRecord] = {}
     pending: list[tuple[float, int]] = []  # sent, not yet at the engine: (arrival, index in order)
     i, now, n = 0, 0.0, len(order)
+
+    def due() -> float:  # the next arrival: the next sent request's or the earliest pending one's
+        return min([*base[i : i + 1], *(a for a, _ in pending[:1])])
+
     while i < n or pending or eng.has_work():
         if not eng.has_work():
-            now = max(now, min([*base[i : i + 1], *(a for a, _ in pending[:1])]))
+            now = max(now, due())
         while i < n and base[i] <= now:
             busy = per_other * (len(live) + len(pending)) if order[i][0].clock != "engine" else 0.0
             heapq.heappush(pending, (base[i] + busy, i))
@@ -207,7 +211,7 @@ def replay(
         if res is None:
             if i >= n and not pending:
                 raise UserError(f"the predicted engine cannot schedule {eng.num_waiting} waiting requests")
-            now = min([*base[i : i + 1], *(a for a, _ in pending[:1])])
+            now = due()
             continue
         now = res.end
         for o in res.outputs:
