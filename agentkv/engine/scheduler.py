@@ -111,11 +111,8 @@ class Scheduler:
         if cfg.enable_prefix_caching and req.computed is None:
             return None  # its first lookup tells the eviction policy: a step makes it
         self._lookup(req)  # a retry, as the step's own would be
-        bs = pool.block_size
-        hit = req.num_computed // bs
-        free_hits = np.asarray(req.computed.blocks[:hit] if hit else [], dtype=np.int64)
-        free_hits = free_hits[pool.ref[free_hits] == 0]
-        need = -(-min(req.num_tokens - req.num_computed, budget) // bs) + len(free_hits)  # as `_admit`
+        n_new = min(req.num_tokens - req.num_computed, budget)
+        need, free_hits = pool.admission_blocks(req, req.num_computed, n_new, req.computed)
         if need <= pool.num_free_blocks:
             return None
         empty = pool.num_empty_blocks

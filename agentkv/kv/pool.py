@@ -268,10 +268,8 @@ class BlockPool(PoolHashes, EventLog):
                 f"request {rid}: {nl} lower-tier blocks but "
                 f"{'no lower tiers' if self.lower is None else 'too few block hashes'}"
             )
-        hit = self._prefix_blocks(req, nc, computed)
         total = num_computed_tokens + nl * bs + num_new_tokens
-        free_hits = hit[ref[hit] == 0]
-        need = _cdiv(total, bs) - nc
+        hit, free_hits, need = self._admission(req, nc, total, computed)
         if need + len(free_hits) > self._n_empty + len(self.policy):
             self.stats.alloc_failures += 1
             return False
@@ -297,6 +295,23 @@ class BlockPool(PoolHashes, EventLog):
         if full > hashed:
             self._cache(req, blocks, hashed, full)
             self._req_hashed[req.request_id] = full
+
+    def admission_blocks(
+        self, req: KVRequest, num_computed_tokens: int, num_new_tokens: int, computed: ComputedBlocks | None
+    ) -> tuple[int, np.ndarray]:
+        """Free blocks a first allocation (no lower-tier run) would take, as `allocate_slots` counts
+        them: fresh ones plus its cached hits nobody else holds (they leave the free queue); and those hits."""
+        nc = num_computed_tokens // self.block_size
+        _, free_hits, need = self._admission(req, nc, num_computed_tokens + num_new_tokens, computed)
+        return need + len(free_hits), free_hits
+
+    def _admission(
+        self, req: KVRequest, nc: int, total: int, computed: ComputedBlocks | None
+    ) -> tuple[np.ndarray, np.ndarray, int]:
+        """A first allocation of `total` tokens after `nc` hit blocks: the hit blocks, those of them no
+        other request holds, and how many fresh blocks it takes."""
+        hit = self._prefix_blocks(req, nc, computed)
+        return hit, hit[self.ref[hit] == 0], _cdiv(total, self.block_size) - nc
 
     def _prefix_blocks(self, req: KVRequest, n: int, computed: ComputedBlocks | None) -> np.ndarray:
         """The cached blocks of the request's first `n` hashes: `computed`'s unless stale or short."""
