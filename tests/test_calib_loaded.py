@@ -75,16 +75,17 @@ def _items(sent: list[float], clock: str = "") -> list:
 
 
 def test_replay_delays_each_request_by_the_requests_in_flight() -> None:
-    """Three requests sent at once on the client's clock: each reaches the predicted engine 50 ms per
-    request already in flight later; with no such term the replay is what it was; a request timed on
-    agentkv serve's engine clock keeps its stamp."""
+    """Three requests sent at once on the client's clock, 1 ms of host time each: one front end hands
+    them on at 1, 2 and 3 ms, and each reaches the predicted engine 50 ms per request already in flight
+    later; with no such term the replay is what it was; a request timed on agentkv serve's engine
+    clock keeps its stamp."""
     cfg = EngineConfig(gpu="h100", model="llama3-8b", block_size=16)
     plain = replay(cfg, _items([0.0, 0.0, 0.0]), (0.001, 0.0), False)
     zero = replay(cfg, _items([0.0, 0.0, 0.0]), (0.001, 0.0, 0.0), False)
     busy = replay(cfg, _items([0.0, 0.0, 0.0]), (0.001, 0.0, 0.05), False)
     assert {k: v.arrival for k, v in plain.items()} == {k: v.arrival for k, v in zero.items()}
-    assert [plain[i].arrival for i in range(3)] == pytest.approx([0.001] * 3)
-    assert [busy[i].arrival for i in range(3)] == pytest.approx([0.001, 0.051, 0.101])
+    assert [plain[i].arrival for i in range(3)] == pytest.approx([0.001, 0.002, 0.003])
+    assert [busy[i].arrival for i in range(3)] == pytest.approx([0.001, 0.052, 0.103])
     assert all(busy[i].first_token > plain[i].first_token for i in (1, 2))
     spaced = replay(cfg, _items([0.0, 5.0]), (0.0, 0.0, 0.05), False)  # the first has finished by then
     assert spaced[1].arrival == pytest.approx(5.0)

@@ -1,6 +1,6 @@
-"""`agentkv predict`'s replay serves requests in the order they reached the engine, not the order the
-client sent them: two clients' prompts sent 1 ms apart can reach the engine in the other order
-(parsing, tokenizing), and a first-come-first-served engine then prefills the later-sent one first."""
+"""`agentkv predict`'s replay serves requests in the order they reached the engine: agentkv serve's
+stamps say when (two prompts sent 1 ms apart can reach it in the other order, and a first-come-first-
+served engine then prefills the later-sent one first); on the client's clock, one front end's queue."""
 
 from __future__ import annotations
 
@@ -33,15 +33,17 @@ def test_engine_stamped_arrivals_set_the_order() -> None:
     assert pred[1].first_token < pred[0].first_token
 
 
-def test_the_profiles_per_token_overhead_reorders_client_clock_arrivals() -> None:
-    """On the client's clock a long prompt sent first reaches the engine after a short one sent 1 ms
-    later when the profile's per-prompt-token overhead says so; without overheads, sent order holds."""
-    items = [_item(0, 16000, 0.0, None), _item(1, 2000, 0.001, None)]
+def test_client_clock_arrivals_queue_through_one_front_end() -> None:
+    """On the client's clock a 16,000-token prompt sent first and a 2,000-token one 1 ms later, 1 us of
+    host time a prompt token: the short one does not overtake the long one (vLLM's API server takes
+    requests one at a time): its 2 ms start when the long one's 16 ms end. A request sent once the
+    front end is idle meets only its own delay; without overheads, arrivals are the send times."""
+    items = [_item(0, 16000, 0.0, None), _item(1, 2000, 0.001, None), _item(2, 2000, 0.5, None)]
     late = replay(ENGINE, items, (0.0, 1e-6), False)
-    assert late[1].arrival < late[0].arrival
-    assert late[1].first_token < late[0].first_token
+    assert [late[i].arrival for i in range(3)] == pytest.approx([0.016, 0.018, 0.502])
+    assert late[0].first_token < late[1].first_token
     plain = replay(ENGINE, items, (0.0, 0.0), False)
-    assert plain[0].first_token < plain[1].first_token
+    assert [plain[i].arrival for i in range(3)] == pytest.approx([0.0, 0.001, 0.5])
 
 
 def test_engine_arrivals_come_from_serves_stamp_not_the_delivery() -> None:

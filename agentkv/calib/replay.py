@@ -3,8 +3,8 @@
 The requests come from the run's requests.jsonl (trace, session, turn, send time, output length);
 their hash ids from the same trace files, keyed as bench and simulate key them, so the engine sees
 the sharing the live target saw. Open loop: a request arrives at its measured send time (plus the
-profile's per-request and per-prompt-token overheads), whatever the engine predicts for the turn
-before it."""
+profile's per-request and per-prompt-token overheads, queued in send order through one front end),
+whatever the engine predicts for the turn before it."""
 
 from __future__ import annotations
 
@@ -133,16 +133,35 @@ def clock_offsets(records: list[RequestRecord], one_server: bool = True) -> Cloc
     return Clocks(gaps, "arrivals: one engine's stamps, moved onto the client's clock")
 
 
-def arrival(r: RequestRecord, delay_s: tuple[float, float], offsets: dict[str, float] | None = None) -> float:
-    """When the request reached the engine, on the client's clock: agentkv serve's own stamp moved by
-    its engine's offset (`clock_offsets`), or its first token less its engine TTFT (which adds the
-    token's delivery time), else the send time plus the profile's overheads."""
+def stamped_arrival(r: RequestRecord, offsets: dict[str, float] | None = None) -> float | None:
+    """When the request reached the engine by the engine's own clock, on the client's: agentkv
+    serve's stamp moved by its engine's offset (`clock_offsets`), or its first token less its engine
+    TTFT (which adds the token's delivery time); None for a request timed on the client's clock."""
     offset = (offsets or {}).get(r.engine_id) if r.engine_arrival is not None else None
     if r.clock == "engine" and offset is not None:
         return max(r.sent, r.engine_arrival + offset)
     if r.clock == "engine" and r.first_token is not None and r.ttft is not None:
         return max(r.sent, r.first_token - r.ttft)
-    return r.sent + delay_s[0] + delay_s[1] * r.input_tokens
+    return None
+
+
+def arrivals(
+    records: list[RequestRecord], delay_s: tuple[float, ...], offsets: dict[str, float] | None = None
+) -> dict[int, float]:
+    """Record id -> when it reached the engine, on the client's clock: its engine stamp
+    (`stamped_arrival`), else through one front end: in send order, each request's host delay (the
+    profile's per-request and per-prompt-token overheads) starts once the request sent before it has
+    been handed on. vLLM's API server is one process that takes requests one at a time, so a short
+    prompt sent 1 ms after a long one does not overtake it, and prompts sent together queue
+    (docs/cost-model.md, the live vLLM runs)."""
+    out: dict[int, float] = {}
+    free = float("-inf")  # when the front end is done with the request sent before
+    for r in sorted(records, key=lambda r: (r.sent, r.id)):
+        at = stamped_arrival(r, offsets)
+        if at is None:
+            at = free = max(r.sent, free) + delay_s[0] + delay_s[1] * r.input_tokens
+        out[r.id] = at
+    return out
 
 
 def _add(eng: Engine, item: tuple[RequestRecord, Trace, Request], at: float, tenant_salts: bool) -> None:
@@ -184,8 +203,9 @@ def replay(
     agentkv serve's engine clock arrives at its stamp instead."""
     eng = Engine(ecfg)
     offsets = (clocks or clock_offsets([r for r, _, _ in items])).offsets
-    order = sorted(items, key=lambda x: (arrival(x[0], delay_s, offsets), x[0].sent, x[0].id))
-    base = [arrival(r, delay_s, offsets) for r, _, _ in order]
+    at = arrivals([r for r, _, _ in items], delay_s, offsets)
+    order = sorted(items, key=lambda x: (at[x[0].id], x[0].sent, x[0].id))
+    base = [at[r.id] for r, _, _ in order]
     per_other = delay_s[2] if len(delay_s) > 2 else 0.0
     out: dict[int, Predicted] = {}
     live: dict[str, RequestRecord] = {}
