@@ -5,6 +5,8 @@ The probes are synthetic prompts; the traces are four Claude Code sessions (8 tu
 16 output tokens, think times capped at 1 s) on four lanes. The bounds are what holds on a busy
 2-core machine shared with other work (docs/cost-model.md has the figures); each still fails a
 predictor that ignores the profile (the bundled H200 coefficients run this model ~100x too fast).
+The suite's summary also prints vLLM's own means over the bench (its `/metrics` histograms: queue,
+prefill, TTFT, TPOT) beside the client's and the prediction's: host time against engine time.
 """
 
 from __future__ import annotations
@@ -24,6 +26,9 @@ from tests.test_predict import trimmed
 pytestmark = pytest.mark.vllm
 
 SOURCES = ("trace_0119", "trace_0137", "trace_0167", "trace_0229")  # not in the suite's other traces
+# the prefill chunk the server runs: vLLM's CPU default for the API server (max_num_batched_tokens
+# 2048, vllm/engine/arg_utils.py), which calibrate cannot read from vLLM (no /server_info)
+CHUNK = ("--max-num-batched-tokens", "2048")
 
 
 def _figures(doc: dict) -> str:
@@ -35,6 +40,39 @@ def _figures(doc: dict) -> str:
         f"{doc['requests']} requests: {lat}; hit rate {h['measured']:.2%} vs {h['predicted']:.2%}; "
         f"throughput {tp['diff_pct']:+.2f}%"
     )
+
+
+ENGINE_VIEW = {  # vLLM's own per-request histograms: API-server receipt to first token, engine steps
+    "ttft": "vllm:time_to_first_token_seconds",
+    "queue": "vllm:request_queue_time_seconds",
+    "prefill": "vllm:request_prefill_time_seconds",
+    "tpot": "vllm:request_time_per_output_token_seconds",
+    "e2e": "vllm:e2e_request_latency_seconds",
+    "tokens_per_step": "vllm:iteration_tokens_total",
+}
+
+
+def engine_view(before: dict[str, float], after: dict[str, float]) -> dict[str, float | None]:
+    """Means over the bench (ms; tokens for a step) of vLLM's histograms, from /metrics scraped
+    around it, and its step count: what the engine saw, beside what the client measured."""
+    out: dict[str, float | None] = {}
+    for key, name in ENGINE_VIEW.items():
+        n = after.get(f"{name}_count", 0.0) - before.get(f"{name}_count", 0.0)
+        s = after.get(f"{name}_sum", 0.0) - before.get(f"{name}_sum", 0.0)
+        out[key] = round(s / n * (1 if key == "tokens_per_step" else 1e3), 2) if n else None
+        if key == "tokens_per_step":
+            out["steps"] = n
+    return out
+
+
+def _means(rows: list[dict]) -> dict[str, float]:
+    """Mean measured and predicted TTFT, TPOT, E2E over predictions.jsonl rows (ms)."""
+    out = {}
+    for f in ("ttft", "tpot", "e2e"):
+        for k in (f, f"{f}_pred"):
+            v = [x[k] for x in rows if x[k] is not None]
+            out[k] = round(sum(v) / len(v) * 1e3, 2)
+    return out
 
 
 def _traces(shared_dir: Path, out: Path) -> Path:
@@ -66,14 +104,17 @@ def _predict(run: Path, prof: Path, traces: Path, out: Path, *extra: str) -> dic
 def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared_dir, tmp_path, figures):
     traces = _traces(shared_dir, tmp_path / "traces")
     prof, run, url = tmp_path / "profile.json", tmp_path / "run", main_server.url
-    shape = ["--model", str(vllm_env.model_dir), "--block-size", str(BLOCK_SIZE)]
+    shape = ["--model", str(vllm_env.model_dir), "--block-size", str(BLOCK_SIZE), *CHUNK]
     agentkv("calibrate", "--target", url, "--out", str(prof), "--budget", "45s", *shape, "-q", timeout=180)
     fit = json.loads(prof.read_text())["fit"]
     loaded = [p for p in json.loads(prof.read_text())["probes"] if p["family"] == "loaded_ttft"]
-    assert loaded and fit["overhead"]["per_other_request_s"] >= 0.0  # host time under traffic, measured
     lanes = ["--lanes", "4", "--duration", "none"]
+    before = main_server.metrics()
     agentkv("bench", str(traces), "--target", url, *lanes, "--out", str(run), "-q", "--no-report", "--json")
+    view = engine_view(before, main_server.metrics())
     doc = _predict(run, prof, traces, tmp_path / "p")
+    rows = [json.loads(x) for x in (tmp_path / "p" / "predictions.jsonl").read_text().splitlines()]
+    (tmp_path / "engine_view.json").write_text(json.dumps({"engine": view, "client": _means(rows)}))
     wrong = tmp_path / "bundled.json"  # the profile ignored: bundled H200 coefficients, no host overheads
     wrong.write_text(
         json.dumps(json.loads(prof.read_text()) | {"coefficients": load_coefficients().to_dict()})
@@ -81,7 +122,9 @@ def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared
     bad = _predict(run, wrong, traces, tmp_path / "w", "--no-overhead")
     figures["predict (calibrated)"] = f"fit MAPE {fit['mape_pct']}; " + _figures(doc)
     figures["predict (bundled H200 coefficients)"] = _figures(bad)
+    figures["vLLM's own means (ms)"] = f"{view}; client and predicted: {_means(rows)}"
 
+    assert loaded and fit["overhead"]["per_other_request_s"] >= 0.0  # host time under traffic, measured
     assert doc["requests"] == 32 and doc["failed_requests_skipped"] == 0
     assert abs(doc["hit_rate"]["diff_points"]) < 1.0  # one prefix-cache model: the same hits
     assert abs(doc["throughput"]["diff_pct"]) < 10.0
