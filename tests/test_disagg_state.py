@@ -6,6 +6,8 @@ import pytest
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
+from agentkv.engine.kv_move import kv_transfer_bytes
+from agentkv.engine.models import get_model
 from agentkv.sim.cluster import SimConfig, simulate
 from agentkv.trace.model import Request, Session, Trace
 
@@ -79,8 +81,9 @@ def _sessions(n: int, turns: int, first: int, grow: int) -> list[Trace]:
 def test_a_v4_disaggregated_decode_pool_hits_from_the_second_turn():
     """1p1d on DeepSeek-V4-Pro with the session decode router: each session's later turns find its
     earlier prompt on the decode engine, and only the new part of each prompt moves."""
+    eng = EngineConfig(model="deepseek-v4-pro", tensor_parallel_size=4, max_model_len=32_000)
     cfg = SimConfig(
-        engine=EngineConfig(model="deepseek-v4-pro", tensor_parallel_size=4, max_model_len=32_000),
+        engine=eng,
         lanes=2,
         prefill_workers=1,
         decode_workers=1,
@@ -94,6 +97,12 @@ def test_a_v4_disaggregated_decode_pool_hits_from_the_second_turn():
     want = (2992 + 4000) / (3000 + 4000 + 5000)
     assert s.disagg.decode_hit_rate == pytest.approx(want, rel=1e-9)
     assert s.disagg.prefill_hit_rate == pytest.approx(want, rel=1e-9)
+    # the KV moved: each turn's prompt but its last token, less what the decode caches, by group
+    m = get_model("deepseek-v4-pro")
+    rank = sum(
+        kv_transfer_bytes(m, a, b, 16, eng.kv_dtype, 4) for a, b in ((0, 2999), (2992, 3999), (4000, 4999))
+    )
+    assert s.disagg.kv_transferred_gb == pytest.approx(2 * 4 * rank / 1e9, rel=1e-9)
 
 
 def test_arrived_kv_takes_only_the_windows_tail_blocks():

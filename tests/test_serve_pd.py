@@ -45,7 +45,7 @@ def test_decode_waits_for_its_kv_and_moves_only_what_it_lacks():
             params = handoff["kv_transfer_params"]
             assert params["do_remote_prefill"] and len(params["remote_block_ids"]) == 63
             assert params["remote_port"] == prefill.port and params["tp_size"] == 1
-            expect, _ = kv_transfer_seconds(decode.runner.engine, len(PROMPT) - 1, 1, slow)
+            expect, _ = kv_transfer_seconds(decode.runner.engine, 0, len(PROMPT) - 1, 1, slow)
             waits = []
             for _ in range(2):  # the second time the decode worker caches the prompt itself
                 t0 = decode.runner.event_time()

@@ -51,7 +51,7 @@ class KVLink:
         arrived = min(len(gen.prompt_ids) - 1, len(kt.remote_block_ids or ()) * bs)
         local = eng.cached_prefix(hashes)[0] * bs
         tp_src = kt.tp_size or eng.config.tensor_parallel_size
-        secs, moved = kv_transfer_seconds(eng, max(0, arrived - local), tp_src, self.link)
+        secs, moved = kv_transfer_seconds(eng, local, arrived, tp_src, self.link)
         now = self.runner.event_time()
         end = max(now, self.free_at) + secs
         if secs:

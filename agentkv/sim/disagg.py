@@ -116,10 +116,11 @@ class DisaggCluster(Cluster):
             self.records.append(finished_record(fl.d, out.request, label, fl.ceil, prefill=fl.prefill))
             self.plan.complete(fl.d.item.id, now, True)
 
-    def transfer_seconds(self, fl: _Flight, dw: SimWorker, tokens: int) -> float:
-        """Seconds to move `tokens` tokens of prompt KV from `fl`'s prefill worker to `dw`: each decode
-        rank receives its shard in copies of one layer's block; the pools' narrower TP bounds the links
-        used at once. NVLink within one NVLink domain, else RDMA."""
+    def transfer_seconds(self, fl: _Flight, dw: SimWorker, start: int, end: int) -> float:
+        """Seconds to move prompt tokens [start, end) of KV from `fl`'s prefill worker to `dw`, which
+        caches the first `start` (bytes per layer group: `kv_transfer_bytes`): each decode rank receives
+        its shard in copies of one layer's block; the pools' narrower TP bounds the links used at once.
+        NVLink within one NVLink domain, else RDMA."""
         dom = self.dep.nvlink_domain
         same = self.gpu_at[fl.p] // dom == self.gpu_at[dw.index] // dom
         if same:
@@ -127,7 +128,7 @@ class DisaggCluster(Cluster):
         else:
             self.n_rdma += 1
         secs, moved = kv_transfer_seconds(
-            dw.engine, tokens, pool_tp(self.cfg)[0], self.nvlink if same else self.rdma
+            dw.engine, start, end, pool_tp(self.cfg)[0], self.nvlink if same else self.rdma
         )
         self.moved_bytes += moved
         return secs
@@ -138,8 +139,8 @@ class DisaggCluster(Cluster):
         j = self.cfg.prefill_workers + self.decode_policy.choose(fl.route, self.decode_workers)
         dw = self.workers[j]
         local = dw.engine.cached_prefix(fl.route.block_hashes)[0] * self.ecfg.block_size
-        tokens = max(0, item.request.input_tokens - 1 - local)
-        secs = self.transfer_seconds(fl, dw, tokens) if tokens else 0.0
+        arrived = item.request.input_tokens - 1
+        secs = self.transfer_seconds(fl, dw, local, arrived) if arrived > local else 0.0
         start = max(now, self.link_free[fl.p], self.link_free[j])
         end = start + secs
         if secs:
