@@ -78,12 +78,15 @@ def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, floa
         step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out))
         eng = fill * slow[0] + p.out * step * slow[1]
         reqs = p.n + (p.family != "decode")
-    else:
-        eng = fitmod.predict(cm, t, p) + (
-            fitmod.predict(cm, t, Probe("prefill_cold", new=p.past)) if p.past else 0
-        )
-        eng *= slow[0]
-        reqs = 2 if p.past else 1
+    else:  # a cached prefix is warmed once per probe (`Prober.ttft`)
+        eng, reqs = fitmod.predict(cm, t, p) * slow[0], 1
+        if p.past:
+            warm = fitmod.predict(cm, t, Probe("prefill_cold", new=p.past)) * slow[0]
+            return (
+                warm / t.time_scale
+                + REQUEST_WALL_S
+                + samples(p, repeats) * (eng / t.time_scale + REQUEST_WALL_S)
+            )
     return samples(p, repeats) * (eng / t.time_scale + reqs * REQUEST_WALL_S)
 
 
