@@ -1,17 +1,22 @@
 """Which coefficients calibrate's probes pin, on synthetic probe data from known coefficients (no
-server): the plan's probes give each term a step where it is large, the fit recovers what they pin,
-and what no probed step depends on is reported as not identifiable instead of as a fitted value."""
+engine): the plan's probes give each term a step where it is large, the fit recovers what they pin,
+and what no probed step depends on is reported as not identifiable instead of as a fitted value;
+and how the prober samples a cached probe (against the loopback test server)."""
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
+from agentkv.bench.client import BenchClient
+from agentkv.bench.testserver import StreamTestServer
 from agentkv.calib import fit as F
 from agentkv.calib.identify import floor_profile, jacobian, resolve, unpinned
 from agentkv.calib.plan import Probe, make_plan, samples
+from agentkv.calib.probes import Prober
 from agentkv.engine.calibrate import FREE
 from tests.test_calibrate import TRUE  # the coefficients the serve test starts serve with
 
@@ -124,3 +129,26 @@ def test_a_decode_step_is_the_median_of_its_samples_a_prefill_the_least() -> Non
     empty = Probe("decode", n=1, ctx=4096)
     empty.settle()
     assert empty.measured_s is None
+
+
+def test_a_cached_probe_warms_its_prefix_once_and_each_sample_hits_it() -> None:
+    """The extra samples of a 16-token probe after a cached past cost one short prefill each: one
+    warm-up request per probe, then every sample is that prefix (served from cache) plus fresh tokens."""
+
+    async def go() -> tuple[list[dict], list[Probe]]:
+        async with StreamTestServer() as server, BenchClient(server.url) as client:
+            prober = Prober(client, "test-model", 16, 1.0)
+            probes = [Probe("prefill_cached", new=16, past=512), Probe("prefill_cached", new=16, past=512)]
+            for p in probes:
+                await prober.run(p, 1)
+            return server.seen, probes
+
+    seen, probes = asyncio.run(go())
+    prompts = [b["prompt"] for b in seen]
+    assert [len(x) for x in prompts] == ([512] + [528] * 8) * 2  # per probe: one warm-up, 8 samples
+    first, second = prompts[0], prompts[9]
+    assert first != second  # each probe its own prefix: nothing cached from the one before
+    for i, x in enumerate(prompts):
+        base = first if i < 9 else second
+        assert x[:512] == base and (len(x) == 512 or x[512:] not in [y[512:] for y in prompts[:i]])
+    assert all(len(p.samples_s) == 8 and p.measured_s == min(p.samples_s) for p in probes)

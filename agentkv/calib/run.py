@@ -72,7 +72,7 @@ def shape_interference(t: fitmod.Target, plan: list[Probe], slow: tuple[float, f
 
 def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, float] = (1.0, 1.0)) -> float:
     """Planning estimate of a probe's wall seconds: the bundled coefficients x the pilot's slowdown."""
-    cm = t.cost()
+    cm, once = t.cost(), 0.0
     if p.family in ("decode", "interference", "loaded_ttft"):
         fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx + p.new))
         step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out))
@@ -82,12 +82,8 @@ def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, floa
         eng, reqs = fitmod.predict(cm, t, p) * slow[0], 1
         if p.past:
             warm = fitmod.predict(cm, t, Probe("prefill_cold", new=p.past)) * slow[0]
-            return (
-                warm / t.time_scale
-                + REQUEST_WALL_S
-                + samples(p, repeats) * (eng / t.time_scale + REQUEST_WALL_S)
-            )
-    return samples(p, repeats) * (eng / t.time_scale + reqs * REQUEST_WALL_S)
+            once = warm / t.time_scale + REQUEST_WALL_S
+    return once + samples(p, repeats) * (eng / t.time_scale + reqs * REQUEST_WALL_S)
 
 
 def plan_for(
