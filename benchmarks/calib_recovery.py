@@ -1,12 +1,15 @@
 """Coefficient recovery: `agentkv calibrate` against `agentkv serve` started with known coefficients.
 
 Run: .venv/bin/python benchmarks/calib_recovery.py [--gpu h100 --model qwen2.5-7b --time-scale 1]
-     [--budget 60s] [--runs 3] [--keep DIR]   (or --profiles P.json ... [--refit])
+     [--budget 60s] [--runs 3] [--keep DIR] [--predict]   (or --profiles P.json ... [--refit])
 
 Each run starts serve (a subprocess) with the coefficients below, calibrates it (a subprocess),
 and prints each fitted coefficient against the truth with its standard error, the fit's MAPE per
 family, and per probe the measured time, the engine time of the model serve ran (`true`), what
 the host added (measured - true: HTTP, parsing, the event loop) and the fitted model's time.
+With --predict each run then benches the six trimmed Claude Code sessions of tests/test_predict.py
+against the same serve and predicts that run with the fitted profile and with the true coefficients
+(serve -> calibrate -> bench -> predict, the issue's "predicts its bench" chain).
 """
 
 from __future__ import annotations
@@ -70,10 +73,52 @@ def calibrate_once(args: argparse.Namespace, tmp: Path, i: int) -> dict:
         res = subprocess.run([*cmd, "--budget", args.budget, "--repeats", str(args.repeats)], text=True)
         took = time.monotonic() - t0
         print(f"run {i}: calibrate exit {res.returncode} in {took:.0f} s, load {_load()}")
+        if args.predict:
+            bench_predict(f"http://127.0.0.1:{port}", tmp, i, out)
     finally:
         proc.terminate()
         proc.wait(15)
     return json.loads(out.read_text())
+
+
+def _traces(tmp: Path) -> Path:
+    """tests/test_predict.py's workload: six Claude Code sessions, 10 turns, lengths / 8, think <= 1 s."""
+    from agentkv.trace.formats import load_paths
+    from agentkv.trace.formats.agentx import write_agentx
+    from tests.conftest import CLAUDE_TRACES
+    from tests.test_predict import SOURCES, trimmed  # the test's workload, not a copy of it
+
+    folder = tmp / "traces"
+    folder.mkdir(exist_ok=True)
+    for n in SOURCES:
+        write_agentx(trimmed(load_paths([CLAUDE_TRACES / f"{n}.json.gz"])[0]), folder / f"{n}.json")
+    return folder
+
+
+def bench_predict(url: str, tmp: Path, i: int, profile: Path) -> None:
+    """Bench the test's workload on 6 lanes against serve at `url`, then predict the run with the
+    fitted `profile` and with the true coefficients; print MAPE (bias) per figure, throughput, hit rate."""
+    traces, run = _traces(tmp), tmp / f"run-{i}"
+    bench = [*CLI, "bench", str(traces), "--target", url, "--lanes", "6", "--duration", "none"]
+    res = subprocess.run([*bench, "--out", str(run), "-q", "--no-report", "--json"], capture_output=True)
+    if res.returncode:
+        raise SystemExit(f"bench failed: {res.stderr.decode()[-500:]}")
+    prof = json.loads(profile.read_text())
+    true = tmp / f"true-profile-{i}.json"
+    true.write_text(json.dumps(prof | {"coefficients": true_coeffs().to_dict()}))
+    for name, pf in (("fitted", profile), ("true", true)):
+        out = tmp / f"pred-{i}-{name}"
+        cmd = [*CLI, "predict", str(run), "--profile", str(pf), "--traces", str(traces), "--out", str(out)]
+        if subprocess.run(cmd, capture_output=True).returncode:
+            raise SystemExit(f"predict failed on {run}")
+        doc = json.loads((out / "prediction.json").read_text())
+        o, thr, hit = doc["overall"], doc["throughput"]["diff_pct"], doc["hit_rate"]["diff_points"]
+        figs = ", ".join(
+            f"{f} {o[f]['mape_pct']:.1f}% ({o[f]['bias_pct']:+.1f}%)" for f in ("ttft", "tpot", "e2e")
+        )
+        print(
+            f"run {i} predict ({name} coefficients): {figs}; throughput {thr:+.2f}%, hit rate {hit:+.2f} points"
+        )
 
 
 def true_coeffs() -> CostCoefficients:
@@ -147,6 +192,7 @@ def main() -> None:
     )
     ap.add_argument("--profiles", nargs="*", default=None, help="report these profiles instead of running")
     ap.add_argument("--refit", action="store_true", help="with --profiles: fit their probes again first")
+    ap.add_argument("--predict", action="store_true", help="bench and predict each calibrated serve")
     args = ap.parse_args()
     docs = [json.loads(Path(p).read_text()) for p in args.profiles] if args.profiles else []
     docs = [refit(d) for d in docs] if args.refit else docs

@@ -100,6 +100,8 @@ class Fit:
     stderr_pct: dict[str, float | None]
     not_identifiable: dict[str, str] = field(default_factory=dict)
     rms: float = 0.0  # root mean square of log(predicted / measured) over the fitted probes
+    loss: float = 0.0  # the minimised soft-L1 sum over the fitted probes (~ the sum of squares, in log)
+    points: int = 0  # fitted probes
 
 
 def fit(
@@ -134,7 +136,8 @@ def fit(
     res = least_squares(residuals, x0, bounds=(lo, hi), x_scale="jac", loss="soft_l1", f_scale=ROBUST_SCALE)
     rms = float(np.sqrt(np.mean(res.fun**2)))
     ov = (float(res.x[-2]) / 1e3, float(res.x[-1]) / 1e6)
-    return Fit(_coeffs(res.x, base, names), ov, _stderr(res, names), rms=rms)
+    fitted = _coeffs(res.x, base, names)
+    return Fit(fitted, ov, _stderr(res, names), rms=rms, loss=2 * float(res.cost), points=len(pts))
 
 
 def fit_loaded(

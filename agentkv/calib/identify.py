@@ -4,6 +4,8 @@ A coefficient is identifiable when, with every probe timed to 1% (`SIGMA_REF`), 
 know it to `LIMIT_PCT`: its term must be a large enough share of some probed step, and not one
 another coefficient can mimic (the launch floor and its exponent trade off freely where the floor
 stays under a layer's weight read). This depends on the target's shapes, not on the noise of one run.
+The launch floor is a threshold, which a linearised error cannot judge: its profile likelihood (the
+fit redone with it fixed 25% off) must also rise by more than this run's noise (`floor_profile`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ STEP = 0.01  # relative change for the numerical derivatives
 # keep the defaults when the fit with them is at most this much worse (root mean square of log errors)
 RMS_SLACK = (1.05, 0.001)
 FLOOR = ("launch_floor_s", "floor_k")
-FLOOR_CHECK = 1.5  # the floor must stay pinned at two thirds of its fitted value (`unpinned`)
+# the launch floor's profile: refitted fixed this factor below and above its fitted value (`floor_profile`)
+PROFILE = 1 + LIMIT_PCT / 100
 
 
 def jacobian(
@@ -67,20 +70,29 @@ def _off_bounds(c: CostCoefficients) -> CostCoefficients:
     return replace(c, **edge)
 
 
+def floor_profile(t: Target, probes: list[Probe], f: Fit) -> float:
+    """The profile likelihood of the launch floor: refit the rest with the floor fixed `PROFILE` x
+    below and above its fitted value; the smaller rise of the fit's loss, in units of one probe's
+    noise variance (this run's residual variance, at least `SIGMA_REF` squared). Under 1, the
+    probes know the floor to no better than +-`LIMIT_PCT`%: it is not pinned, however well the
+    linearised standard error says it is (the floor is a threshold, and host delay on the smallest
+    steps can fit one where the engine has none)."""
+    var = max(f.loss / max(f.points - len(FREE) - 2, 1), SIGMA_REF**2)
+    names = tuple(n for n in FREE if n != "launch_floor_s")
+    rises = []
+    for k in (1 / PROFILE, PROFILE):
+        fixed = replace(f.coeffs, launch_floor_s=f.coeffs.launch_floor_s * k)
+        rises.append((fit(t, probes, start=f.coeffs, fixed=fixed, names=names).loss - f.loss) / var)
+    return min(rises)
+
+
 def unpinned(t: Target, probes: list[Probe], f: Fit) -> dict[str, str]:
-    """name: why, for the free coefficients these probes cannot pin on this target at the fit. The
-    launch floor is a threshold (a step costs at least it), seen only where it exceeds a step's work,
-    so host delay on the smallest steps can fit it too high and make it look pinned: its pair must
-    also be pinned with the floor at two thirds of the fitted value (`FLOOR_CHECK`)."""
+    """name: why, for the free coefficients these probes cannot pin on this target at the fit: those
+    the probes would know only to worse than +-`LIMIT_PCT`% with 1% timing error (`structural_se`),
+    and the launch floor where its profile (`floor_profile`) stays within this run's noise."""
     c = _off_bounds(f.coeffs)
     j = jacobian(t, probes, c, f.overhead)
     se = structural_se(j)
-    low = replace(c, launch_floor_s=c.launch_floor_s / FLOOR_CHECK)
-    j_low = jacobian(t, probes, low, f.overhead)
-    se_low = structural_se(j_low)
-    for i, n in enumerate(FREE):
-        if n in FLOOR and se_low[i] > se[i]:
-            se[i], j[:, i] = se_low[i], j_low[:, i]
     out = {}
     for i, n in enumerate(FREE):
         if se[i] > LIMIT_PCT:
@@ -90,6 +102,12 @@ def unpinned(t: Target, probes: list[Probe], f: Fit) -> dict[str, str]:
                 f"a 10% change moves no probed step by more than {share:.2g}%; with 1% timing error "
                 f"the probes would know it {known}"
             )
+    if "launch_floor_s" not in out and (rise := floor_profile(t, probes, f)) < 1.0:
+        out["launch_floor_s"] = (
+            f"fixed {LIMIT_PCT:.0f}% lower or higher ({f.coeffs.launch_floor_s * 1e6:.3g} us fitted), "
+            f"the rest refitted, the fit's loss rises by {max(rise, 0.0):.2f} of one probe's noise "
+            "variance: the probes do not tell it apart"
+        )
     return out
 
 

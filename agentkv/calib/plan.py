@@ -6,16 +6,24 @@ import statistics
 from dataclasses import dataclass, field
 
 MIN_MODEL_LEN = 1024  # below this the probes cannot separate prefill from overheads
-SHORT_PREFILL, TINY_PREFILL = 1024, 128  # new tokens up to which a prefill probe takes more samples
-COLD = (16, 128, 512, 2048, 4096, 8192, 16384, 32768, 65536)
+SHORT_PREFILL = 1024  # new tokens up to which a prefill probe takes more samples
+# GEMM overlap is largest where a step's weight read equals its GEMM time: ~190 tokens on an H100 at
+# 70% GEMM efficiency (a 10% change in `overlap_k` moves that step 4%, a 2,048-token one 0.6%)
+OVERLAP_NEW = 256
+COLD = (16, 128, 192, 256, 512, 2048, 4096, 8192, 16384, 32768, 65536)
+# attention among new tokens is largest in one full chunk (13% of an 8,192-token step on a 7B model):
+# cold prompts of this many tokens up to the chunk take twice the samples
+SELF_NEW = 4096
 # attention to a cached past is pinned by the probes where it is a large share of the step: many new
 # tokens after a long past (a 32K model: 4096 after 16384 spend ~half their time there; 1024 after
 # 8192, the most the plan had before, under 30%, beside 5-20% of host delay)
 CACHED_PAST = (2048, 4096, 8192, 16384, 32768)
 CACHED_NEW = (128, 1024, 4096)
 # the per-layer setup of a cached-past kernel is a fifth of the step of a few new tokens after a
-# short past (a 7B model: 50 us of ~250 us a layer), but under 5% of any step above
-TINY_NEW, TINY_PAST_MAX = 16, 8192
+# short past (a 7B model: 50 us of ~250 us a layer), but under 5% of any step above; after 512 cached
+# tokens that step differs from a cold 16-token one by the setup alone (plus 1% of attention and
+# parsing), so the two pin it directly; they take 8 samples per repeat
+TINY_NEW, TINY_PASTS = 16, (512, 2048, 4096, 8192)
 DECODE_N = (1, 8, 32)
 DECODE_CTX = (1024, 4096, 8192, 32768, 65536)
 DECODE_TOKENS_MAX = 262_144  # N x context of one decode probe (keeps the KV it needs modest)
@@ -71,11 +79,11 @@ def make_plan(
     cap = min(DECODE_TOKENS_MAX, kv_tokens // 2) if kv_tokens else DECODE_TOKENS_MAX
     room = min(max_model_len, int(kv_tokens * 0.9) if kv_tokens else max_model_len) - DECODE_OUT - 1
     out: list[Probe] = [Probe("prefill_cold", new=n) for n in COLD if n <= room]
-    for past in CACHED_PAST:
-        for new in CACHED_NEW:
+    for past in sorted(set(CACHED_PAST) | set(TINY_PASTS)):
+        for new in CACHED_NEW if past in CACHED_PAST else ():
             if past + new <= room and past <= max_model_len // 2:
                 out.append(Probe("prefill_cached", new=new, past=past))
-        if past <= min(TINY_PAST_MAX, max_model_len // 2) and past + TINY_NEW <= room:
+        if past in TINY_PASTS and past <= max_model_len // 2 and past + TINY_NEW <= room:
             out.append(Probe("prefill_cached", new=TINY_NEW, past=past))
     for ctx in DECODE_CTX:
         for n in DECODE_N:
@@ -94,11 +102,19 @@ def make_plan(
 
 
 def samples(p: Probe, repeats: int) -> int:
-    """How many times to send `p`: prefills of up to 1,024 new tokens twice `repeats`, of up to 128
-    four times (host timing noise hurts the shortest most, and they cost least)."""
-    if p.family in ("decode", "loaded_ttft") or p.new > SHORT_PREFILL:
+    """How many times to send `p`: `repeats`, more for the prefills where a weak term is largest
+    (host timing noise hurts the shortest most, and they cost least): up to 16 new tokens (launch
+    floor, cached-past setup) 8x, up to 256 (GEMM overlap) 4x, up to 1,024 2x, and a cold prompt of
+    4,096-8,192 tokens (attention among new tokens) 2x."""
+    if p.family not in ("prefill_cold", "prefill_cached"):
         return repeats
-    return repeats * (4 if p.new <= TINY_PREFILL else 2)
+    if p.new <= TINY_NEW:
+        return repeats * 8
+    if p.new <= OVERLAP_NEW:
+        return repeats * 4
+    if p.new <= SHORT_PREFILL or (p.family == "prefill_cold" and SELF_NEW <= p.new <= 8192):
+        return repeats * 2
+    return repeats
 
 
 def within_budget(probes: list[Probe], est_wall_s: list[float], budget_s: float) -> list[Probe]:

@@ -72,19 +72,18 @@ def shape_interference(t: fitmod.Target, plan: list[Probe], slow: tuple[float, f
 
 def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, float] = (1.0, 1.0)) -> float:
     """Planning estimate of a probe's wall seconds: the bundled coefficients x the pilot's slowdown."""
-    cm = t.cost()
+    cm, once = t.cost(), 0.0
     if p.family in ("decode", "interference", "loaded_ttft"):
         fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx + p.new))
         step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out))
         eng = fill * slow[0] + p.out * step * slow[1]
         reqs = p.n + (p.family != "decode")
-    else:
-        eng = fitmod.predict(cm, t, p) + (
-            fitmod.predict(cm, t, Probe("prefill_cold", new=p.past)) if p.past else 0
-        )
-        eng *= slow[0]
-        reqs = 2 if p.past else 1
-    return samples(p, repeats) * (eng / t.time_scale + reqs * REQUEST_WALL_S)
+    else:  # a cached prefix is warmed once per probe (`Prober.ttft`)
+        eng, reqs = fitmod.predict(cm, t, p) * slow[0], 1
+        if p.past:
+            warm = fitmod.predict(cm, t, Probe("prefill_cold", new=p.past)) * slow[0]
+            once = warm / t.time_scale + REQUEST_WALL_S
+    return once + samples(p, repeats) * (eng / t.time_scale + reqs * REQUEST_WALL_S)
 
 
 def plan_for(
