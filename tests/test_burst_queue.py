@@ -9,6 +9,7 @@ import pytest
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
+from agentkv.engine.scheduler import Scheduler
 from agentkv.kv.eviction.lru import LRU
 from agentkv.kv.pool import BlockPool
 
@@ -74,3 +75,28 @@ def test_lru_look_ahead_names_the_victims_without_taking_them():
     assert ahead.tolist() == lru.pop_victims(25).tolist()
     assert lru.next_victims(10).tolist() == [7, 8, 9]  # fewer when fewer are left
     assert len(lru.next_victims(0)) == 0
+
+
+def test_burst_room_stops_before_the_first_cached_block_the_queue_head_needs(monkeypatch):
+    """Where a burst's room ends short of the victim run, the next victim is one of the waiting
+    head's cached prefix blocks (nobody else holds it), and no earlier victim is."""
+    found = []
+    plain = Scheduler.burst_room
+
+    def checked(self: Scheduler, want: int) -> int | None:
+        room = plain(self, want)
+        pool, head = self.pool, self.waiting[0]
+        empty = pool.num_empty_blocks
+        if room is None or head.computed is None or want <= empty or room >= pool.num_free_blocks:
+            return room
+        order = pool.policy.next_victims(want - empty).tolist()
+        hits = {b for b in np.asarray(head.computed.blocks).tolist() if pool.ref[b] == 0}
+        if room - empty < len(order):
+            assert order[room - empty] in hits
+            found.append(room)
+        assert not hits.intersection(order[: room - empty])
+        return room
+
+    monkeypatch.setattr(Scheduler, "burst_room", checked)
+    replay(True, "lru")
+    assert found  # the case did come up

@@ -121,7 +121,9 @@ class Scheduler:
         order = pool.policy.next_victims(want - empty)
         if order is None:
             return empty
-        hits = np.isin(order, free_hits)
+        mark = np.zeros(pool.num_blocks, bool)  # a mask, not np.isin: no sort of a long victim run
+        mark[free_hits] = True
+        hits = mark[order]
         return empty + (int(hits.argmax()) if hits.any() else len(order))
 
     def _aligned(self, req: EngineRequest, n: int, computed: int) -> int:
