@@ -42,8 +42,19 @@ RACK_MODES = {
     "agg": ["-tp", "8", "--workers", "9"],
     "disagg": ["--disagg", "{split}", "-tp", "8", "--decode-router", "session"],
     "wide-ep": ["-tp", "1", "-dp", "72", "-ep", "--workers", "72"],
+    # --rack-split NpMd: N TP 8 prefill engines feeding a wide-EP decode group of the other M x 8 GPUs
+    "disagg-wide-ep": [
+        *("--disagg", "prefill={p},decode={ranks}", "--prefill-tensor-parallel-size", "8"),
+        *("--decode-tensor-parallel-size", "1", "--decode-data-parallel-size", "{ranks}"),
+        *("--decode-enable-expert-parallel", "--decode-router", "session"),
+    ],
 }
-RACK_LABEL = {"agg": "9x TP8", "disagg": "{split} TP8", "wide-ep": "72 DP ranks"}
+RACK_LABEL = {
+    "agg": "9x TP8",
+    "disagg": "{split} TP8",
+    "wide-ep": "72 DP ranks",
+    "disagg-wide-ep": "{p} TP8 prefill + {ranks} EP decode ranks",
+}
 # AA-AgentPerf, DeepSeek-V4-Pro, >= 20 tok/s per user, TTFT <= 10 s: agents per MW (per GPU)
 # (B300 and MI355X: per MW only; no per-GPU figure published with them)
 AA = {
@@ -74,7 +85,9 @@ def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
     """One `agentkv simulate` point as JSON, or its one-line error."""
     cmd = [sys.executable, "-m", "agentkv.cli", "simulate", a.traces, "--traces-limit", str(a.traces_limit)]
     cmd += ["--model", MODELS[row.model], "--system", SYSTEMS[row.system]]
-    cmd += [x.format(split=row.split) for x in RACK_MODES[row.mode]] if row.rack else MODES[row.mode]
+    cmd += (
+        [x.format(**split_fields(row.split)) for x in RACK_MODES[row.mode]] if row.rack else MODES[row.mode]
+    )
     cmd += ["--cycle", "--warm-start", "--duration", a.duration, "--lanes", str(lanes), "-q", "--json"]
     cmd += ["--quantization", row.quant] if row.quant != "default" else []
     cmd += ["--cpu-offload", row.offload] if row.offload else []
@@ -86,6 +99,13 @@ def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
     if p.returncode != 0:
         return (p.stderr.strip().splitlines() or ["failed"])[-1].removeprefix("agentkv: error: ")
     return json.loads(p.stdout)
+
+
+def split_fields(split: str) -> dict:
+    """A rack split NpMd (N + M = 9 TP 8 engines) as the placeholders of RACK_MODES and RACK_LABEL:
+    the split, N, and M x 8 (the decode GPUs, as wide-EP ranks)."""
+    p, _, d = split.removesuffix("d").partition("p")
+    return {"split": split, "p": p, "ranks": int(d) * 8}
 
 
 def _children_cpu() -> float:
@@ -178,7 +198,7 @@ def run_row(row: Row, a) -> str:
     if k is None and not row.error:
         tier_name, k = "relaxed", knee(row, RELAXED_TIER, lo, a.max_lanes, a)
     mode = f"{row.mode} (imbalance {row.imbalance:g})" if row.mode == "wide-ep" else row.mode
-    mode += f" ({RACK_LABEL[row.mode].format(split=row.split)}, whole rack)" if row.rack else ""
+    mode += f" ({RACK_LABEL[row.mode].format(**split_fields(row.split))}, whole rack)" if row.rack else ""
     label = (
         f"| {row.model} | {row.system} | {mode} | {row.quant}{' +CPU ' + row.offload if row.offload else ''}"
     )
@@ -249,12 +269,14 @@ def main(argv: list[str] | None = None) -> int:
         "--rack",
         action="store_true",
         help="simulate the NVL72 systems' whole 72 GPUs (rows agg: 9x TP8, disagg: 3p6d TP8, wide-ep: "
-        "72 DP ranks) with lanes searched from 9 to --max-lanes",
+        "72 DP ranks, disagg-wide-ep: 3 TP8 prefill + 48 EP decode ranks) with lanes searched from 9 "
+        "to --max-lanes",
     )
     ap.add_argument(
         "--rack-split",
         default="3p6d",
-        help="--rack disagg row: NpMd TP 8 prefill and decode engines, N + M = 9 (default 3p6d)",
+        help="--rack disagg rows: NpMd TP 8 prefill and decode engines, N + M = 9 (default 3p6d; "
+        "disagg-wide-ep: the M x 8 decode GPUs are one wide-EP group)",
     )
     ap.add_argument(
         "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"
