@@ -48,12 +48,19 @@ RACK_MODES = {
         *("--decode-tensor-parallel-size", "1", "--decode-data-parallel-size", "{ranks}"),
         *("--decode-enable-expert-parallel", "--decode-router", "session"),
     ],
+    # both pools wide-EP groups: N x 8 prefill ranks and M x 8 decode ranks (DeepSeek's own layout)
+    "disagg-ep": [
+        *("--disagg", "prefill={pranks},decode={ranks}", "-tp", "1", "--decode-router", "session"),
+        *("--prefill-data-parallel-size", "{pranks}", "--prefill-enable-expert-parallel"),
+        *("--decode-data-parallel-size", "{ranks}", "--decode-enable-expert-parallel"),
+    ],
 }
 RACK_LABEL = {
     "agg": "9x TP8",
     "disagg": "{split} TP8",
     "wide-ep": "72 DP ranks",
     "disagg-wide-ep": "{p} TP8 prefill + {ranks} EP decode ranks",
+    "disagg-ep": "{pranks} EP prefill ranks + {ranks} EP decode ranks",
 }
 # AA-AgentPerf, DeepSeek-V4-Pro, >= 20 tok/s per user, TTFT <= 10 s: agents per MW (per GPU)
 # (B300 and MI355X: per MW only; no per-GPU figure published with them)
@@ -103,9 +110,9 @@ def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
 
 def split_fields(split: str) -> dict:
     """A rack split NpMd (N + M = 9 TP 8 engines) as the placeholders of RACK_MODES and RACK_LABEL:
-    the split, N, and M x 8 (the decode GPUs, as wide-EP ranks)."""
+    the split, N, N x 8 and M x 8 (the prefill and decode GPUs, as wide-EP ranks)."""
     p, _, d = split.removesuffix("d").partition("p")
-    return {"split": split, "p": p, "ranks": int(d) * 8}
+    return {"split": split, "p": p, "pranks": int(p) * 8, "ranks": int(d) * 8}
 
 
 def _children_cpu() -> float:
@@ -269,14 +276,14 @@ def main(argv: list[str] | None = None) -> int:
         "--rack",
         action="store_true",
         help="simulate the NVL72 systems' whole 72 GPUs (rows agg: 9x TP8, disagg: 3p6d TP8, wide-ep: "
-        "72 DP ranks, disagg-wide-ep: 3 TP8 prefill + 48 EP decode ranks) with lanes searched from 9 "
-        "to --max-lanes",
+        "72 DP ranks, disagg-wide-ep: 3 TP8 prefill + 48 EP decode ranks, disagg-ep: 24 EP prefill "
+        "ranks + 48 EP decode ranks) with lanes searched from 9 to --max-lanes",
     )
     ap.add_argument(
         "--rack-split",
         default="3p6d",
         help="--rack disagg rows: NpMd TP 8 prefill and decode engines, N + M = 9 (default 3p6d; "
-        "disagg-wide-ep: the M x 8 decode GPUs are one wide-EP group)",
+        "disagg-wide-ep, disagg-ep: the N x 8 / M x 8 GPUs are wide-EP groups)",
     )
     ap.add_argument(
         "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"
