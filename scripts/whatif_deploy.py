@@ -88,8 +88,8 @@ class Row:
     error: str = ""
 
 
-def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
-    """One `agentkv simulate` point as JSON, or its one-line error."""
+def command(row: Row, lanes: int, a: argparse.Namespace) -> list[str]:
+    """The `agentkv simulate` command line of one point of `row`."""
     cmd = [sys.executable, "-m", "agentkv.cli", "simulate", a.traces, "--traces-limit", str(a.traces_limit)]
     cmd += ["--model", MODELS[row.model], "--system", SYSTEMS[row.system]]
     cmd += (
@@ -99,6 +99,12 @@ def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
     cmd += ["--quantization", row.quant] if row.quant != "default" else []
     cmd += ["--cpu-offload", row.offload] if row.offload else []
     cmd += ["--expert-imbalance", str(row.imbalance)] if row.mode == "wide-ep" else []
+    return cmd
+
+
+def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
+    """One `agentkv simulate` point as JSON, or its one-line error."""
+    cmd = command(row, lanes, a)
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     before = _children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=a.point_timeout)

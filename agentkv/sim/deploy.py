@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system, provisioned_power
+from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_model, get_system, provisioned_power
 from agentkv.errors import UserError
 from agentkv.kv.transfer import LinkModel, nvlink, rdma
 
@@ -49,13 +49,16 @@ def deployment(cfg: SimConfig) -> Deployment:
 
 
 def check_pools(cfg: SimConfig) -> None:
-    """One-line errors for a pool's TP or DP below 1, and for decode engines that do not fill whole
-    DP groups (M engines of a D-rank group: M <= D simulates a slice, else M a multiple of D)."""
+    """One-line errors for a pool's TP or DP below 1, EP on a model without experts, and for decode
+    engines that do not fill whole DP groups (M engines of a D-rank group: M <= D simulates a slice, else M a multiple of D)."""
     for pool in ("prefill", "decode"):
         for what in ("tensor", "data"):
             v = getattr(cfg, f"{pool}_{what}_parallel_size")
             if v is not None and v < 1:
                 raise UserError(f"--{pool}-{what}-parallel-size must be >= 1, got {v}")
+    for pool in ("prefill", "decode"):
+        if getattr(cfg, f"{pool}_enable_expert_parallel") and get_model(cfg.engine.model).moe is None:
+            raise UserError(f"--{pool}-enable-expert-parallel: model '{cfg.engine.model}' has no experts")
     dp = cfg.decode_data_parallel_size or cfg.engine.data_parallel_size
     m = cfg.decode_workers
     if m > dp and m % dp:
