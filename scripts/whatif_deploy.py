@@ -114,6 +114,18 @@ def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
     return json.loads(p.stdout)
 
 
+def good_split(split: str) -> bool:
+    """Whether `split` is NpMd with N, M >= 1 and N + M = 9 (the rack's nine 8-GPU groups)."""
+    n, _, m = split.removesuffix("d").partition("p")
+    return (
+        split.endswith("d")
+        and n.isdigit()
+        and m.isdigit()
+        and int(n) + int(m) == 9
+        and min(int(n), int(m)) >= 1
+    )
+
+
 def split_fields(split: str) -> dict:
     """A rack split NpMd (N + M = 9 TP 8 engines) as the placeholders of RACK_MODES and RACK_LABEL:
     the split, N, N x 8 and M x 8 (the prefill and decode GPUs, as wide-EP ranks)."""
@@ -302,14 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [x for x in a.models.split(",") if x not in MODELS] + [
         x for x in a.systems.split(",") if x not in SYSTEMS
     ]
-    n, _, m = a.rack_split.removesuffix("d").partition("p")
-    if not (
-        n.isdigit()
-        and m.isdigit()
-        and a.rack_split.endswith("d")
-        and int(n) + int(m) == 9
-        and min(int(n), int(m)) >= 1
-    ):
+    if not good_split(a.rack_split):
         ap.error(f"--rack-split: expected NpMd with N + M = 9 TP 8 engines (e.g. 6p3d), got {a.rack_split!r}")
     if bad:
         ap.error(f"unknown {', '.join(bad)}; models: {', '.join(MODELS)}; systems: {', '.join(SYSTEMS)}")
