@@ -132,6 +132,7 @@ def test_whatif_rack_rows_fill_the_rack(kind, prefill, decode):
     [
         (["--disagg", "prefill=1,decode=5", "--decode-data-parallel-size", "4"], "--disagg decode=5"),
         (["--disagg", "1p1d", "--decode-data-parallel-size", "0"], "--decode-data-parallel-size"),
+        (["--disagg", "prefill=3,decode=1", "--prefill-data-parallel-size", "2"], "--disagg prefill=3"),
         (["--disagg", "1p1d", "--prefill-data-parallel-size", "-2"], "--prefill-data-parallel-size"),
         (["--disagg", "1p1d", "--decode-enable-expert-parallel"], "--decode-enable-expert-parallel"),
     ],

@@ -49,23 +49,22 @@ def deployment(cfg: SimConfig) -> Deployment:
 
 
 def check_pools(cfg: SimConfig) -> None:
-    """One-line errors for a pool's TP or DP below 1, EP on a model without experts, and for decode
-    engines that do not fill whole DP groups (M engines of a D-rank group: M <= D simulates a slice, else M a multiple of D)."""
+    """One-line errors for a pool's TP or DP below 1, EP on a model without experts, and a pool's
+    engines not filling whole DP groups (N engines of a D-rank group: N <= D is a slice of one)."""
     for pool in ("prefill", "decode"):
         for what in ("tensor", "data"):
             v = getattr(cfg, f"{pool}_{what}_parallel_size")
             if v is not None and v < 1:
                 raise UserError(f"--{pool}-{what}-parallel-size must be >= 1, got {v}")
-    for pool in ("prefill", "decode"):
         if getattr(cfg, f"{pool}_enable_expert_parallel") and get_model(cfg.engine.model).moe is None:
             raise UserError(f"--{pool}-enable-expert-parallel: model '{cfg.engine.model}' has no experts")
-    dp = cfg.decode_data_parallel_size or cfg.engine.data_parallel_size
-    m = cfg.decode_workers
-    if m > dp and m % dp:
-        raise UserError(
-            f"--disagg decode={m}: the decode engines are ranks of DP groups of {dp} "
-            f"(--decode-data-parallel-size): use at most {dp} (a slice) or a multiple of {dp}"
-        )
+        dp = getattr(cfg, f"{pool}_data_parallel_size") or cfg.engine.data_parallel_size
+        n = getattr(cfg, f"{pool}_workers")
+        if n > dp and n % dp:
+            raise UserError(
+                f"--disagg {pool}={n}: the {pool} engines are ranks of DP groups of {dp} "
+                f"(--{pool}-data-parallel-size): use at most {dp} (a slice) or a multiple of {dp}"
+            )
 
 
 def pool_tp(cfg: SimConfig) -> tuple[int, int]:

@@ -10,7 +10,8 @@ from agentkv.placement import POLICIES
 
 
 def add_deploy_args(p: argparse.ArgumentParser) -> None:
-    """--system, --disagg, per-pool TP, DP and EP (vLLM's flag names per pool), --decode-router, --kv-link-gbps, --tier."""
+    """--system, --disagg, per-pool TP, DP and EP (vLLM's flag names per pool), --decode-router,
+    --kv-link-gbps, --tier."""
     g = p.add_argument_group("deployment (docs/simulate.md)")
     g.add_argument(
         "--system",
