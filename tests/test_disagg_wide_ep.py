@@ -1,24 +1,19 @@
 """A wide-EP decode pool behind a disaggregated prefill pool: each pool's TP, DP and EP, the decode
-ranks priced as an aggregated wide-EP rank, hit rates against an aggregated wide-EP run, the
-what-if script's rack rows, and one-line errors for bad pool specs."""
+ranks priced as an aggregated wide-EP rank, hit rates against an aggregated wide-EP run, and
+one-line errors for bad pool specs (the what-if rack rows: tests/test_whatif_deploy.py)."""
 
-import importlib.util
 import math
-import sys
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
-from agentkv.cli import build_parser, main
+from agentkv.cli import main
 from agentkv.engine.config import EngineConfig
 from agentkv.sim.cluster import Cluster, SimConfig, simulate
-from agentkv.sim.command import sim_config_from_args
 from agentkv.sim.deploy import pool_engine, total_gpus
 from agentkv.sim.disagg import DisaggCluster
 from agentkv.trace.formats import bundled_sample, load_paths
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "whatif_deploy.py"
 V3 = EngineConfig(model="deepseek-v3", max_model_len=200_000)
 RACK = "gb300-nvl72"
 BATCHES = [((), [4096] * 32), ((), [60_000] * 4), (((2048, 0),), [8192] * 8)]
@@ -93,38 +88,6 @@ def test_free_transfer_matches_the_aggregated_wide_ep_hit_rate(sample):
     assert dis.config["decode_data_parallel_size"] == 4 and dis.config["decode_enable_expert_parallel"]
     assert dis.config["prefill_data_parallel_size"] == 1 and not dis.config["prefill_enable_expert_parallel"]
     assert "1x prefill (tp=8) + 4x decode (tp=1, dp=4, ep)" in dis.target
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location("whatif_deploy", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # its dataclasses look their module up
-    spec.loader.exec_module(mod)
-    return mod
-
-
-@pytest.mark.parametrize(
-    ("kind", "prefill", "decode"),
-    [
-        ("disagg-wide-ep", (6, 8, 1, False), (24, 1, 24, True)),
-        ("disagg-ep", (48, 1, 48, True), (24, 1, 24, True)),
-    ],
-)
-def test_whatif_rack_rows_fill_the_rack(kind, prefill, decode):
-    """--rack --rows disagg-wide-ep / disagg-ep --rack-split 6p3d: the command each point runs parses
-    to 72 GPUs: 6 TP 8 prefill engines (or 48 EP prefill ranks) and a 24-rank wide-EP decode group."""
-    mod = _script()
-    row = mod.Row("DeepSeek-V4-Pro", "GB300 NVL72", kind, "default", rack=True, split="6p3d")
-    a = build_parser().parse_args(["simulate"])  # the script's own defaults, for command()
-    a.traces, a.traces_limit, a.duration = "t", 12, "10m"
-    argv = mod.command(row, 96, a)
-    args = build_parser().parse_args(argv[argv.index("simulate") :])
-    cfg = sim_config_from_args(args)
-    assert total_gpus(cfg) == 72 and cfg.system == RACK and cfg.decode_router == "session"
-    for pool, (n, tp, dp, ep) in (("prefill", prefill), ("decode", decode)):
-        e = pool_engine(cfg, cfg.engine, pool)
-        assert getattr(cfg, f"{pool}_workers") == n
-        assert (e.tensor_parallel_size, e.data_parallel_size, e.enable_expert_parallel) == (tp, dp, ep)
 
 
 @pytest.mark.parametrize(
