@@ -42,8 +42,26 @@ RACK_MODES = {
     "agg": ["-tp", "8", "--workers", "9"],
     "disagg": ["--disagg", "{split}", "-tp", "8", "--decode-router", "session"],
     "wide-ep": ["-tp", "1", "-dp", "72", "-ep", "--workers", "72"],
+    # --rack-split NpMd: N TP 8 prefill engines feeding a wide-EP decode group of the other M x 8 GPUs
+    "disagg-wide-ep": [
+        *("--disagg", "prefill={p},decode={ranks}", "--prefill-tensor-parallel-size", "8"),
+        *("--decode-tensor-parallel-size", "1", "--decode-data-parallel-size", "{ranks}"),
+        *("--decode-enable-expert-parallel", "--decode-router", "session"),
+    ],
+    # both pools wide-EP groups: N x 8 prefill ranks and M x 8 decode ranks (DeepSeek's own layout)
+    "disagg-ep": [
+        *("--disagg", "prefill={pranks},decode={ranks}", "-tp", "1", "--decode-router", "session"),
+        *("--prefill-data-parallel-size", "{pranks}", "--prefill-enable-expert-parallel"),
+        *("--decode-data-parallel-size", "{ranks}", "--decode-enable-expert-parallel"),
+    ],
 }
-RACK_LABEL = {"agg": "9x TP8", "disagg": "{split} TP8", "wide-ep": "72 DP ranks"}
+RACK_LABEL = {
+    "agg": "9x TP8",
+    "disagg": "{split} TP8",
+    "wide-ep": "72 DP ranks",
+    "disagg-wide-ep": "{p} TP8 prefill + {ranks} EP decode ranks",
+    "disagg-ep": "{pranks} EP prefill ranks + {ranks} EP decode ranks",
+}
 # AA-AgentPerf, DeepSeek-V4-Pro, >= 20 tok/s per user, TTFT <= 10 s: agents per MW (per GPU)
 # (B300 and MI355X: per MW only; no per-GPU figure published with them)
 AA = {
@@ -70,15 +88,23 @@ class Row:
     error: str = ""
 
 
-def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
-    """One `agentkv simulate` point as JSON, or its one-line error."""
+def command(row: Row, lanes: int, a: argparse.Namespace) -> list[str]:
+    """The `agentkv simulate` command line of one point of `row`."""
     cmd = [sys.executable, "-m", "agentkv.cli", "simulate", a.traces, "--traces-limit", str(a.traces_limit)]
     cmd += ["--model", MODELS[row.model], "--system", SYSTEMS[row.system]]
-    cmd += [x.format(split=row.split) for x in RACK_MODES[row.mode]] if row.rack else MODES[row.mode]
+    cmd += (
+        [x.format(**split_fields(row.split)) for x in RACK_MODES[row.mode]] if row.rack else MODES[row.mode]
+    )
     cmd += ["--cycle", "--warm-start", "--duration", a.duration, "--lanes", str(lanes), "-q", "--json"]
     cmd += ["--quantization", row.quant] if row.quant != "default" else []
     cmd += ["--cpu-offload", row.offload] if row.offload else []
     cmd += ["--expert-imbalance", str(row.imbalance)] if row.mode == "wide-ep" else []
+    return cmd
+
+
+def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
+    """One `agentkv simulate` point as JSON, or its one-line error."""
+    cmd = command(row, lanes, a)
     env = {"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"}
     before = _children_cpu()
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, env=env, timeout=a.point_timeout)
@@ -86,6 +112,25 @@ def simulate(row: Row, lanes: int, a: argparse.Namespace) -> dict | str:
     if p.returncode != 0:
         return (p.stderr.strip().splitlines() or ["failed"])[-1].removeprefix("agentkv: error: ")
     return json.loads(p.stdout)
+
+
+def good_split(split: str) -> bool:
+    """Whether `split` is NpMd with N, M >= 1 and N + M = 9 (the rack's nine 8-GPU groups)."""
+    n, _, m = split.removesuffix("d").partition("p")
+    return (
+        split.endswith("d")
+        and n.isdigit()
+        and m.isdigit()
+        and int(n) + int(m) == 9
+        and min(int(n), int(m)) >= 1
+    )
+
+
+def split_fields(split: str) -> dict:
+    """A rack split NpMd (N + M = 9 TP 8 engines) as the placeholders of RACK_MODES and RACK_LABEL:
+    the split, N, N x 8 and M x 8 (the prefill and decode GPUs, as wide-EP ranks)."""
+    p, _, d = split.removesuffix("d").partition("p")
+    return {"split": split, "p": p, "pranks": int(p) * 8, "ranks": int(d) * 8}
 
 
 def _children_cpu() -> float:
@@ -178,7 +223,7 @@ def run_row(row: Row, a) -> str:
     if k is None and not row.error:
         tier_name, k = "relaxed", knee(row, RELAXED_TIER, lo, a.max_lanes, a)
     mode = f"{row.mode} (imbalance {row.imbalance:g})" if row.mode == "wide-ep" else row.mode
-    mode += f" ({RACK_LABEL[row.mode].format(split=row.split)}, whole rack)" if row.rack else ""
+    mode += f" ({RACK_LABEL[row.mode].format(**split_fields(row.split))}, whole rack)" if row.rack else ""
     label = (
         f"| {row.model} | {row.system} | {mode} | {row.quant}{' +CPU ' + row.offload if row.offload else ''}"
     )
@@ -249,12 +294,14 @@ def main(argv: list[str] | None = None) -> int:
         "--rack",
         action="store_true",
         help="simulate the NVL72 systems' whole 72 GPUs (rows agg: 9x TP8, disagg: 3p6d TP8, wide-ep: "
-        "72 DP ranks) with lanes searched from 9 to --max-lanes",
+        "72 DP ranks, disagg-wide-ep: 3 TP8 prefill + 48 EP decode ranks, disagg-ep: 24 EP prefill "
+        "ranks + 48 EP decode ranks) with lanes searched from 9 to --max-lanes",
     )
     ap.add_argument(
         "--rack-split",
         default="3p6d",
-        help="--rack disagg row: NpMd TP 8 prefill and decode engines, N + M = 9 (default 3p6d)",
+        help="--rack disagg rows: NpMd TP 8 prefill and decode engines, N + M = 9 (default 3p6d; "
+        "disagg-wide-ep, disagg-ep: the N x 8 / M x 8 GPUs are wide-EP groups)",
     )
     ap.add_argument(
         "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"
@@ -267,14 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     bad = [x for x in a.models.split(",") if x not in MODELS] + [
         x for x in a.systems.split(",") if x not in SYSTEMS
     ]
-    n, _, m = a.rack_split.removesuffix("d").partition("p")
-    if not (
-        n.isdigit()
-        and m.isdigit()
-        and a.rack_split.endswith("d")
-        and int(n) + int(m) == 9
-        and min(int(n), int(m)) >= 1
-    ):
+    if not good_split(a.rack_split):
         ap.error(f"--rack-split: expected NpMd with N + M = 9 TP 8 engines (e.g. 6p3d), got {a.rack_split!r}")
     if bad:
         ap.error(f"unknown {', '.join(bad)}; models: {', '.join(MODELS)}; systems: {', '.join(SYSTEMS)}")

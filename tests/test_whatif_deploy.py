@@ -1,11 +1,16 @@
 """scripts/whatif_deploy.py prints the deployment what-if table (its --quick row) and rejects bad names."""
 
+import argparse
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from agentkv.cli import build_parser
+from agentkv.sim.command import sim_config_from_args
+from agentkv.sim.deploy import pool_engine, total_gpus
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "scripts" / "whatif_deploy.py"
@@ -112,3 +117,26 @@ def test_per_mw_only_reference_gives_one_ratio():
     assert text == "3.00x of 3,551/MW (outside 0.5-2x)"
     row = mod.Row("DeepSeek-V4-Pro", "8x B300", "agg", "default")
     assert mod.ratio(row, {"agents_mw": 21053 * 0.6, "agents_gpu": 1.0}) == "0.60x of 21,053/MW"
+
+
+@pytest.mark.parametrize(
+    ("kind", "prefill", "decode"),
+    [
+        ("disagg-wide-ep", (6, 8, 1, False), (24, 1, 24, True)),
+        ("disagg-ep", (48, 1, 48, True), (24, 1, 24, True)),
+    ],
+)
+def test_whatif_rack_rows_fill_the_rack(kind, prefill, decode):
+    """--rack --rows disagg-wide-ep / disagg-ep --rack-split 6p3d: the command each point runs parses
+    to 72 GPUs: 6 TP 8 prefill engines (or 48 EP prefill ranks) and a 24-rank wide-EP decode group."""
+    mod = _module()
+    row = mod.Row("DeepSeek-V4-Pro", "GB300 NVL72", kind, "default", rack=True, split="6p3d")
+    a = argparse.Namespace(traces="t", traces_limit=12, duration="10m")  # what command() reads
+    argv = mod.command(row, 96, a)
+    args = build_parser().parse_args(argv[argv.index("simulate") :])
+    cfg = sim_config_from_args(args)
+    assert total_gpus(cfg) == 72 and cfg.system == "gb300-nvl72" and cfg.decode_router == "session"
+    for pool, (n, tp, dp, ep) in (("prefill", prefill), ("decode", decode)):
+        e = pool_engine(cfg, cfg.engine, pool)
+        assert getattr(cfg, f"{pool}_workers") == n
+        assert (e.tensor_parallel_size, e.data_parallel_size, e.enable_expert_parallel) == (tp, dp, ep)

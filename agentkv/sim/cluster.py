@@ -24,6 +24,7 @@ from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import Sample, Summary
 from agentkv.placement import KV_WEIGHT, POLICIES
 from agentkv.placement.policy import RouteRequest, make_policy
+from agentkv.sim.deploy import check_pools
 from agentkv.sim.limits import engine_config, reject_reason
 from agentkv.sim.summary import finished_record, sample, sim_summary
 from agentkv.sim.worker import SimWorker
@@ -59,6 +60,10 @@ class SimConfig:
     decode_workers: int = 0
     prefill_tensor_parallel_size: int | None = None  # None: --tensor-parallel-size
     decode_tensor_parallel_size: int | None = None
+    prefill_data_parallel_size: int | None = None  # None: --data-parallel-size (a pool's DP ranks
+    decode_data_parallel_size: int | None = None  # share its expert group: wide EP)
+    prefill_enable_expert_parallel: bool | None = None  # None: --enable-expert-parallel
+    decode_enable_expert_parallel: bool | None = None
     decode_router: str = "least_loaded"
     kv_link_gbps: float | None = None  # override both links' GB/s per GPU (inf: free transfers)
     tier_tps: float = 20.0  # interactivity tier: output tok/s per user (p50) at least this ...
@@ -85,10 +90,7 @@ def _check_deployment(cfg: SimConfig) -> None:
         raise UserError("--disagg: prefill and decode worker counts must be >= 0")
     if (cfg.prefill_workers > 0) != (cfg.decode_workers > 0):
         raise UserError("--disagg needs both pools: prefill=N,decode=M with N, M >= 1")
-    for name in ("prefill_tensor_parallel_size", "decode_tensor_parallel_size"):
-        v = getattr(cfg, name)
-        if v is not None and v < 1:
-            raise UserError(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    check_pools(cfg)
     if cfg.decode_router not in POLICIES:
         raise UserError(f"--decode-router: '{cfg.decode_router}' is not one of {', '.join(POLICIES)}")
     if cfg.kv_link_gbps is not None and not cfg.kv_link_gbps > 0:

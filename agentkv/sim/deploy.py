@@ -3,13 +3,15 @@ its GPU count, and the links a disaggregated run moves KV over."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_system, provisioned_power
+from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_model, get_system, provisioned_power
+from agentkv.errors import UserError
 from agentkv.kv.transfer import LinkModel, nvlink, rdma
 
 if TYPE_CHECKING:
+    from agentkv.engine.config import EngineConfig
     from agentkv.sim.cluster import SimConfig
 
 DEFAULT_DOMAIN, DEFAULT_NIC_GBPS = 8, 50.0  # a GPU with no system in the catalogue: HGX-like, 400 Gb/s
@@ -46,10 +48,49 @@ def deployment(cfg: SimConfig) -> Deployment:
     return Deployment(gpu, None, domain, nic, w, basis)
 
 
+def check_pools(cfg: SimConfig) -> None:
+    """One-line errors for a pool's TP or DP below 1, EP on a model without experts, and a pool's
+    engines not filling whole DP groups (N engines of a D-rank group: N <= D is a slice of one)."""
+    for pool in ("prefill", "decode"):
+        for what in ("tensor", "data"):
+            v = getattr(cfg, f"{pool}_{what}_parallel_size")
+            if v is not None and v < 1:
+                raise UserError(f"--{pool}-{what}-parallel-size must be >= 1, got {v}")
+        if getattr(cfg, f"{pool}_enable_expert_parallel") and get_model(cfg.engine.model).moe is None:
+            raise UserError(f"--{pool}-enable-expert-parallel: model '{cfg.engine.model}' has no experts")
+        dp = getattr(cfg, f"{pool}_data_parallel_size") or cfg.engine.data_parallel_size
+        n = getattr(cfg, f"{pool}_workers")
+        if n > dp and n % dp:
+            raise UserError(
+                f"--disagg {pool}={n}: the {pool} engines are ranks of DP groups of {dp} "
+                f"(--{pool}-data-parallel-size): use at most {dp} (a slice) or a multiple of {dp}"
+            )
+
+
 def pool_tp(cfg: SimConfig) -> tuple[int, int]:
     """(prefill, decode) tensor-parallel sizes: their own flags, else --tensor-parallel-size."""
     tp = cfg.engine.tensor_parallel_size
     return cfg.prefill_tensor_parallel_size or tp, cfg.decode_tensor_parallel_size or tp
+
+
+def pool_engine(cfg: SimConfig, ecfg: EngineConfig, pool: str) -> EngineConfig:
+    """The engine config of one pool ("prefill" or "decode"): its own TP, DP and EP flags, else the
+    global ones (a wide-EP decode pool: TP 1, DP D, EP, each decode engine one rank of D)."""
+    tp = pool_tp(cfg)[pool == "decode"]
+    dp = getattr(cfg, f"{pool}_data_parallel_size")
+    ep = getattr(cfg, f"{pool}_enable_expert_parallel")
+    return replace(
+        ecfg,
+        tensor_parallel_size=tp,
+        data_parallel_size=ecfg.data_parallel_size if dp is None else dp,
+        enable_expert_parallel=ecfg.enable_expert_parallel if ep is None else ep,
+    )
+
+
+def pool_label(e: EngineConfig) -> str:
+    """`tp=1, dp=24, ep`: one pool engine's parallelism, for the run's one-line shape."""
+    dp = f", dp={e.data_parallel_size}" if e.data_parallel_size > 1 else ""
+    return f"tp={e.tensor_parallel_size}{dp}{', ep' if e.enable_expert_parallel else ''}"
 
 
 def total_gpus(cfg: SimConfig) -> int:

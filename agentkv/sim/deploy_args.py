@@ -10,7 +10,8 @@ from agentkv.placement import POLICIES
 
 
 def add_deploy_args(p: argparse.ArgumentParser) -> None:
-    """--system, --disagg, per-pool TP (vLLM's flag name per pool), --decode-router, --kv-link-gbps, --tier."""
+    """--system, --disagg, per-pool TP, DP and EP (vLLM's flag names per pool), --decode-router,
+    --kv-link-gbps, --tier."""
     g = p.add_argument_group("deployment (docs/simulate.md)")
     g.add_argument(
         "--system",
@@ -32,6 +33,20 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
             type=int,
             default=None,
             help=f"--disagg: the {pool} pool's TP (default --tensor-parallel-size)",
+        )
+        g.add_argument(
+            f"--{pool}-data-parallel-size",
+            type=int,
+            default=None,
+            help=f"--disagg: DP ranks of the {pool} pool's expert group, each {pool} engine one rank "
+            "(default --data-parallel-size)",
+        )
+        g.add_argument(
+            f"--{pool}-enable-expert-parallel",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help=f"--disagg: the {pool} pool splits experts by expert over its tp x dp GPUs, with "
+            "all-to-all (default --enable-expert-parallel)",
         )
     g.add_argument(
         "--decode-router",
@@ -75,6 +90,10 @@ def deploy_settings(args: argparse.Namespace) -> dict:
         "decode_workers": decode,
         "prefill_tensor_parallel_size": args.prefill_tensor_parallel_size,
         "decode_tensor_parallel_size": args.decode_tensor_parallel_size,
+        "prefill_data_parallel_size": args.prefill_data_parallel_size,
+        "decode_data_parallel_size": args.decode_data_parallel_size,
+        "prefill_enable_expert_parallel": args.prefill_enable_expert_parallel,
+        "decode_enable_expert_parallel": args.decode_enable_expert_parallel,
         "decode_router": args.decode_router,
         "kv_link_gbps": args.kv_link_gbps,
         "tier_tps": tps,

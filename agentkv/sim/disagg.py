@@ -15,7 +15,6 @@ a decode worker's own cache is read when the transfer starts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import replace
 
 import numpy as np
 
@@ -24,7 +23,7 @@ from agentkv.engine.kv_move import kv_transfer_seconds
 from agentkv.metrics.summary import DisaggStats, Dist, Summary
 from agentkv.placement.policy import RouteRequest, make_policy
 from agentkv.sim.cluster import Cluster, EventKind, SimConfig
-from agentkv.sim.deploy import deployment, kv_links, pool_tp
+from agentkv.sim.deploy import deployment, kv_links, pool_engine, pool_tp
 from agentkv.sim.summary import finished_record, pool_hit_rate, sim_summary
 from agentkv.sim.worker import SimWorker
 from agentkv.trace.model import Trace
@@ -78,8 +77,7 @@ class DisaggCluster(Cluster):
     def _make_workers(self) -> list[SimWorker]:
         cfg = self.cfg
         tp_p, tp_d = pool_tp(cfg)
-        pe = replace(self.ecfg, tensor_parallel_size=tp_p)
-        de = replace(self.ecfg, tensor_parallel_size=tp_d)
+        pe, de = pool_engine(cfg, self.ecfg, "prefill"), pool_engine(cfg, self.ecfg, "decode")
         engines = [Engine(pe, itl_sink=self.itl) for _ in range(cfg.prefill_workers)]
         engines += [Engine(de, itl_sink=self.itl) for _ in range(cfg.decode_workers)]
         self.prefill_pool = engines[: cfg.prefill_workers]

@@ -10,7 +10,7 @@ from agentkv.engine.config import EngineConfig
 from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import LATENCY_FIGURES, DisaggStats, Sample, Summary, summarize
 from agentkv.metrics.tier import interactivity
-from agentkv.sim.deploy import deployment, pool_tp, total_gpus
+from agentkv.sim.deploy import deployment, pool_engine, pool_label, pool_tp, total_gpus
 from agentkv.trace.plan import Dispatch, ReplayPlan
 from agentkv.trace.warmup import is_warmup, measured, warmup_label, warmup_notes
 
@@ -40,6 +40,10 @@ class SimSettings(msgspec.Struct, kw_only=True):
     decode_workers: int = 0
     prefill_tensor_parallel_size: int | None = None
     decode_tensor_parallel_size: int | None = None
+    prefill_data_parallel_size: int | None = None  # a pool's DP ranks (each engine one rank)
+    decode_data_parallel_size: int | None = None
+    prefill_enable_expert_parallel: bool | None = None
+    decode_enable_expert_parallel: bool | None = None
     decode_router: str | None = None
     decode_num_gpu_blocks: int | None = None
     kv_link_gbps: float | None = None
@@ -110,6 +114,16 @@ def _measured(records, cfg: SimConfig, workers) -> tuple[list[RequestRecord], fl
     return kept, None, sum(r.preemptions for r in kept)
 
 
+def _pool_settings(cfg: SimConfig, ecfg: EngineConfig) -> dict:
+    """Each pool's DP ranks and EP as its engines run them (own flag, else the global one)."""
+    out = {}
+    for pool in ("prefill", "decode"):
+        e = pool_engine(cfg, ecfg, pool)
+        out[f"{pool}_data_parallel_size"] = e.data_parallel_size
+        out[f"{pool}_enable_expert_parallel"] = e.enable_expert_parallel
+    return out
+
+
 def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
     """The run's settings as summary.json's `config` records them (pools and power included)."""
     tp_p, tp_d = pool_tp(cfg)
@@ -134,6 +148,7 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         decode_workers=cfg.decode_workers,
         prefill_tensor_parallel_size=tp_p if pools else None,
         decode_tensor_parallel_size=tp_d if pools else None,
+        **(_pool_settings(cfg, ecfg) if pools else {}),
         decode_router=cfg.decode_router if pools else None,
         decode_num_gpu_blocks=workers[-1].engine.num_gpu_blocks if pools else None,
         kv_link_gbps=cfg.kv_link_gbps,
@@ -170,11 +185,11 @@ def sim_summary(
     by_tier = {k: v / ok_in for k, v in by_tier.items()}
     dep = deployment(cfg)
     gpus = total_gpus(cfg)
-    tp_p, tp_d = pool_tp(cfg)
     pools = cfg.prefill_workers > 0
     config = _settings(cfg, ecfg, workers, dep)
     shape = (
-        f"{cfg.prefill_workers}x prefill (tp={tp_p}) + {cfg.decode_workers}x decode (tp={tp_d})"
+        f"{cfg.prefill_workers}x prefill ({pool_label(pool_engine(cfg, ecfg, 'prefill'))}) + "
+        f"{cfg.decode_workers}x decode ({pool_label(pool_engine(cfg, ecfg, 'decode'))})"
         if pools
         else f"{cfg.workers}x (tp={ecfg.tensor_parallel_size})"
     )

@@ -52,6 +52,8 @@ _ALIASES = {
 _SIM_FIELDS = {f.name for f in dataclasses.fields(SimConfig)} - {"engine", "sample_every", "bursts"}
 _ALIASES["prefill_tp"] = ("prefill_tensor_parallel_size", None)
 _ALIASES["decode_tp"] = ("decode_tensor_parallel_size", None)
+_ALIASES["prefill_dp"] = ("prefill_data_parallel_size", None)
+_ALIASES["decode_dp"] = ("decode_data_parallel_size", None)
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed"}
 _HINTS = {**typing.get_type_hints(EngineConfig), **typing.get_type_hints(SimConfig)}
 
