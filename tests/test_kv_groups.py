@@ -155,6 +155,22 @@ def test_shared_pool_evicts_least_recently_freed_across_groups():
     assert [(e.group_idx, e.block_hashes) for e in removed] == [(0, [4, 3, 2, 1, 0])]
 
 
+def test_one_allocation_evicts_once_for_every_group_oldest_first():
+    pool = hybrid([("full", 10), ("sliding", 10, 8)], capacity=200)
+    for rid, base in (("a", 0), ("b", 100)):  # each frees 5 full then 5 window blocks, tails first
+        assert pool.allocate_slots(req(rid, 5, base=base), 20)
+        pool.free(rid)
+    pool.take_events()
+    assert pool.allocate_slots(req("c", 3, base=200), 12)  # 3 + 3 blocks: the 6 oldest freed go
+    removed = [
+        (e.group_idx, e.block_hashes) for e in pool.take_events() if type(e).__name__ == "BlockRemoved"
+    ]
+    assert removed == [(0, [4, 3, 2, 1, 0]), (1, [4])]  # one eviction, per group, oldest first
+    assert pool.get_computed_blocks(req("b", 5, base=100).block_hashes, 21).hit == 5  # b's untouched
+    assert set(pool.cached_maps[1]) == {0, 1, 2, 3, 100, 101, 102, 103, 104, 200, 201, 202}
+    pool.check_invariants()
+
+
 def test_a_one_full_group_pool_behaves_as_block_pool():
     rng = random.Random(7)
     bp = BlockPool(60, BS)

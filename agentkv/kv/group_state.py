@@ -146,6 +146,7 @@ class GroupBlocks:
                     self.lru.add(one)
             if len(shared[g]):
                 self._pin(g, shared[g])
+        self._room(sum(n * s.block_bytes for s, n in zip(self.specs, new, strict=True)))
         tables = []
         for g, s in enumerate(self.specs):
             if s.rule == "state":
@@ -160,6 +161,7 @@ class GroupBlocks:
     def grow(self, req: KVRequest, new: list[int], total: int) -> None:
         """Extend a running request's tables (room was checked), then cache what is full."""
         tables = self.tables[req.request_id]
+        self._room(sum(n * s.block_bytes for s, n in zip(self.specs, new, strict=True) if s.rule != "state"))
         for g, s in enumerate(self.specs):
             if new[g] and s.rule != "state":
                 tables[g] = np.concatenate((tables[g], self._take(g, new[g])))
@@ -322,6 +324,11 @@ class GroupBlocks:
         m, k = self._n_ids, len(ids)
         self._ids[m : m + k] = ids
         self._n_ids = m + k
+
+    def _room(self, need: int) -> None:
+        """Evict once for what the groups' takes that follow need (the same victims as one eviction each)."""
+        if self.empty_bytes < need:
+            self._evict(need)
 
     def _take(self, g: int, n: int) -> np.ndarray:
         """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
