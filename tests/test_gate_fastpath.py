@@ -154,8 +154,9 @@ def test_unusual_heads_go_to_aiohttp_which_answers_or_refuses_them():
 def test_head_parser_refuses_what_it_does_not_take():
     routes = {b"/p": _fast}
     ok = b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 3"
-    assert parse_head(ok, routes, 10)[1:] == ("/p", {"host": "h", "content-length": "3"}, True, 3)
-    assert parse_head(ok + b"\r\nConnection: close", routes, 10)[3] is False
+    assert parse_head(ok + b"\r\n", routes, 10)[1:] == ("/p", {"host": "h", "content-length": "3"}, True, 3)
+    assert parse_head(ok + b"\r\nConnection: close\r\n", routes, 10)[3] is False
+    assert parse_head(ok + b"\r\nX-Api-Key:  k 1 \t\r\n", routes, 10)[2]["x-api-key"] == "k 1"
     for tail in (
         b"\r\nHost: h",  # a repeated header
         b"\r\nContent-Length: 3",
@@ -171,7 +172,7 @@ def test_head_parser_refuses_what_it_does_not_take():
         b"\r\nX(y): v",
         b"\r\nnocolon",
     ):
-        assert parse_head(ok + tail, routes, 10) is None, tail
+        assert parse_head(ok + tail + b"\r\n", routes, 10) is None, tail
     for head in (
         b"POST /p HTTP/1.0\r\nHost: h\r\nContent-Length: 3",
         b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 30",  # over max_body
@@ -183,7 +184,7 @@ def test_head_parser_refuses_what_it_does_not_take():
         b"GET /p HTTP/1.1\r\nHost: h\r\nContent-Length: 3",
         b"POST /p HTTP/1.1\r\nContent-Length: 3",  # no Host
     ):
-        assert parse_head(head, routes, 10) is None, head
+        assert parse_head(head + b"\r\n", routes, 10) is None, head
 
 
 def test_slow_and_cut_clients_are_bounded():
