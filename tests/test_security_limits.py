@@ -67,7 +67,7 @@ def test_concurrent_requests_per_tenant_are_capped(tmp_path):
                     assert other_b == 200  # ... which does not touch tenant b
                     assert await asyncio.gather(*first) == [200, 200]
                     assert await send("key-a") == 200  # slots are given back when streams end
-                    assert router.stats.throttled == 1 and not router._streams
+                    assert router.stats.throttled == 1 and not router.in_flight.n
                     async with s.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as r:
                         assert "agentkv_router_throttled_total 1" in await r.text()
             finally:

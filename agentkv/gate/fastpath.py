@@ -15,8 +15,10 @@ paused past PIPELINE_BYTES, a client that leaves cancels its handler.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from email.utils import formatdate
@@ -193,6 +195,10 @@ class FastProtocol(asyncio.Protocol):
             transport.write_eof()
             self.loop.call_later(2.0, transport.close)
             return
+        sock = transport.get_extra_info("socket")
+        if sock is not None:  # as aiohttp's server: each streamed event leaves at once
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._arm(self.keep_alive)
 
     def data_received(self, data: bytes) -> None:
