@@ -201,8 +201,8 @@ def test_slow_and_cut_clients_are_bounded():
         # a body that stops arriving: 408 in the JSON shape, then closed
         r, w = await asyncio.open_connection("127.0.0.1", SERVED.port)
         w.write(_post(b"x" * 50)[:-20])
-        status, _, body = await _read_response(r)
-        assert status == 408 and json.loads(body)["error"]["code"] == 408
+        status, h, body = await _read_response(r)
+        assert status == 408 and json.loads(body)["error"]["code"] == 408 and h["connection"] == "close"
         assert await r.read() == b""
         # a cut head, then gone: nothing left behind in the guard
         for raw in (b"POST /v1/comp", _post()[:-3]):

@@ -113,10 +113,16 @@ class Exchange:
 
     async def send(self, data: bytes, end: bool = False) -> None:
         """Write `data` (after the head, the first time); `end`: the response is complete."""
+        if self.write_now(data, end):
+            await self.drain()
+
+    def write_now(self, data: bytes, end: bool = False) -> bool:
+        """`send` without waiting (for gate.upstream's Response.pipe, inside a read callback): True
+        when the client is behind (or gone) and the caller should `drain` before writing more."""
         p = self.proto
         t = p.transport
         if t is None or t.is_closing():
-            raise ConnectionResetError("the client closed the connection")
+            return True
         out = data
         if self.chunked:
             out = b"%x\r\n%b\r\n" % (len(data), data) if data else b""
@@ -129,8 +135,15 @@ class Exchange:
             t.write(out)
         if end:
             self.ended = True
-        elif p.write_paused:
-            await p.drain()
+            return False
+        return p.write_paused
+
+    async def drain(self) -> None:
+        """Wait until the client has taken enough of what was written; ConnectionError if it left."""
+        p = self.proto
+        await p.drain()
+        if p.transport is None or p.transport.is_closing():
+            raise ConnectionResetError("the client closed the connection")
 
     def error(self, e: RequestError) -> None:
         """The OpenAI error JSON for `e` as the whole response (nothing sent yet)."""
@@ -272,9 +285,9 @@ class FastProtocol(asyncio.Protocol):
             return
         except Exception:
             log.exception("error answering %s", req.path)
+            self.keep = False
             if not ex.started:
                 ex.error(RequestError("internal server error", None, 500, "InternalServerError"))
-            self.keep = False
         finally:
             self.task = None
         if not ex.ended:
@@ -308,6 +321,7 @@ class FastProtocol(asyncio.Protocol):
         if self.task is not None or t is None:
             return
         if self.pending is not None:  # the body did not arrive in time: 408, as aiohttp's path answers
+            self.keep = False
             Exchange(self).error(
                 RequestError(f"the request body did not arrive within {self.body_timeout:g} s", None, 408)
             )

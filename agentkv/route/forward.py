@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from agentkv.gate.upstream import ConnectFailed, Response
+from agentkv.gate.fastpath import Exchange
+from agentkv.gate.upstream import ConnectFailed, Response, UpstreamBroken
 
 if TYPE_CHECKING:
     from agentkv.route.proxy import Router
@@ -132,7 +133,9 @@ async def _first_byte(
 
 async def _relay(router: Router, sink, upstream: Response, w: Worker, first: bytes) -> None:
     """Copy the worker's bytes to the client until either end stops, and say which one did. The
-    last bytes go out with the end of the response (and the head, when it all came at once): one write."""
+    last bytes go out with the end of the response (and the head, when it all came at once): one write.
+    To the fast path's Exchange, after the first bytes, the rest is piped from the worker's read
+    callback to the client's socket (no task switch per streamed event)."""
     loop = asyncio.get_running_loop()
     chunk = first
     while True:
@@ -141,6 +144,11 @@ async def _relay(router: Router, sink, upstream: Response, w: Worker, first: byt
             await sink.send(chunk, end)
             if end:
                 return
+            if isinstance(sink, Exchange):
+                await _pipe(sink, upstream, w, loop)
+                return
+        except UpstreamBroken:
+            return _broken(router, sink, w)
         except ConnectionError:  # the client left
             router.stats.client_disconnects += 1
             upstream.close()
@@ -148,9 +156,25 @@ async def _relay(router: Router, sink, upstream: Response, w: Worker, first: byt
         try:
             chunk = await upstream.readany()
         except CONNECT_ERRORS:
-            router.stats.broken_streams += 1
-            log.warning("worker %d broke a response mid-stream; the client's stream ends early", w.slot)
-            sink.abort()
-            return
+            return _broken(router, sink, w)
         if chunk:
             w.last_byte = loop.time()
+
+
+async def _pipe(ex: Exchange, upstream: Response, w: Worker, loop) -> None:
+    """The rest of the body from the worker's socket to the client's, then the end of the response."""
+    write = ex.write_now
+
+    def relay(data: bytes, end: bool) -> bool:
+        w.last_byte = loop.time()
+        return write(data, end)
+
+    await upstream.pipe(relay, ex.drain)
+    if not ex.ended:
+        await ex.send(b"", True)
+
+
+def _broken(router: Router, sink, w: Worker) -> None:
+    router.stats.broken_streams += 1
+    log.warning("worker %d broke a response mid-stream; the client's stream ends early", w.slot)
+    sink.abort()
