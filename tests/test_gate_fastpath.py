@@ -100,6 +100,13 @@ def test_plain_posts_take_the_fast_path_and_keep_the_connection():
             status, h, body = await _read_response(r)
             assert status == 200 and h["x-test"] == "1" and "date" in h
             assert json.loads(body) == {"by": "fast", "len": n, "key": "k1"}
+        # a request in pieces (head cut, body cut, the next request's head in the last piece)
+        raw = _post(b"y" * 3000) + _post(b"z")
+        for i in range(0, len(raw), 700):
+            w.write(raw[i : i + 700])
+            await asyncio.sleep(0.01)
+        got = [json.loads((await _read_response(r))[2])["len"] for _ in range(2)]
+        assert got == [3000, 1]
         w.close()
 
     _run(t)

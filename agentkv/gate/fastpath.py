@@ -218,7 +218,12 @@ class FastProtocol(asyncio.Protocol):
         if self.refused:
             return
         self.last_data = self.loop.time()
-        self.buf = self.buf + data if self.buf else data
+        if not self.buf:
+            self.buf = data  # the usual case: a whole request in one read, never copied
+        else:  # a request in pieces: appended in place, not copied whole per piece
+            if type(self.buf) is bytes:
+                self.buf = bytearray(self.buf)
+            self.buf += data
         if self.task is None:
             self._next()
         elif len(self.buf) > PIPELINE_BYTES and not self.read_paused:
@@ -263,7 +268,7 @@ class FastProtocol(asyncio.Protocol):
                 if len(self.buf) > MAX_HEAD or b"\n\n" in self.buf:
                     self._hand_over()
                 return
-            head = parse_head(self.buf[: end + 2], self.routes, self.max_body)
+            head = parse_head(bytes(self.buf[: end + 2]), self.routes, self.max_body)
             if head is None:
                 return self._hand_over()
             self.pending = head + (end + 4,)
@@ -271,7 +276,7 @@ class FastProtocol(asyncio.Protocol):
         handler, path, headers, keep, n, start = self.pending
         if len(self.buf) < start + n:
             return  # the body is still arriving
-        body, self.buf, self.pending = self.buf[start : start + n], self.buf[start + n :], None
+        body, self.buf, self.pending = bytes(self.buf[start : start + n]), self.buf[start + n :], None
         self.keep = keep
         if self.timer is not None:
             self.timer.cancel()
@@ -340,4 +345,4 @@ class FastProtocol(asyncio.Protocol):
         t.set_protocol(proto)
         proto.connection_made(t)
         if data:
-            proto.data_received(data)
+            proto.data_received(bytes(data))
