@@ -24,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -54,14 +55,9 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def load(
-    urls: list[str], rate: float, seconds: float, prompt_len: int, seed: int, fresh: bool = False
-) -> dict:
-    """Open-loop load: request i is sent at i / rate; returns TTFB and end-to-end latencies (s).
-    `fresh`: a new TCP connection per request (no keep-alive), else pooled keep-alive connections."""
-    rng = random.Random(seed)
-    n = int(rate * seconds)
-    bodies = [
+def _bodies(rng: random.Random, n: int, prompt_len: int) -> list[bytes]:
+    """`n` streamed completion bodies, each a prompt of `prompt_len` random pseudo-words."""
+    return [
         json.dumps(
             {
                 "model": "llama3-8b",
@@ -73,10 +69,20 @@ async def load(
         ).encode()
         for _ in range(n)
     ]
+
+
+async def load(
+    urls: list[str], rate: float, seconds: float, prompt_len: int, seed: int, fresh: bool = False
+) -> dict:
+    """Open-loop load: request i is sent at i / rate; returns TTFB and end-to-end latencies (s).
+    `fresh`: a new TCP connection per request (no keep-alive), else pooled keep-alive connections."""
+    n = int(rate * seconds)
+    bodies = _bodies(random.Random(seed), n, prompt_len)
     headers = {"Content-Type": "application/json"}
     ttfb: list[float] = []
     e2e: list[float] = []
     errors = 0
+    kinds: Counter[str] = Counter()  # what the errors were: HTTP status or exception type
     connector = aiohttp.TCPConnector(
         limit=0, **({"force_close": True} if fresh else {"keepalive_timeout": 60})
     )
@@ -96,24 +102,27 @@ async def load(
                             first = time.perf_counter()
                     if r.status != 200:
                         errors += 1
+                        kinds[f"HTTP {r.status}"] += 1
                         return
                 t1 = time.perf_counter()
                 ttfb.append((first or t1) - t0)
                 e2e.append(t1 - t0)
-            except (aiohttp.ClientError, OSError):
+            except (aiohttp.ClientError, OSError) as e:
                 errors += 1
+                kinds[type(e).__name__] += 1
 
         # warm up (connections, worker caches of code paths) for one second, outside the measurement
         w0 = time.perf_counter()
         await asyncio.gather(*(one(i % n, w0 + i / rate) for i in range(int(min(n, rate)))))
         ttfb.clear()
         errors = 0
+        kinds.clear()
         e2e.clear()
         start = time.perf_counter() + 0.05
         t_begin = time.perf_counter()
         await asyncio.gather(*(one(i, start + i / rate) for i in range(n)))
         wall = time.perf_counter() - t_begin
-    return {"ttfb": ttfb, "e2e": e2e, "errors": errors, "achieved": len(e2e) / wall}
+    return {"ttfb": ttfb, "e2e": e2e, "errors": errors, "kinds": kinds, "achieved": len(e2e) / wall}
 
 
 def _report(name: str, base: dict, via: dict) -> None:
@@ -121,6 +130,9 @@ def _report(name: str, base: dict, via: dict) -> None:
         f"{name}: {via['achieved']:.0f} req/s achieved, {via['errors']} errors "
         f"(direct: {base['achieved']:.0f} req/s, {base['errors']} errors)"
     )
+    for run, r in (("direct", base), ("via router", via)):
+        if r["kinds"]:
+            print(f"  errors {run}: " + ", ".join(f"{k} x{n}" for k, n in r["kinds"].most_common()))
     for key, label in (("ttfb", "time to first byte"), ("e2e", "end of stream")):
         b, v = base[key], via[key]
         if not b or not v:

@@ -1,6 +1,6 @@
 """Fuzzing the HTTP request parsing of `agentkv serve` and `agentkv route`: arbitrary bodies, arbitrary
 JSON, and mutations of valid completion and chat requests. Fast through the parser functions
-(serve's `parse_completion` / `parse_chat`; the router's whole `_generate` up to the forward),
+(serve's `parse_completion` / `parse_chat`; the router's whole request path (`_limited`) up to the forward),
 then fewer through real HTTP to real subprocesses. Each body gets a clear answer (a request or
 a 4xx), never a 5xx or an exception; error messages never quote the prompt; servers stay up and
 their memory flat.
@@ -14,7 +14,6 @@ import math
 
 import msgspec
 import pytest
-from aiohttp import web
 from cluster import Cluster, post, tenant_flags, write_keys
 from fuzzutil import byte_mutation, count, fuzz_settings, json_mutation, json_values, note, report, rss_bytes
 from hypothesis import given
@@ -135,7 +134,7 @@ def test_serve_parsers_accept_or_refuse_with_a_4xx(body, chat):
 
 # -- the router's request path, up to the forward ----------------------------------------------------
 class _Req:
-    """The parts of an aiohttp request that `Router._generate` reads."""
+    """The parts of an aiohttp request that `Router._limited` reads."""
 
     def __init__(self, body: bytes, headers: dict, path: str) -> None:
         self.headers, self.path = headers, path
@@ -171,12 +170,12 @@ def router(tmp_path_factory):
     )
     forwarded: list[bytes] = []
 
-    async def forward(request, w, path, payload, headers, load):
+    async def forward(sink, w, path, payload, headers, load):
         forwarded.append(payload)
         load.first_byte()  # as the real one does
         # while this request is in flight, another tenant's routing must still work
         r.choose("tenant-b", r.hasher.hash({"prompt": [1, 2, 3] * 16}, False, None), "", set())
-        return web.Response(status=200)
+        sink.begin(200, "application/json", 0)
 
     r._forward = forward
     loop = asyncio.new_event_loop()
@@ -199,7 +198,7 @@ def test_router_request_path_never_fails(router, body, chat, key):
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     n = len(forwarded)
     resp = loop.run_until_complete(
-        r._generate(_Req(body, headers, "/v1/chat/completions" if chat else "/v1/completions"), chat)
+        r._limited(_Req(body, headers, "/v1/chat/completions" if chat else "/v1/completions"), chat)
     )
     assert resp.status < 500, resp.body
     if resp.status == 200:
@@ -216,7 +215,7 @@ def test_router_survives_absurd_max_tokens(router):
     r, loop = router.router, router.loop
     body = b'{"prompt": [1, 2, 3, 4], "max_tokens": 1' + b"0" * 400 + b"}"
     resp = loop.run_until_complete(
-        r._generate(_Req(body, {"Authorization": "Bearer key-a"}, "/v1/completions"), False)
+        r._limited(_Req(body, {"Authorization": "Bearer key-a"}, "/v1/completions"), False)
     )
     assert resp.status == 200  # forwarded: the worker judges it (and answers 400)
 

@@ -18,26 +18,34 @@ from cluster import ADMIN_KEY, write_keys
 from agentkv.bench.testserver import Behaviour, StreamTestServer
 from agentkv.cli import build_parser
 from agentkv.errors import UserError
+from agentkv.gate.conn import make_runner, start_site
 from agentkv.gate.options import HttpLimits
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.route.command import config_from_args
 from agentkv.route.index import TenantIndex
+from agentkv.route.listen import fast_paths
 from agentkv.route.proxy import Router, RouterConfig
 from agentkv.route.workers import WorkerSpec
 
 KEYS = {"key-a": "tenant-a", "key-b": "tenant-b"}
 
 
-async def _router(cfg: RouterConfig) -> tuple[web.AppRunner, str, Router]:
+async def _router(cfg: RouterConfig, fast: bool = False) -> tuple[web.AppRunner, str, Router]:
+    """The router on a free port: aiohttp alone, or (`fast`) behind gate.fastpath as `agentkv route` runs."""
     router = Router(cfg)
-    runner = web.AppRunner(router.app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
+    if fast:
+        runner = make_runner(router.app, cfg.http)
+        await runner.setup()
+        await start_site(runner, "127.0.0.1", 0, cfg.http, fast=fast_paths(router))
+    else:
+        runner = web.AppRunner(router.app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", 0).start()
     return runner, f"http://127.0.0.1:{runner.addresses[0][1]}", router
 
 
-def test_concurrent_requests_per_tenant_are_capped(tmp_path):
+@pytest.mark.parametrize("fast", [False, True], ids=["aiohttp", "fastpath"])
+def test_concurrent_requests_per_tenant_are_capped(tmp_path, fast):
     async def main():
         async with StreamTestServer(behave=lambda body, n: Behaviour(ttft=1.0)) as worker:
             cfg = RouterConfig(
@@ -48,7 +56,7 @@ def test_concurrent_requests_per_tenant_are_capped(tmp_path):
                 health_interval=3600,
                 scrape_interval=0,
             )
-            runner, url, router = await _router(cfg)
+            runner, url, router = await _router(cfg, fast)
             try:
                 async with aiohttp.ClientSession() as s:
 
@@ -67,7 +75,7 @@ def test_concurrent_requests_per_tenant_are_capped(tmp_path):
                     assert other_b == 200  # ... which does not touch tenant b
                     assert await asyncio.gather(*first) == [200, 200]
                     assert await send("key-a") == 200  # slots are given back when streams end
-                    assert router.stats.throttled == 1 and not router._streams
+                    assert router.stats.throttled == 1 and not router.in_flight.n
                     async with s.get(url + "/metrics", headers={"Authorization": f"Bearer {ADMIN_KEY}"}) as r:
                         assert "agentkv_router_throttled_total 1" in await r.text()
             finally:

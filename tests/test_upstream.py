@@ -158,12 +158,15 @@ def test_close_delimited_body_and_connection_close_are_not_reused():
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhelloXX0\r\n\r\n",  # no CRLF after data
     ],
 )
-def test_a_body_broken_off_or_malformed_raises_upstream_broken(answer):
+@pytest.mark.parametrize("piped", [False, True], ids=["readany", "pipe"])
+def test_a_body_broken_off_or_malformed_raises_upstream_broken(answer, piped):
     async def main():
         up = Upstream()
         async with RawServer(lambda n: answer, close=True) as url:
             r = await up.post(url, b"{}")
             with pytest.raises(UpstreamBroken):
+                if piped:
+                    await _piped(r)
                 while await r.readany():
                     pass
             r.release()
@@ -217,3 +220,61 @@ def test_a_large_body_pauses_reading_until_it_is_read():
         return got
 
     assert asyncio.run(main()) == len(big)
+
+
+async def _piped(r, behind=lambda got: False, drain=None) -> tuple[bytes, list[bool]]:
+    """The body through Response.pipe: the bytes written and each write's end flag."""
+    got: list[bytes] = []
+    ends: list[bool] = []
+
+    def write(data: bytes, end: bool) -> bool:
+        got.append(data)
+        ends.append(end)
+        return behind(got)
+
+    async def no_wait() -> None:
+        pass
+
+    await r.pipe(write, drain or no_wait)
+    return b"".join(got), ends
+
+
+@pytest.mark.parametrize("split", [0, 1, 7])
+def test_piped_bodies_arrive_whole_and_the_connection_is_reused(split):
+    async def main():
+        up = Upstream()
+        srv = RawServer(lambda n: CHUNKED if n % 2 == 0 else LENGTH, split)
+        async with srv as url:
+            for want in (b"data: one\n\ndata: two\n\n", b'{"a": 12}') * 2:
+                r = await up.post(url, b"{}")
+                body, ends = await _piped(r)
+                assert body == want and not any(ends[:-1])
+                r.release()
+        up.close()
+        return srv
+
+    assert asyncio.run(main()).connections == 1
+
+
+def test_a_piped_body_pauses_reading_while_the_writer_is_behind():
+    big = b"x" * (4 * BUFFER_BYTES)
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: " + str(len(big)).encode() + b"\r\n\r\n" + big
+    drains: list[bool] = []
+
+    async def main():
+        up = Upstream()
+        async with RawServer(lambda n: answer) as url:
+            r = await up.post(url, b"{}")
+            conn = r._conn
+
+            async def drain() -> None:
+                drains.append(conn.paused)  # reading stopped while the writer was behind
+                await asyncio.sleep(0.01)
+
+            body, _ = await _piped(r, lambda got: len(got) % 2 == 1, drain)
+            assert not conn.paused
+            r.release()
+        up.close()
+        return body
+
+    assert asyncio.run(main()) == big and drains and all(drains)

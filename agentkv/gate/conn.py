@@ -24,11 +24,14 @@ from aiohttp import web
 from aiohttp.web_protocol import RequestHandler
 
 from agentkv.gate.errors import error_body
+from agentkv.gate.fastpath import FastProtocol
 from agentkv.gate.options import HttpLimits
 from agentkv.gate.web import quiet_probes
+from agentkv.gate.work import OFFLOAD_BYTES
 
 log = logging.getLogger("agentkv.gate")
 STALL_S = 1.0  # a request body silent this long makes its connection evictable at the cap
+FAST_BODY_BYTES = OFFLOAD_BYTES - 1  # larger bodies go to aiohttp (the router parses them in processes)
 RESERVED_FDS = 128  # descriptors kept back from the connection cap: logs, pipes, sockets to workers
 _BUSY = error_body("the server is at its connection limit; retry shortly", "ServiceUnavailableError", 503)
 BUSY_RESPONSE = (
@@ -164,9 +167,12 @@ class GuardedHandler(RequestHandler):
 class GuardedSite(web.TCPSite):
     """A TCPSite whose connections go through `guard`."""
 
-    def __init__(self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard, **kw) -> None:
+    def __init__(
+        self, runner: web.AppRunner, host: str, port: int, guard: ConnectionGuard, fast=None, **kw
+    ) -> None:
         super().__init__(runner, host, port, **kw)
         self.guard = guard
+        self.fast = fast  # (routes, (max body, keep-alive s, body timeout s)) for gate.fastpath, or None
 
     async def start(self) -> None:
         await web.BaseSite.start(self)
@@ -178,14 +184,23 @@ class GuardedSite(web.TCPSite):
         def factory() -> GuardedHandler:
             return GuardedHandler(self.guard, server, loop=loop, **kwargs)
 
+        def fast_factory() -> FastProtocol:
+            return FastProtocol(self.guard, *self.fast, factory)
+
         self._server = await loop.create_server(
-            factory,
+            factory if self.fast is None else fast_factory,
             self._host,
             self._port,
             backlog=self._backlog,
             reuse_address=self._reuse_address,
             reuse_port=self._reuse_port,
         )
+
+    async def stop(self) -> None:
+        for h in list(self.guard.open):  # aiohttp closes its own handlers; the fast path's are here
+            if isinstance(h, FastProtocol):
+                h.force_close()
+        await super().stop()
 
 
 def base_url(host: str, port: int) -> str:
@@ -214,13 +229,17 @@ async def start_site(
     limits: HttpLimits,
     fds_per_connection: int = 1,
     reuse_port: bool = False,
+    fast: dict | None = None,
 ) -> ConnectionGuard:
     """Bind `runner` (set up) on host:port behind a ConnectionGuard; the guard. `reuse_port`: share the
-    port with sibling processes (SO_REUSEPORT: the kernel spreads connections over them)."""
+    port with sibling processes (SO_REUSEPORT: the kernel spreads connections over them). `fast`:
+    path -> handler answered by gate.fastpath ahead of aiohttp (plain POSTs with small bodies)."""
     return_freed_memory()
     cap = limits.max_connections or default_max_connections(fds_per_connection)
     guard = ConnectionGuard(cap)
-    site = GuardedSite(runner, host, port, guard, backlog=1024, reuse_port=reuse_port or None)
+    bounds = (min(limits.max_body_bytes, FAST_BODY_BYTES), limits.keep_alive, limits.body_timeout)
+    routes = None if fast is None else ({k.encode(): v for k, v in fast.items()}, bounds)
+    site = GuardedSite(runner, host, port, guard, routes, backlog=1024, reuse_port=reuse_port or None)
     await site.start()
     asyncio.get_running_loop().set_exception_handler(guard.on_loop_error)
     return guard

@@ -47,6 +47,31 @@ class Response:
         UpstreamBroken when the worker broke off before the end."""
         return await self._conn.readany()
 
+    async def pipe(self, write, drain) -> None:
+        """From here to the end, hand the body to `write(data, end)` inside the read callback, with no
+        task switch per read (`write` returns True when its reader is behind: reading pauses until
+        `await drain()`). UpstreamBroken when the worker breaks off before the end."""
+        c = self._conn
+        if c.body:
+            data = b"".join(c.body)
+            c.body.clear()
+            c.body_bytes = 0
+            if write(data, c.done):
+                c.pause()
+        c.pipe = write
+        try:
+            while not c.done:
+                if c.error is not None:
+                    raise c.error
+                if c.paused:
+                    await drain()
+                    c.resume()
+                    continue
+                await c._wait()
+        finally:
+            c.pipe = None
+            c.resume()  # a connection goes back to the pool reading
+
     @property
     def at_end(self) -> bool:
         """The whole body has arrived and been read: the next `readany()` would return b''."""
@@ -83,6 +108,7 @@ class _Conn(asyncio.Protocol):
         self.keep = False
         self.idle_since = 0.0
         self.waiter: asyncio.Future | None = None
+        self.pipe = None  # Response.pipe's write(data, end): body bytes go there as they arrive
 
     # asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -102,15 +128,16 @@ class _Conn(asyncio.Protocol):
                 if len(data) > n:  # bytes past the body: the connection is not reused
                     self.keep = False
                     data = data[:n]
-                self._take(data)
                 self.left = 0
                 self.done = True
+                self._take(data)
             else:
                 self._take(data)
                 self.left = n - len(data)
         else:
             self._take(data)
-        self._wake()
+        if self.pipe is None or self.done or self.paused:
+            self._wake()  # piped bytes wake the reader only at the end or to pause
 
     def eof_received(self) -> bool:
         if self.head is not None and self.mode == "close":
@@ -127,6 +154,10 @@ class _Conn(asyncio.Protocol):
 
     # parsing ------------------------------------------------------------------------------------
     def _take(self, data: bytes) -> None:
+        if self.pipe is not None:
+            if self.pipe(data, self.done) and not self.paused:
+                self.pause()  # the client is behind: read on once it has drained
+            return
         self.body.append(data)
         self.body_bytes += len(data)
         if self.body_bytes > BUFFER_BYTES and not self.paused and self.transport is not None:
@@ -172,6 +203,16 @@ class _Conn(asyncio.Protocol):
                 self.keep = False  # bytes after the response
         if out:
             self._take(out)
+
+    def pause(self) -> None:
+        if self.transport is not None:
+            self.paused = True
+            self.transport.pause_reading()
+
+    def resume(self) -> None:
+        if self.paused and self.transport is not None:
+            self.paused = False
+            self.transport.resume_reading()
 
     def _fail(self, e: Exception) -> None:
         if not self.done and self.error is None:

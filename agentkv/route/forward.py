@@ -17,7 +17,8 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from agentkv.gate.upstream import ConnectFailed, Response
+from agentkv.gate.fastpath import Exchange
+from agentkv.gate.upstream import ConnectFailed, Response, UpstreamBroken
 
 if TYPE_CHECKING:
     from agentkv.route.proxy import Router
@@ -36,24 +37,58 @@ class Retry(Exception):
         self.dead = dead
 
 
+class StreamSink:
+    """aiohttp's side of a forwarded response (gate.fastpath's Exchange is the fast path's): the
+    worker's status and body streamed back through a StreamResponse."""
+
+    __slots__ = ("request", "resp")
+
+    def __init__(self, request: web.Request) -> None:
+        self.request = request
+        self.resp: web.StreamResponse | None = None
+
+    def begin(self, status: int, content_type: str, length: int | None, extra: str = "") -> None:
+        resp = web.StreamResponse(status=status)
+        for line in extra.splitlines():
+            name, _, value = line.partition(": ")
+            resp.headers[name] = value
+        resp.content_type = content_type
+        if content_type == "text/event-stream":
+            resp.headers["Cache-Control"] = "no-cache"
+        elif length is not None:
+            resp.content_length = length
+        self.resp = resp
+
+    async def send(self, data: bytes, end: bool = False) -> None:
+        """Write `data`; `end`: with the end of the response (and the head, when it all came at once)."""
+        resp = self.resp
+        if not resp.prepared:
+            await resp.prepare(self.request)
+        if end:
+            await resp.write_eof(data)
+        elif data:
+            await resp.write(data)
+
+    def abort(self) -> None:
+        if self.request.protocol is not None:
+            self.request.protocol.force_close()  # an incomplete response, not a clean end
+
+
 async def forward(
-    router: Router, request: web.Request, w: Worker, path: str, payload: bytes, headers: bytes, load: Load
-) -> web.StreamResponse:
-    """POST to `w` and stream its answer back; Retry if it failed before its first byte (from which on
-    the request counts as `w`'s KV load): an error, a retryable status, no byte within
-    --first-byte-timeout, or the worker taken out of rotation meanwhile."""
+    router: Router, sink, w: Worker, path: str, payload: bytes, headers: bytes, load: Load
+) -> None:
+    """POST to `w` and stream its answer back through `sink` (a StreamSink or a fastpath Exchange);
+    Retry if it failed before its first byte (from which on the request counts as `w`'s KV load):
+    an error, a retryable status, no byte within --first-byte-timeout, or the worker taken out of
+    rotation meanwhile."""
     upstream, first = await _first_byte(router, w, path, payload, headers)
     try:
         load.first_byte()
         w.last_byte = asyncio.get_running_loop().time()
-        resp = web.StreamResponse(status=upstream.status, headers={"x-agentkv-worker": str(w.slot)})
-        resp.content_type = upstream.content_type
-        if upstream.content_type == "text/event-stream":
-            resp.headers["Cache-Control"] = "no-cache"
-        elif upstream.content_length is not None:
-            resp.content_length = upstream.content_length
-        await _relay(router, request, resp, upstream, w, first)
-        return resp
+        sink.begin(
+            upstream.status, upstream.content_type, upstream.content_length, f"x-agentkv-worker: {w.slot}\r\n"
+        )
+        await _relay(router, sink, upstream, w, first)
     except asyncio.CancelledError:  # the client left while we waited on the worker
         router.stats.client_disconnects += 1
         upstream.close()  # the worker sees the disconnect and aborts the request
@@ -96,28 +131,24 @@ async def _first_byte(
         w.waiting.discard(deadline)
 
 
-async def _relay(
-    router: Router,
-    request: web.Request,
-    resp: web.StreamResponse,
-    upstream: Response,
-    w: Worker,
-    first: bytes,
-) -> None:
+async def _relay(router: Router, sink, upstream: Response, w: Worker, first: bytes) -> None:
     """Copy the worker's bytes to the client until either end stops, and say which one did. The
-    last bytes go out with the end of the response (and the head, when it all came at once): one write."""
+    last bytes go out with the end of the response (and the head, when it all came at once): one write.
+    To the fast path's Exchange, after the first bytes, the rest is piped from the worker's read
+    callback to the client's socket (no task switch per streamed event)."""
     loop = asyncio.get_running_loop()
     chunk = first
     while True:
-        end = upstream.at_end
         try:
-            if not resp.prepared:
-                await resp.prepare(request)
+            end = upstream.at_end
+            await sink.send(chunk, end)
             if end:
-                await resp.write_eof(chunk)
                 return
-            if chunk:
-                await resp.write(chunk)
+            if isinstance(sink, Exchange):
+                await _pipe(sink, upstream, w, loop)
+                return
+        except UpstreamBroken:
+            return _broken(router, sink, w)
         except ConnectionError:  # the client left
             router.stats.client_disconnects += 1
             upstream.close()
@@ -125,10 +156,25 @@ async def _relay(
         try:
             chunk = await upstream.readany()
         except CONNECT_ERRORS:
-            router.stats.broken_streams += 1
-            log.warning("worker %d broke a response mid-stream; the client's stream ends early", w.slot)
-            if request.protocol is not None:
-                request.protocol.force_close()  # an incomplete response, not a clean end
-            return
+            return _broken(router, sink, w)
         if chunk:
             w.last_byte = loop.time()
+
+
+async def _pipe(ex: Exchange, upstream: Response, w: Worker, loop) -> None:
+    """The rest of the body from the worker's socket to the client's, then the end of the response."""
+    write = ex.write_now
+
+    def relay(data: bytes, end: bool) -> bool:
+        w.last_byte = loop.time()
+        return write(data, end)
+
+    await upstream.pipe(relay, ex.drain)
+    if not ex.ended:
+        await ex.send(b"", True)
+
+
+def _broken(router: Router, sink, w: Worker) -> None:
+    router.stats.broken_streams += 1
+    log.warning("worker %d broke a response mid-stream; the client's stream ends early", w.slot)
+    sink.abort()

@@ -1,5 +1,5 @@
-"""`agentkv route` as a process: the router's app behind the door's connection guard, on uvloop when
-installed, until SIGINT or SIGTERM."""
+"""`agentkv route` as a process: the router's app behind the door's connection guard, its two proxied
+endpoints on the lean server path (gate/fastpath.py), on uvloop when installed, until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
@@ -13,6 +13,11 @@ from agentkv.gate.conn import make_runner, start_site
 from agentkv.route.proxy import Router, RouterConfig
 
 log = logging.getLogger("agentkv.route")
+
+
+def fast_paths(router: Router) -> dict:
+    """The proxied endpoints, answered by gate.fastpath ahead of aiohttp (plain small requests)."""
+    return {"/v1/completions": router.fast, "/v1/chat/completions": router.fast}
 
 
 def run_router(cfg: RouterConfig) -> None:
@@ -47,7 +52,13 @@ async def _serve(router: Router, cfg: RouterConfig, shared: bool) -> None:
     try:
         # each client connection may hold one to its worker: two descriptors per connection
         router.guard = await start_site(
-            runner, cfg.host, cfg.port, cfg.http, fds_per_connection=2, reuse_port=shared
+            runner,
+            cfg.host,
+            cfg.port,
+            cfg.http,
+            fds_per_connection=2,
+            reuse_port=shared,
+            fast=fast_paths(router),
         )
     except OSError as e:
         await runner.cleanup()

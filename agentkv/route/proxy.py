@@ -22,6 +22,7 @@ from aiohttp import web
 
 from agentkv.gate.body import BodyTimeout, encoding_of, likely_large, read_body, refuse_and_close
 from agentkv.gate.errors import RequestError
+from agentkv.gate.fastpath import Exchange, FastRequest
 from agentkv.gate.options import HttpLimits
 from agentkv.gate.upstream import Upstream
 from agentkv.gate.web import error_middleware, error_response
@@ -30,21 +31,20 @@ from agentkv.kv.digest import block_digest
 from agentkv.kv.hashing import make_hasher
 from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.approx import ApproxIndex
-from agentkv.route.forward import Retry, forward
+from agentkv.route.forward import Retry, StreamSink, forward
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.metrics import RouterStats, merge_processes, publish_page, render_metrics, sibling_pages
 from agentkv.route.models import learn_max_model_len, models
 from agentkv.route.prepare import Prepared, init_child, prepare, prepare_in_child
 from agentkv.route.prompt import Hashed, RequestHasher, Tokenizer
 from agentkv.route.replica import SessionTieKvAware, tie_key
-from agentkv.route.tenants import Tenant, Tenants, router_secret
+from agentkv.route.tenants import InFlight, Tenant, Tenants, router_secret
 from agentkv.route.workers import Load, Worker, WorkerPool, WorkerSpec
 
 log = logging.getLogger("agentkv.route")
 
 _NO_MATCH = Match(0)
 _JSON = b"Content-Type: application/json\r\n"
-_ASK = object()  # _generate's tenant not yet known: authenticate the request
 FALLBACK_MAX_MODEL_LEN = 1 << 20  # the hashing bound until a worker reports its max_model_len
 
 
@@ -116,7 +116,7 @@ class Router:
         self.session: aiohttp.ClientSession | None = None  # health checks, scrapes, /v1/models
         self.upstream = Upstream(keepalive=4.0, connect_timeout=5.0)  # the proxied requests
         self.guard = None  # the listening site's ConnectionGuard (set by listen.py)
-        self._streams: dict[str, int] = {}  # tenant -> requests in flight
+        self.in_flight = InFlight(cfg.max_streams_per_tenant)  # tenant -> requests in flight
         self.max_model_len = cfg.max_model_len or FALLBACK_MAX_MODEL_LEN
         self.max_model_len_known = bool(cfg.max_model_len)  # else learned from the workers
         n = cfg.http.parse_processes
@@ -205,28 +205,53 @@ class Router:
         return await self._limited(request, chat=True)
 
     async def _limited(self, request: web.Request, chat: bool) -> web.StreamResponse:
-        """At most `max_streams_per_tenant` requests of one tenant in flight; 429 past it."""
-        limit = self.cfg.max_streams_per_tenant
+        """aiohttp's path: authenticate, take a stream slot, read and prepare the body, dispatch."""
         tenant = self.tenants.authenticate(request.headers)
-        if tenant is None or not limit:  # unauthenticated (_generate answers 401), or no limit
-            return await self._generate(request, chat, tenant)
-        n = self._streams.get(tenant.id, 0)
-        if n >= limit:
-            self.stats.throttled += 1
-            return _error(
-                429,
-                f"too many concurrent requests for this API key's tenant (limit {limit})",
-                "RateLimitError",
-            )
-        self._streams[tenant.id] = n + 1
+        if (refused := self._admit(tenant)) is not None:
+            return error_response(refused)
         try:
-            return await self._generate(request, chat, tenant)
+            try:
+                prep = await self._prepare(request, tenant.id, tenant.salt, chat)
+            except BodyTimeout as e:
+                return await refuse_and_close(request, e)
+            except RequestError as e:
+                return error_response(e)
+            sink = StreamSink(request)
+            refused = await self._dispatch(
+                prep, tenant, request.headers.get("x-session-id"), request.path, sink
+            )
+            return sink.resp if refused is None else error_response(refused)
         finally:
-            n = self._streams[tenant.id] - 1
-            if n:
-                self._streams[tenant.id] = n
-            else:
-                del self._streams[tenant.id]
+            self.in_flight.give(tenant.id)
+
+    async def fast(self, req: FastRequest, ex: Exchange) -> None:
+        """gate.fastpath's handler (a small plain body, all here): the same steps as `_limited`."""
+        tenant = self.tenants.authenticate(req.headers)
+        if (refused := self._admit(tenant)) is not None:
+            return ex.error(refused)
+        try:
+            limit, refuse = self.max_model_len, self.max_model_len_known
+            chat = req.path == "/v1/chat/completions"
+            try:
+                prep = prepare(req.body, chat, tenant.salt, self.hasher, limit, refuse)
+            except RequestError as e:
+                return ex.error(e)
+            refused = await self._dispatch(prep, tenant, req.headers.get("x-session-id"), req.path, ex)
+            if refused is not None:
+                ex.error(refused)
+        finally:
+            self.in_flight.give(tenant.id)
+
+    def _admit(self, tenant: Tenant | None) -> RequestError | None:
+        """401 without a tenant; 429 past `max_streams_per_tenant` in flight; else a slot taken."""
+        if tenant is None:
+            self.stats.unauthorized += 1
+            return RequestError("missing or invalid API key", None, 401, "AuthenticationError")
+        if self.in_flight.take(tenant.id):
+            return None
+        self.stats.throttled += 1
+        msg = f"too many concurrent requests for this API key's tenant (limit {self.in_flight.limit})"
+        return RequestError(msg, None, 429, "RateLimitError")
 
     def _admin_refusal(self, request: web.Request) -> web.Response | None:
         """None when the request may read every tenant's figures (an admin key, or no --api-keys)."""
@@ -313,21 +338,13 @@ class Router:
         st.route_seconds += time.perf_counter() - t0
         return w
 
-    async def _generate(self, request: web.Request, chat: bool, tenant: Tenant | None | object = _ASK):
-        """Authenticate (unless `tenant` is given: already done), prepare, choose, forward, retry."""
+    async def _dispatch(
+        self, prep: Prepared, tenant: Tenant, session: str | None, path: str, sink
+    ) -> RequestError | None:
+        """Choose a worker, forward, retry elsewhere on a failure before the first byte; a 503 when no
+        healthy worker is left (returned, for the caller to answer)."""
         st = self.stats
-        if tenant is _ASK:
-            tenant = self.tenants.authenticate(request.headers)
-        if not isinstance(tenant, Tenant):
-            st.unauthorized += 1
-            return _error(401, "missing or invalid API key", "AuthenticationError")
-        try:
-            prep = await self._prepare(request, tenant.id, tenant.salt, chat)
-        except BodyTimeout as e:
-            return await refuse_and_close(request, e)
-        except RequestError as e:
-            return error_response(e)
-        session = request.headers.get("x-session-id") or prep.session
+        session = session or prep.session
         headers = _JSON + (
             b"x-session-id: " + session.encode("utf-8", "surrogateescape") + b"\r\n" if session else b""
         )
@@ -336,12 +353,12 @@ class Router:
         while True:
             if not any(w.healthy and w.slot not in tried for w in self.pool.workers):
                 st.failed += 1
-                return _error(503, "no healthy worker could take the request", "ServiceUnavailableError")
+                return RequestError("no healthy worker could take the request", None, 503)
             w = self.choose(tenant.id, prep.hashed, session, tried)
             tried.add(w.slot)
             load = w.start(prep.hashed.prompt_tokens + prep.max_out)
             try:
-                return await self._forward(request, w, request.path, prep.payload, headers, load)
+                return await self._forward(sink, w, path, prep.payload, headers, load)
             except Retry as e:
                 w.failures += 1
                 w.retried_away += 1
@@ -370,7 +387,5 @@ class Router:
             cap = http.max_body_bytes
             return await self.offload.run_raw(prepare_in_child, body, enc, cap, chat, salt, limit, refuse)
 
-    async def _forward(
-        self, request: web.Request, w: Worker, path: str, payload: bytes, headers: bytes, load: Load
-    ) -> web.StreamResponse:
-        return await forward(self, request, w, path, payload, headers, load)
+    async def _forward(self, sink, w: Worker, path: str, payload: bytes, headers: bytes, load: Load) -> None:
+        await forward(self, sink, w, path, payload, headers, load)

@@ -195,3 +195,32 @@ def _presented(headers: Mapping[str, str]) -> bytes | None:
 
 ANONYMOUS = Tenant("", None)
 _MISS: tuple[bytes, Tenant | None] = (bytes(32), None)
+
+
+class InFlight:
+    """Requests in flight per tenant, at most `limit` of one tenant at once (0: no limit)."""
+
+    __slots__ = ("limit", "n")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.n: dict[str, int] = {}
+
+    def take(self, tenant: str) -> bool:
+        """Count one more of `tenant`'s requests in flight; False (nothing counted) past the limit."""
+        if not self.limit:
+            return True
+        n = self.n.get(tenant, 0)
+        if n >= self.limit:
+            return False
+        self.n[tenant] = n + 1
+        return True
+
+    def give(self, tenant: str) -> None:
+        """One of `tenant`'s requests is done (after a `take` that returned True)."""
+        if self.limit:
+            n = self.n[tenant] - 1
+            if n:
+                self.n[tenant] = n
+            else:
+                del self.n[tenant]
