@@ -7,10 +7,13 @@ importing the policies.
 
 POLICIES = ("round_robin", "least_loaded", "session", "kv_aware")
 KV_WEIGHT = 16.0  # kv_aware's default price of a block to prefill, in blocks of load (docs/route.md)
+# kv_aware's price of a block of a worker's active prefill (requests routed there whose first token
+# has not come), relative to a block of this request's own; 1 as in Dynamo, 0 leaves queues unseen
+KV_QUEUE_WEIGHT = 1.0
 
 
 def add_kv_weight_arg(p) -> None:
-    """kv_aware's price of one block still to prefill, in blocks of load (simulate and route)."""
+    """kv_aware's prices of a block to prefill and of a worker's active prefill (simulate and route)."""
     p.add_argument(
         "--kv-weight",
         type=float,
@@ -18,4 +21,13 @@ def add_kv_weight_arg(p) -> None:
         metavar="W",
         help=f"kv_aware: cost = W x blocks to prefill + blocks of load (default {KV_WEIGHT:g}; "
         "Dynamo's overlap weight is 1)",
+    )
+    p.add_argument(
+        "--kv-queue-weight",
+        type=float,
+        default=KV_QUEUE_WEIGHT,
+        metavar="Q",
+        help="kv_aware: a worker's active prefill (uncached prompt blocks of requests routed there "
+        f"that have no first token yet) costs Q x W per block (default {KV_QUEUE_WEIGHT:g}, as Dynamo; "
+        "0: queues unseen)",
     )
