@@ -8,11 +8,12 @@ importing the policies.
 POLICIES = ("round_robin", "least_loaded", "session", "kv_aware")
 KV_WEIGHT = 16.0  # kv_aware's default price of a block to prefill, in blocks of load (docs/route.md)
 # kv_aware's price of a block of a worker's active prefill (requests routed there whose first token
-# has not come), relative to a block of this request's own; 1 as in Dynamo, 0 leaves queues unseen
+# has not come), relative to a block of this request's own; 1 as in Dynamo (simulate's default),
+# 0 leaves queues unseen (route's default: docs/route.md, "Policy")
 KV_QUEUE_WEIGHT = 1.0
 
 
-def add_kv_weight_arg(p) -> None:
+def add_kv_weight_arg(p, queue_weight: float = KV_QUEUE_WEIGHT) -> None:
     """kv_aware's prices of a block to prefill and of a worker's active prefill (simulate and route)."""
     p.add_argument(
         "--kv-weight",
@@ -25,9 +26,9 @@ def add_kv_weight_arg(p) -> None:
     p.add_argument(
         "--kv-queue-weight",
         type=float,
-        default=KV_QUEUE_WEIGHT,
+        default=queue_weight,
         metavar="Q",
         help="kv_aware: a worker's active prefill (uncached prompt blocks of requests routed there "
-        f"that have no first token yet) costs Q x W per block (default {KV_QUEUE_WEIGHT:g}, as Dynamo; "
-        "0: queues unseen)",
+        f"that have no first token yet) costs Q x W per block (default {queue_weight:g}; Dynamo's is "
+        f"{KV_QUEUE_WEIGHT:g}; 0: queues unseen)",
     )

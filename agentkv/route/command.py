@@ -58,7 +58,7 @@ def _policy_args(p) -> None:
     p.add_argument(
         "--policy", default="kv_aware", choices=POLICIES, help="placement policy (default kv_aware)"
     )
-    add_kv_weight_arg(p)
+    add_kv_weight_arg(p, queue_weight=0.0)  # 0: see docs/route.md, "Policy"
     p.add_argument(
         "--temperature", type=float, default=0.0, help="kv_aware: softmax sampling temperature (0: argmin)"
     )

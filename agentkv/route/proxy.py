@@ -28,7 +28,7 @@ from agentkv.gate.web import error_middleware, error_response
 from agentkv.gate.work import OFFLOAD_BYTES, Offload
 from agentkv.kv.digest import block_digest
 from agentkv.kv.hashing import make_hasher
-from agentkv.placement.policy import KV_QUEUE_WEIGHT, KV_WEIGHT, RouteRequest, make_policy
+from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.forward import Retry, forward
 from agentkv.route.index import Match, TenantIndex
@@ -62,7 +62,7 @@ class RouterConfig:
     secret: str | None = None
     tokenizer: str | None = None
     kv_weight: float = KV_WEIGHT
-    kv_queue_weight: float = KV_QUEUE_WEIGHT  # price of a worker's active prefill blocks (Dynamo: 1)
+    kv_queue_weight: float = 0.0  # price of a worker's active prefill blocks (Dynamo: 1; docs/route.md)
     temperature: float = 0.0
     affinity: float = 8.0  # blocks a session's worker may cost above the best and still keep it
     tie_break: str = "rotate"  # kv_aware ties: "rotate", or "session" (keyed hash: replicas agree)
