@@ -13,8 +13,9 @@ from agentkv.engine.engine import Engine
 from agentkv.errors import UserError
 from agentkv.placement.policy import KvAware, RouteRequest
 from agentkv.route.workers import Worker, WorkerSpec
-from agentkv.sim.cluster import SimConfig
+from agentkv.sim.cluster import SimConfig, make_cluster, simulate
 from agentkv.sim.worker import SimWorker
+from agentkv.trace.synth import synthesize
 
 BS = 16
 _ids = itertools.count(1)
@@ -109,3 +110,11 @@ def test_bad_queue_weights_are_refused(bad, capsys):
     assert main(["route", "--worker", "http://127.0.0.1:9", f"--kv-queue-weight={bad}"]) == 2
     err = capsys.readouterr().err.strip()
     assert "--kv-queue-weight" in err and "\n" not in err and "Traceback" not in err
+
+
+def test_simulate_prices_the_queue_as_told_and_records_it():
+    traces = synthesize(2, seed=1)
+    eng = EngineConfig(num_gpu_blocks_override=6000, max_model_len=200_000)
+    assert make_cluster(traces, SimConfig(engine=eng, workers=2)).policy.queue_weight == 1.0  # Dynamo's
+    cfg = SimConfig(engine=eng, workers=2, lanes=2, kv_queue_weight=0.25, max_requests=6)
+    assert simulate(traces, cfg).summary.config["kv_queue_weight"] == 0.25
