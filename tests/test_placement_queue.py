@@ -118,3 +118,11 @@ def test_simulate_prices_the_queue_as_told_and_records_it():
     assert make_cluster(traces, SimConfig(engine=eng, workers=2)).policy.queue_weight == 1.0  # Dynamo's
     cfg = SimConfig(engine=eng, workers=2, lanes=2, kv_queue_weight=0.25, max_requests=6)
     assert simulate(traces, cfg).summary.config["kv_queue_weight"] == 0.25
+
+
+def test_prefilled_requests_are_dropped_even_when_no_policy_asks():
+    (w,) = _workers(1)
+    for _ in range(50):
+        _queue(w, _hashes(4))
+        _drain(w)
+    assert len(w.prefilling) == 1  # only the newest, not yet looked at: finished ones are not held

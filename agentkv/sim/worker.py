@@ -30,6 +30,7 @@ class SimWorker:
         """Queue a request on the engine and count its uncached prompt as active prefill here."""
         req = self.engine.add_request(request_id, **kw)
         gpu = self.engine.cached_prefix(req.block_hashes)[0] * self.engine.config.block_size
+        self.active_prefill_blocks()  # drops the prefilled (no policy may ask: keep the list short)
         self.prefilling.append((req, req.prompt_len - max(gpu, req.external_tokens)))
         return req
 
