@@ -159,6 +159,9 @@ class _Idle:
     def active_blocks(self) -> int:
         return 0
 
+    def active_prefill_blocks(self) -> float:
+        return 0.0
+
     def cached_prefix(self, block_hashes) -> tuple[int, int]:
         return 0, 0
 

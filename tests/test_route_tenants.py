@@ -176,6 +176,9 @@ class _W:
     def active_blocks(self):
         return self.active * 4
 
+    def active_prefill_blocks(self):
+        return 0.0
+
     def cached_prefix(self, hashes):
         return self.cached, 0
 

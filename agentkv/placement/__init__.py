@@ -5,12 +5,25 @@ kv_aware's default weight live here, not in `policy`, so the CLI can offer them 
 importing the policies.
 """
 
+from agentkv.errors import UserError
+
 POLICIES = ("round_robin", "least_loaded", "session", "kv_aware")
 KV_WEIGHT = 16.0  # kv_aware's default price of a block to prefill, in blocks of load (docs/route.md)
+# kv_aware's price of a block of a worker's active prefill (requests routed there whose first token
+# has not come), relative to a block of this request's own; 1 as in Dynamo (simulate's default),
+# 0 leaves queues unseen (route's default: docs/route.md, "Policy")
+KV_QUEUE_WEIGHT = 1.0
 
 
-def add_kv_weight_arg(p) -> None:
-    """kv_aware's price of one block still to prefill, in blocks of load (simulate and route)."""
+def check_kv_weights(kv_weight: float, kv_queue_weight: float) -> None:
+    """Refuse a kv_aware price that is negative, infinite or NaN, naming its flag."""
+    for flag, v in (("--kv-weight", kv_weight), ("--kv-queue-weight", kv_queue_weight)):
+        if not 0 <= v < float("inf"):
+            raise UserError(f"{flag} must be a finite number >= 0, got {v}")
+
+
+def add_kv_weight_arg(p, queue_weight: float = KV_QUEUE_WEIGHT) -> None:
+    """kv_aware's prices of a block to prefill and of a worker's active prefill (simulate and route)."""
     p.add_argument(
         "--kv-weight",
         type=float,
@@ -18,4 +31,13 @@ def add_kv_weight_arg(p) -> None:
         metavar="W",
         help=f"kv_aware: cost = W x blocks to prefill + blocks of load (default {KV_WEIGHT:g}; "
         "Dynamo's overlap weight is 1)",
+    )
+    p.add_argument(
+        "--kv-queue-weight",
+        type=float,
+        default=queue_weight,
+        metavar="Q",
+        help="kv_aware: a worker's active prefill (uncached prompt blocks of requests routed there "
+        f"that have no first token yet) costs Q x W per block (default {queue_weight:g}; Dynamo's is "
+        f"{KV_QUEUE_WEIGHT:g}; 0: queues unseen)",
     )

@@ -1,8 +1,9 @@
 """Routing policies, shared by the offline simulator and the live router.
 
 A policy sees each worker through `WorkerView` (its load and what it caches for this request)
-and picks one. kv_aware follows Dynamo's KV router: cost = weight x blocks still to prefill +
-the worker's active blocks, lowest cost wins (ties rotate, so idle workers share the load).
+and picks one. kv_aware follows Dynamo's KV router: cost = weight x (blocks still to prefill +
+the worker's active prefill blocks) + its active blocks, lowest wins (ties rotate, so idle workers
+share the load).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentkv.errors import UserError
-from agentkv.placement import KV_WEIGHT, POLICIES
+from agentkv.placement import KV_QUEUE_WEIGHT, KV_WEIGHT, POLICIES
 
 
 @dataclass(slots=True)
@@ -30,6 +31,7 @@ class RouteRequest:
 class WorkerView(Protocol):
     def active_requests(self) -> int: ...  # running + waiting
     def active_blocks(self) -> int: ...  # KV blocks held by running requests
+    def active_prefill_blocks(self) -> float: ...  # uncached prompt blocks routed here, no first token yet
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]: ...  # (GPU, lower-tier) blocks
 
 
@@ -95,7 +97,12 @@ class SessionAffinity(Policy):
 
 
 class KvAware(Policy):
-    """cost_i = weight x (blocks to prefill on i) + active blocks on i; lower-tier hits earn `tier_credit`.
+    """cost_i = weight x (blocks to prefill on i + queue_weight x i's active prefill blocks) + active
+    blocks on i; lower-tier hits earn `tier_credit`.
+
+    Active prefill is Dynamo's active prefill tokens: the uncached prompt blocks of requests routed
+    to i that have no first token yet (its prefill queue). Dynamo weighs them as this request's own
+    (queue_weight 1); without them a prefill-bound worker's queue is invisible and trees pile on it.
 
     `weight` defaults to 16: a prefill block costs an order of magnitude more than a block of
     decode load once contexts are long, and a miss also copies the prefix into a second cache.
@@ -113,6 +120,7 @@ class KvAware(Policy):
         self,
         seed: int = 0,
         weight: float = KV_WEIGHT,
+        queue_weight: float = KV_QUEUE_WEIGHT,
         tier_credit: float = 0.5,
         temperature: float = 0.0,
         affinity: float = 0.0,
@@ -121,6 +129,7 @@ class KvAware(Policy):
         max_sessions: int = 1 << 17,
     ):
         self.weight, self.tier_credit, self.temperature = weight, tier_credit, temperature
+        self.queue_weight = queue_weight
         self.affinity, self.overload, self.slack, self.max_sessions = affinity, overload, slack, max_sessions
         self._rng = random.Random(seed)
         self._rot = 0
@@ -132,6 +141,8 @@ class KvAware(Policy):
         for w in workers:
             gpu, lower = w.cached_prefix(req.block_hashes)
             prefill = total - gpu - self.tier_credit * lower
+            if self.queue_weight:
+                prefill += self.queue_weight * w.active_prefill_blocks()
             out.append(self.weight * prefill + w.active_blocks())
         return out
 

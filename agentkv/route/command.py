@@ -58,7 +58,7 @@ def _policy_args(p) -> None:
     p.add_argument(
         "--policy", default="kv_aware", choices=POLICIES, help="placement policy (default kv_aware)"
     )
-    add_kv_weight_arg(p)
+    add_kv_weight_arg(p, queue_weight=0.0)  # 0: see docs/route.md, "Policy"
     p.add_argument(
         "--temperature", type=float, default=0.0, help="kv_aware: softmax sampling temperature (0: argmin)"
     )
@@ -280,6 +280,7 @@ def config_from_args(args: argparse.Namespace):
         secret=_secret(args),
         tokenizer=args.tokenizer,
         kv_weight=args.kv_weight,
+        kv_queue_weight=args.kv_queue_weight,
         temperature=args.temperature,
         affinity=args.affinity,
         tie_break=args.tie_break or ("session" if args.processes > 1 else "rotate"),
@@ -312,8 +313,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
         )
     if args.approx_capacity < 1 or not args.approx_ttl > 0:
         raise UserError("--approx-capacity must be >= 1 and --approx-ttl > 0")
-    if not (args.temperature >= 0 and args.affinity >= 0 and args.kv_weight >= 0):
-        raise UserError("--temperature, --affinity and --kv-weight must be >= 0")
+    if not all(
+        0 <= v < float("inf") for v in (args.temperature, args.affinity, args.kv_weight, args.kv_queue_weight)
+    ):
+        raise UserError("--temperature, --affinity, --kv-weight and --kv-queue-weight must be finite, >= 0")
     if not args.health_interval > 0 or not args.scrape_interval >= 0:
         raise UserError(
             f"--health-interval must be > 0 seconds and --scrape-interval >= 0 (0: off), got "

@@ -62,6 +62,7 @@ class RouterConfig:
     secret: str | None = None
     tokenizer: str | None = None
     kv_weight: float = KV_WEIGHT
+    kv_queue_weight: float = 0.0  # price of a worker's active prefill blocks (Dynamo: 1; docs/route.md)
     temperature: float = 0.0
     affinity: float = 8.0  # blocks a session's worker may cost above the best and still keep it
     tie_break: str = "rotate"  # kv_aware ties: "rotate", or "session" (keyed hash: replicas agree)
@@ -144,6 +145,7 @@ class Router:
             return make_policy("least_loaded" if retry else self.cfg.policy)
         kw = {
             "weight": self.cfg.kv_weight,
+            "queue_weight": self.cfg.kv_queue_weight,
             "temperature": self.cfg.temperature,
             "affinity": 0.0 if retry else self.cfg.affinity,
         }
@@ -356,7 +358,8 @@ class Router:
                 return RequestError("no healthy worker could take the request", None, 503)
             w = self.choose(tenant.id, prep.hashed, session, tried)
             tried.add(w.slot)
-            load = w.start(prep.hashed.prompt_tokens + prep.max_out)
+            n = prep.hashed.prompt_tokens
+            load = w.start(n + prep.max_out, max(0, n - w.match.gpu * self.cfg.block_size))
             try:
                 return await self._forward(sink, w, path, prep.payload, headers, load)
             except Retry as e:

@@ -69,6 +69,7 @@ class Worker:
         self.healthy = True
         self.in_flight = 0  # requests sent and not finished
         self.in_flight_tokens = 0  # prompt + max output tokens of those already streaming (running)
+        self.prefill_tokens = 0  # uncached prompt tokens of those not yet streaming (active prefill)
         self.scraped_active = 0  # running + waiting from the worker's /metrics
         self.requests = self.failures = self.retried_away = self.first_byte_timeouts = 0
         self.waiting: set[asyncio.Timeout] = set()  # deadlines of requests here awaiting their first byte
@@ -87,37 +88,46 @@ class Worker:
     def active_blocks(self) -> int:
         return self.in_flight_tokens // self.block_size
 
+    def active_prefill_blocks(self) -> float:
+        return self.prefill_tokens / self.block_size
+
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
         return self.match.gpu, self.match.lower
 
-    def start(self, tokens: int) -> Load:
-        """A request of `tokens` (prompt + max output) was sent here: its load handle."""
+    def start(self, tokens: int, prefill: int = 0) -> Load:
+        """A request of `tokens` (prompt + max output), `prefill` of them uncached here, was sent
+        here: its load handle."""
         self.in_flight += 1
         self.requests += 1
-        return Load(self, tokens)
+        self.prefill_tokens += prefill
+        return Load(self, tokens, prefill)
 
 
 class Load:
-    """One request's share of its worker's load: a request from `Worker.start`, KV load from its
-    first byte (`streaming`) to `finish`.
+    """One request's share of its worker's load: a request from `Worker.start`, active prefill
+    (its uncached prompt) until its first byte, KV load from its first byte (`streaming`) to `finish`.
 
-    A request still queued counts as a request but not as KV load: a queue of cache hits costs
-    the worker little, and counting it moved sessions off the worker that caches them."""
+    A request still queued counts as a request and as prefill work, not as KV load: a queue of
+    cache hits costs the worker little, and counting it moved sessions off the worker that caches
+    them; its uncached rest is what Dynamo counts as the worker's active prefill tokens."""
 
-    __slots__ = ("worker", "tokens", "streaming")
+    __slots__ = ("worker", "tokens", "prefill", "streaming")
 
-    def __init__(self, worker: Worker, tokens: int) -> None:
-        self.worker, self.tokens, self.streaming = worker, tokens, False
+    def __init__(self, worker: Worker, tokens: int, prefill: int = 0) -> None:
+        self.worker, self.tokens, self.prefill, self.streaming = worker, tokens, prefill, False
 
     def first_byte(self) -> None:
         if not self.streaming:
             self.streaming = True
             self.worker.in_flight_tokens += self.tokens
+            self.worker.prefill_tokens -= self.prefill
 
     def finish(self) -> None:
         self.worker.in_flight -= 1
         if self.streaming:
             self.worker.in_flight_tokens -= self.tokens
+        else:
+            self.worker.prefill_tokens -= self.prefill
 
 
 SLOW_LIMIT = 3  # health-check timeouts in a row before a worker is taken out

@@ -22,7 +22,7 @@ from agentkv.engine.hardware import get_system
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import Sample, Summary
-from agentkv.placement import KV_WEIGHT, POLICIES
+from agentkv.placement import KV_QUEUE_WEIGHT, KV_WEIGHT, POLICIES, check_kv_weights
 from agentkv.placement.policy import RouteRequest, make_policy
 from agentkv.sim.deploy import check_pools
 from agentkv.sim.limits import engine_config, reject_reason
@@ -44,6 +44,7 @@ class SimConfig:
     lanes: int | None = 16  # closed loop: trees at once; with session_rate a cap (None: none)
     router: str = "kv_aware"
     kv_weight: float = KV_WEIGHT  # kv_aware only
+    kv_queue_weight: float = KV_QUEUE_WEIGHT  # kv_aware: price of active prefill (Dynamo's: 1)
     seed: int = 0
     warm_start: bool = False
     idle_gap_cap: float | None = 10.0
@@ -78,8 +79,7 @@ class SimConfig:
             raise UserError("--workers and --lanes must be >= 1")
         _check_deployment(self)
         check_load(self)
-        if not self.kv_weight >= 0:
-            raise UserError(f"--kv-weight must be >= 0, got {self.kv_weight}")
+        check_kv_weights(self.kv_weight, self.kv_queue_weight)
         if self.router not in POLICIES:
             raise UserError(f"--router: '{self.router}' is not one of {', '.join(POLICIES)}")
 
@@ -139,7 +139,9 @@ class Cluster:
         self.ecfg = engine_config(traces, cfg.engine, self.notes)
         self.itl: list[float] = []
         self.workers = self._make_workers()
-        kw = {"weight": cfg.kv_weight} if cfg.router == "kv_aware" else {}
+        kw = (
+            {"weight": cfg.kv_weight, "queue_weight": cfg.kv_queue_weight} if cfg.router == "kv_aware" else {}
+        )
         self.policy = make_policy(cfg.router, seed=cfg.seed, **kw)
         self.plan = ReplayPlan(
             traces,
@@ -345,7 +347,7 @@ class Cluster:
     ):
         """Add the request to `w`'s engine (`ext` prompt tokens' KV already there) and wake `w`."""
         item = d.item
-        req = w.engine.add_request(
+        req = w.add_request(
             str(item.id),
             max_tokens=max_tokens,
             prompt_len=item.request.input_tokens,

@@ -133,6 +133,7 @@ def sim_config_from_args(args: argparse.Namespace):
         **arrival_settings(args),
         router=args.router,
         kv_weight=args.kv_weight,
+        kv_queue_weight=args.kv_queue_weight,
         seed=args.seed,
         warm_start=args.warm_start,
         idle_gap_cap=cap,

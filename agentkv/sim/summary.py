@@ -29,6 +29,7 @@ class SimSettings(msgspec.Struct, kw_only=True):
     arrivals: str | None = None
     router: str
     kv_weight: float | None  # kv_aware only
+    kv_queue_weight: float | None = None  # kv_aware only
     seed: int
     warm_start: bool
     idle_gap_cap: float | None
@@ -137,6 +138,7 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         arrivals=cfg.arrivals if cfg.session_rate else None,
         router=cfg.router,
         kv_weight=cfg.kv_weight if cfg.router == "kv_aware" else None,
+        kv_queue_weight=cfg.kv_queue_weight if cfg.router == "kv_aware" else None,
         seed=cfg.seed,
         warm_start=cfg.warm_start,
         idle_gap_cap=cfg.idle_gap_cap,

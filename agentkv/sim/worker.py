@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from agentkv.engine.engine import DecodeBurst, Engine, StepResult
+from agentkv.engine.request import EngineRequest, Status
 
 
 class SimWorker:
     """One engine as the router sees it (the `WorkerView` protocol), plus what it is running now."""
 
-    __slots__ = ("index", "engine", "pending", "burst", "version", "starting")
+    __slots__ = ("index", "engine", "pending", "burst", "version", "starting", "prefilling")
 
     def __init__(self, index: int, engine: Engine):
         self.index = index
@@ -19,15 +20,36 @@ class SimWorker:
         self.burst: DecodeBurst | None = None  # or the decode burst in flight
         self.version = 0  # bumped when a burst is cut short, so its end event is ignored
         self.starting = False  # busy until a scheduled start event (after a cut burst)
+        # requests routed here without a first token yet, with their uncached prompt tokens at routing
+        self.prefilling: list[tuple[EngineRequest, int]] = []
 
     def idle(self) -> bool:
         return self.pending is None and self.burst is None and not self.starting
+
+    def add_request(self, request_id: str, **kw) -> EngineRequest:
+        """Queue a request on the engine and count its uncached prompt as active prefill here."""
+        req = self.engine.add_request(request_id, **kw)
+        gpu = self.engine.cached_prefix(req.block_hashes)[0] * self.engine.config.block_size
+        self.active_prefill_blocks()  # drops the prefilled (no policy may ask: keep the list short)
+        self.prefilling.append((req, req.prompt_len - max(gpu, req.external_tokens)))
+        return req
 
     def active_requests(self) -> int:
         return self.engine.num_running + self.engine.num_waiting
 
     def active_blocks(self) -> int:
         return self.engine.active_blocks
+
+    def active_prefill_blocks(self) -> float:
+        """Dynamo's active prefill tokens, in blocks: what requests routed here still have to
+        prefill until their first token (as predicted at routing, less what has run since)."""
+        live, tokens = [], 0
+        for req, uncached in self.prefilling:
+            if req.first_token is None and req.status < Status.FINISHED:
+                live.append((req, uncached))
+                tokens += min(uncached, req.prompt_len - req.num_computed)
+        self.prefilling = live
+        return tokens / self.engine.config.block_size
 
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
         return self.engine.cached_prefix(block_hashes)

@@ -1,0 +1,128 @@
+"""kv_aware counts a worker's active prefill (Dynamo's active prefill tokens), in the simulator's
+SimWorker over real engines and in the live router's load accounting."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from agentkv.cli import main
+from agentkv.engine.config import EngineConfig
+from agentkv.engine.engine import Engine
+from agentkv.errors import UserError
+from agentkv.placement.policy import KvAware, RouteRequest
+from agentkv.route.workers import Worker, WorkerSpec
+from agentkv.sim.cluster import SimConfig, make_cluster, simulate
+from agentkv.sim.worker import SimWorker
+from agentkv.trace.synth import synthesize
+
+BS = 16
+_ids = itertools.count(1)
+
+
+def _workers(n: int = 2) -> list[SimWorker]:
+    cfg = EngineConfig(num_gpu_blocks_override=40_000, max_model_len=200_000)
+    return [SimWorker(i, Engine(cfg)) for i in range(n)]
+
+
+def _hashes(blocks: int) -> list[int]:
+    return [next(_ids) for _ in range(blocks)]
+
+
+def _queue(w: SimWorker, hashes: list[int], tokens: int | None = None) -> None:
+    w.add_request(f"r{next(_ids)}", max_tokens=4, prompt_len=tokens or len(hashes) * BS, block_hashes=hashes)
+
+
+def _drain(w: SimWorker) -> None:
+    """Run the worker's engine until every request has finished."""
+    eng = w.engine
+    while eng.has_work():
+        res = eng.step()
+        eng.clock.advance_to(res.end)
+
+
+def _req(hashes: list[int]) -> RouteRequest:
+    return RouteRequest(hashes, len(hashes) * BS, session="tree", block_size=BS)
+
+
+def test_a_long_prefill_queue_loses_a_new_tree_to_an_idle_worker():
+    busy, idle = workers = _workers()
+    for _ in range(4):
+        _queue(busy, _hashes(500))  # 4 x 8,000 prompt tokens waiting, none cached, no KV held yet
+    assert busy.active_blocks() == 0 and busy.active_prefill_blocks() == 2000
+    new = _req(_hashes(60))
+    policy = KvAware()
+    assert [policy.choose(new, workers) for _ in range(3)] == [1, 1, 1]  # whatever the tie rotation
+    blind = KvAware(queue_weight=0.0)  # the old cost: the queue holds no KV, so it is invisible
+    assert blind.costs(new, workers)[0] == blind.costs(new, workers)[1]
+    costs = KvAware(weight=2.0, queue_weight=0.5).costs(new, workers)
+    assert costs[0] - costs[1] == 2.0 * 0.5 * 2000  # weight x queue_weight x active prefill blocks
+
+
+def test_a_cached_prefix_beats_a_short_queue_but_not_a_long_one():
+    home, other = workers = _workers()
+    prefix = _hashes(400)  # 6,400 tokens the tree's last turn left cached on `home`
+    _queue(home, prefix)
+    _drain(home)
+    new = _req(prefix + _hashes(20))
+    _queue(home, _hashes(8))  # a short queue: 128 tokens to prefill
+    policy = KvAware()
+    assert policy.choose(new, workers) == 0
+    for _ in range(2):
+        _queue(home, _hashes(250))  # 8,000 more tokens ahead of it: more than its 6,400 cached
+    assert policy.choose(new, workers) == 1
+    assert KvAware(queue_weight=0.0).choose(new, workers) == 0  # blind to the queue, it stays
+
+
+def test_active_prefill_shrinks_as_chunks_run_and_ends_at_the_first_token():
+    (w,) = _workers(1)
+    hashes = _hashes(1250)  # 20,000 tokens: three 8,192-token chunks
+    _queue(w, hashes)
+    seen = [w.active_prefill_blocks()]
+    while w.engine.requests[next(iter(w.engine.requests))].first_token is None:
+        res = w.engine.step()
+        w.engine.clock.advance_to(res.end)
+        seen.append(w.active_prefill_blocks())
+    assert seen[0] == 1250 and seen[1] == (20_000 - 8192) / BS and seen[-1] == 0
+    assert seen == sorted(seen, reverse=True)
+    _drain(w)
+    _queue(w, hashes + _hashes(10))  # the next turn: only its 10 new blocks are left to prefill
+    assert w.active_prefill_blocks() == 10
+
+
+def test_the_live_router_counts_prefill_from_send_to_first_byte():
+    w = Worker(0, WorkerSpec("http://127.0.0.1:9"), BS, approximate=True)
+    a = w.start(8000 + 256, 4800)  # 8,000-token prompt, 200 of its 500 blocks cached there
+    b = w.start(1600 + 256, 1600)
+    assert w.active_prefill_blocks() == 400 and w.active_blocks() == 0
+    a.first_byte()  # prefilled: its whole context becomes KV load, its prefill is done
+    assert w.active_prefill_blocks() == 100 and w.active_blocks() == (8000 + 256) // BS
+    b.finish()  # failed before its first byte: nothing of it is left
+    a.finish()
+    assert w.active_prefill_blocks() == 0 and w.active_blocks() == 0 and w.in_flight == 0
+
+
+@pytest.mark.parametrize("bad", [-1.0, float("nan"), float("inf")])
+def test_bad_queue_weights_are_refused(bad, capsys):
+    with pytest.raises(UserError, match="--kv-queue-weight"):
+        SimConfig(kv_queue_weight=bad)
+    assert main(["route", "--worker", "http://127.0.0.1:9", f"--kv-queue-weight={bad}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--kv-queue-weight" in err and "\n" not in err and "Traceback" not in err
+
+
+def test_simulate_prices_the_queue_as_told_and_records_it():
+    traces = synthesize(2, seed=1)
+    eng = EngineConfig(num_gpu_blocks_override=6000, max_model_len=200_000)
+    assert make_cluster(traces, SimConfig(engine=eng, workers=2)).policy.queue_weight == 1.0  # Dynamo's
+    cfg = SimConfig(engine=eng, workers=2, lanes=2, kv_queue_weight=0.25, max_requests=6)
+    assert simulate(traces, cfg).summary.config["kv_queue_weight"] == 0.25
+
+
+def test_prefilled_requests_are_dropped_even_when_no_policy_asks():
+    (w,) = _workers(1)
+    for _ in range(50):
+        _queue(w, _hashes(4))
+        _drain(w)
+    assert len(w.prefilling) == 1  # only the newest, not yet looked at: finished ones are not held
