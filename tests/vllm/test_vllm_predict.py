@@ -132,11 +132,17 @@ def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared
     # Absolute errors move with the host's load between calibration and bench (quiet: E2E MAPE 13.5%,
     # TTFT 22%; with other work on the 2 cores: 61% and 70%), so the bounds are loose; the 15%
     # target is reported in docs/cost-model.md as missed. Per-request TPOT here measures how the
-    # one-process server flushes tokens (bursts: TPOT near 0) and the load during bench against that
-    # during calibrate (bias -67% to +33% over three runs at load 12-15), so only a bound the
-    # control (bias below -95%) fails.
+    # one-process server flushes tokens (bursts: TPOT near 0, so one burst of 0.3 ms against a
+    # predicted 5 ms is +1,500%: a CI run had MAPE 291% with mean TPOT 6.8 ms predicted, 3.7 ms
+    # measured, 4.9 ms by vLLM's own metrics), so TPOT is judged on its mean over the requests:
+    # within 0.4-2.5x of the measured mean, which the control (0.08x in that run) fails.
     assert o["e2e"]["mape_pct"] < 80.0 and o["ttft"]["mape_pct"] < 85.0, o
-    assert o["tpot"]["bias_pct"] > -75.0 and b["tpot"]["bias_pct"] < -80.0, (o, b)
+    mean = _means(rows)
+    bad_mean = _means(
+        [json.loads(x) for x in (tmp_path / "w" / "predictions.jsonl").read_text().splitlines()]
+    )
+    assert 0.4 < mean["tpot_pred"] / mean["tpot"] < 2.5, mean
+    assert bad_mean["tpot_pred"] / bad_mean["tpot"] < 0.3, bad_mean
     # the control (bundled H200 coefficients) is far off, and the calibrated profile inside it
     assert b["e2e"]["bias_pct"] < -60.0 and b["ttft"]["bias_pct"] < -60.0, b
     for fig in ("ttft", "e2e"):  # TPOT here is the server's token flushing (above), not its steps
