@@ -87,7 +87,12 @@ def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, floa
 
 
 def plan_for(
-    t: fitmod.Target, plan: list[Probe], speed: tuple[float, float], args, budget_s: float
+    t: fitmod.Target,
+    plan: list[Probe],
+    speed: tuple[float, float],
+    args,
+    budget_s: float,
+    max_len: int | None = None,
 ) -> list[Probe]:
     """The probes that fit `budget_s` at the pilot's speed, cheapest first (a budget cut short by a
     slower target than estimated drops the dearest ones of every family); loaded_ttft ones are chosen
@@ -96,6 +101,8 @@ def plan_for(
     slow = slowdown(t, speed)
     stretch_decodes(t, plan, slow[1])
     shape_interference(t, plan, slow)
+    for p in plan if max_len else ():  # a stream longer than the model allows is refused (HTTP 400)
+        p.out = max(1, min(p.out, max_len - p.past - p.ctx))
     est = {id(p): est_wall_s(t, p, args.repeats, slow) for p in plan}
     loaded = [p for p in plan if p.family == "loaded_ttft"]
     first = within_budget(loaded, [est[id(p)] for p in loaded], budget_s / 3)
@@ -127,7 +134,7 @@ async def calibrate(args: argparse.Namespace) -> int:
             error = f"warm-up: {e}"
         else:
             full = make_plan(max_len, bs, t.chunk, kv_tokens)
-            plan = plan_for(t, full, speed, args, deadline - time.monotonic())
+            plan = plan_for(t, full, speed, args, deadline - time.monotonic(), max_len)
             if not args.quiet:
                 slow = slowdown(t, speed)
                 est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
