@@ -37,6 +37,7 @@ class WorkerView(Protocol):
 
 class Policy:
     name = "base"
+    queue_weight = 0.0  # > 0: it asks workers' `active_prefill_blocks` (kv_aware's queue term)
 
     def choose(self, req: RouteRequest, workers: Sequence[WorkerView]) -> int:
         raise NotImplementedError

@@ -139,10 +139,10 @@ class Cluster:
         self.ecfg = engine_config(traces, cfg.engine, self.notes)
         self.itl: list[float] = []
         self.workers = self._make_workers()
-        kw = (
-            {"weight": cfg.kv_weight, "queue_weight": cfg.kv_queue_weight} if cfg.router == "kv_aware" else {}
-        )
+        kw = dict(weight=cfg.kv_weight, queue_weight=cfg.kv_queue_weight) if cfg.router == "kv_aware" else {}
         self.policy = make_policy(cfg.router, seed=cfg.seed, **kw)
+        for w in self.workers:  # the queue lookup only where the policy reads it
+            w.track_prefill = self.policy.queue_weight > 0
         self.plan = ReplayPlan(
             traces,
             lanes=cfg.lanes,

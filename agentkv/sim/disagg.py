@@ -67,6 +67,8 @@ class DisaggCluster(Cluster):
         self.dep = deployment(cfg)
         self.nvlink, self.rdma = kv_links(self.dep, cfg.kv_link_gbps)
         self.decode_policy = make_policy(cfg.decode_router, seed=cfg.seed + 1)
+        for w in self.decode_workers:
+            w.track_prefill = self.decode_policy.queue_weight > 0
         self.flights: dict[str, _Flight] = {}
         self.arrivals: dict[int, str] = {}  # KV_ARRIVED event seq -> request id
         self.link_free = [0.0] * len(self.workers)  # when each worker's link is free again

@@ -11,7 +11,7 @@ from agentkv.engine.request import EngineRequest, Status
 class SimWorker:
     """One engine as the router sees it (the `WorkerView` protocol), plus what it is running now."""
 
-    __slots__ = ("index", "engine", "pending", "burst", "version", "starting", "prefilling")
+    __slots__ = ("index", "engine", "pending", "burst", "version", "starting", "prefilling", "track_prefill")
 
     def __init__(self, index: int, engine: Engine):
         self.index = index
@@ -22,6 +22,7 @@ class SimWorker:
         self.starting = False  # busy until a scheduled start event (after a cut burst)
         # requests routed here without a first token yet, with their uncached prompt tokens at routing
         self.prefilling: list[tuple[EngineRequest, int]] = []
+        self.track_prefill = True  # False where no policy asks `active_prefill_blocks` (no lookup then)
 
     def idle(self) -> bool:
         return self.pending is None and self.burst is None and not self.starting
@@ -29,6 +30,8 @@ class SimWorker:
     def add_request(self, request_id: str, **kw) -> EngineRequest:
         """Queue a request on the engine and count its uncached prompt as active prefill here."""
         req = self.engine.add_request(request_id, **kw)
+        if not self.track_prefill:
+            return req
         gpu = self.engine.cached_prefix(req.block_hashes)[0] * self.engine.config.block_size
         self.active_prefill_blocks()  # drops the prefilled (no policy may ask: keep the list short)
         self.prefilling.append((req, req.prompt_len - max(gpu, req.external_tokens)))
