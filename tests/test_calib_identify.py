@@ -101,7 +101,7 @@ def test_host_time_on_small_steps_does_not_pass_for_a_pinned_floor() -> None:
     probes = _measured(QWEN, small_step_s=3e-3)
     f = F.fit(QWEN, probes)
     assert f.coeffs.launch_floor_s > 2.5 * TRUE.launch_floor_s
-    assert floor_profile(QWEN, probes, f) < 1.0
+    assert floor_profile(QWEN, probes, f) < 4.0
     why = unpinned(QWEN, probes, f)["launch_floor_s"]
     assert "noise variance" in why and "us fitted" in why
     assert {"launch_floor_s", "floor_k"} <= set(resolve(QWEN, probes, f).not_identifiable)

@@ -5,7 +5,8 @@ know it to `LIMIT_PCT`: its term must be a large enough share of some probed ste
 another coefficient can mimic (the launch floor and its exponent trade off freely where the floor
 stays under a layer's weight read). This depends on the target's shapes, not on the noise of one run.
 The launch floor is a threshold, which a linearised error cannot judge: its profile likelihood (the
-fit redone with it fixed 25% off) must also rise by more than this run's noise (`floor_profile`).
+fit redone with it fixed 25% higher, and 25% to 10x lower) must also rise by two standard errors of this
+run's noise at every point (`floor_profile`).
 """
 
 from __future__ import annotations
@@ -25,8 +26,11 @@ STEP = 0.01  # relative change for the numerical derivatives
 # keep the defaults when the fit with them is at most this much worse (root mean square of log errors)
 RMS_SLACK = (1.05, 0.001)
 FLOOR = ("launch_floor_s", "floor_k")
-# the launch floor's profile: refitted fixed this factor below and above its fitted value (`floor_profile`)
-PROFILE = 1 + LIMIT_PCT / 100
+# the launch floor's profile: refitted fixed at these multiples of its fitted value (`floor_profile`);
+# the whole lower range, as a floor under every probed layer's time leaves no trace the others cannot take
+PROFILE = (1 + LIMIT_PCT / 100, 1 / (1 + LIMIT_PCT / 100), 0.5, 0.25, 0.1)
+# the profile must rise by this many noise variances at each point (two standard errors, ~95%)
+RISE = 4.0
 
 
 def jacobian(
@@ -71,16 +75,16 @@ def _off_bounds(c: CostCoefficients) -> CostCoefficients:
 
 
 def floor_profile(t: Target, probes: list[Probe], f: Fit) -> float:
-    """The profile likelihood of the launch floor: refit the rest with the floor fixed `PROFILE` x
-    below and above its fitted value; the smaller rise of the fit's loss, in units of one probe's
-    noise variance (this run's residual variance, at least `SIGMA_REF` squared). Under 1, the
-    probes know the floor to no better than +-`LIMIT_PCT`%: it is not pinned, however well the
-    linearised standard error says it is (the floor is a threshold, and host delay on the smallest
-    steps can fit one where the engine has none)."""
+    """The profile likelihood of the launch floor: refit the rest with the floor fixed at each
+    `PROFILE` multiple of its fitted value; the smallest rise of the fit's loss, in units of one
+    probe's noise variance (this run's residual variance, at least `SIGMA_REF` squared). Under
+    `RISE`, the probes do not know the floor to +-`LIMIT_PCT`%: it is not pinned, however well the
+    linearised standard error says it is (the floor is a threshold: host delay on the smallest steps
+    can fit one where the engine has none, and a floor under every probed step leaves no trace)."""
     var = max(f.loss / max(f.points - len(FREE) - 2, 1), SIGMA_REF**2)
     names = tuple(n for n in FREE if n != "launch_floor_s")
     rises = []
-    for k in (1 / PROFILE, PROFILE):
+    for k in PROFILE:
         fixed = replace(f.coeffs, launch_floor_s=f.coeffs.launch_floor_s * k)
         rises.append((fit(t, probes, start=f.coeffs, fixed=fixed, names=names).loss - f.loss) / var)
     return min(rises)
@@ -102,11 +106,11 @@ def unpinned(t: Target, probes: list[Probe], f: Fit) -> dict[str, str]:
                 f"a 10% change moves no probed step by more than {share:.2g}%; with 1% timing error "
                 f"the probes would know it {known}"
             )
-    if "launch_floor_s" not in out and (rise := floor_profile(t, probes, f)) < 1.0:
+    if "launch_floor_s" not in out and (rise := floor_profile(t, probes, f)) < RISE:
         out["launch_floor_s"] = (
-            f"fixed {LIMIT_PCT:.0f}% lower or higher ({f.coeffs.launch_floor_s * 1e6:.3g} us fitted), "
-            f"the rest refitted, the fit's loss rises by {max(rise, 0.0):.2f} of one probe's noise "
-            "variance: the probes do not tell it apart"
+            f"fixed {LIMIT_PCT:.0f}% higher or {LIMIT_PCT:.0f}% to 10x lower ({f.coeffs.launch_floor_s * 1e6:.3g} "
+            f"us fitted), the rest refitted, the fit's loss rises by as little as {max(rise, 0.0):.2f} of one "
+            f"probe's noise variance (under {RISE:g}): the probes do not tell it apart"
         )
     return out
 
