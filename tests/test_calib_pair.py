@@ -64,7 +64,7 @@ def test_a_pair_whose_samples_scatter_names_the_setup_not_identifiable() -> None
     probes = _sampled(QWEN, seed=1, jitter_s=2e-5, tiny_jitter_s=1e-3)
     f = fit_all(QWEN, probes)
     why = f.not_identifiable["past_setup_s"]
-    assert "new=16 past=16" in why and "this run's samples" in why, why
+    assert "new=16 past=16" in why and "(the setup alone apart)" in why, why
     assert f.stderr_pct["past_setup_s"] is None or f.stderr_pct["past_setup_s"] > 5
 
 

@@ -48,7 +48,8 @@ def solve_setup(t: Target, f: Fit, cold: Probe, cached: Probe, gap_s: float) -> 
 
 def _spread_pct(t: Target, f: Fit, cold: Probe, cached: Probe, s: float) -> float | None:
     """Standard error (% of `s`) of the pair's estimate: the spread of it over `CHUNKS` consecutive
-    parts of both probes' samples, over sqrt(CHUNKS); None without enough samples or a solution."""
+    parts of both probes' samples, over sqrt(CHUNKS); inf where a part has no solution, None
+    without two samples a part."""
     n = min(len(cold.samples_s), len(cached.samples_s)) // CHUNKS
     if n < 2:
         return None
@@ -56,8 +57,8 @@ def _spread_pct(t: Target, f: Fit, cold: Probe, cached: Probe, s: float) -> floa
     for i in range(CHUNKS):
         gap = min(cached.samples_s[i * n : (i + 1) * n]) - min(cold.samples_s[i * n : (i + 1) * n])
         parts.append(solve_setup(t, f, cold, cached, gap))
-    if None in parts:
-        return None
+    if None in parts:  # a part's gap is less than the rest of the model puts between the two
+        return math.inf
     return statistics.stdev(parts) / math.sqrt(CHUNKS) / s * 100
 
 
@@ -85,9 +86,13 @@ def setup_from_pair(t: Target, probes: list[Probe], f: Fit) -> Fit:
         )
         return replace(f, not_identifiable={SETUP: why})
     se = _spread_pct(t, cur, cold, cached, s)
-    cur = replace(cur, stderr_pct=cur.stderr_pct | {SETUP: se}, held=(SETUP,))
+    finite = se if se is not None and math.isfinite(se) else None
+    cur = replace(cur, stderr_pct=cur.stderr_pct | {SETUP: finite}, held=(SETUP,))
     if se is None or se > PAIR_LIMIT_PCT:
-        known = "too few samples to tell" if se is None else f"+-{se:.0f}%"
-        why = f"the pair {label} (the setup alone apart) pins it to {known} in this run's samples"
+        known = {
+            None: "has too few samples to tell it",
+            math.inf: "leaves no room for it in a part of its samples",
+        }.get(se, f"pins it to +-{se:.0f}% in this run's samples")
+        why = f"the pair {label} (the setup alone apart) {known}"
         cur = replace(cur, not_identifiable={SETUP: why})
     return cur
