@@ -27,7 +27,7 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 from agentkv.calib import fit as F
-from agentkv.calib.identify import resolve
+from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import Probe
 from agentkv.engine.cost import CostCoefficients, load_coefficients
 
@@ -171,7 +171,7 @@ def refit(doc: dict) -> dict:
     probes = [Probe(**x) for x in doc["probes"]]
     for p in probes:
         p.settle()
-    f = resolve(t, probes, F.fit(t, probes))
+    f = fit_all(t, probes)
     ov = {"request_s": f.overhead[0], "prompt_token_s": f.overhead[1]}
     fit = {"overhead": ov, "mape_pct": F.errors(t, probes, f.coeffs, f.overhead)}
     fit |= {"stderr_pct": f.stderr_pct, "not_identifiable": f.not_identifiable}

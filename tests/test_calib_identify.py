@@ -114,9 +114,11 @@ def test_host_delay_and_hiccups_leave_the_strong_terms_within_ten_percent() -> N
     f = F.fit(QWEN, probes)
     for name in ("gemm_eff", "attn_past_eff", "stream_gbps"):
         assert getattr(f.coeffs, name) == pytest.approx(getattr(TRUE, name), rel=0.1), name
-    # the floor's shape stays unpinned (here the fit explains the small steps with a hard floor just
-    # above the weight read instead: the floor itself is then pinned, its exponent is not)
-    assert "floor_k" in unpinned(QWEN, probes, f)
+    # the floor stays unpinned: the fit explains the small steps' host delay with a hard floor just
+    # above the weight read (173 us for a true 60), which its profile does not tell apart (with the
+    # plan's one-block pair its exponent alone would now pass the linearised check: `resolve` names
+    # the two as one group)
+    assert {"launch_floor_s", "floor_k"} & set(unpinned(QWEN, probes, f))
 
 
 def test_a_decode_step_is_the_median_of_its_samples_a_prefill_the_least() -> None:

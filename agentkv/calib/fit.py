@@ -102,6 +102,7 @@ class Fit:
     rms: float = 0.0  # root mean square of log(predicted / measured) over the fitted probes
     loss: float = 0.0  # the minimised soft-L1 sum over the fitted probes (~ the sum of squares, in log)
     points: int = 0  # fitted probes
+    held: tuple[str, ...] = ()  # coefficients an earlier stage fixed (calib.pair): later refits keep them
 
 
 def fit(

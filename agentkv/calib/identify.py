@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from agentkv.calib.fit import FITTED, WIDE, Fit, Target, fit, predict
+from agentkv.calib.pair import setup_from_pair
 from agentkv.calib.plan import Probe
 from agentkv.engine.calibrate import FREE
 from agentkv.engine.cost import CostCoefficients, load_coefficients
@@ -82,7 +83,7 @@ def floor_profile(t: Target, probes: list[Probe], f: Fit) -> float:
     linearised standard error says it is (the floor is a threshold: host delay on the smallest steps
     can fit one where the engine has none, and a floor under every probed step leaves no trace)."""
     var = max(f.loss / max(f.points - len(FREE) - 2, 1), SIGMA_REF**2)
-    names = tuple(n for n in FREE if n != "launch_floor_s")
+    names = tuple(n for n in FREE if n != "launch_floor_s" and n not in f.held)
     rises = []
     for k in PROFILE:
         fixed = replace(f.coeffs, launch_floor_s=f.coeffs.launch_floor_s * k)
@@ -123,11 +124,12 @@ def _groups(bad: dict[str, str]) -> list[tuple[str, ...]]:
 
 
 def resolve(t: Target, probes: list[Probe], f: Fit) -> Fit:
-    """`f` with its unpinned coefficients marked. Group by group, they take their bundled defaults
-    (the rest refitted) unless the probes contradict the defaults (the fit's RMS error grows by more
-    than `RMS_SLACK`); then they keep the fitted values, which reproduce the probed steps."""
-    bad = unpinned(t, probes, f)
-    default, cur, notes, held = load_coefficients(), f, {}, set()
+    """`f` with its unpinned coefficients marked (those `unpinned` names and those `f` already names,
+    e.g. the cached-past setup its pair does not pin). Group by group, they take their bundled defaults
+    (the rest refitted, `f.held` kept) unless the probes contradict the defaults (the fit's RMS error
+    grows by more than `RMS_SLACK`); then they keep the fitted values, which reproduce the probed steps."""
+    bad = unpinned(t, probes, f) | f.not_identifiable
+    default, cur, notes, held = load_coefficients(), f, {}, set(f.held)
     for g in _groups(bad):
         names = tuple(m for m in FREE if m not in held and m not in g)
         fixed = replace(cur.coeffs, **{n: getattr(default, n) for n in g})
@@ -145,4 +147,11 @@ def resolve(t: Target, probes: list[Probe], f: Fit) -> Fit:
         if ok:
             cur = alt
             held |= set(g)
-    return replace(cur, stderr_pct=dict.fromkeys(FREE) | cur.stderr_pct, not_identifiable=notes)
+    se = dict.fromkeys(FREE) | {n: f.stderr_pct.get(n) for n in f.held} | cur.stderr_pct
+    return replace(cur, stderr_pct=se, not_identifiable=notes, held=f.held)
+
+
+def fit_all(t: Target, probes: list[Probe]) -> Fit:
+    """What calibrate fits: the joint fit, the cached-past setup from its pair (`calib.pair`), then
+    each coefficient these probes cannot pin named (`resolve`)."""
+    return resolve(t, probes, setup_from_pair(t, probes, fit(t, probes)))

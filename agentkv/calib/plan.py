@@ -22,7 +22,10 @@ CACHED_NEW = (128, 1024, 4096)
 # the per-layer setup of a cached-past kernel is a fifth of the step of a few new tokens after a
 # short past (a 7B model: 50 us of ~250 us a layer), but under 5% of any step above; after 512 cached
 # tokens that step differs from a cold 16-token one by the setup alone (plus 1% of attention and
-# parsing), so the two pin it directly; they take 8 samples per repeat
+# parsing), so the two pin it directly; they take 8 samples per repeat. The closest pair is 16 new
+# tokens after one cached block against the cold 16-token prompt: the prompts differ by one block, so
+# the host's per-token time (parsing, hashing: 0.5-1.6 us a token on a busy host, as much as the setup
+# after 512 cached tokens at time scale 1) cancels and only the setup separates them
 TINY_NEW, TINY_PASTS = 16, (512, 2048, 4096, 8192)
 DECODE_N = (1, 8, 32)
 DECODE_CTX = (1024, 4096, 8192, 32768, 65536)
@@ -79,6 +82,7 @@ def make_plan(
     cap = min(DECODE_TOKENS_MAX, kv_tokens // 2) if kv_tokens else DECODE_TOKENS_MAX
     room = min(max_model_len, int(kv_tokens * 0.9) if kv_tokens else max_model_len) - DECODE_OUT - 1
     out: list[Probe] = [Probe("prefill_cold", new=n) for n in COLD if n <= room]
+    out.append(Probe("prefill_cached", new=TINY_NEW, past=block_size))  # the pair of cold 16: one block
     for past in sorted(set(CACHED_PAST) | set(TINY_PASTS)):
         for new in CACHED_NEW if past in CACHED_PAST else ():
             if past + new <= room and past <= max_model_len // 2:
@@ -99,6 +103,14 @@ def make_plan(
     for p in out:
         p.past -= p.past % block_size  # a cached past is whole blocks
     return out
+
+
+def tiny_pair(probes: list[Probe]) -> tuple[Probe, Probe] | None:
+    """(the cold TINY_NEW-token prompt, TINY_NEW new tokens after the shortest cached past) of
+    `probes`: the two that differ by the cached-past setup alone (calib.pair); None without both."""
+    cold = [p for p in probes if p.family == "prefill_cold" and p.new == TINY_NEW]
+    cached = [p for p in probes if p.family == "prefill_cached" and p.new == TINY_NEW and p.past]
+    return (cold[0], min(cached, key=lambda p: p.past)) if cold and cached else None
 
 
 def samples(p: Probe, repeats: int) -> int:

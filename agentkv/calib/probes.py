@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable
 
 from agentkv.bench.client import BenchClient, StreamResult
-from agentkv.calib.plan import Probe, samples
+from agentkv.calib.plan import Probe, samples, tiny_pair
 from agentkv.errors import UserError
 from agentkv.trace.blocks import request_tokens
 
@@ -117,15 +117,19 @@ class Prober:
         pre, _ = await self._beside(p)
         return (pre.token_times[0] - pre.sent) * self.scale
 
-    async def run(self, p: Probe, repeats: int) -> None:
-        """`samples(p, repeats)` samples of `p`, then its measurement (`Probe.settle`)."""
+    async def run(self, p: Probe, repeats: int, partner: Probe | None = None) -> None:
+        """`samples(p, repeats)` samples of `p`, then its measurement (`Probe.settle`); with a
+        `partner` (a prefill), one sample of it after each of `p`'s, so that the two meet the same
+        host (the pair whose difference is the cached-past setup: calib.pair)."""
         measure = {"decode": self.itl, "interference": self.stall, "loaded_ttft": self.loaded_ttft}
         measure = measure.get(p.family, self.ttft)
         for _ in range(samples(p, repeats)):
-            v = await measure(p)
-            if v is not None:
-                p.samples_s.append(v)
+            for q, m in ((p, measure), (partner, self.ttft)):
+                if q is not None and (v := await m(q)) is not None:
+                    q.samples_s.append(v)
         p.settle()
+        if partner is not None:
+            partner.settle()
 
 
 PILOT_NEW, PILOT_OUT = 512, 16  # the pilot request: a 512-token prefill, then 16 tokens of decode
@@ -148,12 +152,20 @@ async def run_plan(
     prober: Prober, plan: list[Probe], repeats: int, on_done: Callable[[Probe], None], deadline: float
 ) -> str | None:
     """Run the probes in order until `deadline` (time.monotonic()); the first failure's message (the
-    probes before it keep their data). Probes the budget leaves no time for stay unmeasured."""
+    probes before it keep their data). Probes the budget leaves no time for stay unmeasured. The
+    tiny pair (`plan.tiny_pair`) runs interleaved, when the first of the two comes."""
+    pair = tiny_pair(plan)
     for p in plan:
         if time.monotonic() > deadline:
             break
+        partner = None
+        if pair and any(p is q for q in pair):
+            if p.samples_s:  # its partner's turn measured it already
+                on_done(p)
+                continue
+            partner = pair[1] if p is pair[0] else pair[0]
         try:
-            await prober.run(p, repeats)
+            await prober.run(p, repeats, partner)
         except UserError as e:
             return f"{p.label()}: {e}"
         on_done(p)

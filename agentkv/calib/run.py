@@ -8,7 +8,7 @@ import time
 
 from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
-from agentkv.calib.identify import resolve
+from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
 from agentkv.calib.probes import PILOT_NEW, PILOT_OUT, Prober, pilot, run_plan
 from agentkv.calib.profile import profile_doc, write_profile
@@ -173,7 +173,7 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
     done = [p for p in plan if p.measured_s is not None]
     fitted = None
     if len(done) >= 3:
-        f = resolve(t, done, fitmod.fit(t, done))
+        f = fit_all(t, done)
         ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
         fitted = {
             "coefficients": f.coeffs.to_dict(),
