@@ -18,7 +18,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
-from cluster import Cluster, get_text, wait_http, write_keys
+from cluster import Cluster, get_text, metric_sum, wait_http, write_keys
 from prometheus_client.parser import text_string_to_metric_families
 
 pytestmark = pytest.mark.slow
@@ -62,6 +62,16 @@ class Routed(Cluster):
 def _by_worker(samples: dict[tuple[tuple[str, str], ...], float]) -> list[float]:
     """Per-worker sample values in worker order."""
     return [v for k, v in sorted(samples.items(), key=lambda kv: int(dict(kv[0])["worker"]))]
+
+
+def _queued_on(url: str, timeout: float = 30.0) -> None:
+    """Return once the worker at `url` reports a request waiting (a busy host may take seconds)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metric_sum(get_text(url + "/metrics", timeout=5), "vllm:num_requests_waiting") >= 1:
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"no request waited on {url} within {timeout:.0f} s")
 
 
 def _parse(raw: str) -> dict:
@@ -176,7 +186,7 @@ def test_killing_a_worker_loses_no_request_that_had_not_started(cluster):
 
     with ThreadPoolExecutor(18) as ex:
         futures = [ex.submit(one, i) for i in range(18)]
-        time.sleep(0.3)
+        _queued_on(cluster.worker_url(1))  # a request waits there, not started: the kill must not lose it
         victim = cluster.worker(1)
         os.kill(victim.pid, signal.SIGKILL)
         victim.wait(5)
