@@ -19,13 +19,14 @@ from agentkv.units import parse_duration
 REQUEST_WALL_S = 0.02  # planning allowance per request for HTTP and scheduling
 FAST_STEP_WALL_S = 0.002  # decode steps shorter than this (wall) show the server's own CPU time
 ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the engine, per stream
-LAG_PAIRS = 3  # cold prompts timed to the first token alone and followed by more tokens, each
+LAG_PAIRS = 5  # cold prompts timed to the first token alone and followed by more tokens, each
 
 
 async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> float:
     """Wall seconds (>= 0) a stream's first token reaches the client later when more tokens follow it
-    than when it is the only one: the median TTFT of cold PILOT_NEW-token prompts streaming PILOT_OUT
-    tokens less that of one-token ones (alternating). A server busy with the stream's next decode steps
+    than when it is the only one: the mean TTFT of cold PILOT_NEW-token prompts streaming PILOT_OUT
+    tokens less that of one-token ones (alternating; each without its least and greatest sample: the
+    delay comes and goes with the host, a hiccup should not count). A server busy with the stream's next decode steps
     flushes its first token late (vLLM's CPU build: 5-30 ms); the one-token TTFT probes cannot see it,
     bench's streams meet it, and predict adds it to TTFT alone (docs/cost-model.md)."""
     ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
@@ -35,7 +36,8 @@ async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> float:
             if not res.token_times:
                 raise ProbeError(f"target {prober.client.base}: a stream carried no output tokens")
             ttft[out].append(res.token_times[0] - res.sent)
-    return max(0.0, statistics.median(ttft[PILOT_OUT]) - statistics.median(ttft[1]))
+    mid = {k: sorted(v)[1:-1] if len(v) > 2 else v for k, v in ttft.items()}
+    return max(0.0, statistics.fmean(mid[PILOT_OUT]) - statistics.fmean(mid[1]))
 
 
 def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.Target, int, int, int | None]:
