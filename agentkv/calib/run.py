@@ -229,6 +229,7 @@ def _finish(
     if fitted:
         fams = ", ".join(f"{k} {v:.1f}%" for k, v in fitted["mape_pct"].items())
         print(f"calibrated {model_id} as {t.gpu}/{t.model} tp={t.tp}: {len(done)} probes, MAPE {fams}")
+        print(f"first token of a continuing stream: {lag * 1e3:.1f} ms later than of a one-token one")
         for name, why in fitted["not_identifiable"].items():
             print(f"not identifiable on this target: {name}: {why}")
         print(f"wrote {args.out}")
