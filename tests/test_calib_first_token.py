@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ from agentkv.calib.bench_predict import predict_bench_run
 from agentkv.calib.probes import ProbeError, Prober
 from agentkv.calib.replay import replay
 from agentkv.calib.run import first_token_lag
-from agentkv.cli import build_parser
+from agentkv.cli import build_parser, main
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import load_coefficients
 from tests.test_calib_loaded import _items
@@ -28,7 +29,9 @@ def _lag(behave) -> float:
 
     async def go() -> float:
         async with StreamTestServer(behave=behave) as srv, BenchClient(srv.url, timeout=30) as c:
-            return await first_token_lag(Prober(c, "test-model", 16, 1.0))
+            lag, ttft = await first_token_lag(Prober(c, "test-model", 16, 1.0))
+            assert len(ttft["one_token"]) == len(ttft["continuing"]) == 5  # kept in the profile
+            return lag
 
     return asyncio.run(go())
 
@@ -41,6 +44,29 @@ def test_calibrate_measures_the_first_token_delay_of_a_continuing_stream() -> No
     assert early == 0.0  # never negative: a continuing stream is not sped up
     with pytest.raises(ProbeError, match="a request failed"):
         _lag(lambda body, n: Behaviour(reset_after=0))
+
+
+def test_calibrate_writes_the_delay_into_the_profile(tmp_path: Path, capsys) -> None:
+    """`agentkv calibrate` against a loopback server whose streams of more than one token start 40 ms
+    late: the profile's overhead holds the delay, its samples beside it, and the terminal says it."""
+    srv = StreamTestServer(
+        model="llama3-8b",
+        max_model_len=8192,
+        behave=lambda body, n: Behaviour(ttft=0.04 if body["max_tokens"] > 1 else 0.0),
+    )
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    url = asyncio.run_coroutine_threadsafe(srv.start(), loop).result(10)
+    out = tmp_path / "p.json"
+    try:
+        rc = main(["calibrate", "--target", url, "--out", str(out), "--budget", "2s", "--gpu", "h100"])
+    finally:
+        asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+    fit = json.loads(out.read_text())["fit"]
+    assert rc == 0 and 0.025 < fit["overhead"]["first_token_s"] < 0.3, fit["overhead"]
+    assert len(fit["first_token_ttft_s"]["continuing"]) == 5
+    assert "first token of a continuing stream: " in capsys.readouterr().out
 
 
 def test_the_delay_moves_predicted_time_from_tpot_to_ttft_on_the_client_clock() -> None:
@@ -74,7 +100,7 @@ def test_predict_reads_the_delay_from_the_profile(tmp_path: Path) -> None:
         "modelled_as": {"gpu": "h200", "model": "llama3-8b"},
     }
     prof.write_text(json.dumps(doc))
-    argv = ["bench", "--max-requests", "8", "--duration", "none", "--time-scale", "10", "-q"]
+    argv = ["bench", "--max-requests", "4", "--duration", "none", "--time-scale", "10", "-q"]
     args = build_parser().parse_args([*argv, "--clock", "client", "--out", str(out), "--predict", str(prof)])
     assert args.func(args) == 0
 
@@ -85,6 +111,6 @@ def test_predict_reads_the_delay_from_the_profile(tmp_path: Path) -> None:
     prof.write_text(json.dumps(doc | {"fit": {"overhead": {"first_token_s": 0.005}}}))
     assert predict_bench_run(args)["overhead_s"]["first_token"] == pytest.approx(0.05)
     after = rows()
-    assert len(after) == len(before) == 8 and all(x["output_tokens"] > 1 for x in after)
+    assert len(after) == len(before) == 4 and all(x["output_tokens"] > 1 for x in after)
     for a, b in zip(after, before, strict=True):
         assert a["ttft_pred"] == pytest.approx(b["ttft_pred"] + 0.05) and a["e2e_pred"] == b["e2e_pred"]

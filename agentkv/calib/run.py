@@ -22,11 +22,11 @@ ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the e
 LAG_PAIRS = 5  # cold prompts timed to the first token alone and followed by more tokens, each
 
 
-async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> float:
-    """Wall seconds (>= 0) a stream's first token reaches the client later when more tokens follow it
+async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> tuple[float, dict[str, list[float]]]:
+    """(Wall seconds (>= 0) a stream's first token reaches the client later when more tokens follow it
     than when it is the only one: the mean TTFT of cold PILOT_NEW-token prompts streaming PILOT_OUT
     tokens less that of one-token ones (alternating; each without its least and greatest sample: the
-    delay comes and goes with the host, a hiccup should not count). A server busy with the stream's next decode steps
+    delay comes and goes with the host, a hiccup should not count), and the TTFTs). A server busy with the stream's next decode steps
     flushes its first token late (vLLM's CPU build: 5-30 ms); the one-token TTFT probes cannot see it,
     bench's streams meet it, and predict adds it to TTFT alone (docs/cost-model.md)."""
     ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
@@ -37,7 +37,8 @@ async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> float:
                 raise ProbeError(f"target {prober.client.base}: a stream carried no output tokens")
             ttft[out].append(res.token_times[0] - res.sent)
     mid = {k: sorted(v)[1:-1] if len(v) > 2 else v for k, v in ttft.items()}
-    return max(0.0, statistics.fmean(mid[PILOT_OUT]) - statistics.fmean(mid[1]))
+    lag = max(0.0, statistics.fmean(mid[PILOT_OUT]) - statistics.fmean(mid[1]))
+    return lag, {"one_token": ttft[1], "continuing": ttft[PILOT_OUT]}
 
 
 def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.Target, int, int, int | None]:
@@ -148,7 +149,7 @@ async def calibrate(args: argparse.Namespace) -> int:
         t, max_len, bs, kv_tokens = target_of(args, card, info)
         prober = Prober(client, ids[0], bs, t.time_scale)
         plan: list[Probe] = []
-        lag = 0.0
+        lag: tuple[float, dict] = (0.0, {})
         try:
             speed = await pilot(prober)
             lag = await first_token_lag(prober)
@@ -193,7 +194,7 @@ async def _run_with_bar(
 
 
 def _finish(
-    args, base: str, model_id: str, t, server: dict, plan: list[Probe], error: str | None, lag: float = 0.0
+    args, base: str, model_id: str, t, server: dict, plan: list[Probe], error: str | None, lag: tuple
 ) -> int:
     done = [p for p in plan if p.measured_s is not None]
     fitted = None
@@ -206,8 +207,9 @@ def _finish(
                 "request_s": ov[0],
                 "prompt_token_s": ov[1],
                 "per_other_request_s": ov[2],
-                "first_token_s": lag,
+                "first_token_s": lag[0],
             },
+            "first_token_ttft_s": lag[1],
             "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
             "stderr_pct": f.stderr_pct,
             "not_identifiable": f.not_identifiable,
@@ -229,7 +231,7 @@ def _finish(
     if fitted:
         fams = ", ".join(f"{k} {v:.1f}%" for k, v in fitted["mape_pct"].items())
         print(f"calibrated {model_id} as {t.gpu}/{t.model} tp={t.tp}: {len(done)} probes, MAPE {fams}")
-        print(f"first token of a continuing stream: {lag * 1e3:.1f} ms later than of a one-token one")
+        print(f"first token of a continuing stream: {lag[0] * 1e3:.1f} ms later than of a one-token one")
         for name, why in fitted["not_identifiable"].items():
             print(f"not identifiable on this target: {name}: {why}")
         print(f"wrote {args.out}")
