@@ -41,6 +41,13 @@ async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> tuple[float
     return lag, {"one_token": ttft[1], "continuing": ttft[PILOT_OUT]}
 
 
+def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
+    """Planning estimate of `first_token_lag`'s wall seconds from the pilot's (TTFT, decode step) in
+    engine seconds: the budget keeps this much for it after the probes."""
+    once = (2 * speed[0] + (PILOT_OUT - 1) * speed[1]) / time_scale + 2 * REQUEST_WALL_S
+    return LAG_PAIRS * once
+
+
 def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.Target, int, int, int | None]:
     """(modelled target, max model len, block size, KV tokens or None) from flags, /v1/models, /server_info."""
     max_len = card.get("max_model_len") or args.max_model_len
@@ -152,17 +159,22 @@ async def calibrate(args: argparse.Namespace) -> int:
         lag: tuple[float, dict] = (0.0, {})
         try:
             speed = await pilot(prober)
-            lag = await first_token_lag(prober)
         except UserError as e:
             error = f"warm-up: {e}"
         else:
+            end = deadline - lag_wall_s(speed, t.time_scale)  # the first-token delay is timed last
             full = make_plan(max_len, bs, t.chunk, kv_tokens)
-            plan = plan_for(t, full, speed, args, deadline - time.monotonic(), max_len)
+            plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
                 slow = slowdown(t, speed)
                 est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
-            error = await _run_with_bar(prober, plan, args, deadline)
+            error = await _run_with_bar(prober, plan, args, end)
+            if error is None:
+                try:
+                    lag = await first_token_lag(prober)
+                except UserError as e:
+                    error = f"first-token delay: {e}"
     server = {"model": card, "server_info": info}
     return _finish(args, client.base, ids[0], t, server, plan, error, lag)
 
