@@ -24,11 +24,11 @@ LAG_PAIRS = 5  # cold prompts timed to the first token alone and followed by mor
 
 async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> tuple[float, dict[str, list[float]]]:
     """(Wall seconds (>= 0) a stream's first token reaches the client later when more tokens follow it
-    than when it is the only one: the mean TTFT of cold PILOT_NEW-token prompts streaming PILOT_OUT
-    tokens less that of one-token ones (alternating; each without its least and greatest sample: the
-    delay comes and goes with the host, a hiccup should not count), and the TTFTs). A server busy with the stream's next decode steps
-    flushes its first token late (vLLM's CPU build: 5-30 ms); the one-token TTFT probes cannot see it,
-    bench's streams meet it, and predict adds it to TTFT alone (docs/cost-model.md)."""
+    than when it is the only one, the TTFTs): the mean TTFT of cold PILOT_NEW-token prompts streaming
+    PILOT_OUT tokens less that of one-token ones (alternating; each without its least and greatest
+    sample: the delay comes and goes with the host). A server busy with the stream's next decode
+    steps flushes its first token late (vLLM's CPU build: 5-30 ms); the one-token TTFT probes cannot
+    see it, bench's streams meet it, and predict adds it to TTFT alone (docs/cost-model.md)."""
     ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
     for i in range(pairs):
         for out in (1, PILOT_OUT) if i % 2 == 0 else (PILOT_OUT, 1):
