@@ -12,13 +12,19 @@ FIGURES = ("ttft", "tpot", "e2e")
 BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
-def row(r: RequestRecord, p: Predicted, overhead_s: float) -> dict:
+def row(r: RequestRecord, p: Predicted, overhead_s: float, first_token_s: float = 0.0) -> dict:
     """One predictions.jsonl line: the measured figures beside the predicted ones (seconds).
 
     Latencies count as bench counted them: from the due time on the client's clock, or from the
-    engine's arrival when the target stamped its own times (`clock` engine)."""
+    engine's arrival when the target stamped its own times (`clock` engine). On the client's clock a
+    stream that decodes on after its first token reads that token `first_token_s` later (the
+    profile's first-token delay: the server flushes it late): TTFT gains it and TPOT loses it, E2E
+    stays; a one-token answer, read when its stream ends, does not."""
     start = p.arrival if r.clock == "engine" else r.scheduled
-    tpot = (p.end - p.first_token) / (p.output_tokens - 1) if p.output_tokens > 1 else None
+    first = p.first_token
+    if r.clock != "engine" and p.output_tokens > 1:
+        first = min(p.first_token + first_token_s, p.end)
+    tpot = (p.end - first) / (p.output_tokens - 1) if p.output_tokens > 1 else None
     return {
         "id": r.id,
         "trace": r.trace,
@@ -28,7 +34,7 @@ def row(r: RequestRecord, p: Predicted, overhead_s: float) -> dict:
         "output_tokens": r.output_tokens,
         "sent": r.sent,
         "ttft": r.ttft,
-        "ttft_pred": p.first_token - start,
+        "ttft_pred": first - start,
         "tpot": r.tpot,
         "tpot_pred": tpot,
         "e2e": r.e2e,

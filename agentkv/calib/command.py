@@ -81,7 +81,8 @@ def add_predict_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-overhead",
         action="store_true",
-        help="leave out the profile's host overheads: per request, per prompt token, per other request in flight",
+        help="leave out the profile's host overheads: per request, per prompt token, per other request in "
+        "flight, and the first-token delay of a continuing stream",
     )
     p.add_argument("--json", action="store_true", help="print prediction.json instead of the table")
 

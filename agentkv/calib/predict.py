@@ -76,10 +76,11 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
     ov = ((prof.get("fit") or {}).get("overhead")) or {}
     keys = ("request_s", "prompt_token_s", "per_other_request_s")  # a key absent (older profiles): 0
     delay = tuple(0.0 if args.no_overhead else ov.get(k, 0.0) * scale for k in keys)  # target seconds
+    lag = 0.0 if args.no_overhead else ov.get("first_token_s", 0.0) * scale  # TTFT only (accuracy.row)
     items = trace_requests(run, traces)
     clocks = clock_offsets(run.records, one_server=bool(run.config.get("server")))
     pred = replay(ecfg, items, delay, bool(run.config.get("tenant_salts")), clocks)
-    rows = [row(r, pred[r.id], pred[r.id].arrival - r.sent) for r, _, _ in items]
+    rows = [row(r, pred[r.id], pred[r.id].arrival - r.sent, lag) for r, _, _ in items]
     rows.sort(key=lambda x: x["id"])
     out = Path(args.out or run.path)
     out.mkdir(parents=True, exist_ok=True)
@@ -93,7 +94,8 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
         "profile": args.profile,
         "profile_name": prof.get("name"),
         "engine": msgspec.to_builtins(ecfg),
-        "overhead_s": dict(zip(("request", "prompt_token", "per_other_request"), delay, strict=True)),
+        "overhead_s": dict(zip(("request", "prompt_token", "per_other_request"), delay, strict=True))
+        | {"first_token": lag},
         "failed_requests_skipped": run.failed,
         "cache_bust": run.config.get("cache_bust"),
         "arrivals": clocks.note,

@@ -13,6 +13,8 @@ from pathlib import Path
 from agentkv.calib.fit import Target
 from agentkv.calib.plan import Probe
 
+FIT_KEYS = ("overhead", "mape_pct", "stderr_pct", "not_identifiable", "first_token_ttft_s")
+
 
 def profile_doc(
     name: str,
@@ -24,7 +26,7 @@ def profile_doc(
     error: str | None,
 ) -> dict:
     """The profile as a JSON-ready dict; `fitted`: {'coefficients', 'overhead', 'mape_pct', 'stderr_pct',
-    'not_identifiable'} or None."""
+    'not_identifiable', 'first_token_ttft_s' (the first-token delay's samples, optional)} or None."""
     done = [asdict(p) for p in probes if p.measured_s is not None]
     doc = {
         "about": "agentkv calibrate: black-box probes of an OpenAI-compatible engine, fitted to the "
@@ -41,8 +43,7 @@ def profile_doc(
         c = {k: (float(f"{v:.6g}") if math.isfinite(v) else v) for k, v in fitted["coefficients"].items()}
         doc |= {
             "coefficients": c,
-            "fit": {k: fitted[k] for k in ("overhead", "mape_pct", "stderr_pct", "not_identifiable")}
-            | {"points": len(done)},
+            "fit": {k: fitted[k] for k in FIT_KEYS if k in fitted} | {"points": len(done)},
         }
     return doc
 

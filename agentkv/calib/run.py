@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import time
 
@@ -10,7 +11,7 @@ from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
 from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
-from agentkv.calib.probes import PILOT_NEW, PILOT_OUT, Prober, pilot, run_plan
+from agentkv.calib.probes import PILOT_NEW, PILOT_OUT, ProbeError, Prober, pilot, run_plan
 from agentkv.calib.profile import profile_doc, write_profile
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
@@ -18,6 +19,33 @@ from agentkv.units import parse_duration
 REQUEST_WALL_S = 0.02  # planning allowance per request for HTTP and scheduling
 FAST_STEP_WALL_S = 0.002  # decode steps shorter than this (wall) show the server's own CPU time
 ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the engine, per stream
+LAG_PAIRS = 5  # cold prompts timed to the first token alone and followed by more tokens, each
+
+
+async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> tuple[float, dict[str, list[float]]]:
+    """(Wall seconds (>= 0) a stream's first token reaches the client later when more tokens follow it
+    than when it is the only one, the TTFTs): the mean TTFT of cold PILOT_NEW-token prompts streaming
+    PILOT_OUT tokens less that of one-token ones (alternating; each without its least and greatest
+    sample: the delay comes and goes with the host). A server busy with the stream's next decode
+    steps flushes its first token late (vLLM's CPU build: 5-30 ms); the one-token TTFT probes cannot
+    see it, bench's streams meet it, and predict adds it to TTFT alone (docs/cost-model.md)."""
+    ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
+    for i in range(pairs):
+        for out in (1, PILOT_OUT) if i % 2 == 0 else (PILOT_OUT, 1):
+            res = await prober._send(prober._ids(PILOT_NEW), out)
+            if not res.token_times:
+                raise ProbeError(f"target {prober.client.base}: a stream carried no output tokens")
+            ttft[out].append(res.token_times[0] - res.sent)
+    mid = {k: sorted(v)[1:-1] if len(v) > 2 else v for k, v in ttft.items()}
+    lag = max(0.0, statistics.fmean(mid[PILOT_OUT]) - statistics.fmean(mid[1]))
+    return lag, {"one_token": ttft[1], "continuing": ttft[PILOT_OUT]}
+
+
+def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
+    """Planning estimate of `first_token_lag`'s wall seconds from the pilot's (TTFT, decode step) in
+    engine seconds: the budget keeps this much for it after the probes."""
+    once = (2 * speed[0] + (PILOT_OUT - 1) * speed[1]) / time_scale + 2 * REQUEST_WALL_S
+    return LAG_PAIRS * once
 
 
 def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.Target, int, int, int | None]:
@@ -128,19 +156,27 @@ async def calibrate(args: argparse.Namespace) -> int:
         t, max_len, bs, kv_tokens = target_of(args, card, info)
         prober = Prober(client, ids[0], bs, t.time_scale)
         plan: list[Probe] = []
+        lag: tuple[float, dict] = (0.0, {})
         try:
             speed = await pilot(prober)
         except UserError as e:
             error = f"warm-up: {e}"
         else:
+            end = deadline - lag_wall_s(speed, t.time_scale)  # the first-token delay is timed last
             full = make_plan(max_len, bs, t.chunk, kv_tokens)
-            plan = plan_for(t, full, speed, args, deadline - time.monotonic(), max_len)
+            plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
                 slow = slowdown(t, speed)
                 est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
-            error = await _run_with_bar(prober, plan, args, deadline)
-    return _finish(args, client.base, ids[0], t, {"model": card, "server_info": info}, plan, error)
+            error = await _run_with_bar(prober, plan, args, end)
+            if error is None:
+                try:
+                    lag = await first_token_lag(prober)
+                except UserError as e:
+                    error = f"first-token delay: {e}"
+    server = {"model": card, "server_info": info}
+    return _finish(args, client.base, ids[0], t, server, plan, error, lag)
 
 
 async def _run_with_bar(
@@ -169,7 +205,9 @@ async def _run_with_bar(
         )
 
 
-def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], error: str | None) -> int:
+def _finish(
+    args, base: str, model_id: str, t, server: dict, plan: list[Probe], error: str | None, lag: tuple
+) -> int:
     done = [p for p in plan if p.measured_s is not None]
     fitted = None
     if len(done) >= 3:
@@ -177,7 +215,13 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
         ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
         fitted = {
             "coefficients": f.coeffs.to_dict(),
-            "overhead": {"request_s": ov[0], "prompt_token_s": ov[1], "per_other_request_s": ov[2]},
+            "overhead": {
+                "request_s": ov[0],
+                "prompt_token_s": ov[1],
+                "per_other_request_s": ov[2],
+                "first_token_s": lag[0],
+            },
+            "first_token_ttft_s": lag[1],
             "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
             "stderr_pct": f.stderr_pct,
             "not_identifiable": f.not_identifiable,
@@ -199,6 +243,7 @@ def _finish(args, base: str, model_id: str, t, server: dict, plan: list[Probe], 
     if fitted:
         fams = ", ".join(f"{k} {v:.1f}%" for k, v in fitted["mape_pct"].items())
         print(f"calibrated {model_id} as {t.gpu}/{t.model} tp={t.tp}: {len(done)} probes, MAPE {fams}")
+        print(f"first token of a continuing stream: {lag[0] * 1e3:.1f} ms later than of a one-token one")
         for name, why in fitted["not_identifiable"].items():
             print(f"not identifiable on this target: {name}: {why}")
         print(f"wrote {args.out}")

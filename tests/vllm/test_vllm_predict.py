@@ -120,7 +120,10 @@ def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared
         json.dumps(json.loads(prof.read_text()) | {"coefficients": load_coefficients().to_dict()})
     )
     bad = _predict(run, wrong, traces, tmp_path / "w", "--no-overhead")
-    figures["predict (calibrated)"] = f"fit MAPE {fit['mape_pct']}; " + _figures(doc)
+    lag = fit["overhead"]["first_token_s"] * 1e3
+    figures["predict (calibrated)"] = (
+        f"fit MAPE {fit['mape_pct']}; first-token delay {lag:.1f} ms; " + _figures(doc)
+    )
     figures["predict (bundled H200 coefficients)"] = _figures(bad)
     figures["vLLM's own means (ms)"] = f"{view}; client and predicted: {_means(rows)}"
 
