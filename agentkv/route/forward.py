@@ -96,11 +96,12 @@ async def forward(
     upstream, first = await _first_byte(router, w, path, payload, headers)
     try:
         load.first_byte()
-        w.last_byte = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        w.last_byte = loop.time()
         sink.begin(
             upstream.status, upstream.content_type, upstream.content_length, f"x-agentkv-worker: {w.slot}\r\n"
         )
-        await _relay(router, sink, upstream, w, first)
+        await _relay(router, sink, upstream, w, first, loop)
     except asyncio.CancelledError:  # the client left while we waited on the worker
         router.stats.client_disconnects += 1
         upstream.close()  # the worker sees the disconnect and aborts the request
@@ -143,12 +144,11 @@ async def _first_byte(
         w.waiting.discard(deadline)
 
 
-async def _relay(router: Router, sink, upstream: Response, w: Worker, first: bytes) -> None:
+async def _relay(router: Router, sink, upstream: Response, w: Worker, first: bytes, loop) -> None:
     """Copy the worker's bytes to the client until either end stops, and say which one did. The
     first bytes go out with the head (and with the end of the response, when it all came at once:
     one write); the rest as the sink relays it (the fast path's Exchange pipes it from the worker's
     read callback, aiohttp's StreamSink reads it piece by piece)."""
-    loop = asyncio.get_running_loop()
 
     def touch() -> None:
         w.last_byte = loop.time()
