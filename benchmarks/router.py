@@ -195,9 +195,9 @@ def _parse_args() -> argparse.Namespace:
     return ap.parse_args()
 
 
-async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, float, float]:
+async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, float, float, float]:
     """`agentkv route` in front of the workers: the load direct, then through it, and its CPU time;
-    returns (CPU ms per request, added p50 to first byte in ms, req/s achieved through it)."""
+    returns (CPU ms per request, added p50 to first byte in ms, req/s achieved through it and direct)."""
     urls = c.urls
     exe = [sys.executable, "-c", PROFILED, args.profile] if args.profile else CLI
     flags = ["--policy", args.policy, "--tokenizer", "builtin", "--log-level", "warning"]
@@ -226,10 +226,10 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
 
         print(f"  where the router's CPU went (cProfile, whole run; stats in {args.profile}):")
         pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
-    return ms, _added_p50(base, via), via["achieved"]
+    return ms, _added_p50(base, via), via["achieved"], base["achieved"]
 
 
-async def _measure_peer(c: Cluster, args: argparse.Namespace) -> tuple[float, float, float] | None:
+async def _measure_peer(c: Cluster, args: argparse.Namespace) -> tuple[float, float, float, float] | None:
     """sglang-router on the second router port: the load direct, then through it (as _measure_ours)."""
     if not PEER.exists():
         print(f"sglang-router: not measured ({PEER} not found; pip install sglang-router there)")
@@ -242,7 +242,7 @@ async def _measure_peer(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
     via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4, fresh=fresh)
     cpu = tree_cpu_seconds(peer.pid) - cpu0
     _report("sglang-router (cache_aware)", base, via)
-    return _cpu_line(cpu, via, args.seconds), _added_p50(base, via), via["achieved"]
+    return _cpu_line(cpu, via, args.seconds), _added_p50(base, via), via["achieved"], base["achieved"]
 
 
 def _cpu_line(cpu: float, via: dict, seconds: float) -> float:
@@ -266,13 +266,16 @@ def _added_p50(base: dict, via: dict) -> float:
 def _verdict(ours: tuple, peer: tuple | None, rate: float) -> None:
     """#19's two router targets for this run: CPU per request at or below sglang-router's; an added
     p50 <= 2 ms with the rate achieved (within 2%)."""
-    ms, p50, achieved = ours
+    ms, p50, achieved, direct = ours
     print(f"targets (load average {os.getloadavg()[0]:.1f}):")
     if peer is not None:
         delta = (ms / peer[0] - 1) * 100
         met = "met" if ms <= peer[0] else "missed"
         print(f"  CPU per request {ms:.2f} vs sglang-router {peer[0]:.2f} ms ({delta:+.0f}%): {met}")
-    ok = p50 <= 2.0 and achieved >= 0.98 * rate  # the open-loop schedule's tail costs a few req/s
+    if direct < 0.98 * rate:  # the open-loop schedule's tail costs a few req/s
+        print(f"  added p50: not judged (the direct run held {direct:.0f} of {rate:.0f} req/s)")
+        return
+    ok = p50 <= 2.0 and achieved >= 0.98 * rate
     print(f"  added p50 {p50:+.2f} ms at {achieved:.0f} of {rate:.0f} req/s: {'met' if ok else 'missed'}")
 
 
