@@ -10,7 +10,14 @@ import time
 import pytest
 
 from agentkv.bench.http1 import HttpError, _Exchange
-from agentkv.gate.http1 import MAX_HEAD_BYTES, ChunkDecoder, FramingError, head_end, parse_head
+from agentkv.gate.http1 import (
+    MAX_HEAD_BYTES,
+    ChunkDecoder,
+    FramingError,
+    head_end,
+    parse_head,
+    parse_request_head,
+)
 
 
 @pytest.mark.parametrize(
@@ -45,6 +52,51 @@ def test_the_head_says_how_the_body_ends(head, status, length, chunked, keep):
 def test_a_head_that_is_not_http1_is_refused(head):
     with pytest.raises(FramingError, match="not HTTP/1.x"):
         parse_head(head)
+
+
+def test_the_request_head_parser_refuses_what_the_fast_path_does_not_take():
+    routes = {b"/p": "handler"}
+    ok = b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 3"
+    assert parse_request_head(ok + b"\r\n", routes, 10)[1:] == (
+        "/p",
+        {"host": "h", "content-length": "3"},
+        True,
+        3,
+    )
+    assert parse_request_head(ok + b"\r\nConnection: close\r\n", routes, 10)[3] is False
+    assert parse_request_head(ok + b"\r\nX-Api-Key:  k 1 \t\r\n", routes, 10)[2]["x-api-key"] == "k 1"
+    h = parse_request_head(ok + b"\r\nX-Session-Id: a:B\tc\r\nX-Empty:\r\nCONTENT-length: 3\r\n", routes, 10)
+    assert h is None  # Content-Length twice, in two spellings
+    h = parse_request_head(ok + b" \r\nX-Session-Id: a:B\tc\r\nX-Empty:\r\n", routes, 10)[2]
+    assert h == {"host": "h", "content-length": "3", "x-session-id": "a:B\tc", "x-empty": ""}
+    for tail in (
+        b"\r\nHost: h",  # a repeated header
+        b"\r\nContent-Length: 3",
+        b"\r\n folded",
+        b"\r\nX: \x00",
+        b"\nX: y",  # a bare LF
+        b"\r\nX: y\r",
+        b"\r\nExpect: 100-continue",
+        b"\r\nContent-Encoding: gzip",
+        b"\r\nTransfer-Encoding: chunked",
+        b"\r\nX: \xff",
+        b"\r\nBad Name: v",
+        b"\r\nX(y): v",
+        b"\r\nnocolon",
+    ):
+        assert parse_request_head(ok + tail + b"\r\n", routes, 10) is None, tail
+    for head in (
+        b"POST /p HTTP/1.0\r\nHost: h\r\nContent-Length: 3",
+        b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 30",  # over max_body
+        b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: -3",
+        b"POST /p HTTP/1.1\r\nHost: h\r\nContent-Length: 0x3",
+        b"POST /p HTTP/1.1\r\nHost: h",  # no length
+        b"POST /p?q=1 HTTP/1.1\r\nHost: h\r\nContent-Length: 3",
+        b"POST  /p HTTP/1.1\r\nHost: h\r\nContent-Length: 3",
+        b"GET /p HTTP/1.1\r\nHost: h\r\nContent-Length: 3",
+        b"POST /p HTTP/1.1\r\nContent-Length: 3",  # no Host
+    ):
+        assert parse_request_head(head + b"\r\n", routes, 10) is None, head
 
 
 def test_an_endless_head_is_refused_once_past_the_cap():

@@ -1,14 +1,14 @@
 """A lean HTTP/1.1 server path for a proxy's hot requests, in front of aiohttp on the same port.
 
-Per connection, `FastProtocol` reads request heads itself. A plain request to one of its routes
-(POST, HTTP/1.1, ASCII head, Host, a Content-Length under `max_body`, no Transfer-Encoding,
-encoding, Expect or Upgrade) is answered by the route's handler, which writes straight to the transport
+Per connection, `FastProtocol` reads request heads itself (gate/http1.parse_request_head). A plain
+request to one of its routes (POST, HTTP/1.1, ASCII head, Host, a Content-Length under `max_body`,
+no Transfer-Encoding, encoding, Expect or Upgrade) is answered by the route's handler, which writes straight to the transport
 (`Exchange`): no request object, router, middleware or response object per request. Anything
 else (another path or method, an unusual or malformed head, a larger or compressed body) hands
 the connection, bytes unread included, to aiohttp's handler for good, so every other behaviour
 (its errors, body caps, inflation, slow bodies) is aiohttp's as before. The door's rules hold on
 the fast path too: the connection guard (cap, eviction of the quietest), keep-alive and head
-timeouts (slowloris), a body timeout (408), pipelined requests answered in order with reading
+timeouts (slowloris; one timer per connection), a body timeout (408), pipelined requests answered in order with reading
 paused past PIPELINE_BYTES, a client that leaves cancels its handler.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import re
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -25,14 +24,11 @@ from email.utils import formatdate
 from http import HTTPStatus
 
 from agentkv.gate.errors import JSON, RequestError, error_body
+from agentkv.gate.http1 import parse_request_head
 
 log = logging.getLogger("agentkv.gate")
 MAX_HEAD = 8 << 10  # a head not complete within this many bytes goes to aiohttp (its limits, its 4xx)
 PIPELINE_BYTES = 1 << 16  # bytes buffered past the request being answered before reading pauses
-# header lines this parser takes: a token, a colon, printable ASCII or tabs, CRLF (no obs-fold)
-_FIELDS = re.compile(rb"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+:[\t\x20-\x7e]*\r\n)*").fullmatch
-_FIELD = re.compile(rb"([^:]+):[ \t]*([^\r]*?)[ \t]*\r\n").findall
-_REFUSE = frozenset({"transfer-encoding", "expect", "upgrade", "content-encoding"})
 
 
 class FastRequest:
@@ -47,28 +43,6 @@ class FastRequest:
 Handler = Callable[[FastRequest, "Exchange"], Awaitable[None]]
 
 
-def parse_head(head: bytes, routes: dict[bytes, Handler], max_body: int):
-    """(handler, path, headers, keep-alive, body length) for a head (up to its blank line, every line
-    ending in CRLF) that the fast path takes; None hands the request to aiohttp (which answers or
-    refuses it as before). The checks run in C (regular expressions), not per byte in Python."""
-    line = head.find(b"\r\n")
-    parts = head[:line].split(b" ")
-    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
-        return None
-    handler = routes.get(parts[1])
-    if handler is None or not _FIELDS(head, line + 2):
-        return None  # another route, or a field that is not `token: printable ASCII`
-    pairs = _FIELD(head, line + 2)
-    headers = {k.decode().lower(): v.decode() for k, v in pairs}
-    if len(headers) != len(pairs) or not _REFUSE.isdisjoint(headers):
-        return None  # a repeated header (smuggling's favourite) or framing aiohttp reads
-    n = headers.get("content-length", "")
-    if "host" not in headers or not n.isdigit() or len(n) > 12 or int(n) > max_body:
-        return None
-    keep = "close" not in headers.get("connection", "").lower()
-    return handler, parts[1].decode(), headers, keep, int(n)
-
-
 _date = [0, ""]
 
 
@@ -80,11 +54,11 @@ def http_date() -> str:
     return _date[1]
 
 
+_REASONS = {s.value: s.phrase for s in HTTPStatus}
+
+
 def _reason(status: int) -> str:
-    try:
-        return HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
+    return _REASONS.get(status, "Unknown")
 
 
 class Exchange:
@@ -145,6 +119,21 @@ class Exchange:
         if p.transport is None or p.transport.is_closing():
             raise ConnectionResetError("the client closed the connection")
 
+    async def relay(self, upstream, touch: Callable[[], None]) -> None:
+        """The rest of `upstream`'s body (a gate.upstream Response), then the end of the response:
+        passed from the worker's read callback straight to the client's socket, no task switch per
+        read; `touch()` on each piece. UpstreamBroken when the worker breaks off, ConnectionError
+        when the client leaves."""
+        write = self.write_now
+
+        def piece(data: bytes, end: bool) -> bool:
+            touch()
+            return write(data, end)
+
+        await upstream.pipe(piece, self.drain)
+        if not self.ended:
+            await self.send(b"", True)
+
     def error(self, e: RequestError) -> None:
         """The OpenAI error JSON for `e` as the whole response (nothing sent yet)."""
         body = error_body(e.message, e.err_type, e.status, e.param)
@@ -176,6 +165,7 @@ class FastProtocol(asyncio.Protocol):
         self.write_paused = self.read_paused = self.refused = False
         self.waiter: asyncio.Future | None = None
         self.timer: asyncio.TimerHandle | None = None
+        self.deadline = 0.0  # when `timer` closes the connection, unless it is answering a request
         self.idle_since = self.last_data = self.loop.time()
 
     # the guard's view (as GuardedHandler) --------------------------------------------------------
@@ -268,18 +258,17 @@ class FastProtocol(asyncio.Protocol):
                 if len(self.buf) > MAX_HEAD or b"\n\n" in self.buf:
                     self._hand_over()
                 return
-            head = parse_head(bytes(self.buf[: end + 2]), self.routes, self.max_body)
+            head = parse_request_head(bytes(self.buf[: end + 2]), self.routes, self.max_body)
             if head is None:
                 return self._hand_over()
             self.pending = head + (end + 4,)
-            self._arm(self.body_timeout)
+            if len(self.buf) < end + 4 + head[4]:
+                self._arm(self.body_timeout)  # once per request: the whole body within body_timeout
         handler, path, headers, keep, n, start = self.pending
         if len(self.buf) < start + n:
             return  # the body is still arriving
         body, self.buf, self.pending = bytes(self.buf[start : start + n]), self.buf[start + n :], None
         self.keep = keep
-        if self.timer is not None:
-            self.timer.cancel()
         self.task = self.loop.create_task(self._answer(handler, FastRequest(path, headers, body)))
 
     async def _answer(self, handler: Handler, req: FastRequest) -> None:
@@ -316,14 +305,23 @@ class FastProtocol(asyncio.Protocol):
             self._next()
 
     def _arm(self, seconds: float) -> None:
-        """Close the connection when it is not answering a request `seconds` from now."""
-        if self.timer is not None:
-            self.timer.cancel()
-        self.timer = self.loop.call_later(seconds, self._expire)
+        """Close the connection when it is not answering a request `seconds` from now. One timer per
+        connection, not one per request: a later deadline is only noted (`_expire` waits on to it),
+        an earlier one moves the timer."""
+        self.deadline = at = self.loop.time() + seconds
+        t = self.timer
+        if t is None or t.when() > at:
+            if t is not None:
+                t.cancel()
+            self.timer = self.loop.call_at(at, self._expire)
 
     def _expire(self) -> None:
+        self.timer = None
         t = self.transport
         if self.task is not None or t is None:
+            return  # answering: the response's end arms the keep-alive deadline
+        if self.deadline - self.loop.time() > 0.001:  # moved later since the timer was set
+            self.timer = self.loop.call_at(self.deadline, self._expire)
             return
         if self.pending is not None:  # the body did not arrive in time: 408, as aiohttp's path answers
             self.keep = False

@@ -1,13 +1,25 @@
-"""HTTP/1.1 response framing without I/O: the head (status line, headers, how the body ends) and the
-chunked transfer decoding. One home for both clients: the router's (gate/upstream.py) and the
-bench's streaming client (bench/http1.py); each keeps its own I/O, buffering and body handling.
+"""HTTP/1.1 head parsing and framing without I/O: a response's head (status line, headers, how the
+body ends) and chunked transfer decoding, for both clients (the router's gate/upstream.py and the
+bench's bench/http1.py), and the request heads the server's fast path takes (gate/fastpath.py).
+Each caller keeps its own I/O, buffering and body handling.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from itertools import repeat
+from typing import TypeVar
 
 MAX_HEAD_BYTES = 1 << 16  # a response head (or a chunk-size line) longer than this is refused
+
+
+# request header lines the fast path takes: a token, a colon, printable ASCII or tabs, CRLF (no obs-fold)
+_STRICT_FIELDS = re.compile(rb"(?:[-!#$%&'*+.^_`|~0-9A-Za-z]+:[\t\x20-\x7e]*\r\n)*").fullmatch
+# (name, value) of each line _STRICT_FIELDS passed; greedy, so no backtracking (trailing blanks: rstrip)
+_FIELD = re.compile(r"([^:\r\n]+):[ \t]*([^\r]*)\r\n").findall
+_REFUSE = frozenset({"transfer-encoding", "expect", "upgrade", "content-encoding"})
+T = TypeVar("T")
 
 
 class FramingError(ValueError):
@@ -74,6 +86,31 @@ def _parse_head(text: str) -> Head:
     elif length is None:
         close = True  # the body ends when the connection closes
     return Head(code, ctype, length, chunked, not close)
+
+
+def parse_request_head(head: bytes, routes: Mapping[bytes, T], max_body: int):
+    """(route's value, path, headers, keep-alive, body length) for a request head (up to its blank
+    line, every line ending in CRLF) that a lean server path takes: POST to one of `routes`, HTTP/1.1,
+    header lines of `token: printable ASCII`, Host, each name once, a Content-Length up to `max_body`,
+    no Transfer-Encoding, Expect, Upgrade or Content-Encoding. None for anything else (the caller
+    hands it to a full server). Header names lower-cased, values without surrounding blanks; the
+    checks run in C (regular expressions, str methods), not per byte in Python."""
+    line = head.find(b"\r\n")
+    parts = head[:line].split(b" ")
+    if len(parts) != 3 or parts[0] != b"POST" or parts[2] != b"HTTP/1.1":
+        return None
+    route = routes.get(parts[1])
+    if route is None or not _STRICT_FIELDS(head, line + 2):
+        return None  # another route, or a field that is not `token: printable ASCII`
+    pairs = _FIELD(head.decode("latin-1"), line + 2)
+    headers = {k.lower(): v.rstrip(" \t") for k, v in pairs}
+    if len(headers) != len(pairs) or not _REFUSE.isdisjoint(headers):
+        return None  # a repeated header (smuggling's favourite) or framing a full server reads
+    n = headers.get("content-length", "")
+    if "host" not in headers or not n.isdigit() or len(n) > 12 or int(n) > max_body:
+        return None
+    keep = "close" not in headers.get("connection", "").lower()
+    return route, parts[1].decode(), headers, keep, int(n)
 
 
 def whole_chunks(data: bytes) -> tuple[bytes, bytes] | None:

@@ -94,6 +94,7 @@ class _Conn(asyncio.Protocol):
     def __init__(self, pool: _Host) -> None:
         self.pool = pool
         self.transport: asyncio.Transport | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # set with the transport
         self.buf = b""  # bytes of the response head not yet parsed
         self.chunks: ChunkDecoder | None = None  # a chunked body's decoder
         self.body: list[bytes] = []  # de-framed body bytes not yet read
@@ -113,6 +114,7 @@ class _Conn(asyncio.Protocol):
     # asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()  # once: each call is a getpid() syscall on 3.11
 
     def data_received(self, data: bytes) -> None:
         if self.done or self.error is not None:
@@ -225,7 +227,7 @@ class _Conn(asyncio.Protocol):
             w.set_result(None)
 
     async def _wait(self) -> None:
-        self.waiter = asyncio.get_running_loop().create_future()
+        self.waiter = self.loop.create_future()
         try:
             await self.waiter
         finally:

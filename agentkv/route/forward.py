@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING
 import aiohttp
 from aiohttp import web
 
-from agentkv.gate.fastpath import Exchange
 from agentkv.gate.upstream import ConnectFailed, Response, UpstreamBroken
 
 if TYPE_CHECKING:
@@ -38,8 +37,9 @@ class Retry(Exception):
 
 
 class StreamSink:
-    """aiohttp's side of a forwarded response (gate.fastpath's Exchange is the fast path's): the
-    worker's status and body streamed back through a StreamResponse."""
+    """aiohttp's side of a forwarded response (gate.fastpath's Exchange is the fast path's, with the
+    same begin, send, relay and abort): the worker's status and body streamed back through a
+    StreamResponse."""
 
     __slots__ = ("request", "resp")
 
@@ -69,6 +69,18 @@ class StreamSink:
         elif data:
             await resp.write(data)
 
+    async def relay(self, upstream: Response, touch) -> None:
+        """The rest of `upstream`'s body, read by read, then the end of the response (`touch()` on
+        each piece). UpstreamBroken when the worker breaks off, ConnectionError when the client leaves."""
+        while True:
+            chunk = await upstream.readany()
+            if chunk:
+                touch()
+            end = upstream.at_end
+            await self.send(chunk, end)
+            if end:
+                return
+
     def abort(self) -> None:
         if self.request.protocol is not None:
             self.request.protocol.force_close()  # an incomplete response, not a clean end
@@ -84,11 +96,12 @@ async def forward(
     upstream, first = await _first_byte(router, w, path, payload, headers)
     try:
         load.first_byte()
-        w.last_byte = asyncio.get_running_loop().time()
+        loop = asyncio.get_running_loop()
+        w.last_byte = loop.time()
         sink.begin(
             upstream.status, upstream.content_type, upstream.content_length, f"x-agentkv-worker: {w.slot}\r\n"
         )
-        await _relay(router, sink, upstream, w, first)
+        await _relay(router, sink, upstream, w, first, loop)
     except asyncio.CancelledError:  # the client left while we waited on the worker
         router.stats.client_disconnects += 1
         upstream.close()  # the worker sees the disconnect and aborts the request
@@ -131,47 +144,25 @@ async def _first_byte(
         w.waiting.discard(deadline)
 
 
-async def _relay(router: Router, sink, upstream: Response, w: Worker, first: bytes) -> None:
+async def _relay(router: Router, sink, upstream: Response, w: Worker, first: bytes, loop) -> None:
     """Copy the worker's bytes to the client until either end stops, and say which one did. The
-    last bytes go out with the end of the response (and the head, when it all came at once): one write.
-    To the fast path's Exchange, after the first bytes, the rest is piped from the worker's read
-    callback to the client's socket (no task switch per streamed event)."""
-    loop = asyncio.get_running_loop()
-    chunk = first
-    while True:
-        try:
-            end = upstream.at_end
-            await sink.send(chunk, end)
-            if end:
-                return
-            if isinstance(sink, Exchange):
-                await _pipe(sink, upstream, w, loop)
-                return
-        except UpstreamBroken:
-            return _broken(router, sink, w)
-        except ConnectionError:  # the client left
-            router.stats.client_disconnects += 1
-            upstream.close()
-            return
-        try:
-            chunk = await upstream.readany()
-        except CONNECT_ERRORS:
-            return _broken(router, sink, w)
-        if chunk:
-            w.last_byte = loop.time()
+    first bytes go out with the head (and with the end of the response, when it all came at once:
+    one write); the rest as the sink relays it (the fast path's Exchange pipes it from the worker's
+    read callback, aiohttp's StreamSink reads it piece by piece)."""
 
-
-async def _pipe(ex: Exchange, upstream: Response, w: Worker, loop) -> None:
-    """The rest of the body from the worker's socket to the client's, then the end of the response."""
-    write = ex.write_now
-
-    def relay(data: bytes, end: bool) -> bool:
+    def touch() -> None:
         w.last_byte = loop.time()
-        return write(data, end)
 
-    await upstream.pipe(relay, ex.drain)
-    if not ex.ended:
-        await ex.send(b"", True)
+    try:
+        end = upstream.at_end
+        await sink.send(first, end)
+        if not end:
+            await sink.relay(upstream, touch)
+    except UpstreamBroken:
+        _broken(router, sink, w)
+    except ConnectionError:  # the client left
+        router.stats.client_disconnects += 1
+        upstream.close()
 
 
 def _broken(router: Router, sink, w: Worker) -> None:

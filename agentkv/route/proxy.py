@@ -319,18 +319,18 @@ class Router:
                 )
                 for w in views:
                     w.match = (ev if w.mode == "event" else ap).get(w.slot, _NO_MATCH)
+                self.index.expect(tenant, h.hashes)
             else:
                 ap = self.approx.find_matches(tenant, h.hashes)
                 for w in views:
                     w.match = ap.get(w.slot, _NO_MATCH)
         policy = self.policy
-        if len(views) != len(self.pool.healthy()):  # a retry: stateful policies index the full list
+        if exclude and len(views) != len(
+            self.pool.healthy()
+        ):  # a retry: stateful policies index the full list
             policy = self._make_policy(retry=True)
         req = RouteRequest(h.hashes, h.prompt_tokens, session, self.cfg.block_size)
         w = views[policy.choose(req, views)]
-        if h.exact:
-            with self.pool.lock:
-                self.index.expect(tenant, h.hashes)
         if w.mode != "event" or not h.exact:
             self.approx.record(w.slot, tenant, h.hashes)
         st = self.stats
