@@ -1,7 +1,7 @@
 """Check that simulator speed work leaves its records bit-identical: run `agentkv simulate` on a
 subset of the shared Claude Code traces in several configurations (dense, overloaded, sliding
-window, DeepSeek-V4, a CPU tier, linear state, a non-LRU policy), and compare each requests.jsonl
-with a reference run's, printing each run's CPU seconds.
+window, DeepSeek-V4, a CPU tier, linear state, a non-LRU policy, disaggregated), and compare each
+requests.jsonl with a reference run's, printing each run's CPU seconds.
 
 Run: .venv/bin/python scripts/sim_identity.py --out /tmp/new [--ref /tmp/ref] [--only dense,rr] [--traces 24]
 Exit status: 0 when every compared file matches (or no --ref), 1 otherwise.
@@ -41,6 +41,9 @@ CONFIGS = {
     ],
     "qwen3next": ["--model", "Qwen3-Next-80B-A3B", "-tp", "2", "--workers", "2"],
     "lfu": ["--model", "Llama-3.1-8B", "--workers", "2", "--eviction-policy", "lfu"],
+    # disaggregated: decode routed by session, and by kv_aware at the default weights
+    "disagg": ["--model", "Llama-3.1-8B", "--disagg", "2p2d", "--decode-router", "session"],
+    "disaggkv": ["--model", "Llama-3.1-8B", "--disagg", "2p2d", "--decode-router", "kv_aware"],
 }
 
 

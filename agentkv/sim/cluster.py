@@ -24,7 +24,7 @@ from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import Sample, Summary
 from agentkv.placement import KV_QUEUE_WEIGHT, KV_WEIGHT, POLICIES, check_kv_weights
 from agentkv.placement.policy import RouteRequest, make_policy
-from agentkv.sim.deploy import check_pools
+from agentkv.sim.deploy import check_pools, kv_weights
 from agentkv.sim.limits import engine_config, reject_reason
 from agentkv.sim.summary import finished_record, sample, sim_summary
 from agentkv.sim.worker import SimWorker
@@ -139,8 +139,7 @@ class Cluster:
         self.ecfg = engine_config(traces, cfg.engine, self.notes)
         self.itl: list[float] = []
         self.workers = self._make_workers()
-        kw = dict(weight=cfg.kv_weight, queue_weight=cfg.kv_queue_weight) if cfg.router == "kv_aware" else {}
-        self.policy = make_policy(cfg.router, seed=cfg.seed, **kw)
+        self.policy = make_policy(cfg.router, seed=cfg.seed, **kv_weights(cfg, "router"))
         for w in self.workers:  # the queue lookup only where the policy reads it
             w.track_prefill = self.policy.queue_weight > 0
         self.plan = ReplayPlan(

@@ -106,3 +106,11 @@ def kv_links(dep: Deployment, override_gbps: float | None) -> tuple[LinkModel, L
     nv = dep.gpu.gpu_link_gbps if override_gbps is None else override_gbps
     nic = dep.nic_gbps if override_gbps is None else override_gbps
     return nvlink(nv), rdma(nic)
+
+
+def kv_weights(cfg: SimConfig, pool: str = "router") -> dict[str, float]:
+    """The kv_aware prices (--kv-weight, --kv-queue-weight) for the policy of `pool` ("router": the
+    cluster's, or the prefill pool's; "decode": --decode-router's), or {} when it is not kv_aware.
+    Both pools share them: Dynamo has no per-pool weight flags."""
+    name = cfg.decode_router if pool == "decode" else cfg.router
+    return dict(weight=cfg.kv_weight, queue_weight=cfg.kv_queue_weight) if name == "kv_aware" else {}

@@ -52,7 +52,8 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         "--decode-router",
         default="least_loaded",
         choices=POLICIES,
-        help="--disagg: how a decode worker is picked (default least_loaded; session keeps a tree's KV)",
+        help="--disagg: how a decode worker is picked (default least_loaded; session keeps a tree's KV; "
+        "kv_aware prices with --kv-weight and --kv-queue-weight, as the prefill pool)",
     )
     g.add_argument(
         "--kv-link-gbps",

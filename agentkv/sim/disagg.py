@@ -3,8 +3,9 @@
 Two pools of engines, each with its own tensor parallelism and KV capacity. A due request is routed
 to a prefill worker by the cluster's placement policy (its prefix cache counts there) and runs there
 with max_tokens=1. When its prefill ends, a decode worker is picked (`decode_router`: least_loaded,
-session, ...); the prompt KV that worker does not already cache moves over NVLink when both sit in
-one NVLink domain, else over RDMA, priced by the link model per copy of one layer's block. The
+session, ...; kv_aware prices with the prefill pool's --kv-weight and --kv-queue-weight: Dynamo has
+no per-pool weights); the prompt KV that worker does not already cache moves over NVLink when both
+sit in one NVLink domain, else over RDMA, priced by the link model per copy of one layer's block. The
 decode worker admits the request only when the KV has arrived (a KV_ARRIVED event), as externally
 loaded KV: allocated, not computed; it recomputes the last prompt token and emits the first output
 token, as vLLM's disaggregated decode does. Transfers to or from one worker queue behind each other.
@@ -23,7 +24,7 @@ from agentkv.engine.kv_move import kv_transfer_seconds
 from agentkv.metrics.summary import DisaggStats, Dist, Summary
 from agentkv.placement.policy import RouteRequest, make_policy
 from agentkv.sim.cluster import Cluster, EventKind, SimConfig
-from agentkv.sim.deploy import deployment, kv_links, pool_engine, pool_tp
+from agentkv.sim.deploy import deployment, kv_links, kv_weights, pool_engine, pool_tp
 from agentkv.sim.summary import finished_record, pool_hit_rate, sim_summary
 from agentkv.sim.worker import SimWorker
 from agentkv.trace.model import Trace
@@ -66,7 +67,7 @@ class DisaggCluster(Cluster):
             )
         self.dep = deployment(cfg)
         self.nvlink, self.rdma = kv_links(self.dep, cfg.kv_link_gbps)
-        self.decode_policy = make_policy(cfg.decode_router, seed=cfg.seed + 1)
+        self.decode_policy = make_policy(cfg.decode_router, seed=cfg.seed + 1, **kv_weights(cfg, "decode"))
         for w in self.decode_workers:
             w.track_prefill = self.decode_policy.queue_weight > 0
         self.flights: dict[str, _Flight] = {}

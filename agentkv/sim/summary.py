@@ -10,7 +10,7 @@ from agentkv.engine.config import EngineConfig
 from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import LATENCY_FIGURES, DisaggStats, Sample, Summary, summarize
 from agentkv.metrics.tier import interactivity
-from agentkv.sim.deploy import deployment, pool_engine, pool_label, pool_tp, total_gpus
+from agentkv.sim.deploy import deployment, kv_weights, pool_engine, pool_label, pool_tp, total_gpus
 from agentkv.trace.plan import Dispatch, ReplayPlan
 from agentkv.trace.warmup import is_warmup, measured, warmup_label, warmup_notes
 
@@ -28,7 +28,7 @@ class SimSettings(msgspec.Struct, kw_only=True):
     session_rate: float | None = None
     arrivals: str | None = None
     router: str
-    kv_weight: float | None  # kv_aware only
+    kv_weight: float | None  # kv_aware only (the router's or --decode-router's: both pools share it)
     kv_queue_weight: float | None = None  # kv_aware only
     seed: int
     warm_start: bool
@@ -130,6 +130,7 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
     tp_p, tp_d = pool_tp(cfg)
     pools = cfg.prefill_workers > 0
     gpus = total_gpus(cfg)
+    kv = kv_weights(cfg) or (kv_weights(cfg, "decode") if pools else {})  # either pool's kv_aware
     return SimSettings(
         engine=ecfg,
         workers=cfg.workers,
@@ -137,8 +138,8 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         session_rate=cfg.session_rate,
         arrivals=cfg.arrivals if cfg.session_rate else None,
         router=cfg.router,
-        kv_weight=cfg.kv_weight if cfg.router == "kv_aware" else None,
-        kv_queue_weight=cfg.kv_queue_weight if cfg.router == "kv_aware" else None,
+        kv_weight=kv.get("weight"),
+        kv_queue_weight=kv.get("queue_weight"),
         seed=cfg.seed,
         warm_start=cfg.warm_start,
         idle_gap_cap=cfg.idle_gap_cap,
