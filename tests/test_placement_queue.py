@@ -126,3 +126,44 @@ def test_prefilled_requests_are_dropped_even_when_no_policy_asks():
         _queue(w, _hashes(4))
         _drain(w)
     assert len(w.prefilling) == 1  # only the newest, not yet looked at: finished ones are not held
+
+
+def _counting(w: SimWorker) -> list[int]:
+    """Count the worker's pool lookups (the real pool answers; the list grows by one per call)."""
+    calls, pool = [], w.engine.pool
+    real = pool.cached_prefix
+
+    def counted(hashes):
+        calls.append(1)
+        return real(hashes)
+
+    pool.cached_prefix = counted
+    return calls
+
+
+def test_the_routers_lookup_of_the_chosen_worker_is_not_repeated_at_queueing():
+    home, other = workers = _workers()
+    prefix = _hashes(300)
+    _queue(home, prefix)
+    _drain(home)
+    calls = [_counting(w) for w in workers]
+    hashes = prefix + _hashes(20)
+    i = KvAware().choose(_req(hashes), workers)
+    assert i == 0 and [len(c) for c in calls] == [1, 1]
+    home.add_request("next", max_tokens=4, prompt_len=len(hashes) * BS, block_hashes=hashes)
+    assert len(calls[0]) == 1 and home.active_prefill_blocks() == 20  # the router's answer, used once
+    again = list(hashes)  # equal hashes in another list: not the lookup the router made, so looked up
+    other.cached_prefix(hashes)
+    other.add_request("again", max_tokens=4, prompt_len=len(again) * BS, block_hashes=again)
+    assert len(calls[1]) == 3 and other.active_prefill_blocks() == 320
+
+
+def test_a_lookup_made_before_the_pool_changed_is_not_reused():
+    (w,) = _workers(1)
+    hashes = _hashes(200)
+    assert w.cached_prefix(hashes) == (0, 0)  # routed while nothing is cached
+    # then another request, queued on the engine itself, computes most of the prompt
+    w.engine.add_request("early", max_tokens=4, prompt_len=150 * BS, block_hashes=hashes[:150])
+    _drain(w)
+    w.add_request("late", max_tokens=4, prompt_len=len(hashes) * BS, block_hashes=hashes)
+    assert w.active_prefill_blocks() == 50  # counted against the cache as it is now, not at routing

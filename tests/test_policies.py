@@ -11,6 +11,7 @@ from agentkv.cache.replay import replay
 from agentkv.kv.events import BlockRemoved
 from agentkv.kv.eviction import POLICIES, make_policy
 from agentkv.kv.eviction.arc import ARC
+from agentkv.kv.eviction.base import ChunkQueue
 from agentkv.kv.eviction.belady import Belady, next_use_keys
 from agentkv.kv.eviction.radix import RadixLRU
 from agentkv.kv.eviction.session import SessionAware
@@ -67,6 +68,24 @@ def test_lru_frees_a_request_tail_first() -> None:
     use(pool, "b", [20, 21])
     assert evicted(pool) == [13, 12]
     assert pool.get_computed_blocks([10, 11, 12, 13]).num_blocks == 2
+
+
+def test_a_mostly_stale_free_queue_pops_its_live_blocks_oldest_first() -> None:
+    q = ChunkQueue()
+    blocks = np.arange(20_000, dtype=np.int64)
+    live_mask = blocks % 97 == 5  # 1% live: what an overloaded pool's queue looks like
+    q.push(blocks[:15_000], blocks[:15_000].copy())
+    q.push(blocks[15_000:], blocks[15_000:].copy())
+
+    def live(bl: np.ndarray, st: np.ndarray) -> np.ndarray:
+        return live_mask[bl]
+
+    want = blocks[live_mask].tolist()
+    assert q.peek(150, live).tolist() == want[:150]  # across both chunks
+    got = np.concatenate(q.pop(3, live)).tolist() + np.concatenate(q.pop(150, live)).tolist()
+    assert got == want[:153]
+    assert np.concatenate(q.pop(10_000, live)).tolist() == want[153:]  # the queue runs dry
+    assert q.queued == 0 and not q.q
 
 
 def test_radix_evicts_only_leaves_and_parents_after_their_children() -> None:

@@ -11,7 +11,17 @@ from agentkv.engine.request import EngineRequest, Status
 class SimWorker:
     """One engine as the router sees it (the `WorkerView` protocol), plus what it is running now."""
 
-    __slots__ = ("index", "engine", "pending", "burst", "version", "starting", "prefilling", "track_prefill")
+    __slots__ = (
+        "index",
+        "engine",
+        "pending",
+        "burst",
+        "version",
+        "starting",
+        "prefilling",
+        "track_prefill",
+        "_last_lookup",
+    )
 
     def __init__(self, index: int, engine: Engine):
         self.index = index
@@ -23,6 +33,9 @@ class SimWorker:
         # requests routed here without a first token yet, with their uncached prompt tokens at routing
         self.prefilling: list[tuple[EngineRequest, int]] = []
         self.track_prefill = True  # False where no policy asks `active_prefill_blocks` (no lookup then)
+        self._last_lookup: tuple | None = (
+            None  # (hashes, pool counters, GPU blocks) of the last cached_prefix
+        )
 
     def idle(self) -> bool:
         return self.pending is None and self.burst is None and not self.starting
@@ -32,7 +45,7 @@ class SimWorker:
         req = self.engine.add_request(request_id, **kw)
         if not self.track_prefill:
             return req
-        gpu = self.engine.cached_prefix(req.block_hashes)[0] * self.engine.config.block_size
+        gpu = self._gpu_prefix(req.block_hashes) * self.engine.config.block_size
         self.active_prefill_blocks()  # drops the prefilled (no policy may ask: keep the list short)
         self.prefilling.append((req, req.prompt_len - max(gpu, req.external_tokens)))
         return req
@@ -55,4 +68,21 @@ class SimWorker:
         return tokens / self.engine.config.block_size
 
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
-        return self.engine.cached_prefix(block_hashes)
+        """The engine's answer, kept for `add_request`: the router's lookup of the worker it then
+        picks is not repeated (kv_aware looks up every worker just before queueing on one)."""
+        found = self.engine.cached_prefix(block_hashes)
+        self._last_lookup = (block_hashes, self._pool_version(), found[0])
+        return found
+
+    def _gpu_prefix(self, block_hashes: Sequence[int]) -> int:
+        """GPU blocks cached of this prompt: the router's lookup when it was of these very hashes
+        and the pool has stored, evicted and allocated nothing since; else a fresh lookup."""
+        last, self._last_lookup = self._last_lookup, None
+        if last is not None and last[0] is block_hashes and last[1] == self._pool_version():
+            return last[2]
+        return self.engine.cached_prefix(block_hashes)[0]
+
+    def _pool_version(self) -> tuple[int, int, int]:
+        """Counters that move whenever the GPU prefix cache can change (a block cached, evicted or handed out)."""
+        st = self.engine.pool.stats
+        return st.stored, st.evicted, st.allocated
