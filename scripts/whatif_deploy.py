@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import resource
 import subprocess
 import sys
@@ -252,7 +253,7 @@ def rows(a) -> list[Row]:
         racks = [s for s in a.systems.split(",") if "NVL72" in s]
         kinds = [k for k in a.rows.split(",") if k in RACK_MODES]
         return [
-            Row(m, s, k, "default", rack=True, split=a.rack_split)
+            Row(m, s, k, "default", imbalance=a.expert_imbalance or 1.0, rack=True, split=a.rack_split)
             for m in a.models.split(",")
             for s in racks
             for k in kinds
@@ -263,7 +264,7 @@ def rows(a) -> list[Row]:
             Row(m, s, "wide-ep", "default", imbalance=x)
             for m in a.models.split(",")
             for s in racks
-            for x in (1.0, 1.5)
+            for x in ((a.expert_imbalance,) if a.expert_imbalance else (1.0, 1.5))
         ]
     for m in a.models.split(","):
         for s in a.systems.split(","):
@@ -275,7 +276,8 @@ def rows(a) -> list[Row]:
     return [r for r in out if ("cpu" if r.offload else r.mode if r.quant == "default" else "fp4") in kinds]
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
+    """The script's flags (main validates the names and runs the rows)."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
         "--quick",
@@ -307,8 +309,23 @@ def main(argv: list[str] | None = None) -> int:
         "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"
     )
     ap.add_argument("--point-timeout", type=float, default=3600.0, help="seconds per simulate point")
+    ap.add_argument(
+        "--expert-imbalance",
+        type=float,
+        default=None,
+        help="wide-ep rows: the hottest expert GPU's load over the mean (default: 1.0 on --rack, "
+        "1.0 and 1.5 with --wide-ep)",
+    )
     ap.add_argument("--progress", action="store_true", help="print each point to stderr")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = parser()
     a = ap.parse_args(argv)
+    x = a.expert_imbalance
+    if x is not None and not (math.isfinite(x) and x >= 1.0):
+        ap.error(f"--expert-imbalance: must be a finite number >= 1.0, got {x:g}")
     if a.quick:
         a.traces_limit, a.duration, a.max_lanes = 3, "1m", 2
     bad = [x for x in a.models.split(",") if x not in MODELS] + [

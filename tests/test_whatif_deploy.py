@@ -140,3 +140,26 @@ def test_whatif_rack_rows_fill_the_rack(kind, prefill, decode):
         e = pool_engine(cfg, cfg.engine, pool)
         assert getattr(cfg, f"{pool}_workers") == n
         assert (e.tensor_parallel_size, e.data_parallel_size, e.enable_expert_parallel) == (tp, dp, ep)
+
+
+def test_rack_wide_ep_row_runs_at_the_expert_imbalance_asked():
+    """--rack --rows wide-ep --expert-imbalance 1.5: each point prices the hottest expert GPU at 1.5x
+    the mean (the what-if's one imbalanced rack point); without the flag the rack runs 1.0 and
+    --wide-ep slices run 1.0 and 1.5."""
+    mod = _module()
+    base = ["--models", "DeepSeek-V4-Pro", "--systems", "GB300 NVL72"]
+    a = mod.parser().parse_args([*base, "--rack", "--rows", "wide-ep", "--expert-imbalance", "1.5"])
+    [row] = mod.rows(a)
+    argv = mod.command(row, 1440, a)
+    cfg = sim_config_from_args(build_parser().parse_args(argv[argv.index("simulate") :]))
+    assert total_gpus(cfg) == 72 and cfg.engine.expert_imbalance == 1.5
+    a = mod.parser().parse_args([*base, "--rack", "--rows", "wide-ep"])
+    assert [r.imbalance for r in mod.rows(a)] == [1.0]
+    a = mod.parser().parse_args([*base, "--wide-ep"])
+    assert [r.imbalance for r in mod.rows(a)] == [1.0, 1.5]
+
+
+@pytest.mark.parametrize("value", ["0.5", "nan", "inf"])
+def test_bad_expert_imbalance_is_a_one_line_error(value):
+    p = _run("--rack", "--rows", "wide-ep", "--expert-imbalance", value)
+    assert p.returncode == 2 and "--expert-imbalance: must be" in p.stderr and "Traceback" not in p.stderr
