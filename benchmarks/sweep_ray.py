@@ -5,7 +5,7 @@ every request. Each Ray cluster is started once, its workers warmed with one tas
 grid is timed from submit to the last result (cluster start printed apart). The machine may be
 shared: the load average is printed beside each figure. Prints figures only.
 
-Run: .venv/bin/python benchmarks/sweep_ray.py [--repeat 3]
+Run: .venv/bin/python benchmarks/sweep_ray.py [--repeat 3] [--max-requests N]
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from agentkv.scaleout.raytasks import connect, import_ray, stream
 from agentkv.sim.cluster import SimConfig
 from agentkv.sim.ray_sweep import _point
 from agentkv.sim.sweep import _local_points, apply, parse_sweep
+from agentkv.terminal import StopRequest
 from agentkv.trace.formats import bundled_sample, load_paths
 
 GRID = ["lanes=2,4,8,16", "router=round_robin,kv_aware,least_loaded,session"]
@@ -61,19 +62,26 @@ def on_ray(num_cpus: int, traces, configs, grid, repeat: int) -> list[float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument(
+        "--max-requests",
+        type=int,
+        default=None,
+        help="requests per point, the sample's trees cycled (default: the sample once, 178); "
+        "larger points leave Ray's and the host's per-task jitter a smaller share",
+    )
     opts = ap.parse_args()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     traces = load_paths(bundled_sample(), "auto")
-    base = SimConfig(engine=EngineConfig(), workers=2)
+    more = dict(cycle=True, max_requests=opts.max_requests) if opts.max_requests else {}
+    base = SimConfig(engine=EngineConfig(), workers=2, **more)
     grid = parse_sweep(GRID)
     configs = [apply(base, g) for g in grid]
-    print(
-        f"grid: {len(grid)} points ({' x '.join(GRID)}), {sum(len(t.timeline()) for t in traces)} requests in {len(traces)} traces"
-    )
+    n = opts.max_requests or sum(len(t.timeline()) for t in traces)
+    print(f"grid: {len(grid)} points ({' x '.join(GRID)}), {n} requests a point from {len(traces)} traces")
     print(f"machine: {os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.2f} (shared)")
     t = time.perf_counter()
     ns = argparse.Namespace(paths=[], format="auto")
-    assert sum(1 for _ in _local_points(ns, configs, grid)) == len(grid)
+    assert sum(1 for _ in _local_points(ns, configs, grid, StopRequest())) == len(grid)
     local = time.perf_counter() - t
     print(f"local pool of 2 processes: {local:.2f} s, {len(grid) / local:.2f} points/s")
     best = {}
