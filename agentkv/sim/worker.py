@@ -33,9 +33,8 @@ class SimWorker:
         # requests routed here without a first token yet, with their uncached prompt tokens at routing
         self.prefilling: list[tuple[EngineRequest, int]] = []
         self.track_prefill = True  # False where no policy asks `active_prefill_blocks` (no lookup then)
-        self._last_lookup: tuple | None = (
-            None  # (hashes, pool counters, GPU blocks) of the last cached_prefix
-        )
+        # (hashes, pool counters, GPU blocks) of the last cached_prefix, for add_request's reuse
+        self._last_lookup: tuple | None = None
 
     def idle(self) -> bool:
         return self.pending is None and self.burst is None and not self.starting
