@@ -15,9 +15,8 @@ from agentkv.bench.client import BenchClient
 from agentkv.bench.testserver import Behaviour, StreamTestServer
 from agentkv.calib.accuracy import row
 from agentkv.calib.bench_predict import predict_bench_run
-from agentkv.calib.probes import ProbeError, Prober
+from agentkv.calib.probes import ProbeError, Prober, first_token_lag
 from agentkv.calib.replay import replay
-from agentkv.calib.run import first_token_lag
 from agentkv.cli import build_parser, main
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import load_coefficients

@@ -65,9 +65,13 @@ class Prober:
                 f"target {self.client.base}: a {p.past}-token prefix was not served from cache "
                 f"({res.cached_tokens} cached tokens); is prefix caching enabled?"
             )
+        return self._first_token_s(res) * self.scale
+
+    def _first_token_s(self, res: StreamResult) -> float:
+        """Wall seconds from sending `res`'s request to its first token; ProbeError without one."""
         if not res.token_times:
             raise ProbeError(f"target {self.client.base}: a stream carried no output tokens")
-        return (res.token_times[0] - res.sent) * self.scale
+        return res.token_times[0] - res.sent
 
     async def itl(self, p: Probe) -> float:
         """Engine seconds per token while `p.n` streams of `p.ctx` context all decode together."""
@@ -94,8 +98,7 @@ class Prober:
         finally:
             for task in streams:
                 task.cancel()
-        if not pre.token_times:
-            raise ProbeError(f"target {self.client.base}: a stream carried no output tokens")
+        self._first_token_s(pre)  # ProbeError when it carried none
         return pre, results
 
     async def stall(self, p: Probe) -> float | None:
@@ -146,6 +149,26 @@ async def pilot(prober: Prober) -> tuple[float, float]:
         raise ProbeError(f"target {prober.client.base}: a {PILOT_OUT}-token stream carried {len(tt)} tokens")
     step = (tt[-1] - tt[0]) / (len(tt) - 1)
     return (tt[0] - res.sent) * prober.scale, step * prober.scale
+
+
+LAG_PAIRS = 5  # cold prompts timed to the first token alone and followed by more tokens, each
+
+
+async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> tuple[float, dict[str, list[float]]]:
+    """(Wall seconds (>= 0) a stream's first token reaches the client later when more tokens follow it
+    than when it is the only one, the TTFTs): the mean TTFT of cold PILOT_NEW-token prompts streaming
+    PILOT_OUT tokens less that of one-token ones (alternating; each without its least and greatest
+    sample: the delay comes and goes with the host). A server busy with the stream's next decode
+    steps flushes its first token late (vLLM's CPU build: 5-30 ms); the one-token TTFT probes cannot
+    see it, bench's streams meet it, and predict adds it to TTFT alone (docs/cost-model.md)."""
+    ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
+    for i in range(pairs):
+        for out in (1, PILOT_OUT) if i % 2 == 0 else (PILOT_OUT, 1):
+            res = await prober._send(prober._ids(PILOT_NEW), out)
+            ttft[out].append(prober._first_token_s(res))
+    mid = {k: sorted(v)[1:-1] if len(v) > 2 else v for k, v in ttft.items()}
+    lag = max(0.0, statistics.fmean(mid[PILOT_OUT]) - statistics.fmean(mid[1]))
+    return lag, {"one_token": ttft[1], "continuing": ttft[PILOT_OUT]}
 
 
 async def run_plan(

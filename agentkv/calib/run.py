@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 
@@ -11,7 +10,7 @@ from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
 from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
-from agentkv.calib.probes import PILOT_NEW, PILOT_OUT, ProbeError, Prober, pilot, run_plan
+from agentkv.calib.probes import LAG_PAIRS, PILOT_NEW, PILOT_OUT, Prober, first_token_lag, pilot, run_plan
 from agentkv.calib.profile import profile_doc, write_profile
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
@@ -19,26 +18,6 @@ from agentkv.units import parse_duration
 REQUEST_WALL_S = 0.02  # planning allowance per request for HTTP and scheduling
 FAST_STEP_WALL_S = 0.002  # decode steps shorter than this (wall) show the server's own CPU time
 ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the engine, per stream
-LAG_PAIRS = 5  # cold prompts timed to the first token alone and followed by more tokens, each
-
-
-async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> tuple[float, dict[str, list[float]]]:
-    """(Wall seconds (>= 0) a stream's first token reaches the client later when more tokens follow it
-    than when it is the only one, the TTFTs): the mean TTFT of cold PILOT_NEW-token prompts streaming
-    PILOT_OUT tokens less that of one-token ones (alternating; each without its least and greatest
-    sample: the delay comes and goes with the host). A server busy with the stream's next decode
-    steps flushes its first token late (vLLM's CPU build: 5-30 ms); the one-token TTFT probes cannot
-    see it, bench's streams meet it, and predict adds it to TTFT alone (docs/cost-model.md)."""
-    ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
-    for i in range(pairs):
-        for out in (1, PILOT_OUT) if i % 2 == 0 else (PILOT_OUT, 1):
-            res = await prober._send(prober._ids(PILOT_NEW), out)
-            if not res.token_times:
-                raise ProbeError(f"target {prober.client.base}: a stream carried no output tokens")
-            ttft[out].append(res.token_times[0] - res.sent)
-    mid = {k: sorted(v)[1:-1] if len(v) > 2 else v for k, v in ttft.items()}
-    lag = max(0.0, statistics.fmean(mid[PILOT_OUT]) - statistics.fmean(mid[1]))
-    return lag, {"one_token": ttft[1], "continuing": ttft[PILOT_OUT]}
 
 
 def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
