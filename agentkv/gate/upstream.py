@@ -52,12 +52,8 @@ class Response:
         task switch per read (`write` returns True when its reader is behind: reading pauses until
         `await drain()`). UpstreamBroken when the worker breaks off before the end."""
         c = self._conn
-        if c.body:
-            data = b"".join(c.body)
-            c.body.clear()
-            c.body_bytes = 0
-            if write(data, c.done):
-                c.pause()
+        if c.body and write(c.take_body(), c.done):
+            c.pause()
         c.pipe = write
         try:
             while not c.done:
@@ -162,9 +158,8 @@ class _Conn(asyncio.Protocol):
             return
         self.body.append(data)
         self.body_bytes += len(data)
-        if self.body_bytes > BUFFER_BYTES and not self.paused and self.transport is not None:
-            self.paused = True
-            self.transport.pause_reading()
+        if self.body_bytes > BUFFER_BYTES and not self.paused:
+            self.pause()
 
     def _parse(self) -> None:
         try:
@@ -249,12 +244,15 @@ class _Conn(asyncio.Protocol):
             if self.error is not None:
                 raise self.error
             await self._wait()
+        data = self.take_body()
+        self.resume()
+        return data
+
+    def take_body(self) -> bytes:
+        """The de-framed body bytes not yet read, all of them; the buffer empty."""
         data = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         self.body.clear()
         self.body_bytes = 0
-        if self.paused and self.transport is not None:
-            self.paused = False
-            self.transport.resume_reading()
         return data
 
     def release(self) -> None:
