@@ -20,6 +20,11 @@ from agentkv.metrics.records import RequestRecord, read_records
 from agentkv.trace.blocks import chain_keys
 from agentkv.trace.model import Request, Trace
 
+# An arrival this close after a step's end (engine seconds) joins the step that starts there: serve
+# stamps a request that came while its loop was late exactly at that end, and moving the stamp onto
+# the client's clock must not round it a hair after the predicted end (it then waited a whole step).
+TIE_S = 1e-6
+
 
 @dataclass(slots=True)
 class Run:
@@ -218,11 +223,11 @@ def replay(
     while i < n or pending or eng.has_work():
         if not eng.has_work():
             now = max(now, due())
-        while i < n and base[i] <= now:
+        while i < n and base[i] <= now + TIE_S:
             busy = per_other * (len(live) + len(pending)) if order[i][0].clock != "engine" else 0.0
             heapq.heappush(pending, (base[i] + busy, i))
             i += 1
-        while pending and pending[0][0] <= now:
+        while pending and pending[0][0] <= now + TIE_S:
             at, j = heapq.heappop(pending)
             _add(eng, order[j], at, tenant_salts)
             live[str(order[j][0].id)] = order[j][0]

@@ -16,7 +16,7 @@ from prometheus_client import (
     disable_created_metrics,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric, SummaryMetricFamily
 from prometheus_client.registry import Collector
 
 from agentkv.engine.engine import StepResult
@@ -218,7 +218,7 @@ class _EngineCollector(Collector):
         return g
 
     def _agentkv(self) -> Iterator[Metric]:
-        """agentkv's own: hits by tier, engine catch-up, KV event batches."""
+        """agentkv's own: hits by tier, engine catch-up and wake-ups, KV event batches."""
         runner, names, vals = self.m.runner, self.names, self.vals
         eng = runner.engine
         tiers = CounterMetricFamily(
@@ -235,6 +235,13 @@ class _EngineCollector(Collector):
             "Engine seconds skipped because the server fell behind --time-scale.",
             runner.jumped_s,
         )
+        wake = SummaryMetricFamily(
+            "agentkv:engine_wake_seconds",
+            "Wall seconds from an idle engine's first arrival to its loop waking (host time, not engine time).",
+            labels=self.names,
+        )
+        wake.add_metric(self.vals, runner.wakes, runner.wake_s)
+        yield wake
         pub = runner.publisher
         if pub is not None:
             ev = CounterMetricFamily(

@@ -4,10 +4,13 @@ Engine time runs at `time_scale` engine seconds per wall second. The loop keeps 
 timeline `t`: a step starts at `max(t, real_now - slack)`, where `t` is the previous step's end
 while busy, so late wake-ups (timer granularity, a busy CPU) do not turn into simulated idle
 GPU time unless the loop falls more than `slack` behind. Arrivals are stamped on the same
-timeline (`event_time`): at real time when idle (the first step then starts at the arrival),
-and no later than the next step can start when busy, so a request never starts before it
-arrived and never waits longer than it did. New requests join between steps; an idle loop
-awaits an event (no polling). KV events emitted during a step are published as one EventBatch.
+timeline (`event_time`): at real time when idle, and no later than the next step can start when
+busy, so a request never starts before it arrived and never waits longer than it did. An idle
+engine wakes at its first arrival, as vLLM's engine core does (it blocks on its input queue, takes
+what is queued, schedules at once): that step starts at the arrival and holds the requests
+stamped by then; one stamped later joins the next step, however late the event loop itself gets
+to the wake (it is begun then, `_begin_step`). New requests join between steps; an idle loop awaits
+an event (no polling). KV events emitted during a step are published as one EventBatch.
 """
 
 from __future__ import annotations
@@ -107,7 +110,9 @@ class EngineRunner:
         self._t = self.clock.now()
         self._idle = True  # the loop waits for work: the timeline restarts at real time
         self._step_end: float | None = None  # the end of the step being slept out
-        self._last_arrival = self._t  # the latest arrival stamped (an idle loop's first step starts there)
+        self._wake_at: float | None = None  # an idle engine's first arrival: its next step starts there
+        self._begun: StepResult | None = None  # that step, begun before the loop woke (a later arrival)
+        self.wakes, self.wake_s = 0, 0.0  # idle wakes; wall seconds from the first arrival to the loop's wake
         self._wake = asyncio.Event()
         self._task: asyncio.Task | None = None
 
@@ -123,6 +128,7 @@ class EngineRunner:
         prompt KV that arrived from a prefill worker (a disaggregated decode)."""
         stream = RequestStream(request_id, gen)
         arrival = self.event_time()
+        self._begin_step(arrival)
         self.clock.advance_to(arrival)
         if gen.session_id is not None:  # a hint for session-aware eviction policies
             self.engine.session_resumed(gen.session_id, arrival)
@@ -137,7 +143,8 @@ class EngineRunner:
             user_data=stream,
             arrival=arrival,
         )
-        self._last_arrival = max(self._last_arrival, arrival)
+        if self._idle and self._wake_at is None:
+            self._wake_at = arrival
         self.streams[request_id] = stream
         self._wake.set()
         return stream
@@ -148,7 +155,9 @@ class EngineRunner:
         if stream is None:
             return False
         stream.aborted = True
-        self.clock.advance_to(self.event_time())
+        at = self.event_time()
+        self._begin_step(at)
+        self.clock.advance_to(at)
         ok = self.engine.abort(request_id)
         if ok and self.on_finish is not None and stream.engine_req is not None:
             self.on_finish(stream.engine_req, "abort")
@@ -172,10 +181,6 @@ class EngineRunner:
         if self.publisher is not None:
             await asyncio.to_thread(self.publisher.close)
 
-    def _engine_now(self) -> float:
-        """Where the next step starts: the previous step's end, or real time less the slack."""
-        return max(self._t, self.real.now() - self.slack)
-
     def event_time(self) -> float:
         """The engine time of an arrival (or abort) now: real time when idle; when busy, real time
         unless the timeline lags behind it, then where the next step can start (never later)."""
@@ -186,30 +191,21 @@ class EngineRunner:
         return min(real, max(base, real - self.slack))
 
     async def _run(self) -> None:
-        engine, real = self.engine, self.real
+        engine = self.engine
         while True:
-            if not engine.has_work():
-                self._publish()
-                await self._idle_wait(None)
-                continue
-            now = real.now()
-            if now - self.slack > self._t:
-                self.jumped_s += now - self.slack - self._t
-            start = self._engine_now()
-            self.clock.advance_to(start)
-            try:
-                result = engine.step()
-            except Exception:  # a bug must not leave clients hanging: fail them all, keep serving
-                log.exception("engine step failed; aborting %d requests", len(self.streams))
-                self._fail_all()
-                continue
-            self._publish()
+            result, self._begun = self._begun, None
+            if result is None:
+                if not engine.has_work():
+                    self._publish()
+                    await self._idle_wait(None)
+                    continue
+                result = self._step(self._t)
             if result is None:  # nothing can run until something changes: idle GPU time
                 await self._idle_wait(0.05)
                 continue
             self._step_end = result.end
             try:
-                delay = real.wall_delay(result.end - real.now())
+                delay = self.real.wall_delay(result.end - self.real.now())
                 await asyncio.sleep(delay if delay > 0 else 0)
             finally:
                 self._step_end = None
@@ -217,11 +213,40 @@ class EngineRunner:
             self.clock.advance_to(result.end)
             self._deliver(result)
 
+    def _step(self, t: float) -> StepResult | None:
+        """One engine step from `t` (or real time less the slack, counted as catch-up); None when
+        nothing could run or the step failed (every client is then failed, the server serves on)."""
+        now = self.real.now()
+        if now - self.slack > t:
+            self.jumped_s += now - self.slack - t
+        self.clock.advance_to(max(t, now - self.slack))
+        try:
+            result = self.engine.step()
+        except Exception:  # a bug must not leave clients hanging: fail them all, keep serving
+            log.exception("engine step failed; aborting %d requests", len(self.streams))
+            self._fail_all()
+            result = None
+        self._publish()
+        return result
+
+    def _begin_step(self, t: float) -> None:
+        """An event at `t` after an idle engine's first arrival that the loop has not yet woken to:
+        the engine woke at that arrival, so its step begins there now, without what comes at `t`."""
+        wake = self._wake_at
+        if not self._idle or wake is None or t <= wake or self._begun is not None:
+            return
+        self._wake_at = None
+        self._begun = self._step(wake)
+        if self._begun is not None:
+            self._idle = False  # arrivals are stamped as while a step runs
+            self._step_end = self._begun.end
+
     async def _idle_wait(self, timeout: float | None) -> None:
         """Wait for a submit or abort (at most `timeout` wall seconds) as idle GPU time: the next
-        step starts at the latest arrival (a wake-up later than the slack is counted as catch-up)."""
+        step starts at the first arrival (a wake-up later than the slack is counted as catch-up)."""
         self._wake.clear()
         self._idle = True
+        self._wake_at = None
         since = self.real.now()
         try:
             with contextlib.suppress(TimeoutError):  # asyncio.timeout: never swallows a cancel
@@ -229,8 +254,12 @@ class EngineRunner:
                     await self._wake.wait()
         finally:
             self._idle = False
-        woken = self._wake.is_set()
-        self._t = max(self._t, since, self._last_arrival) if woken else max(self._t, self.real.now())
+        first = self._wake_at if self._begun is None else self._begun.start
+        if first is not None and self._wake.is_set():  # host time: it never enters the timeline
+            self.wakes += 1
+            self.wake_s += self.real.wall_delay(max(0.0, self.real.now() - first))
+        self._t = max(self._t, since, first) if first is not None else max(self._t, self.real.now())
+        self._wake_at = None
 
     def _fail_all(self) -> None:
         """Abort every request and wake its handler (it sees `aborted` and ends the response)."""
