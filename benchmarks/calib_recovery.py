@@ -100,9 +100,13 @@ def bench_predict(url: str, tmp: Path, i: int, profile: Path) -> None:
     fitted `profile` and with the true coefficients; print MAPE (bias) per figure, throughput, hit rate."""
     traces, run = _traces(tmp), tmp / f"run-{i}"
     bench = [*CLI, "bench", str(traces), "--target", url, "--lanes", "6", "--duration", "none"]
+    n0, s0 = _wakes(url)
     res = subprocess.run([*bench, "--out", str(run), "-q", "--no-report", "--json"], capture_output=True)
     if res.returncode:
         raise SystemExit(f"bench failed: {res.stderr.decode()[-500:]}")
+    n1, s1 = _wakes(url)
+    wake = f"{(s1 - s0) / (n1 - n0) * 1e3:.2f} ms, mean of {n1 - n0:.0f}" if n1 > n0 else "no idle wake-up"
+    print(f"run {i}: bench load {_load()}; serve's loop woke {wake} after an idle engine's first arrival")
     prof = json.loads(profile.read_text())
     true = tmp / f"true-profile-{i}.json"
     true.write_text(json.dumps(prof | {"coefficients": true_coeffs().to_dict()}))
@@ -119,6 +123,39 @@ def bench_predict(url: str, tmp: Path, i: int, profile: Path) -> None:
         print(
             f"run {i} predict ({name} coefficients): {figs}; throughput {thr:+.2f}%, hit rate {hit:+.2f} points"
         )
+        print(f"  TTFT |error| by arrival: {ttft_split(run, out)}")
+
+
+def _wakes(url: str) -> tuple[float, float]:
+    """serve's idle wake-ups so far: (count, wall seconds summed from an idle engine's first arrival
+    to its loop waking), from /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
+    got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+    return got.get("agentkv:engine_wake_seconds_count", 0.0), got.get("agentkv:engine_wake_seconds_sum", 0.0)
+
+
+def ttft_split(run: Path, pred: Path) -> str:
+    """Which requests carry the TTFT error: those reaching an idle engine (first of a burst: another
+    arrived before its first token) and those reaching a busy one; each group's count, how many are
+    off by over 1%, and its share of the summed |error|."""
+    recs = {r["id"]: r for r in map(json.loads, (run / "requests.jsonl").open())}
+    rows = [json.loads(x) for x in (pred / "predictions.jsonl").open()]
+    arrived = [recs[x["id"]]["engine_arrival"] for x in rows]
+    err, busy_until, total = {}, float("-inf"), 0.0
+    for x in sorted(rows, key=lambda x: recs[x["id"]]["engine_arrival"]):
+        a = recs[x["id"]]["engine_arrival"]
+        burst = any(0 < b - a < x["ttft"] for b in arrived)
+        kind = "busy" if a < busy_until else "idle, first of a burst" if burst else "idle, alone"
+        busy_until = max(busy_until, a + x["e2e"])
+        e = abs(x["ttft_pred"] / x["ttft"] - 1)
+        err.setdefault(kind, []).append(e)
+        total += e
+    return "; ".join(
+        f"{k} {len(v)} ({sum(e > 0.01 for e in v)} off >1%, {100 * sum(v) / max(total, 1e-12):.0f}% of it)"
+        for k, v in sorted(err.items())
+    )
 
 
 def true_coeffs() -> CostCoefficients:
