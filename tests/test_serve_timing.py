@@ -10,10 +10,17 @@ import time
 import pytest
 from serveutil import metrics, run, serving
 
+from agentkv.calib.replay import replay
 from agentkv.engine.config import EngineConfig
-from agentkv.serve.runner import SLACK_WALL_S
+from agentkv.engine.engine import Engine
+from agentkv.engine.request import EngineRequest
+from agentkv.metrics.records import RequestRecord
+from agentkv.serve.protocol import GenRequest
+from agentkv.serve.runner import SLACK_WALL_S, EngineRunner
+from agentkv.trace.model import Request, Session, Trace
 
 TTFT, E2E = "vllm:time_to_first_token_seconds_sum", "vllm:e2e_request_latency_seconds_sum"
+WAKES = "agentkv:engine_wake_seconds_count"
 EPS = 1e-6  # wall seconds: float noise between the client's and the server's perf_counter readings
 
 
@@ -55,6 +62,7 @@ def test_idle_server_histograms_fit_the_clients_wall_time(scale):
                 wall_ttft, wall_e2e, times = await timed_stream(s, url, prompt, 4)
                 after = await metrics(s, url)
                 ttft, e2e = after[TTFT] - before[TTFT], after[E2E] - before[E2E]
+                assert after[WAKES] - before[WAKES] == 1  # the loop's wake-up, counted as host time
                 step = cost.step_time([(n, 0)], [])
                 assert step * (1 - 1e-9) <= ttft <= (wall_ttft + EPS) * scale, (step, ttft, wall_ttft * scale)
                 assert ttft < e2e <= (wall_e2e + EPS) * scale, (e2e, wall_e2e * scale)
@@ -117,3 +125,81 @@ def test_openai_client_ignores_the_agentkv_object():
             await client.close()
 
     run(main())
+
+
+def _gen(first: int, n: int) -> GenRequest:
+    return GenRequest(
+        "completion", "qwen2.5-7b", list(range(first, first + n)), 2, True, True, False, None, None
+    )
+
+
+def _as_recorded(i: int, req: EngineRequest) -> tuple[RequestRecord, Trace, Request]:
+    """`req` as bench records it from serve's `agentkv` object (the engine clock 100 s behind the
+    client's), with a trace turn of its length and distinct hash ids, for predict's replay."""
+    n = req.prompt_len
+    tr = Trace(id=f"t{i}", block_size=16, session=Session(id=f"s{i}", requests=[]))
+    turn = Request(t=0.0, input_tokens=n, output_tokens=2, hash_ids=[i * 1000 + k for k in range(n // 16)])
+    ttft = round(req.first_token - req.arrival, 9)
+    rec = RequestRecord(id=i, trace=tr.id, session=f"s{i}#0", tree=f"s{i}#0", sent=req.arrival + 99.9999)
+    rec.input_tokens, rec.output_tokens, rec.ttft, rec.clock = n, 2, ttft, "engine"
+    rec.engine_arrival, rec.first_token = req.arrival, req.arrival + ttft + 100.0
+    return rec, tr, turn
+
+
+def test_two_requests_0_2_ms_apart_at_an_idle_engine_start_as_predict_replays_them():
+    """Two prompts reach an idle serve 0.2 ms apart, both before its loop wakes. The engine wakes at
+    the first arrival, as vLLM's engine core does (it blocks on its input queue and schedules what it
+    took at once): the first step holds the first prompt alone, the second joins the next step. The
+    loop's own wake-up is host time, kept off the timeline but counted. predict's replay of the two
+    stamps gives the same steps (before, serve began its first step at the second arrival, with both)."""
+    cfg = EngineConfig(gpu="h100", model="qwen2.5-7b", max_model_len=8192)
+
+    async def main():
+        runner = EngineRunner(cfg, time_scale=1.0)
+        runner.start()
+        try:
+            await asyncio.sleep(0.01)  # idle: the loop awaits its event
+            a = runner.submit("a", _gen(1, 2000))
+            t = time.perf_counter()
+            while time.perf_counter() - t < 0.0002:  # the loop cannot wake: this task holds it
+                pass
+            b = runner.submit("b", _gen(5001, 3000))
+            for s in (a, b):
+                while not (await s.take())[1]:
+                    pass
+            assert runner.wakes == 1 and runner.wake_s >= 0.0002
+            return a.engine_req, b.engine_req, runner.engine.cost
+        finally:
+            await runner.stop()
+
+    ra, rb, cost = run(main())
+    assert rb.arrival - ra.arrival >= 0.0002
+    assert ra.first_scheduled == ra.arrival  # the step began at the first arrival, without b
+    assert ra.first_token == pytest.approx(ra.arrival + cost.step_time([(2000, 0)], []), abs=1e-9)
+    assert rb.first_scheduled == ra.first_token  # b: the next step
+    assert rb.first_token == pytest.approx(ra.first_token + cost.step_time([(3000, 0)], [2000]), abs=1e-9)
+    pred = replay(cfg, [_as_recorded(0, ra), _as_recorded(1, rb)], (0.0, 0.0), False)
+    for i, req in enumerate((ra, rb)):
+        assert pred[i].arrival - 100.0 == pytest.approx(req.arrival, abs=1e-9)
+        assert pred[i].first_token - pred[i].arrival == pytest.approx(req.first_token - req.arrival, abs=1e-9)
+        assert pred[i].end - pred[i].arrival == pytest.approx(req.finished_at - req.arrival, abs=1e-9)
+
+
+def test_a_stamp_at_a_step_end_joins_the_step_starting_there_in_the_replay():
+    """serve stamps a request that came while its loop slept past a step's end exactly at that end,
+    so it joins the next step; moved onto the client's clock, rounding may put it a hair (under 1 us)
+    after the predicted end: it still joins that step, and one 1 ms later waits for the step after."""
+    cfg = EngineConfig(gpu="h100", model="qwen2.5-7b", max_model_len=8192)
+    cost = Engine(cfg).cost
+    end = 5.0 + cost.step_time([(2000, 0)], [])
+    first = EngineRequest("a", 2000, 2, [], 5.0)
+    first.first_token, first.finished_at = end, 9.0
+    second = EngineRequest("b", 1000, 2, [], end + 3e-10)
+    second.first_token = end + cost.step_time([(1000, 0)], [2000])
+    pred = replay(cfg, [_as_recorded(0, first), _as_recorded(1, second)], (0.0, 0.0), False)
+    assert pred[1].first_token - pred[1].arrival == pytest.approx(
+        second.first_token - second.arrival, abs=1e-9
+    )
+    second.arrival = end + 1e-3
+    late = replay(cfg, [_as_recorded(0, first), _as_recorded(1, second)], (0.0, 0.0), False)
+    assert late[1].first_token > pred[1].first_token + cost.step_time([], [2000]) / 2
