@@ -100,13 +100,16 @@ def bench_predict(url: str, tmp: Path, i: int, profile: Path) -> None:
     fitted `profile` and with the true coefficients; print MAPE (bias) per figure, throughput, hit rate."""
     traces, run = _traces(tmp), tmp / f"run-{i}"
     bench = [*CLI, "bench", str(traces), "--target", url, "--lanes", "6", "--duration", "none"]
-    n0, s0 = _wakes(url)
+    n0, s0, c0 = _wakes(url)
     res = subprocess.run([*bench, "--out", str(run), "-q", "--no-report", "--json"], capture_output=True)
     if res.returncode:
         raise SystemExit(f"bench failed: {res.stderr.decode()[-500:]}")
-    n1, s1 = _wakes(url)
+    n1, s1, c1 = _wakes(url)
     wake = f"{(s1 - s0) / (n1 - n0) * 1e3:.2f} ms, mean of {n1 - n0:.0f}" if n1 > n0 else "no idle wake-up"
-    print(f"run {i}: bench load {_load()}; serve's loop woke {wake} after an idle engine's first arrival")
+    print(
+        f"run {i}: bench load {_load()}; serve's loop woke {wake} after an idle engine's first arrival; "
+        f"catch-up {(c1 - c0) * 1e3:.1f} ms"
+    )
     prof = json.loads(profile.read_text())
     true = tmp / f"true-profile-{i}.json"
     true.write_text(json.dumps(prof | {"coefficients": true_coeffs().to_dict()}))
@@ -126,14 +129,15 @@ def bench_predict(url: str, tmp: Path, i: int, profile: Path) -> None:
         print(f"  TTFT |error| by arrival: {ttft_split(run, out)}")
 
 
-def _wakes(url: str) -> tuple[float, float]:
-    """serve's idle wake-ups so far: (count, wall seconds summed from an idle engine's first arrival
-    to its loop waking), from /metrics."""
+def _wakes(url: str) -> tuple[float, float, float]:
+    """serve's /metrics so far: idle wake-ups, the wall seconds summed from an idle engine's first
+    arrival to its loop waking, and the engine seconds skipped catching up (idle time predict lacks)."""
     from prometheus_client.parser import text_string_to_metric_families
 
     text = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()
     got = {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
-    return got.get("agentkv:engine_wake_seconds_count", 0.0), got.get("agentkv:engine_wake_seconds_sum", 0.0)
+    names = ("engine_wake_seconds_count", "engine_wake_seconds_sum", "engine_catchup_seconds_total")
+    return tuple(got.get(f"agentkv:{k}", 0.0) for k in names)
 
 
 def ttft_split(run: Path, pred: Path) -> str:

@@ -17,7 +17,8 @@ from agentkv.engine.request import EngineRequest
 from agentkv.metrics.records import RequestRecord
 from agentkv.serve.protocol import GenRequest
 from agentkv.serve.runner import SLACK_WALL_S, EngineRunner
-from agentkv.trace.model import Request, Session, Trace
+from agentkv.trace.model import Request, Trace
+from tests.test_replay_order import _item
 
 TTFT, E2E = "vllm:time_to_first_token_seconds_sum", "vllm:e2e_request_latency_seconds_sum"
 WAKES = "agentkv:engine_wake_seconds_count"
@@ -136,13 +137,9 @@ def _gen(first: int, n: int) -> GenRequest:
 def _as_recorded(i: int, req: EngineRequest) -> tuple[RequestRecord, Trace, Request]:
     """`req` as bench records it from serve's `agentkv` object (the engine clock 100 s behind the
     client's), with a trace turn of its length and distinct hash ids, for predict's replay."""
-    n = req.prompt_len
-    tr = Trace(id=f"t{i}", block_size=16, session=Session(id=f"s{i}", requests=[]))
-    turn = Request(t=0.0, input_tokens=n, output_tokens=2, hash_ids=[i * 1000 + k for k in range(n // 16)])
-    ttft = round(req.first_token - req.arrival, 9)
-    rec = RequestRecord(id=i, trace=tr.id, session=f"s{i}#0", tree=f"s{i}#0", sent=req.arrival + 99.9999)
-    rec.input_tokens, rec.output_tokens, rec.ttft, rec.clock = n, 2, ttft, "engine"
-    rec.engine_arrival, rec.first_token = req.arrival, req.arrival + ttft + 100.0
+    rec, tr, turn = _item(i, req.prompt_len, req.arrival + 99.9999, None)
+    rec.clock, rec.ttft, rec.engine_arrival = "engine", round(req.first_token - req.arrival, 9), req.arrival
+    rec.first_token = req.arrival + rec.ttft + 100.0
     return rec, tr, turn
 
 
@@ -168,11 +165,15 @@ def test_two_requests_0_2_ms_apart_at_an_idle_engine_start_as_predict_replays_th
                 while not (await s.take())[1]:
                     pass
             assert runner.wakes == 1 and runner.wake_s >= 0.0002
-            return a.engine_req, b.engine_req, runner.engine.cost
+            return a.engine_req, b.engine_req, runner.engine.cost, runner.jumped_s
         finally:
             await runner.stop()
 
-    ra, rb, cost = run(main())
+    for _ in range(3):  # a host stalled past the slack (20 ms) moves the timeline: measure again
+        ra, rb, cost, jumped = run(main())
+        if not jumped:
+            break
+    assert not jumped, f"the host stalled past the slack in 3 tries ({jumped * 1e3:.1f} ms caught up)"
     assert rb.arrival - ra.arrival >= 0.0002
     assert ra.first_scheduled == ra.arrival  # the step began at the first arrival, without b
     assert ra.first_token == pytest.approx(ra.arrival + cost.step_time([(2000, 0)], []), abs=1e-9)
