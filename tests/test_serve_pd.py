@@ -55,7 +55,7 @@ def test_decode_waits_for_its_kv_and_moves_only_what_it_lacks():
                 assert out["usage"]["prompt_tokens_details"]["cached_tokens"] == len(PROMPT) - 1
                 assert out["usage"]["completion_tokens"] == 4
                 assert "agentkv" not in out  # its engine times would start when the KV arrived
-                waits.append(decode.runner._last_arrival - t0)
+                waits.append(decode.runner.last_arrival - t0)
             return expect, waits
 
     expect, (first, second) = run(go())

@@ -110,6 +110,7 @@ class EngineRunner:
         self._t = self.clock.now()
         self._idle = True  # the loop waits for work: the timeline restarts at real time
         self._step_end: float | None = None  # the end of the step being slept out
+        self.last_arrival = self._t  # the latest arrival stamped
         self._wake_at: float | None = None  # an idle engine's first arrival: its next step starts there
         self._begun: StepResult | None = None  # that step, begun before the loop woke (a later arrival)
         self.wakes, self.wake_s = 0, 0.0  # idle wakes; wall seconds from the first arrival to the loop's wake
@@ -143,6 +144,7 @@ class EngineRunner:
             user_data=stream,
             arrival=arrival,
         )
+        self.last_arrival = max(self.last_arrival, arrival)
         if self._idle and self._wake_at is None:
             self._wake_at = arrival
         self.streams[request_id] = stream
@@ -176,6 +178,7 @@ class EngineRunner:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        self._wake_at = None  # no step begins while stopping
         self._fail_all()
         self._publish()
         if self.publisher is not None:
