@@ -89,9 +89,9 @@ class EventPoller:
         self._wake()
 
     def remove(self, sub: ZmqEventSubscriber) -> None:
-        """Stop polling `sub` and close it (on the poller thread; at once if none runs)."""
+        """Stop polling `sub` and close it (on the poller thread; at once if none ever ran)."""
         with self._lock:
-            if self._thread is None or self._stopping:
+            if self._thread is None:
                 sub.close()
                 return
             self._commands.append(("remove", sub, None, "", False))
@@ -127,10 +127,16 @@ class EventPoller:
                 if st is None:
                     if sock == wake:
                         self._drain_wake()
-                elif st.replay is None:
-                    self._read(st, out)
-                elif st.replay.take():
-                    self._replayed(st, out)
+                    continue
+                try:
+                    if st.replay is None:
+                        self._read(st, out)
+                    elif st.replay.take():
+                        self._replayed(st, out)
+                except Exception:  # a bug or a socket error: that stream ends, the others go on
+                    log.exception("%s: KV events no longer read from %s", st.label, st.sub.endpoint)
+                    out.pop(id(st), None)
+                    self._drop(st.sub)
             now = time.monotonic()
             for st in [st for st in self._replaying if now >= st.replay.deadline]:
                 st.replay.expire()
