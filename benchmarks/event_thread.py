@@ -20,6 +20,7 @@ import threading
 import time
 from pathlib import Path
 
+from agentkv.events.poller import COALESCE_S
 from agentkv.events.publisher import ZmqEventPublisher
 from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.kv.events import BlockRemoved, BlockStored
@@ -126,7 +127,7 @@ def main() -> None:
         "--coalesce",
         type=float,
         nargs="+",
-        default=[0.0, 0.002],
+        default=[0.0, COALESCE_S],
         help="the poller's wait after a wake, seconds",
     )
     ap.add_argument("--profile", action="store_true", help="cProfile the poller thread (its last round)")
