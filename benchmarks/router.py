@@ -146,10 +146,24 @@ def _report(name: str, base: dict, via: dict) -> None:
         )
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process so far (Linux /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, stat: str = "") -> float:
+    """User + system CPU time of a process (or of a thread, given its /proc stat path) so far."""
+    fields = Path(stat or f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_cpu_seconds(pid: int) -> Counter[str]:
+    """CPU time of one router process by thread kind: its event loop (the main thread), ZMQ's own
+    I/O threads, and the other threads (the KV-event poller, asyncio's to_thread pool)."""
+    out: Counter[str] = Counter()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            comm = (task / "comm").read_text().strip()
+            kind = "loop" if task.name == str(pid) else "zmq" if comm.startswith("ZMQbg") else "other"
+            out[kind] += cpu_seconds(pid, str(task / "stat"))
+        except (OSError, IndexError, ValueError):
+            continue
+    return out
 
 
 def tree_cpu_seconds(pid: int) -> float:
@@ -211,15 +225,23 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
     fresh = args.fresh_connections
     await load(urls, args.rate, 3.0, args.prompt_len, seed=0, fresh=fresh)  # cold start, discarded
     base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1, fresh=fresh)
-    cpu0 = tree_cpu_seconds(router.pid)
+    cpu0, threads0 = tree_cpu_seconds(router.pid), thread_cpu_seconds(router.pid)
     via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2, fresh=fresh)
-    cpu = tree_cpu_seconds(router.pid) - cpu0
+    cpu, threads = tree_cpu_seconds(router.pid) - cpu0, thread_cpu_seconds(router.pid)
+    threads.subtract(threads0)
     _report(
         f"agentkv route ({args.policy}, {args.processes} process{'es' if args.processes > 1 else ''})",
         base,
         via,
     )
     ms = _cpu_line(cpu, via, args.seconds)
+    if args.processes == 1:
+        n = max(1, len(via["e2e"]))
+        print(
+            "  of it, by thread: "
+            + ", ".join(f"{k} {threads[k] / n * 1e3:.3f} ms" for k in ("loop", "other", "zmq"))
+            + " per request (other: the KV-event thread and asyncio's to_thread pool)"
+        )
     c.procs.stop("route")
     if args.profile:
         import pstats

@@ -4,47 +4,13 @@ sequence gaps filled from the replay socket, and a publisher restart, without co
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import aiohttp
-import zmq
-from zmqutil import serve_replay, until
+from zmqutil import RawPublisher, until
 
-from agentkv.events.publisher import seq_bytes
 from agentkv.kv.events import AllBlocksCleared, BlockStored, EventBatch, encode_batch
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.workers import WorkerPool, WorkerSpec, parse_load, parse_worker
-
-
-class RawPublisher:
-    """A hand-driven vLLM-style publisher: live PUB frames we choose, and a replay ROUTER in a thread."""
-
-    def __init__(self) -> None:
-        self.ctx = zmq.Context()
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.port = self.pub.bind_to_random_port("tcp://127.0.0.1")
-        self.rep = self.ctx.socket(zmq.ROUTER)
-        self.rport = self.rep.bind_to_random_port("tcp://127.0.0.1")
-        self.buffer: dict[int, bytes] = {}
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def batch(self, seq: int, *events) -> bytes:
-        payload = encode_batch(EventBatch(0.0, list(events), None))
-        self.buffer[seq] = payload
-        return payload
-
-    def send(self, seq: int, payload: bytes) -> None:
-        self.pub.send_multipart([b"kv-events", seq_bytes(seq), payload])
-
-    def _serve(self) -> None:
-        serve_replay(self.rep, lambda: self.buffer, self.stop)
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join(2)
-        self.ctx.destroy(linger=0)
 
 
 def test_catch_up_malformed_gap_and_restart():

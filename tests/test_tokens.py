@@ -141,3 +141,45 @@ def test_long_pseudo_words_and_markers_are_bounded_pieces():
     assert len(T.encode("<|" + "a" * 33 + "|>")) > 1
     long = "ba" * 500_000
     assert len(T.encode(long)) == 200_000  # linear: 5 letters a token
+
+
+def _table_only(text: str, limit: int | None = None) -> list[int] | None:
+    """The word-table path alone (what every text took before the array passes)."""
+    saved, T._ARRAY_CHARS = T._ARRAY_CHARS, 1 << 62
+    try:
+        return T.encode(text) if limit is None else T.encode_bounded(text, limit)
+    finally:
+        T._ARRAY_CHARS = saved
+
+
+_WORDS = [T.token_text(i) for i in (0, 63, 64, 4159, 4160, 128255, 266303, 266304, 2**40, 64**8 - 2)]
+_WORDS += ["bab", "abab", "baba" * 5, "BaBa"]  # odd, vowel-first, too long, upper case: not pseudo-words
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.sampled_from(_PIECES + _WORDS), min_size=1, max_size=40), st.integers(0, 3000))
+def test_long_text_takes_the_array_path_with_the_same_ids(parts, limit):
+    """A text past _ARRAY_CHARS is encoded by whole-array passes: the same ids as the word table
+    gives, and `encode_bounded` None exactly when they pass the limit."""
+    text = "".join(parts) * (T._ARRAY_CHARS // len("".join(parts)) + 1)
+    assert len(text) >= T._ARRAY_CHARS
+    ids = _table_only(text)
+    assert T.encode(text) == ids
+    assert T.encode_bounded(text, limit) == _table_only(text, limit) == (ids if len(ids) <= limit else None)
+
+
+def test_a_long_prompt_of_any_ids_round_trips_through_the_array_path():
+    """Ids in and past the table (up to 8 syllables), any ASCII whitespace between, non-ASCII text
+    falling back to the table."""
+    import random
+
+    rng = random.Random(7)
+    ids = [
+        rng.choice((rng.randrange(64), rng.randrange(T.VOCAB_SIZE), rng.randrange(64**8 - 1)))
+        for _ in range(5000)
+    ]
+    words = [T.token_text(i) for i in ids]
+    assert T.encode(" ".join(words)) == ids
+    assert T.encode("\n\t\x1c ".join(words) + "\r\n") == ids
+    assert T.encode(" é ".join(words)) == _table_only(" é ".join(words))
+    assert T.encode_bounded(" ".join(words), 4999) is None and T.encode_bounded(" ".join(words), 5000) == ids

@@ -12,6 +12,7 @@ import zmq
 
 from agentkv.events.publisher import END_SEQ, seq_bytes
 from agentkv.events.subscriber import AsyncZmqEventSubscriber
+from agentkv.kv.events import EventBatch, encode_batch
 
 
 def serve_replay(rep: zmq.Socket, buffer: Callable[[], dict[int, bytes]], stop: threading.Event) -> None:
@@ -59,3 +60,45 @@ async def subscribed():
     finally:
         task.cancel()
         sub.close()
+
+
+def _bind(sock: zmq.Socket, port: int) -> int:
+    if port:
+        sock.bind(f"tcp://127.0.0.1:{port}")
+        return port
+    return sock.bind_to_random_port("tcp://127.0.0.1")
+
+
+class RawPublisher:
+    """A hand-driven vLLM-style publisher: live PUB frames we choose, and a replay ROUTER in a thread."""
+
+    def __init__(self, port: int = 0, rport: int = 0) -> None:
+        self.ctx = zmq.Context()
+        self.pub = self.ctx.socket(zmq.PUB)
+        self.port = _bind(self.pub, port)
+        self.rep = self.ctx.socket(zmq.ROUTER)
+        self.rport = _bind(self.rep, rport)
+        self.buffer: dict[int, bytes] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoints(self) -> tuple[str, str]:
+        return f"tcp://127.0.0.1:{self.port}", f"tcp://127.0.0.1:{self.rport}"
+
+    def batch(self, seq: int, *events) -> bytes:
+        payload = encode_batch(EventBatch(0.0, list(events), None))
+        self.buffer[seq] = payload
+        return payload
+
+    def send(self, seq: int, payload: bytes) -> None:
+        self.pub.send_multipart([b"kv-events", seq_bytes(seq), payload])
+
+    def _serve(self) -> None:
+        serve_replay(self.rep, lambda: self.buffer, self.stop)
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(2)
+        self.ctx.destroy(linger=0)

@@ -20,14 +20,14 @@ from agentkv.events.curve import CurveClient
 from agentkv.events.publisher import seq_bytes
 from agentkv.events.tracker import Received, SeqTracker, SubscriberStats
 
-__all__ = ["AsyncZmqEventSubscriber", "Received", "SubscriberStats", "ZmqEventSubscriber"]
+__all__ = ["AsyncZmqEventSubscriber", "PendingReplay", "Received", "SubscriberStats", "ZmqEventSubscriber"]
 
 _HANDSHAKE_FAILED = (
     zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
     | zmq.EVENT_HANDSHAKE_FAILED_AUTH
 )
-_WATCH_S = 0.5  # a receive looks at the handshake monitor at least this often
+WATCH_S = 0.5  # a receive looks at the handshake monitor at least this often
 RECONNECT_S = 1.0  # at most one reconnect per this many seconds after failed handshakes
 
 
@@ -74,16 +74,16 @@ class _Base:
         self._monitor.connect(addr)
         self._reconnect_due: float | None = None  # when to reconnect after a failed handshake
         self._reconnected = 0.0  # when it last did
-        self._watch_at = 0.0  # when `_watch` next reads the monitor
+        self._watch_at = 0.0  # when `watch` next reads the monitor
 
-    def _watch(self) -> None:
+    def watch(self) -> None:
         """Count failed handshakes (a publisher without the pinned key, or a CURVE / plain mismatch)
         and reconnect: libzmq stops retrying a connection after a protocol error. At most every
-        _WATCH_S, not per batch: an empty monitor read costs ~9 us (pyzmq raises zmq.Again)."""
+        WATCH_S, not per batch: an empty monitor read costs ~9 us (pyzmq raises zmq.Again)."""
         now = time.monotonic()
         if now < self._watch_at:
             return
-        self._watch_at = now + _WATCH_S
+        self._watch_at = now + WATCH_S
         while True:
             try:
                 self._monitor.recv_multipart(zmq.NOBLOCK)
@@ -101,6 +101,15 @@ class _Base:
     @property
     def stats(self) -> SubscriberStats:
         return self._tracker.stats
+
+    @property
+    def socket(self) -> zmq.Socket:
+        """The SUB socket, for an outside poller (`agentkv.events.poller`)."""
+        return self._sub
+
+    @property
+    def tracker(self) -> SeqTracker:
+        return self._tracker
 
     def _replay_socket(self) -> zmq.Socket:
         if self.replay_endpoint is None:
@@ -122,6 +131,35 @@ class _Base:
             self._ctx.term()
 
 
+class PendingReplay:
+    """A replay request in flight on its own DEALER socket: replies gathered by `take` (whenever the
+    socket is readable, so one thread can wait on many) until the end marker or `deadline`."""
+
+    def __init__(self, sub: _Base, start_seq: int, timeout: float | None = None) -> None:
+        self.sock = sub._replay_socket()
+        self._tracker = sub._tracker
+        self.out: list[Received] = []
+        self.deadline = time.monotonic() + (sub.replay_timeout if timeout is None else timeout)
+        self.sock.send_multipart((b"", seq_bytes(start_seq)))
+
+    def take(self) -> bool:
+        """Read the replies ready now, without waiting; True once the end marker came."""
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            if self._tracker.take_reply(frames, self.out):
+                return True
+
+    def expire(self) -> None:
+        """The deadline passed: what came so far is the answer (counted as a replay timeout)."""
+        self._tracker.stats.replay_timeouts += 1
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 class ZmqEventSubscriber(_Base):
     """Blocking subscriber: `recv`, `recv_batches`, iteration, or `run(callback)` in a thread.
 
@@ -136,8 +174,8 @@ class ZmqEventSubscriber(_Base):
         """The next batch in sequence order, or None after `timeout` seconds (None: wait forever)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._pending:
-            self._watch()
-            left = _WATCH_S if deadline is None else min(_WATCH_S, deadline - time.monotonic())
+            self.watch()
+            left = WATCH_S if deadline is None else min(WATCH_S, deadline - time.monotonic())
             if self._sub.poll(max(0, int(left * 1000))):
                 self._handle(self._sub.recv_multipart())
             elif deadline is not None and time.monotonic() >= deadline:
@@ -169,19 +207,15 @@ class ZmqEventSubscriber(_Base):
 
     def replay(self, start_seq: int, timeout: float | None = None) -> list[Received]:
         """Ask the replay socket for every buffered batch from `start_seq` (without delivering them)."""
-        sock = self._replay_socket()
-        out: list[Received] = []
+        pending = PendingReplay(self, start_seq, timeout)
         try:
-            sock.send_multipart((b"", seq_bytes(start_seq)))
-            deadline = time.monotonic() + (self.replay_timeout if timeout is None else timeout)
-            while True:
-                if not sock.poll(max(0, int((deadline - time.monotonic()) * 1000))):
-                    self._tracker.stats.replay_timeouts += 1
-                    return out
-                if self._tracker.take_reply(sock.recv_multipart(), out):
-                    return out
+            while not pending.take():
+                if not pending.sock.poll(max(0, int((pending.deadline - time.monotonic()) * 1000))):
+                    pending.expire()
+                    break
+            return pending.out
         finally:
-            sock.close()
+            pending.close()
 
     def _handle(self, frames: list[bytes]) -> None:
         steps = self._tracker.handle(frames, self.replay_endpoint is not None)
@@ -208,8 +242,8 @@ class AsyncZmqEventSubscriber(_Base):
         """The next batch in sequence order, or None after `timeout` seconds."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self._pending:
-            self._watch()
-            left = _WATCH_S if deadline is None else min(_WATCH_S, deadline - time.monotonic())
+            self.watch()
+            left = WATCH_S if deadline is None else min(WATCH_S, deadline - time.monotonic())
             if await self._sub.poll(max(0, int(left * 1000))):
                 await self._handle(await self._sub.recv_multipart())
             elif deadline is not None and time.monotonic() >= deadline:

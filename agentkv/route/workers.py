@@ -1,7 +1,8 @@
 """The router's worker pool: specs, health, KV-event subscriptions, load accounting, /metrics scrapes.
 
 Each worker is an OpenAI-compatible engine (`--worker URL[=EVENTS[,REPLAY]]`). In `event` mode
-one thread per worker consumes its ZMQ KV events into the tenant index: it first replays
+one thread (`EventPoller`) consumes every worker's ZMQ KV events into the tenant index, one lock
+per wake: each subscription first replays
 the publisher's buffer (a router restart rebuilds the index), and the subscriber replays any
 sequence gap; a publisher restart (sequence back to 0) clears the worker's entries first. In
 `approximate` mode (no endpoint, or `--approximate`) the router predicts the cache from its own
@@ -24,6 +25,7 @@ import aiohttp
 
 from agentkv.errors import UserError
 from agentkv.events.curve import CurveClient, is_local
+from agentkv.events.poller import Delivery, EventPoller
 from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.metrics.scrape import snapshot
 from agentkv.route.index import Match, TenantIndex
@@ -78,8 +80,8 @@ class Worker:
         self.match = Match(0)  # this request's cached prefix here (set by the router before choosing)
         self.events_applied = self.resyncs = 0
         self.subscriber: ZmqEventSubscriber | None = None
-        self.thread: threading.Thread | None = None
-        self.stop: threading.Event | None = None
+        self.caught_up = -1  # the last seq applied from the replay buffer at subscription
+        self.gaps_seen = 0  # the subscriber's gap count when last looked at
 
     # WorkerView ---------------------------------------------------------------------------------
     def active_requests(self) -> int:
@@ -159,7 +161,8 @@ class WorkerPool:
         self.forget = forget or (lambda slot: None)
         self.session: aiohttp.ClientSession | None = None
         self._tasks: list[asyncio.Task] = []
-        self.lock = threading.Lock()  # the index is written by event threads, read by the loop
+        self.lock = threading.Lock()  # the index is written by the event thread, read by the loop
+        self.poller = EventPoller(self._deliver, name="route-events")
 
     def healthy(self) -> list[Worker]:
         return [w for w in self.workers if w.healthy]
@@ -187,73 +190,63 @@ class WorkerPool:
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
+        await asyncio.to_thread(self.poller.close)
         for w in self.workers:
-            await self._unsubscribe(w)
+            w.subscriber = None
         for t in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
 
     # -- events ----------------------------------------------------------------------------------
     def _subscribe(self, w: Worker) -> None:
-        w.subscriber = ZmqEventSubscriber(w.spec.events, w.spec.replay, start_seq=0, curve=w.spec.curve)
-        w.stop = threading.Event()
-        w.thread = threading.Thread(
-            target=self._consume, args=(w, w.subscriber, w.stop), name=f"route-events-{w.slot}", daemon=True
-        )
-        w.thread.start()
+        sub = ZmqEventSubscriber(w.spec.events, w.spec.replay, start_seq=0, curve=w.spec.curve)
+        w.caught_up, w.gaps_seen = -1, 0
+        w.subscriber = sub
+        self.poller.add(sub, w, f"worker {w.slot}", catch_up=sub.replay_endpoint is not None)
 
-    async def _unsubscribe(self, w: Worker) -> None:
-        thread, sub, stop = w.thread, w.subscriber, w.stop
-        w.thread = w.subscriber = w.stop = None
-        if stop is not None:
-            stop.set()
-        if thread is not None:
-            await asyncio.to_thread(thread.join, 5.0)
+    def _unsubscribe(self, w: Worker) -> None:
+        """Stop applying the worker's events now (a late batch is dropped); the poller closes it."""
+        with self.lock:
+            sub, w.subscriber = w.subscriber, None
         if sub is not None:
-            sub.close()
+            self.poller.remove(sub)
 
-    def _consume(self, w: Worker, sub: ZmqEventSubscriber, stop: threading.Event) -> None:
-        """Apply the worker's events (a thread: blocking ZMQ costs a fraction of asyncio's per batch):
-        the replay buffer first (catch-up), then the live stream, all under the index lock."""
-        caught_up = -1
-        if sub.replay_endpoint:
-            for r in sub.replay(0):
-                self._apply(w, r.batch)
-                caught_up = max(caught_up, r.seq)
-            if caught_up >= 0:
-                log.info("worker %d: index rebuilt from %d replayed event batches", w.slot, caught_up + 1)
-        gaps = refused = 0
-        while not stop.is_set():
-            batches = sub.recv_batches(0.1, max_batches=256)
-            if sub.stats.handshake_failures > refused:
-                if not refused:  # once per subscription: the counter on /metrics keeps the rest
-                    log.warning(
-                        "worker %d: KV event handshake refused at %s: the publisher there lacks the "
-                        "pinned CURVE key, or CURVE is on at one end only; nothing from it is applied",
-                        w.slot,
-                        sub.endpoint,
-                    )
-                refused = sub.stats.handshake_failures
-            for r in batches:
-                st = sub.stats
-                if r.restart:  # the publisher restarted: its engine's cache is new
-                    with self.lock:
-                        self.index.clear_worker(w.slot)
-                    w.resyncs += 1
-                    caught_up = -1
-                if st.gaps != gaps:
-                    gaps = st.gaps
-                    w.resyncs += 1
-                if r.replayed and r.seq <= caught_up:
-                    continue  # already applied during catch-up
-                self._apply(w, r.batch)
-
-    def _apply(self, w: Worker, batch) -> None:
+    def _deliver(self, deliveries: list[Delivery]) -> None:
+        """One wake's batches, all workers, under one index lock (the poller thread): the replay
+        buffer's at subscription (catch-up), then the live stream; a publisher restart clears the
+        worker's entries first, and batches replayed again after catch-up are not applied twice."""
         apply = self.index.apply
         with self.lock:
-            for ev in batch.events:
-                apply(w.slot, ev)
-        w.events_applied += len(batch.events)
+            for d in deliveries:
+                w = d.key
+                assert isinstance(w, Worker)
+                if w.subscriber is not d.sub:
+                    continue  # unsubscribed meanwhile: its entries are gone
+                if d.catch_up:
+                    for r in d.batches:
+                        for ev in r.batch.events:
+                            apply(w.slot, ev)
+                        w.events_applied += len(r.batch.events)
+                        w.caught_up = max(w.caught_up, r.seq)
+                    if d.batches:
+                        log.info(
+                            "worker %d: index rebuilt from %d replayed event batches", w.slot, len(d.batches)
+                        )
+                    continue
+                gaps = d.sub.stats.gaps
+                if gaps != w.gaps_seen:
+                    w.gaps_seen = gaps
+                    w.resyncs += 1
+                for r in d.batches:
+                    if r.restart:  # the publisher restarted: its engine's cache is new
+                        self.index.clear_worker(w.slot)
+                        w.resyncs += 1
+                        w.caught_up = -1
+                    if r.replayed and r.seq <= w.caught_up:
+                        continue  # already applied during catch-up
+                    for ev in r.batch.events:
+                        apply(w.slot, ev)
+                    w.events_applied += len(r.batch.events)
 
     # -- health and load -------------------------------------------------------------------------
     async def _health_loop(self) -> None:
@@ -300,13 +293,13 @@ class WorkerPool:
         now = asyncio.get_running_loop().time()
         for deadline in w.waiting:
             deadline.reschedule(now)
+        self._unsubscribe(w)
         with self.lock:
             dropped = self.index.clear_worker(w.slot)
         self.forget(w.slot)
         log.warning(
             "worker %d %s out of rotation (%s); %d indexed blocks dropped", w.slot, w.spec.url, why, dropped
         )
-        await self._unsubscribe(w)
         self.on_membership()
 
     def revive(self, w: Worker) -> None:

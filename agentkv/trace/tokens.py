@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
 import xxhash
 
 VOCAB_SIZE = 128256  # Llama 3's vocabulary size: hashed pieces land in [0, VOCAB_SIZE)
@@ -37,6 +38,20 @@ MAX_TOKEN_CHARS = 36  # the most characters one token covers: a marker, <|32 cha
 _LONG_WORD = 64  # words longer than this are encoded piece by piece, with an early stop
 _CHUNK = 5  # letters per hashed piece: about one token per short word, as BPE tokenizers give
 _FILLER_SEED = 0x6F7574  # "out": output token ids are a fixed pseudo-random sequence
+# a text this long is encoded by whole-array passes (`_encode_long`): its pseudo-words' ids are
+# computed, not looked up in the 266K-entry table (about one cache miss a word, ~1-2 us on a busy
+# host); below it the fixed cost of those passes (~10-40 us) is more than the lookups
+_ARRAY_CHARS = 1024
+_ASCII_SPACE = np.zeros(256, bool)
+_ASCII_SPACE[[9, 10, 11, 12, 13, 28, 29, 30, 31, 32]] = True  # what str.split() splits ASCII on
+_CON = np.full(256, -1, np.int64)  # a consonant's syllable value (1-based), -1 for other bytes
+_CON[list(CONSONANTS.encode())] = np.arange(1, 4 * len(CONSONANTS) + 1, len(VOWELS))
+_VOW = np.full(256, -1, np.int64)
+_VOW[list(VOWELS.encode())] = np.arange(len(VOWELS))
+_KIND = np.zeros(256, np.uint8)
+_KIND[list(CONSONANTS.encode())], _KIND[list(VOWELS.encode())] = 1, 2
+_POW = _BASE ** np.arange(MAX_PSEUDO // 2, dtype=np.int64)
+_PAST: list[int] = []  # `_encode_long`'s answer for a text past its limit (told apart by identity)
 
 
 def token_text(token_id: int) -> str:
@@ -103,6 +118,8 @@ def _piece_ids(piece: str):
 
 def encode(text: str) -> list[int]:
     """Token ids of `text`: pseudo-words exactly, other pieces hashed into `[0, VOCAB_SIZE)`."""
+    if len(text) >= _ARRAY_CHARS and (ids := _encode_long(text, len(text))) is not None:
+        return ids
     lookup = _tables()[1].get
     words = text.split()
     ids: list[int] = list(map(lookup, words))  # at C speed: text rendered from ids is all pseudo-words
@@ -122,11 +139,67 @@ def encode(text: str) -> list[int]:
     return ids
 
 
+def _encode_long(text: str, limit: int) -> list[int] | None:
+    """`encode(text)` of an ASCII text by whole-array passes: each word that is a pseudo-word of at
+    most MAX_PSEUDO letters gets its id by arithmetic, the others go word by word as in `encode`.
+    `_PAST` once past `limit` tokens (a word is at least one); None for non-ASCII text."""
+    try:
+        raw = np.frombuffer(text.encode("ascii"), np.uint8)
+    except UnicodeEncodeError:
+        return None
+    in_word = ~_ASCII_SPACE[raw]
+    edges = np.flatnonzero(np.diff(in_word, prepend=False, append=False))
+    starts, lens = edges[0::2], edges[1::2] - edges[0::2]
+    if len(starts) > limit:
+        return _PAST
+    if not len(starts):
+        return []
+    chars = raw[in_word]  # every word's letters, end to end
+    kind = _KIND[chars]  # 1 consonant, 2 vowel, 0 anything else
+    first = np.cumsum(lens) - lens
+    # a pseudo-word starts with a consonant, ends with a vowel and alternates (so its length is even)
+    same = np.empty(len(chars), bool)
+    same[:-1] = kind[:-1] == kind[1:]
+    same[first[1:] - 1] = False  # the pair across two words does not count
+    same[-1] = False
+    same |= kind == 0
+    pseudo = (
+        ~np.logical_or.reduceat(same, first) & (kind[first] == 1) & (lens & 1 == 0) & (lens <= MAX_PSEUDO)
+    )
+    letters = chars[np.repeat(pseudo, lens)]  # the pseudo-words' letters (whole syllables)
+    syl = _CON[letters[0::2]] + _VOW[letters[1::2]]
+    n = lens[pseudo] >> 1
+    at = np.cumsum(n) - n
+    ids: list[int] = []
+    if len(at):
+        place = _POW[np.repeat(at + n - 1, n) - np.arange(len(syl))]  # 64 ** syllables after this one
+        ids = (np.add.reduceat(syl * place, at) - 1).tolist()
+    if len(ids) == len(starts):
+        return ids
+    out: list[int] = []
+    before = (np.cumsum(pseudo) - pseudo).tolist()  # pseudo-words ahead of each word
+    done = 0
+    for w in np.flatnonzero(~pseudo).tolist():
+        out += ids[done : before[w]]
+        done = before[w]
+        word = text[int(starts[w]) : int(starts[w] + lens[w])]
+        if len(word) <= _LONG_WORD:
+            out += _encode_word(word)
+        elif not _extend_long(out, word, limit):
+            return _PAST
+        if len(out) > limit:
+            return _PAST
+    out += ids[done:]
+    return out
+
+
 def encode_bounded(text: str, limit: int) -> list[int] | None:
     """`encode(text)`, or None as soon as it is known to pass `limit` tokens: the work done is at most
     about `limit` tokens' worth plus a C-speed scan of the text, however long it is."""
     if len(text) <= limit:  # a token covers at least one character
         return encode(text)
+    if len(text) >= _ARRAY_CHARS and (ids := _encode_long(text, limit)) is not None:
+        return None if ids is _PAST or len(ids) > limit else ids
     lookup = _tables()[1].get
     ids: list[int] = []
     append, extend = ids.append, ids.extend

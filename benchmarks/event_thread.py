@@ -1,0 +1,147 @@
+"""CPU per KV-event batch of the router's event consumer: its one poller thread over every worker
+(`agentkv route`'s `WorkerPool`, real ZMQ publishers on loopback) against one blocking subscriber
+thread per worker (the design before it), on the same stream.
+
+N `ZmqEventPublisher`s publish --rate batches/s in all (each a BlockStored of 4 blocks with 64
+token ids, as `agentkv serve` sends per 64-token prompt, and every fourth a BlockRemoved), round
+robin, for --seconds; the consumer threads' CPU time is read from /proc. --profile prints where
+the poller thread's time goes (cProfile).
+
+Run: .venv/bin/python benchmarks/event_thread.py [--workers 4] [--rate 500] [--seconds 5] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import os
+import pstats
+import threading
+import time
+from pathlib import Path
+
+from agentkv.events.poller import COALESCE_S
+from agentkv.events.publisher import ZmqEventPublisher
+from agentkv.events.subscriber import ZmqEventSubscriber
+from agentkv.kv.events import BlockRemoved, BlockStored
+from agentkv.route.index import TenantIndex
+from agentkv.route.workers import WorkerPool, WorkerSpec
+
+
+def thread_cpu(tid: int) -> float:
+    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def publish(pubs: list[ZmqEventPublisher], rate: float, seconds: float) -> int:
+    """Open-loop: batch i at i / rate, to publisher i % N; returns the number sent."""
+    n = int(rate * seconds)
+    t0 = time.perf_counter()
+    for i in range(n):
+        time.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
+        hashes = [i * 8 + k for k in range(4)]
+        events = [
+            BlockStored(block_hashes=hashes, parent_block_hash=None, token_ids=list(range(64)), block_size=16)
+        ]
+        if i % 4 == 3:
+            events.append(BlockRemoved(block_hashes=[(i - 3) * 8 + k for k in range(4)]))
+        pubs[i % len(pubs)].publish(events)
+    return n
+
+
+def per_worker_threads(pubs: list[ZmqEventPublisher], index: TenantIndex, stop: threading.Event) -> list[int]:
+    """The design before: one blocking subscriber thread per worker, the index lock per batch."""
+    lock, tids, ready = threading.Lock(), [], threading.Barrier(len(pubs) + 1)
+
+    def consume(slot: int, sub: ZmqEventSubscriber) -> None:
+        tids.append(threading.get_native_id())
+        ready.wait()
+        while not stop.is_set():
+            for r in sub.recv_batches(0.1, max_batches=256):
+                with lock:
+                    for ev in r.batch.events:
+                        index.apply(slot, ev)
+        sub.close()
+
+    for slot, p in enumerate(pubs):
+        sub = ZmqEventSubscriber(p.endpoint, start_seq=0)
+        threading.Thread(target=consume, args=(slot, sub), daemon=True).start()
+    ready.wait()
+    return tids
+
+
+def run(design: str, args: argparse.Namespace) -> None:
+    pubs = [ZmqEventPublisher("tcp://127.0.0.1:*") for _ in range(args.workers)]
+    index, stop = TenantIndex(), threading.Event()
+    prof = cProfile.Profile(time.thread_time) if args.profile and design.startswith("poller") else None
+    if design.startswith("poller"):
+        pool = WorkerPool(
+            [WorkerSpec(f"http://127.0.0.1:{9 + i}", p.endpoint) for i, p in enumerate(pubs)], index, 16
+        )
+        pool.poller.coalesce_s = args.coalesce
+        tids: list[int] = []
+        inner = pool.poller._run
+
+        def traced() -> None:
+            tids.append(threading.get_native_id())
+            if prof is None:
+                return inner()
+            prof.runcall(inner)
+
+        pool.poller._run = traced
+        for w in pool.workers:
+            pool._subscribe(w)
+    else:
+        tids = per_worker_threads(pubs, index, stop)
+    for p in pubs:
+        p.wait_for_subscribers(1, 5)
+    time.sleep(0.2)
+    cpu0 = sum(thread_cpu(t) for t in tids)
+    n = publish(pubs, args.rate, args.seconds)
+    time.sleep(0.3)  # the last batches arrive
+    cpu = sum(thread_cpu(t) for t in tids) - cpu0
+    stop.set()
+    if design.startswith("poller"):
+        pool.poller.close()
+        wakes = f", {n / max(1, pool.poller.wakes):.2f} batches per wake"
+    else:
+        wakes = ""
+        time.sleep(0.2)
+    for p in pubs:
+        p.close()
+    print(
+        f"{design:>18}: {len(tids)} thread(s), {cpu / n * 1e6:6.1f} us CPU per batch "
+        f"({n} batches at {args.rate:.0f}/s over {args.workers} workers{wakes})"
+    )
+    if prof is not None:
+        pstats.Stats(prof).sort_stats("tottime").print_stats(15)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--rate", type=float, default=500.0, help="batches per second, all workers together")
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument(
+        "--coalesce",
+        type=float,
+        nargs="+",
+        default=[0.0, COALESCE_S],
+        help="the poller's wait after a wake, seconds",
+    )
+    ap.add_argument("--profile", action="store_true", help="cProfile the poller thread (its last round)")
+    args = ap.parse_args()
+    print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
+    for r in range(args.rounds):
+        run("thread per worker", args)
+        for c in args.coalesce:
+            last = args.profile and r == args.rounds - 1 and c == args.coalesce[-1]
+            run(
+                f"poller, {c * 1e3:g} ms",
+                argparse.Namespace(**{**vars(args), "profile": last, "coalesce": c}),
+            )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""The router's one KV-event thread for all workers, on real ZMQ sockets and a real /health server:
+three workers' events reach the index through a single thread, a worker that dies and comes back
+is subscribed again, and one worker's garbage or silent replay socket does not hold up the others."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import aiohttp
+import zmq
+from aiohttp import web
+from zmqutil import RawPublisher, until
+
+from agentkv.kv.events import BlockStored
+from agentkv.route.index import Match, TenantIndex
+from agentkv.route.workers import WorkerPool, WorkerSpec
+
+
+def event_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("route-events")]
+
+
+def chain(k: int, n: int = 4) -> list[int]:
+    return [1000 * k + i for i in range(n)]
+
+
+def pool_for(specs: list[WorkerSpec], index: TenantIndex, **kw) -> WorkerPool:
+    return WorkerPool(
+        specs, index, 16, health_interval=kw.pop("health_interval", 3600), scrape_interval=0, **kw
+    )
+
+
+def test_three_workers_one_thread_and_garbage_from_one_is_skipped():
+    async def main() -> None:
+        pubs = [RawPublisher() for _ in range(3)]
+        index = TenantIndex()
+        specs = [WorkerSpec(f"http://127.0.0.1:{9 + i}", *p.endpoints) for i, p in enumerate(pubs)]
+        for i, p in enumerate(pubs):  # published before the router started: caught up by replay
+            p.batch(0, BlockStored(block_hashes=chain(i)))
+        pool = pool_for(specs, index)
+        async with aiohttp.ClientSession() as session:
+            await pool.start(session)
+            try:
+                assert await until(
+                    lambda: all(index.find_matches("", chain(i)) == {i: Match(4)} for i in range(3))
+                )
+                assert event_threads() == ["route-events"]
+                live = [
+                    p.batch(1, BlockStored(block_hashes=chain(10 + i), parent_block_hash=chain(i)[-1]))
+                    for i, p in enumerate(pubs)
+                ]
+
+                def tick() -> None:  # worker 0 sends garbage between its real batches
+                    for junk in (
+                        [b"kv-events", b"\x00" * 8, b"\xc1 not msgpack"],
+                        [b"short"],
+                        [b"a", b"b", b"c", b"d"],
+                    ):
+                        pubs[0].pub.send_multipart(junk)
+                    for p, payload in zip(pubs, live, strict=True):
+                        p.send(1, payload)
+
+                whole = [chain(i) + chain(10 + i) for i in range(3)]
+                assert await until(
+                    lambda: all(index.find_matches("", whole[i]) == {i: Match(8)} for i in range(3)),
+                    tick=tick,
+                )
+                w0, w1 = pool.workers[0], pool.workers[1]
+                assert w0.subscriber.stats.malformed >= 3 and w1.subscriber.stats.malformed == 0
+                assert [w.events_applied for w in pool.workers] == [2, 2, 2]
+                assert event_threads() == ["route-events"]
+            finally:
+                await pool.close()
+                for p in pubs:
+                    p.close()
+        assert await until(lambda: not event_threads(), timeout=3)
+
+    asyncio.run(main())
+
+
+def test_a_silent_replay_socket_does_not_hold_up_other_workers():
+    """Worker 0's replay socket takes requests and never answers (1 s timeout each): worker 1's live
+    events are applied meanwhile, and worker 0's arrive once its replay gives up."""
+
+    async def main() -> None:
+        ctx = zmq.Context()
+        mute = ctx.socket(zmq.ROUTER)  # accepts replay requests, answers none
+        mport = mute.bind_to_random_port("tcp://127.0.0.1")
+        quiet, other = RawPublisher(), RawPublisher()
+        index = TenantIndex()
+        specs = [
+            WorkerSpec("http://127.0.0.1:9", quiet.endpoints[0], f"tcp://127.0.0.1:{mport}"),
+            WorkerSpec("http://127.0.0.1:10", *other.endpoints),
+        ]
+        pool = pool_for(specs, index)
+        async with aiohttp.ClientSession() as session:
+            await pool.start(session)
+            try:
+                w0 = pool.workers[0]
+                b = other.batch(0, BlockStored(block_hashes=chain(1)))
+                assert await until(lambda: index.blocks(1) == 4, tick=lambda: other.send(0, b))
+                assert w0.subscriber.stats.replay_requests == 1 and w0.subscriber.stats.replay_timeouts == 0
+                a = quiet.batch(0, BlockStored(block_hashes=chain(0)))
+                assert await until(lambda: index.blocks(0) == 4, tick=lambda: quiet.send(0, a))
+                assert w0.subscriber.stats.replay_timeouts == 1
+            finally:
+                await pool.close()
+                quiet.close()
+                other.close()
+                ctx.destroy(linger=0)
+
+    asyncio.run(main())
+
+
+async def health_server(port: int = 0) -> tuple[web.AppRunner, int]:
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok")
+
+    app = web.Application()
+    app.router.add_get("/health", ok)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", port)
+    await site.start()
+    return runner, site._server.sockets[0].getsockname()[1]
+
+
+def test_a_worker_that_dies_and_restarts_is_subscribed_again():
+    """The worker's /health stops answering (taken out, its blocks dropped, its subscription closed);
+    a new engine comes up on the same ports with other blocks: back in rotation, its replay buffer
+    read into the index, its live events applied, the other worker's untouched."""
+
+    async def main() -> None:
+        (runner, port), (steady_http, steady_port) = await health_server(), await health_server()
+        pub, steady = RawPublisher(), RawPublisher()
+        index = TenantIndex()
+        specs = [
+            WorkerSpec(f"http://127.0.0.1:{port}", *pub.endpoints),
+            WorkerSpec(f"http://127.0.0.1:{steady_port}", *steady.endpoints),
+        ]
+        pub.batch(0, BlockStored(block_hashes=chain(0)))
+        steady.batch(0, BlockStored(block_hashes=chain(1)))
+        pool = pool_for(specs, index, health_interval=0.1)
+        async with aiohttp.ClientSession() as session:
+            await pool.start(session)
+            w = pool.workers[0]
+            try:
+                assert await until(lambda: index.blocks(0) == 4 and index.blocks(1) == 4)
+                await runner.cleanup()
+                pub.close()  # the engine is gone
+                assert await until(lambda: not w.healthy)
+                assert w.subscriber is None and index.blocks(0) == 0 and index.blocks(1) == 4
+                pub = RawPublisher(pub.port, pub.rport)  # the same ports, a new engine
+                pub.batch(0, BlockStored(block_hashes=chain(5)))
+                runner, _ = await health_server(port)
+                assert await until(lambda: w.healthy and index.find_matches("", chain(5)) == {0: Match(4)})
+                live = pub.batch(1, BlockStored(block_hashes=chain(6), parent_block_hash=chain(5)[-1]))
+                assert await until(lambda: index.blocks(0) == 8, tick=lambda: pub.send(1, live))
+                assert index.find_matches("", chain(0)) == {} and index.blocks(1) == 4
+                assert event_threads() == ["route-events"]
+            finally:
+                await pool.close()
+                await runner.cleanup()
+                await steady_http.cleanup()
+                pub.close()
+                steady.close()
+
+    asyncio.run(main())
