@@ -282,3 +282,45 @@ def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants():
         pool.free(rid)
     pool.check_invariants()
     assert pool.available_bytes == pool.capacity and pool.stats.evicted > 0
+
+
+def _release_group_by_group(pool: HybridPool, rid: str) -> None:
+    """The reference: one `_unpin` per group, each table tail first (what `release` does in one pass)."""
+    tables = pool.tables.pop(rid)
+    del pool.hashed[rid], pool.skip[rid]
+    pool.quiet.pop(rid, None)
+    for g, t in enumerate(tables):
+        arr = t[::-1]
+        pool._unpin(g, arr[arr >= 0])
+
+
+def test_freeing_every_group_in_one_pass_keeps_the_order_of_one_group_at_a_time():
+    """Two pools in lockstep, one freeing group by group: the same LRU order, free ids, bytes and
+    evictions after every step, with shared prefixes (blocks that stay held) and window nulls."""
+    rng = random.Random(5)
+    specs = [("full", 10), ("sliding", 7, 9), ("state", 40)]
+    one, ref = hybrid(specs, capacity=900), hybrid(specs, capacity=900)
+    running: dict[str, tuple[PoolRequest, int]] = {}
+    for i in range(400):
+        if running and rng.random() < 0.4:
+            rid = rng.choice(sorted(running))
+            one.free(rid)
+            _release_group_by_group(ref, rid)
+            del running[rid]
+        else:
+            sess, n_blocks = rng.randrange(3), rng.randrange(1, 12)
+            r = PoolRequest(f"r{i}", [sess * 100 + j for j in range(n_blocks)])
+            n = n_blocks * BS + rng.randrange(0, BS)
+            got = []
+            for pool in (one, ref):
+                c = pool.get_computed_blocks(r.block_hashes, n)
+                got.append(pool.allocate_slots(r, n - c.hit * BS, c.hit * BS, c))
+            assert got[0] == got[1]
+            if got[0]:
+                running[r.request_id] = (r, n)
+        assert one.lru.blocks() == ref.lru.blocks()
+        assert one._ids[: one._n_ids].tolist() == ref._ids[: ref._n_ids].tolist()
+        assert (one.empty_bytes, one.evictable_bytes) == (ref.empty_bytes, ref.evictable_bytes)
+        assert one.take_events() == ref.take_events()
+        one.check_invariants()
+    assert one.stats.evicted > 0 and one.stats.evicted == ref.stats.evicted

@@ -190,10 +190,14 @@ class GroupBlocks:
             return
         del self.hashed[rid], self.skip[rid]
         self.quiet.pop(rid, None)
-        for g, t in enumerate(tables):
-            if len(t):
-                arr = t[::-1]
-                self._unpin(g, arr[arr >= 0])
+        if len(tables) == 1:
+            arr = tables[0][::-1]
+            self._unpin(0, arr[arr >= 0])
+            return
+        # every group's table tail first, in group order, as one pass (a block id is in one group:
+        # the same references, LRU order and free-id order as one `_unpin` per group)
+        arr = np.concatenate([t[::-1] for t in tables])
+        self._unpin(None, arr[arr >= 0])
 
     # -- internals -------------------------------------------------------------------------------
     def _cache(self, req: KVRequest, total: int, fresh_state: bool, new: list[int] | None = None) -> None:
@@ -292,9 +296,9 @@ class GroupBlocks:
             self.evictable_bytes -= len(free) * self.specs[g].block_bytes
         self.ref[arr] += 1
 
-    def _unpin(self, g: int, arr: np.ndarray) -> None:
-        """Drop one reference to each of `arr` (group `g`, in freeing order): cached ones that reach
-        zero join the LRU's tail, the others are free at once."""
+    def _unpin(self, g: int | None, arr: np.ndarray) -> None:
+        """Drop one reference to each of `arr` (group `g`, in freeing order; None: blocks of any
+        groups, each id once): cached ones that reach zero join the LRU's tail, the others are free at once."""
         ref = self.ref
         ref[arr] -= 1
         zero = arr[ref[arr] == 0]
@@ -302,12 +306,12 @@ class GroupBlocks:
             return
         h = self.hashed_blk[zero]
         cached, empty = zero[h], zero[~h]
-        cost = self.specs[g].block_bytes
+        cost = None if g is None else self.specs[g].block_bytes
         if len(cached):
             self.lru.add(cached)
-            self.evictable_bytes += len(cached) * cost
+            self.evictable_bytes += len(cached) * cost if cost else int(self.bcost[cached].sum())
         if len(empty):
-            self.empty_bytes += len(empty) * cost
+            self.empty_bytes += len(empty) * cost if cost else int(self.bcost[empty].sum())
             self._push_ids(empty)
 
     def _unref(self, b: int) -> None:
