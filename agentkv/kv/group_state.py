@@ -190,12 +190,8 @@ class GroupBlocks:
             return
         del self.hashed[rid], self.skip[rid]
         self.quiet.pop(rid, None)
-        if len(tables) == 1:
-            arr = tables[0][::-1]
-            self._unpin(0, arr[arr >= 0])
-            return
-        # every group's table tail first, in group order, as one pass (a block id is in one group:
-        # the same references, LRU order and free-id order as one `_unpin` per group)
+        # in one pass (a block id is in one group: the references, LRU order and free ids of one
+        # `_unpin` per group)
         arr = np.concatenate([t[::-1] for t in tables])
         self._unpin(None, arr[arr >= 0])
 
