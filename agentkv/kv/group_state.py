@@ -190,10 +190,10 @@ class GroupBlocks:
             return
         del self.hashed[rid], self.skip[rid]
         self.quiet.pop(rid, None)
-        # in one pass (a block id is in one group: the references, LRU order and free ids of one
-        # `_unpin` per group)
-        arr = np.concatenate([t[::-1] for t in tables])
-        self._unpin(None, arr[arr >= 0])
+        for g, t in enumerate(tables):
+            if len(t):
+                arr = t[::-1]
+                self._unpin(g, arr[arr >= 0])
 
     # -- internals -------------------------------------------------------------------------------
     def _cache(self, req: KVRequest, total: int, fresh_state: bool, new: list[int] | None = None) -> None:
@@ -292,9 +292,9 @@ class GroupBlocks:
             self.evictable_bytes -= len(free) * self.specs[g].block_bytes
         self.ref[arr] += 1
 
-    def _unpin(self, g: int | None, arr: np.ndarray) -> None:
-        """Drop one reference to each of `arr` (group `g`, in freeing order; None: blocks of any
-        groups, each id once): cached ones that reach zero join the LRU's tail, the others are free at once."""
+    def _unpin(self, g: int, arr: np.ndarray) -> None:
+        """Drop one reference to each of `arr` (group `g`, in freeing order): cached ones that reach
+        zero join the LRU's tail, the others are free at once."""
         ref = self.ref
         ref[arr] -= 1
         zero = arr[ref[arr] == 0]
@@ -302,12 +302,12 @@ class GroupBlocks:
             return
         h = self.hashed_blk[zero]
         cached, empty = zero[h], zero[~h]
-        cost = None if g is None else self.specs[g].block_bytes
+        cost = self.specs[g].block_bytes
         if len(cached):
             self.lru.add(cached)
-            self.evictable_bytes += len(cached) * cost if cost else int(self.bcost[cached].sum())
+            self.evictable_bytes += len(cached) * cost
         if len(empty):
-            self.empty_bytes += len(empty) * cost if cost else int(self.bcost[empty].sum())
+            self.empty_bytes += len(empty) * cost
             self._push_ids(empty)
 
     def _unref(self, b: int) -> None:
