@@ -356,7 +356,7 @@ class GroupBlocks:
         self.empty_bytes += freed
         self.hashed_blk[victims] = False
         bh, groups = self.bhash, self.bgroup[victims]
-        for g in np.unique(groups).tolist():
+        for g in np.flatnonzero(np.bincount(groups)).tolist():  # the groups present, in order (no sort)
             vg = victims[groups == g] if len(self.specs) > 1 else victims
             hs = bh[vg].tolist()
             deque(map(self.cached_maps[g].__delitem__, hs), 0)

@@ -43,7 +43,9 @@ class PoolHashes:
         another copy: stored and announced like any block, found by lookups once its elders are gone."""
         cached, bh = self.cached, self.block_hash
         block_hashes, token_ids = req.block_hashes, req.token_ids
-        seg_hashes = list(block_hashes[lo:hi])
+        seg_hashes = block_hashes[lo:hi]  # a list's slice is a copy already
+        if type(seg_hashes) is not list:
+            seg_hashes = list(seg_hashes)
         idx = blocks[lo:hi]
         seg_blocks = idx.tolist()
         got = list(map(cached.setdefault, seg_hashes, seg_blocks))  # inserts only absent hashes
