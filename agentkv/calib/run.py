@@ -21,8 +21,8 @@ ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the e
 
 
 def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
-    """Planning estimate of `first_token_lag`'s wall seconds from the pilot's (TTFT, decode step) in
-    engine seconds: the budget keeps this much for it after the probes."""
+    """Planning estimate of the first-token delay's wall seconds (`FirstTokenLag`) from the pilot's
+    (TTFT, decode step) in engine seconds: the budget keeps this much for it apart from the probes."""
     once = (2 * speed[0] + (PILOT_OUT - 1) * speed[1]) / time_scale + 2 * REQUEST_WALL_S
     return LAG_PAIRS * once
 
@@ -163,8 +163,8 @@ async def calibrate(args: argparse.Namespace) -> int:
             delay = FirstTokenLag()  # a pair after each round of the probes, the rest after them
             error = await _run_with_bar(prober, plan, args, end, delay)
             if error is None:
-                try:
-                    while not delay.done:
+                try:  # within the budget, but at least two pairs (a host slower than the pilot said)
+                    while not delay.done and (len(delay.ttft[1]) < 2 or time.monotonic() < deadline):
                         await delay.pair(prober)
                 except UserError as e:
                     error = f"first-token delay: {e}"
