@@ -15,7 +15,7 @@ from agentkv.bench.client import BenchClient
 from agentkv.bench.testserver import Behaviour, StreamTestServer
 from agentkv.calib.accuracy import row
 from agentkv.calib.bench_predict import predict_bench_run
-from agentkv.calib.probes import ProbeError, Prober, first_token_lag
+from agentkv.calib.probes import LAG_PAIRS, ProbeError, Prober, first_token_lag
 from agentkv.calib.replay import replay
 from agentkv.cli import build_parser, main
 from agentkv.engine.config import EngineConfig
@@ -29,7 +29,7 @@ def _lag(behave) -> float:
     async def go() -> float:
         async with StreamTestServer(behave=behave) as srv, BenchClient(srv.url, timeout=30) as c:
             lag, ttft = await first_token_lag(Prober(c, "test-model", 16, 1.0))
-            assert len(ttft["one_token"]) == len(ttft["continuing"]) == 5  # kept in the profile
+            assert len(ttft["one_token"]) == len(ttft["continuing"]) == LAG_PAIRS  # kept in the profile
             return lag
 
     return asyncio.run(go())
@@ -64,7 +64,7 @@ def test_calibrate_writes_the_delay_into_the_profile(tmp_path: Path, capsys) -> 
         loop.call_soon_threadsafe(loop.stop)
     fit = json.loads(out.read_text())["fit"]
     assert rc == 0 and 0.025 < fit["overhead"]["first_token_s"] < 0.3, fit["overhead"]
-    assert len(fit["first_token_ttft_s"]["continuing"]) == 5
+    assert len(fit["first_token_ttft_s"]["continuing"]) == LAG_PAIRS
     assert "first token of a continuing stream: " in capsys.readouterr().out
 
 

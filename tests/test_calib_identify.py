@@ -6,6 +6,7 @@ and how the prober samples a cached probe (against the loopback test server)."""
 from __future__ import annotations
 
 import asyncio
+import statistics
 from dataclasses import replace
 
 import numpy as np
@@ -121,13 +122,17 @@ def test_host_delay_and_hiccups_leave_the_strong_terms_within_ten_percent() -> N
     assert {"launch_floor_s", "floor_k"} & set(unpinned(QWEN, probes, f))
 
 
-def test_a_decode_step_is_the_median_of_its_samples_a_prefill_the_least() -> None:
-    """A late wake-up only delays a first token, but a server that catches up afterwards delivers a
-    decode window faster than its steps: the least of three decode samples would be biased low."""
+def test_a_probe_is_the_median_of_its_samples_a_stall_the_least() -> None:
+    """calibrate samples in rounds, so each sample is an independent draw of a busy host, as bench's
+    requests are: a prefill's or a decode step's median is what they meet (the least, the run's
+    fastest moment, predicted the live vLLM bench 33-51% too fast); a stall keeps the least."""
     dec, pre = Probe("decode", n=1, ctx=4096), Probe("prefill_cold", new=4096)
+    stall = Probe("interference", new=2048, n=8, ctx=1024)
     dec.samples_s, pre.samples_s = [5.55e-3, 5.96e-3, 5.99e-3], [0.110, 0.105, 0.131]
-    dec.settle(), pre.settle()
-    assert (dec.measured_s, pre.measured_s) == (5.96e-3, 0.105)
+    stall.samples_s = [0.08, 0.05, 0.09]
+    for p in (dec, pre, stall):
+        p.settle()
+    assert (dec.measured_s, pre.measured_s, stall.measured_s) == (5.96e-3, 0.110, 0.05)
     empty = Probe("decode", n=1, ctx=4096)
     empty.settle()
     assert empty.measured_s is None
@@ -153,4 +158,4 @@ def test_a_cached_probe_warms_its_prefix_once_and_each_sample_hits_it() -> None:
     for i, x in enumerate(prompts):
         base = first if i < 9 else second
         assert x[:512] == base and (len(x) == 512 or x[512:] not in [y[512:] for y in prompts[:i]])
-    assert all(len(p.samples_s) == 8 and p.measured_s == min(p.samples_s) for p in probes)
+    assert all(len(p.samples_s) == 8 and p.measured_s == statistics.median(p.samples_s) for p in probes)

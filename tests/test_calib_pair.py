@@ -76,9 +76,20 @@ def test_the_pair_is_sampled_interleaved_one_after_the_other() -> None:
             prober = Prober(client, "test-model", 16, 1.0)
             plan = [p for p in make_plan(4096, 16) if p.new == 16 and p.past in (0, 16)]
             assert len(plan) == 2
-            await run_plan(prober, plan, 1, lambda p: None, time.monotonic() + 60)
+            await run_plan(prober, plan, 1, lambda *_: None, time.monotonic() + 60)
             assert all(len(p.samples_s) == 8 and p.measured_s for p in plan)
             return [len(b["prompt"]) for b in server.seen]
 
     # cold 16, the one-block prefix warmed once, then 16 after it; then the two in turn
     assert asyncio.run(go()) == [16, 16, 32] + [16, 32] * 7
+
+
+def test_a_pair_cut_short_by_the_budget_is_named_not_pinned() -> None:
+    """The budget ended the rounds with 3 samples of each of the pair: too few to split into parts,
+    so the setup is named not identifiable for that (it once crashed formatting the missing error)."""
+    probes = _sampled(QWEN, seed=3, jitter_s=2e-5)
+    for p in tiny_pair(probes):
+        p.samples_s = p.samples_s[:3]
+        p.settle()
+    why = fit_all(QWEN, probes).not_identifiable["past_setup_s"]
+    assert "has too few samples to tell it" in why, why

@@ -94,6 +94,7 @@ def floor_profile(t: Target, probes: list[Probe], f: Fit) -> float:
 def unpinned(t: Target, probes: list[Probe], f: Fit) -> dict[str, str]:
     """name: why, for the free coefficients these probes cannot pin on this target at the fit: those
     the probes would know only to worse than +-`LIMIT_PCT`% with 1% timing error (`structural_se`),
+    the single-stream KV rate where the decode probes have one context (the budget cut the rest),
     and the launch floor where its profile (`floor_profile`) stays within this run's noise."""
     c = _off_bounds(f.coeffs)
     j = jacobian(t, probes, c, f.overhead)
@@ -107,6 +108,12 @@ def unpinned(t: Target, probes: list[Probe], f: Fit) -> dict[str, str]:
                 f"a 10% change moves no probed step by more than {share:.2g}%; with 1% timing error "
                 f"the probes would know it {known}"
             )
+    ctxs = {p.ctx for p in probes if p.measured_s and p.family == "decode"}
+    if len(ctxs) < 2 and "stream_gbps" not in out:  # collinear with the floor at one context
+        out["stream_gbps"] = (
+            f"the decode probes have {len(ctxs) or 'no'} context{'s' * (len(ctxs) != 1)}: a step's fixed "
+            "time and its reading of the context trade off freely"
+        )
     if "launch_floor_s" not in out and (rise := floor_profile(t, probes, f)) < RISE:
         out["launch_floor_s"] = (
             f"fixed {LIMIT_PCT:.0f}% higher or {LIMIT_PCT:.0f}% to 10x lower ({f.coeffs.launch_floor_s * 1e6:.3g} "

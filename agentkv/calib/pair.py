@@ -89,10 +89,12 @@ def setup_from_pair(t: Target, probes: list[Probe], f: Fit) -> Fit:
     finite = se if se is not None and math.isfinite(se) else None
     cur = replace(cur, stderr_pct=cur.stderr_pct | {SETUP: finite}, held=(SETUP,))
     if se is None or se > PAIR_LIMIT_PCT:
-        known = {
-            None: "has too few samples to tell it",
-            math.inf: "leaves no room for it in a part of its samples",
-        }.get(se, f"pins it to +-{se:.0f}% in this run's samples")
+        if se is None:  # the budget ended its rounds early
+            known = "has too few samples to tell it"
+        elif math.isinf(se):
+            known = "leaves no room for it in a part of its samples"
+        else:
+            known = f"pins it to +-{se:.0f}% in this run's samples"
         why = f"the pair {label} (the setup alone apart) {known}"
         cur = replace(cur, not_identifiable={SETUP: why})
     return cur

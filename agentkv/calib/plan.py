@@ -58,11 +58,12 @@ class Probe:
     measured_s: float | None = None
 
     def settle(self) -> None:
-        """`measured_s` from the samples: a prefill's or a stall's least (a busy host only adds delay
-        to those), a decode step's median (a server that catches up after a late wake-up, as agentkv
-        serve does within its slack, delivers one window's tokens faster than its steps) and a
-        loaded_ttft's median (its host delay is what it measures)."""
-        pick = statistics.median if self.family in ("decode", "loaded_ttft") else min
+        """`measured_s` from the samples: their median, and a stall's least (a maximum of gaps, which
+        any hiccup inflates). calibrate samples in rounds (`probes.run_plan`), so the samples are
+        independent draws of a busy host, as bench's requests are: the least of them, the run's
+        fastest moment, predicted the live vLLM bench 33-51% too fast (docs/cost-model.md); a decode
+        step's least is also biased low where a server catches up after a late wake-up."""
+        pick = min if self.family == "interference" else statistics.median
         self.measured_s = pick(self.samples_s) if self.samples_s else None
 
     def label(self) -> str:

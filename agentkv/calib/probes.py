@@ -25,7 +25,7 @@ class Prober:
         self.client, self.model, self.bs, self.scale = client, model, block_size, time_scale
         self.nonce = uuid.uuid4().hex[:12]  # unique first blocks per run: nothing is cached from before
         self.seq = 0
-        self._prefix: tuple[int, list[int]] = (0, [])  # (id of the cached probe, its warmed prefix)
+        self._prefix: dict[int, list[int]] = {}  # id of a cached probe -> its warmed prefix
 
     def _ids(self, n: int, space: str | None = None) -> list[int]:
         if space is None:
@@ -52,20 +52,29 @@ class Prober:
     async def ttft(self, p: Probe) -> float:
         """Engine seconds to the first token of `p.new` tokens after `p.past` cached ones. The prefix
         is warmed once per probe and each sample adds fresh tokens to it (a sample costs one short
-        prefill, not the prefix's too)."""
-        prompt = self._ids(p.new)
-        if p.past:
-            if self._prefix[0] != id(p) or len(self._prefix[1]) != p.past:
-                self._prefix = (id(p), self._ids(p.past))
-                await self._send(self._prefix[1], 1)  # warm the prefix
-            prompt = self._prefix[1] + prompt
-        res = await self._send(prompt, 1)
-        if p.past and res.cached_tokens is not None and res.cached_tokens < p.past - self.bs:
-            raise ProbeError(
-                f"target {self.client.base}: a {p.past}-token prefix was not served from cache "
-                f"({res.cached_tokens} cached tokens); is prefix caching enabled?"
-            )
-        return self._first_token_s(res) * self.scale
+        prefill, not the prefix's too); a sample that finds it evicted (other probes' traffic between
+        the rounds) warms it again and is sent once more."""
+        if not p.past:
+            return self._first_token_s(await self._timed(lambda: self._ids(p.new), 1)) * self.scale
+        for warmed in (False, True):
+            pre = self._prefix.get(id(p))
+            if pre is None or len(pre) != p.past or warmed:
+                pre = self._prefix[id(p)] = self._ids(p.past)
+                await self._send(pre, 1)  # warm the prefix
+            res = await self._timed(lambda pre=pre: pre + self._ids(p.new), 1)
+            if res.cached_tokens is None or res.cached_tokens >= p.past - self.bs:
+                return self._first_token_s(res) * self.scale
+        raise ProbeError(
+            f"target {self.client.base}: a {p.past}-token prefix was not served from cache "
+            f"({res.cached_tokens} cached tokens); is prefix caching enabled?"
+        )
+
+    async def _timed(self, prompt: Callable[[], list[int]], out: int) -> StreamResult:
+        """`_send` of `prompt()`, sent once more with a fresh `prompt()` when the stream carried no
+        output token though it ended well (vLLM's CPU build did so under load, twice in about 15
+        calibrations, cause not found): one such sample does not end a calibration, two do."""
+        res = await self._send(prompt(), out)
+        return res if res.token_times else await self._send(prompt(), out)
 
     def _first_token_s(self, res: StreamResult) -> float:
         """Wall seconds from sending `res`'s request to its first token; ProbeError without one."""
@@ -73,8 +82,10 @@ class Prober:
             raise ProbeError(f"target {self.client.base}: a stream carried no output tokens")
         return res.token_times[0] - res.sent
 
-    async def itl(self, p: Probe) -> float:
-        """Engine seconds per token while `p.n` streams of `p.ctx` context all decode together."""
+    async def itl(self, p: Probe) -> float | None:
+        """Engine seconds per token while `p.n` streams of `p.ctx` context all decode together; None
+        (the sample is skipped) when they never did: a busy host let the first ones end before the
+        last one's first token."""
         results = await asyncio.gather(*(self._send(self._ids(p.ctx), p.out) for _ in range(p.n)))
         start = max(r.token_times[0] for r in results if r.token_times)
         end = min(r.token_times[-1] for r in results if r.token_times)
@@ -83,9 +94,7 @@ class Prober:
             inside = [t for t in r.token_times if start <= t <= end]
             if len(inside) >= 2:
                 gaps.append((inside[-1] - inside[0]) / (len(inside) - 1))
-        if not gaps:
-            raise ProbeError(f"target {self.client.base}: {p.n} streams never decoded together")
-        return statistics.median(gaps) * self.scale
+        return statistics.median(gaps) * self.scale if gaps else None  # None: never all decoding
 
     async def _beside(self, p: Probe) -> tuple[StreamResult, list[StreamResult]]:
         """A cold `p.new`-token prompt sent `p.lead_s` wall seconds after `p.n` streams of `p.ctx`
@@ -93,7 +102,7 @@ class Prober:
         streams = [asyncio.create_task(self._send(self._ids(p.ctx), p.out)) for _ in range(p.n)]
         try:
             await asyncio.sleep(p.lead_s)
-            pre = await self._send(self._ids(p.new), 1)
+            pre = await self._timed(lambda: self._ids(p.new), 1)
             results = await asyncio.gather(*streams)
         finally:
             for task in streams:
@@ -120,76 +129,127 @@ class Prober:
         pre, _ = await self._beside(p)
         return (pre.token_times[0] - pre.sent) * self.scale
 
-    async def run(self, p: Probe, repeats: int, partner: Probe | None = None) -> None:
-        """`samples(p, repeats)` samples of `p`, then its measurement (`Probe.settle`); with a
-        `partner` (a prefill), one sample of it after each of `p`'s, so that the two meet the same
-        host (the pair whose difference is the cached-past setup: calib.pair)."""
+    async def sample(self, p: Probe, partner: Probe | None = None) -> None:
+        """One sample of `p` (its family's measure) into `p.samples_s`; with a `partner` (a prefill),
+        one sample of it right after, so that the two meet the same host (the pair whose difference
+        is the cached-past setup: calib.pair)."""
         measure = {"decode": self.itl, "interference": self.stall, "loaded_ttft": self.loaded_ttft}
-        measure = measure.get(p.family, self.ttft)
+        for q, m in ((p, measure.get(p.family, self.ttft)), (partner, self.ttft)):
+            if q is not None and (v := await m(q)) is not None:
+                q.samples_s.append(v)
+
+    async def run(self, p: Probe, repeats: int, partner: Probe | None = None) -> None:
+        """`samples(p, repeats)` samples of `p` back to back (each with its `partner`'s), then its
+        measurement (`Probe.settle`)."""
         for _ in range(samples(p, repeats)):
-            for q, m in ((p, measure), (partner, self.ttft)):
-                if q is not None and (v := await m(q)) is not None:
-                    q.samples_s.append(v)
-        p.settle()
-        if partner is not None:
-            partner.settle()
+            await self.sample(p, partner)
+        for q in (p, partner):
+            if q is not None:
+                q.settle()
 
 
 PILOT_NEW, PILOT_OUT = 512, 16  # the pilot request: a 512-token prefill, then 16 tokens of decode
 
 
 async def pilot(prober: Prober) -> tuple[float, float]:
-    """Two discarded warm-up requests, then one pilot: (engine seconds to its first token, engine
-    seconds per decode step), which scale the plan's estimates to how fast the target really is."""
+    """Two discarded warm-up requests, then a one-token and a PILOT_OUT-token stream of PILOT_NEW cold
+    tokens each: (engine seconds to the first token, engine seconds per decode step), which scale the
+    plan's estimates to how fast the target really is. The step is the longer of the stream's own
+    (first to last token) and its last token less the one-token TTFT: a busy server that delivers
+    the first token late, the rest in a burst, made the first near 0 (planned decode streams then
+    ran 744 and 7,680 tokens and spent the whole budget on three samples)."""
     for _ in range(2):
         await prober.ttft(Probe("prefill_cold", new=prober.bs))
-    res = await prober._send(prober._ids(PILOT_NEW), PILOT_OUT)
+    one = prober._first_token_s(await prober._timed(lambda: prober._ids(PILOT_NEW), 1))
+    res = await prober._timed(lambda: prober._ids(PILOT_NEW), PILOT_OUT)
     tt = res.token_times
     if len(tt) < 2:
         raise ProbeError(f"target {prober.client.base}: a {PILOT_OUT}-token stream carried {len(tt)} tokens")
-    step = (tt[-1] - tt[0]) / (len(tt) - 1)
-    return (tt[0] - res.sent) * prober.scale, step * prober.scale
+    step = max(tt[-1] - tt[0], tt[-1] - res.sent - one) / (len(tt) - 1)
+    return min(one, tt[0] - res.sent) * prober.scale, step * prober.scale
 
 
-LAG_PAIRS = 5  # cold prompts timed to the first token alone and followed by more tokens, each
+LAG_PAIRS = 6  # cold prompts timed to the first token alone and followed by more tokens, each
+
+
+class FirstTokenLag:
+    """The first-token delay of a continuing stream, one pair of cold PILOT_NEW-token prompts at a
+    time (one streaming a single token, one PILOT_OUT; their order alternates), so that calibrate can
+    spread the pairs over its whole run (`run_plan`) instead of one moment of a busy host.
+
+    The delay is the median over the pairs of each pair's difference in TTFT, never negative: the two
+    of a pair meet the same host, and the median ignores pairs a hiccup hit (one of five pairs at
+    +85 ms took the mean of the middle three to 25 ms where the median gave 5). A server busy with
+    the stream's next decode steps flushes its first token late (vLLM's CPU build: 0-90 ms); the
+    one-token TTFT probes cannot see it, bench's streams meet it, and predict adds it to TTFT alone
+    (docs/cost-model.md)."""
+
+    def __init__(self, pairs: int = LAG_PAIRS):
+        self.pairs = pairs
+        self.ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
+
+    @property
+    def done(self) -> bool:
+        return len(self.ttft[PILOT_OUT]) >= self.pairs
+
+    async def pair(self, prober: Prober) -> None:
+        """Time one more pair (wall seconds to the first token)."""
+        first = 1 if len(self.ttft[1]) % 2 == 0 else PILOT_OUT
+        for out in (first, PILOT_OUT + 1 - first):
+            res = await prober._timed(lambda: prober._ids(PILOT_NEW), out)
+            self.ttft[out].append(prober._first_token_s(res))
+
+    def result(self) -> tuple[float, dict[str, list[float]]]:
+        """(The delay in wall seconds, the TTFTs of each kind, in pair order)."""
+        diffs = [c - o for o, c in zip(self.ttft[1], self.ttft[PILOT_OUT], strict=False)]
+        lag = max(0.0, statistics.median(diffs)) if diffs else 0.0
+        return lag, {"one_token": self.ttft[1], "continuing": self.ttft[PILOT_OUT]}
 
 
 async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> tuple[float, dict[str, list[float]]]:
-    """(Wall seconds (>= 0) a stream's first token reaches the client later when more tokens follow it
-    than when it is the only one, the TTFTs): the mean TTFT of cold PILOT_NEW-token prompts streaming
-    PILOT_OUT tokens less that of one-token ones (alternating; each without its least and greatest
-    sample: the delay comes and goes with the host). A server busy with the stream's next decode
-    steps flushes its first token late (vLLM's CPU build: 5-30 ms); the one-token TTFT probes cannot
-    see it, bench's streams meet it, and predict adds it to TTFT alone (docs/cost-model.md)."""
-    ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
-    for i in range(pairs):
-        for out in (1, PILOT_OUT) if i % 2 == 0 else (PILOT_OUT, 1):
-            res = await prober._send(prober._ids(PILOT_NEW), out)
-            ttft[out].append(prober._first_token_s(res))
-    mid = {k: sorted(v)[1:-1] if len(v) > 2 else v for k, v in ttft.items()}
-    lag = max(0.0, statistics.fmean(mid[PILOT_OUT]) - statistics.fmean(mid[1]))
-    return lag, {"one_token": ttft[1], "continuing": ttft[PILOT_OUT]}
+    """`FirstTokenLag`'s delay and TTFTs from `pairs` pairs sent back to back."""
+    lag = FirstTokenLag(pairs)
+    while not lag.done:
+        await lag.pair(prober)
+    return lag.result()
 
 
 async def run_plan(
-    prober: Prober, plan: list[Probe], repeats: int, on_done: Callable[[Probe], None], deadline: float
+    prober: Prober,
+    plan: list[Probe],
+    repeats: int,
+    on_sample: Callable[[str, int, int], None],
+    deadline: float,
+    lag: FirstTokenLag | None = None,
 ) -> str | None:
-    """Run the probes in order until `deadline` (time.monotonic()); the first failure's message (the
-    probes before it keep their data). Probes the budget leaves no time for stay unmeasured. The
-    tiny pair (`plan.tiny_pair`) runs interleaved, when the first of the two comes."""
+    """Sample the probes in rounds until `deadline` (time.monotonic()): each round one sample of every
+    probe that wants more (`samples`), then one pair of `lag` while it wants more (its time extends
+    the deadline: calibrate reserves it apart). Each probe's samples so spread over the whole run and
+    all probes meet the same mix of a busy host's fast and slow moments (back to back, one probe's
+    samples saw one moment: one-stream decode probes ranged 2.6-14.6 ms from probe to probe). The
+    tiny pair (`plan.tiny_pair`) is sampled interleaved. Every probe is settled with the samples it
+    has; `on_sample(label, samples done, samples planned)` after each. The first failure's message."""
     pair = tiny_pair(plan)
-    for p in plan:
-        if time.monotonic() > deadline:
-            break
-        partner = None
-        if pair and any(p is q for q in pair):
-            if p.samples_s:  # its partner's turn measured it already
-                on_done(p)
-                continue
-            partner = pair[1] if p is pair[0] else pair[0]
-        try:
-            await prober.run(p, repeats, partner)
-        except UserError as e:
-            return f"{p.label()}: {e}"
-        on_done(p)
+    partner = {id(pair[0]): pair[1]} if pair else {}
+    solo = [p for p in plan if not (pair and p is pair[1])]
+    want = {id(p): samples(p, repeats) for p in solo}
+    total, done, label = sum(want.values()), 0, ""
+    try:
+        for k in range(max(want.values(), default=0)):
+            for p in (p for p in solo if k < want[id(p)]):
+                if time.monotonic() > deadline:
+                    return None
+                label = p.label()
+                await prober.sample(p, partner.get(id(p)))
+                done += 1
+                on_sample(label, done, total)
+            if lag is not None and not lag.done:
+                t0, label = time.monotonic(), "first-token delay"
+                await lag.pair(prober)
+                deadline += time.monotonic() - t0
+    except UserError as e:
+        return f"{label}: {e}"
+    finally:
+        for p in plan:
+            p.settle()
     return None

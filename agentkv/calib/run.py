@@ -10,7 +10,7 @@ from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
 from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
-from agentkv.calib.probes import LAG_PAIRS, PILOT_NEW, PILOT_OUT, Prober, first_token_lag, pilot, run_plan
+from agentkv.calib.probes import LAG_PAIRS, PILOT_NEW, PILOT_OUT, FirstTokenLag, Prober, pilot, run_plan
 from agentkv.calib.profile import profile_doc, write_profile
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
@@ -21,8 +21,8 @@ ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the e
 
 
 def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
-    """Planning estimate of `first_token_lag`'s wall seconds from the pilot's (TTFT, decode step) in
-    engine seconds: the budget keeps this much for it after the probes."""
+    """Planning estimate of the first-token delay's wall seconds (`FirstTokenLag`) from the pilot's
+    (TTFT, decode step) in engine seconds: the budget keeps this much for it apart from the probes."""
     once = (2 * speed[0] + (PILOT_OUT - 1) * speed[1]) / time_scale + 2 * REQUEST_WALL_S
     return LAG_PAIRS * once
 
@@ -77,6 +77,15 @@ def shape_interference(t: fitmod.Target, plan: list[Probe], slow: tuple[float, f
             p.out += int((p.lead_s * t.time_scale + 2 * pre) / step)
 
 
+def decode_anchors(plan: list[Probe]) -> list[Probe]:
+    """The one-stream decode probes at the plan's two shortest contexts: without two contexts the fit
+    cannot tell a step's fixed time from its reading of the context (a 45 s budget on a slow host kept
+    only 1,024-token decodes; the fit put the CPU build's per-step host time into the single-stream
+    KV rate and predicted 21 ms a step at 4,096 tokens, where vLLM took 5-6 ms)."""
+    ctxs = sorted({p.ctx for p in plan if p.family == "decode" and p.n == 1})[:2]
+    return [p for p in plan if p.family == "decode" and p.n == 1 and p.ctx in ctxs]
+
+
 def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, float] = (1.0, 1.0)) -> float:
     """Planning estimate of a probe's wall seconds: the bundled coefficients x the pilot's slowdown."""
     cm, once = t.cost(), 0.0
@@ -104,7 +113,7 @@ def plan_for(
     """The probes that fit `budget_s` at the pilot's speed, cheapest first (a budget cut short by a
     slower target than estimated drops the dearest ones of every family); loaded_ttft ones are chosen
     before the rest, within a third of the budget (the only probes that see host time under traffic:
-    a cheapest-first choice left them out of a 45 s budget on a slow host)."""
+    a cheapest-first choice left them out of a 45 s budget on a slow host), then `decode_anchors`."""
     slow = slowdown(t, speed)
     stretch_decodes(t, plan, slow[1])
     shape_interference(t, plan, slow)
@@ -113,7 +122,10 @@ def plan_for(
     est = {id(p): est_wall_s(t, p, args.repeats, slow) for p in plan}
     loaded = [p for p in plan if p.family == "loaded_ttft"]
     first = within_budget(loaded, [est[id(p)] for p in loaded], budget_s / 3)
-    rest = [p for p in plan if p.family != "loaded_ttft"]
+    anchors = decode_anchors(plan)
+    left = budget_s - sum(est[id(p)] for p in first)
+    first += within_budget(anchors, [est[id(p)] for p in anchors], left)
+    rest = [p for p in plan if all(p is not q for q in first)]
     left = budget_s - sum(est[id(p)] for p in first)
     plan = first + within_budget(rest, [est[id(p)] for p in rest], left)
     if not plan:
@@ -141,28 +153,32 @@ async def calibrate(args: argparse.Namespace) -> int:
         except UserError as e:
             error = f"warm-up: {e}"
         else:
-            end = deadline - lag_wall_s(speed, t.time_scale)  # the first-token delay is timed last
+            end = deadline - lag_wall_s(speed, t.time_scale)  # the first-token delay's time, apart
             full = make_plan(max_len, bs, t.chunk, kv_tokens)
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
                 slow = slowdown(t, speed)
                 est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
-            error = await _run_with_bar(prober, plan, args, end)
+            delay = FirstTokenLag()  # a pair after each round of the probes, the rest after them
+            error = await _run_with_bar(prober, plan, args, end, delay)
             if error is None:
-                try:
-                    lag = await first_token_lag(prober)
+                try:  # within the budget, but at least two pairs (a host slower than the pilot said)
+                    while not delay.done and (len(delay.ttft[1]) < 2 or time.monotonic() < deadline):
+                        await delay.pair(prober)
                 except UserError as e:
                     error = f"first-token delay: {e}"
+            lag = delay.result()
     server = {"model": card, "server_info": info}
     return _finish(args, client.base, ids[0], t, server, plan, error, lag)
 
 
 async def _run_with_bar(
-    prober: Prober, plan: list[Probe], args: argparse.Namespace, deadline: float
+    prober: Prober, plan: list[Probe], args: argparse.Namespace, deadline: float, lag: FirstTokenLag
 ) -> str | None:
+    """`run_plan`, with a progress bar of the samples on a terminal (not with -q)."""
     if args.quiet or not sys.stderr.isatty():
-        return await run_plan(prober, plan, args.repeats, lambda p: None, deadline)
+        return await run_plan(prober, plan, args.repeats, lambda *_: None, deadline, lag)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -173,14 +189,14 @@ async def _run_with_bar(
         TimeElapsedColumn(),
     )
     with Progress(*cols, console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task(plan[0].label(), total=len(plan))
-        labels = iter([p.label() for p in plan[1:]] + ["done"])
+        task = bar.add_task(plan[0].label(), total=None)
         return await run_plan(
             prober,
             plan,
             args.repeats,
-            lambda p: bar.update(task, advance=1, description=next(labels)),
+            lambda label, done, total: bar.update(task, completed=done, total=total, description=label),
             deadline,
+            lag,
         )
 
 
