@@ -88,6 +88,47 @@ def test_the_delay_moves_predicted_time_from_tpot_to_ttft_on_the_client_clock() 
         assert row(r, p, 0.0, 0.02)["ttft_pred"] == plain["ttft_pred"]
 
 
+def test_host_time_per_prompt_token_is_read_after_the_first_token_on_the_client_clock() -> None:
+    """Host time per prompt token delays when the client reads the first token, not when the engine
+    starts (live vLLM: one-token answers trail vLLM's TTFT by it, 16-token streams end on time)."""
+    cfg = EngineConfig(gpu="h100", model="llama3-8b", block_size=16)
+    items = _items([0.0, 0.0])
+    pred = replay(cfg, items, (0.001, 0.0), False)
+    r, p = items[1][0], pred[items[1][0].id]
+    host = 0.5 * (p.end - p.first_token)  # shorter than the decode after the first token
+    plain, late = row(r, p, 0.0), row(r, p, 0.0, 0.0, host)
+    assert late["ttft_pred"] == pytest.approx(plain["ttft_pred"] + host)
+    assert late["e2e_pred"] == plain["e2e_pred"]  # hidden under the decode that follows
+    slow = row(r, p, 0.0, 0.0, 100.0)  # read after the engine is done: the stream ends then
+    assert slow["end_pred"] == pytest.approx(p.first_token + 100.0) and slow["tpot_pred"] == 0.0
+    p.output_tokens = 1  # a one-token answer is read late by all of it, end included
+    one = row(r, p, 0.0, 0.02, 0.03)
+    assert one["ttft_pred"] == pytest.approx(one["e2e_pred"]) == pytest.approx(plain["ttft_pred"] + 0.03)
+    r.clock = "engine"  # agentkv serve's stamps: nothing is added
+    assert row(r, p, 0.0, 0.02, 0.03)["ttft_pred"] == row(r, p, 0.0)["ttft_pred"]
+
+
+def test_predict_replays_no_prompt_token_time_before_the_engine(tmp_path: Path) -> None:
+    """A profile's per-prompt-token host time moves predicted TTFT, not the replayed arrivals."""
+    out, prof = tmp_path / "run", tmp_path / "p.json"
+    doc = {
+        "name": "embedded",
+        "coefficients": load_coefficients().to_dict(),
+        "modelled_as": {"gpu": "h200", "model": "llama3-8b"},
+    }
+    prof.write_text(json.dumps(doc))
+    argv = ["bench", "--max-requests", "4", "--duration", "none", "--time-scale", "10", "-q"]
+    args = build_parser().parse_args([*argv, "--clock", "client", "--out", str(out), "--predict", str(prof)])
+    assert args.func(args) == 0
+    before = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    prof.write_text(json.dumps(doc | {"fit": {"overhead": {"prompt_token_s": 1e-6}}}))
+    assert predict_bench_run(args)["overhead_s"]["prompt_token"] == pytest.approx(1e-5)
+    after = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
+    for a, b in zip(after, before, strict=True):
+        assert a["overhead_s"] == b["overhead_s"]  # same arrivals at the engine
+        assert a["ttft_pred"] == pytest.approx(b["ttft_pred"] + 1e-5 * a["input_tokens"])
+
+
 def test_predict_reads_the_delay_from_the_profile(tmp_path: Path) -> None:
     """A client-clock bench run against the embedded server, predicted with a profile without the
     delay and with 5 ms of it (time scale 10: 50 ms of engine time): every streamed request's

@@ -12,19 +12,23 @@ FIGURES = ("ttft", "tpot", "e2e")
 BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
-def row(r: RequestRecord, p: Predicted, overhead_s: float, first_token_s: float = 0.0) -> dict:
+def row(
+    r: RequestRecord, p: Predicted, overhead_s: float, first_token_s: float = 0.0, after_s: float = 0.0
+) -> dict:
     """One predictions.jsonl line: the measured figures beside the predicted ones (seconds).
 
     Latencies count as bench counted them: from the due time on the client's clock, or from the
-    engine's arrival when the target stamped its own times (`clock` engine). On the client's clock a
-    stream that decodes on after its first token reads that token `first_token_s` later (the
-    profile's first-token delay: the server flushes it late): TTFT gains it and TPOT loses it, E2E
-    stays; a one-token answer, read when its stream ends, does not."""
+    engine's arrival when the target stamped its own times (`clock` engine). On the client's clock
+    the first token is read `after_s` (host time per prompt token, read after the engine's first
+    token) later, and a stream that decodes on reads it `first_token_s` later still (the profile's
+    first-token delay: the server flushes it late): TTFT gains them and TPOT loses them, the end
+    moves only when the stream would end before its first token is read."""
     start = p.arrival if r.clock == "engine" else r.scheduled
-    first = p.first_token
-    if r.clock != "engine" and p.output_tokens > 1:
-        first = min(p.first_token + first_token_s, p.end)
-    tpot = (p.end - first) / (p.output_tokens - 1) if p.output_tokens > 1 else None
+    first, end = p.first_token, p.end
+    if r.clock != "engine":
+        end = max(p.end, p.first_token + after_s)
+        first = min(p.first_token + after_s + (first_token_s if p.output_tokens > 1 else 0.0), end)
+    tpot = (end - first) / (p.output_tokens - 1) if p.output_tokens > 1 else None
     return {
         "id": r.id,
         "trace": r.trace,
@@ -38,9 +42,9 @@ def row(r: RequestRecord, p: Predicted, overhead_s: float, first_token_s: float 
         "tpot": r.tpot,
         "tpot_pred": tpot,
         "e2e": r.e2e,
-        "e2e_pred": p.end - start,
+        "e2e_pred": end - start,
         "end": r.end,
-        "end_pred": p.end,
+        "end_pred": end,
         "cached_tokens": r.cached_tokens,
         "cached_tokens_pred": p.cached_tokens,
         "overhead_s": overhead_s,
