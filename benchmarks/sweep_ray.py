@@ -156,6 +156,41 @@ def _local(configs, grid) -> float:
     return time.perf_counter() - t
 
 
+def _entered(traces, i: int) -> float:
+    """A trivial task: the wall clock when its body starts (the shared traces in hand)."""
+    return time.time()
+
+
+def shared_cost(paths: list[str], tasks: int = 8) -> None:
+    """`tasks` trivial tasks over the traces at `paths` on 2 workers: the traces read from the store
+    once per worker (`raytasks.stream`) against once per task (a top-level reference)."""
+    from agentkv.scaleout.raytasks import connect, import_ray, stream
+    from agentkv.trace.formats import load_paths
+
+    traces = list(load_paths(paths, "auto"))
+    ray = import_ray()
+    connect(ray, "local", 2)
+    try:
+        list(stream(ray, _nap, [], [(0.5,), (0.5,)]))  # both workers up
+        t = time.time()
+        starts = sorted(stream(ray, _entered, traces, [(i,) for i in range(tasks)]))
+        once = time.time() - t
+        print(
+            f"{len(traces)} traces, {tasks} tasks, once per worker: {once:.2f} s with the ray.put, "
+            f"last task entered at {starts[-1] - t:.2f} s"
+        )
+        ref = ray.put(traces)
+        task = ray.remote(num_cpus=1, max_retries=0)(_entered)
+        t = time.time()
+        starts = sorted(ray.get([task.remote(ref, i) for i in range(tasks)]))
+        print(
+            f"  once per task: {time.time() - t:.2f} s after the ray.put, last task entered at "
+            f"{starts[-1] - t:.2f} s (load average {os.getloadavg()[0]:.1f})"
+        )
+    finally:
+        ray.shutdown()
+
+
 def _summary(ratios: list[float], total: dict[str, float]) -> None:
     if not ratios:
         print("speed-up, 2 vs 1 Ray workers: no pair finished (missed: not measured)")
@@ -184,7 +219,15 @@ def main() -> None:
         help="requests a point, the sample's trees cycled (default 800: about 1 s a point on an idle core)",
     )
     ap.add_argument("--no-local", action="store_true", help="skip the local pool's run")
+    ap.add_argument(
+        "--shared-traces",
+        nargs="+",
+        metavar="PATH",
+        help="instead: time 8 trivial tasks over these traces, read once per worker against once per task",
+    )
     opts = ap.parse_args()
+    if opts.shared_traces:
+        return shared_cost(opts.shared_traces)
     from agentkv.engine.config import EngineConfig
     from agentkv.sim.cluster import SimConfig
     from agentkv.sim.sweep import apply, parse_sweep
