@@ -5,6 +5,7 @@ Run: .venv/bin/python benchmarks/cost_model.py   (prints calls/s, best of 5, for
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 
 from timing import best_s
@@ -23,6 +24,7 @@ def calls_per_s(fn: Callable[[], object], n: int = 20_000, repeat: int = 5) -> f
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help; no options
     d64 = [4096 + 37 * i for i in range(64)]
     d256 = [2048 + 11 * i for i in range(256)]
     models = (

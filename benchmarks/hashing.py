@@ -6,6 +6,7 @@ under 50 ms and well under 1 ms per 10K tokens on a 200K prompt for the fast pat
 
 from __future__ import annotations
 
+import argparse
 import time
 
 import numpy as np
@@ -20,6 +21,7 @@ from agentkv.trace.blocks import chain_keys, request_tokens, space_key
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help; no options
     rng = np.random.default_rng(0)
     m1 = rng.integers(0, 128_000, 1_000_000).astype(np.int32)
     m1_list = m1.tolist()

@@ -6,6 +6,8 @@ H200 measurements, then best-of-5 wall times of the Python bookkeeping)
 
 from __future__ import annotations
 
+import argparse
+
 from timing import best_ms
 
 from agentkv.kv.tiers import TierSpec, TierStack
@@ -83,6 +85,7 @@ def cpu_match() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help; no options
     transfer_table()
     bookkeeping()
     cpu_match()

@@ -7,6 +7,7 @@ Run: .venv/bin/python benchmarks/plan.py
 
 from __future__ import annotations
 
+import argparse
 import os
 import time
 from pathlib import Path
@@ -59,6 +60,7 @@ def bare(traces: list[Trace]) -> int:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help; no options
     src, traces = load()
     print(f"traces: {len(traces)} from {src}, {sum(t.num_requests for t in traces)} requests, 64 lanes")
     for name, fn in [

@@ -6,6 +6,7 @@ Prints the best and median of a few runs, the bytes read and the requests found.
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -40,7 +41,12 @@ def _report(label: str, paths: list[Path]) -> None:
 
 
 def main() -> None:
-    shared = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parents[1].parent / "shared"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = Path(__file__).resolve().parents[1].parent / "shared"
+    ap.add_argument(
+        "shared", nargs="?", type=Path, default=default, help="the shared directory (default: %(default)s)"
+    )
+    shared = ap.parse_args().shared
     traces = shared / "traces"
     if not traces.is_dir():
         sys.exit(f"trace_load: no traces under {shared} (pass the shared directory as the argument)")

@@ -6,6 +6,7 @@ prints best-of-3 wall times: reading, statistics with the ceiling, and synthesis
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -17,11 +18,12 @@ from agentkv.trace.synth import synthesize
 
 
 def main() -> int:
-    root = (
-        Path(sys.argv[1])
-        if len(sys.argv) > 1
-        else Path(__file__).resolve().parents[2] / "shared/traces/claude-code"
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    default = Path(__file__).resolve().parents[2] / "shared/traces/claude-code"
+    ap.add_argument(
+        "root", nargs="?", type=Path, default=default, help="a trace directory (default: %(default)s)"
     )
+    root = ap.parse_args().root
     if not root.is_dir():
         print(f"skipped: {root} not found (pass a trace directory)")
         return 0

@@ -6,6 +6,7 @@ delivered to a subscriber, and the time to replay the buffer)
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -17,6 +18,7 @@ N = 20_000
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help; no options
     batches = [
         [BlockStored(block_hashes=list(range(i, i + 16)), parent_block_hash=i, block_size=16)]
         for i in range(N)

@@ -4,13 +4,16 @@ gives the same results as the local processes; without Ray, a one-line install h
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from rayutil import ROOT, cli_without_ray, free_port, ray_cluster
+from rayutil import AUTH, ROOT, cli_without_ray, free_port, ray_cluster
 from rayutil import cli as _cli
 
 __all__ = ["ray_cluster"]  # the fixture, used by name
@@ -92,3 +95,40 @@ def test_an_address_where_nothing_listens_is_one_line():
         p = _cli(*SWEEP, "--ray", address)
         assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
         assert p.stderr.strip().splitlines()[-1].startswith(f"agentkv: error: --ray {address}: cannot join")
+
+
+def test_ctrl_c_on_ray_keeps_the_finished_points_and_drops_the_rest(ray_cluster):
+    """The driver looks at the stop request while points run (a minutes-long point is not waited
+    for): one SIGINT after the short point writes it, drops the long one and exits 130."""
+    gcs, _ = ray_cluster
+    argv = ["simulate", "--cycle", "--max-requests", "20", "--workers", "2", "-q", "--json", "--ray", gcs]
+    argv += ["--sweep", "max_requests=20,1000000"]  # the second: minutes
+    p = subprocess.Popen(
+        [sys.executable, "-m", "agentkv.cli", *argv],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, **AUTH},
+    )
+    try:
+        seen = ""
+        for line in p.stderr:  # the progress line of the short point
+            seen += line
+            if "1/2 points" in line:
+                break
+        assert "1/2 points" in seen, f"exited before the first point: {seen}"
+        time.sleep(1.0)  # the long point is in hand
+        p.send_signal(signal.SIGINT)
+        t = time.monotonic()
+        out, err = p.communicate(timeout=60)
+        stopped_in = time.monotonic() - t
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, seen + err
+    assert stopped_in < 20, stopped_in  # not the long point's minutes
+    rows = json.loads(out)
+    assert [r["overrides"] for r in rows] == [{"max_requests": "20"}], rows
+    assert "Traceback" not in err, err

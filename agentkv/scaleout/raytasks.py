@@ -74,20 +74,50 @@ def reachable(address: str, timeout: float = 5.0) -> None:
         raise UserError(f"--ray {address}: cannot join the Ray cluster ({e.strerror or e})") from None
 
 
-def stream(ray, fn: Callable, shared: object, calls: Sequence[tuple]) -> Iterator:
-    """`fn(shared, *call)` for every call as a one-CPU task, yielded as they finish.
+_HELD: dict[str, object] = {}  # in a worker process: the current stream's shared object, by object id
 
-    `shared` is `ray.put` once; every task reads the same object from the store."""
-    task = ray.remote(num_cpus=1, max_retries=0)(fn)
-    ref = ray.put(shared)
-    pending = [task.remote(ref, *call) for call in calls]
-    while pending:
-        done, pending = ray.wait(pending, num_returns=1)
-        yield ray.get(done[0])
+
+def _shared(box: list):
+    """The shared object, taken from the object store once per worker process, not once a task
+    (unpickling the 119-trace Claude Code corpus takes about 1 s, a real sweep point tens of s)."""
+    ref = box[0]
+    key = ref.hex()
+    if key not in _HELD:
+        import ray
+
+        _HELD.clear()  # one stream's object at a time: a worker holds no stale copy
+        _HELD[key] = ray.get(ref)
+    return _HELD[key]
+
+
+def _call(fn: Callable, box: list, *call):
+    """A task: `fn(shared, *call)`; the reference comes in a list so that Ray passes it unresolved."""
+    return fn(_shared(box), *call)
+
+
+def stream(ray, fn: Callable, shared: object, calls: Sequence[tuple], stop=None, cpus: float = 1) -> Iterator:
+    """`fn(shared, *call)` for every call as a task of `cpus` CPUs (one, like a local process),
+    yielded as they finish.
+
+    `shared` is `ray.put` once and read from the store once per worker process. With `stop` (a
+    StopRequest), the wait wakes every 0.5 s to look at it and, once it is requested, the tasks not
+    finished are dropped (they end with the driver's job); without, it blocks until a task ends."""
+    task = ray.remote(num_cpus=cpus, max_retries=0)(_call)
+    box = [ray.put(shared)]
+    pending = [task.remote(fn, box, *call) for call in calls]
+    while pending and not (stop is not None and stop.requested):
+        done, pending = ray.wait(pending, num_returns=1, timeout=None if stop is None else 0.5)
+        for ref in done:
+            yield ray.get(ref)
 
 
 def run_tasks(
-    fn: Callable, shared: object, calls: Sequence[tuple], address: str, num_cpus: int | None = None
+    fn: Callable,
+    shared: object,
+    calls: Sequence[tuple],
+    address: str,
+    num_cpus: int | None = None,
+    stop=None,
 ) -> Iterator:
     """Join (or start) the cluster, stream `fn(shared, *call)` for every call, then disconnect.
 
@@ -95,7 +125,7 @@ def run_tasks(
     ray = import_ray()
     connect(ray, address, num_cpus)
     try:
-        yield from stream(ray, fn, shared, calls)
+        yield from stream(ray, fn, shared, calls, stop)
     except ray.exceptions.RayTaskError as e:
         if isinstance(e.cause, UserError):
             raise UserError(str(e.cause)) from None

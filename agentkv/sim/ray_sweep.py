@@ -21,8 +21,9 @@ def _point(traces, cfg, overrides: dict, index: int) -> tuple[int, dict, bytes, 
 
 
 def run_points(
-    traces, configs: Sequence, grid: Sequence[dict], address: str, num_cpus: int | None = None
+    traces, configs: Sequence, grid: Sequence[dict], address: str, num_cpus: int | None = None, stop=None
 ) -> Iterator[tuple[int, dict, bytes, float]]:
-    """Every (config, overrides) point on the cluster at `address`, yielded as they finish."""
+    """Every (config, overrides) point on the cluster at `address`, yielded as they finish; with
+    `stop` (a StopRequest), the points not finished once it is requested are dropped."""
     calls = [(c, g, i) for i, (c, g) in enumerate(zip(configs, grid, strict=True))]
-    return run_tasks(_point, list(traces), calls, address, num_cpus)
+    return run_tasks(_point, list(traces), calls, address, num_cpus, stop)

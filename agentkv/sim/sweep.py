@@ -199,7 +199,7 @@ def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]
     from agentkv.sim.ray_sweep import import_ray, run_points
 
     import_ray()  # the install hint before the traces load
-    return run_points(load_traces(args)[0], configs, grid, args.ray)
+    return run_points(load_traces(args)[0], configs, grid, args.ray, stop=stop)
 
 
 def _eta(started: float, done: int, total: int) -> str:
