@@ -252,8 +252,9 @@ def rows(a) -> list[Row]:
     if a.rack:
         racks = [s for s in a.systems.split(",") if "NVL72" in s]
         kinds = [k for k in a.rows.split(",") if k in RACK_MODES]
+        extra = dict(offload=a.rack_offload or "", split=a.rack_split)
         return [
-            Row(m, s, k, "default", imbalance=a.expert_imbalance or 1.0, rack=True, split=a.rack_split)
+            Row(m, s, k, "default", imbalance=a.expert_imbalance or 1.0, rack=True, **extra)
             for m in a.models.split(",")
             for s in racks
             for k in kinds
@@ -304,6 +305,12 @@ def parser() -> argparse.ArgumentParser:
         default="3p6d",
         help="--rack disagg rows: NpMd TP 8 prefill and decode engines, N + M = 9 (default 3p6d; "
         "disagg-wide-ep, disagg-ep: the N x 8 / M x 8 GPUs are wide-EP groups)",
+    )
+    ap.add_argument(
+        "--rack-offload",
+        default=None,
+        metavar="SIZE",
+        help="--rack rows: a CPU tier of SIZE per engine (--cpu-offload; a wide-EP rank is an engine)",
     )
     ap.add_argument(
         "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"

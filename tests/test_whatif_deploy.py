@@ -163,3 +163,28 @@ def test_rack_wide_ep_row_runs_at_the_expert_imbalance_asked():
 def test_bad_expert_imbalance_is_a_one_line_error(value):
     p = _run("--rack", "--rows", "wide-ep", "--expert-imbalance", value)
     assert p.returncode == 2 and "--expert-imbalance: must be" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_rack_offload_gives_every_rack_engine_a_cpu_tier():
+    """--rack-offload SIZE: each --rack row's simulate command adds --cpu-offload SIZE (per engine)
+    and the row's label says so; without it no tier is added."""
+    mod = _module()
+    argv = [
+        "--rack",
+        "--models",
+        "DeepSeek-V4-Pro",
+        "--systems",
+        "GB300 NVL72,8x H200",
+        "--rows",
+        "agg,wide-ep",
+    ]
+    a = mod.parser().parse_args([*argv, "--rack-offload", "256GB"])
+    rows = mod.rows(a)
+    assert [(r.mode, r.system, r.offload) for r in rows] == [
+        ("agg", "GB300 NVL72", "256GB"),
+        ("wide-ep", "GB300 NVL72", "256GB"),
+    ]
+    cmd = mod.command(rows[1], 72, a)
+    assert cmd[cmd.index("--cpu-offload") + 1] == "256GB" and cmd[cmd.index("--workers") + 1] == "72"
+    plain = mod.rows(mod.parser().parse_args(argv))
+    assert all("--cpu-offload" not in mod.command(r, 9, a) for r in plain)

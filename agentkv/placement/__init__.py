@@ -15,9 +15,10 @@ KV_WEIGHT = 16.0  # kv_aware's default price of a block to prefill, in blocks of
 KV_QUEUE_WEIGHT = 1.0
 
 
-def check_kv_weights(kv_weight: float, kv_queue_weight: float) -> None:
-    """Refuse a kv_aware price that is negative, infinite or NaN, naming its flag."""
-    for flag, v in (("--kv-weight", kv_weight), ("--kv-queue-weight", kv_queue_weight)):
+def check_kv_weights(kv_weight: float, kv_queue_weight: float, pool: str = "") -> None:
+    """Refuse a kv_aware price that is negative, infinite or NaN, naming its flag (`pool`: the
+    flags' prefix, "decode-" for simulate's --decode-kv-weight and --decode-kv-queue-weight)."""
+    for flag, v in ((f"--{pool}kv-weight", kv_weight), (f"--{pool}kv-queue-weight", kv_queue_weight)):
         if not 0 <= v < float("inf"):
             raise UserError(f"{flag} must be a finite number >= 0, got {v}")
 

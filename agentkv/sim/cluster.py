@@ -54,8 +54,7 @@ class SimConfig:
     arrivals: str = "poisson"  # poisson | constant spacing of those arrivals (seeded by seed)
     sample_every: float = 1.0  # simulated seconds between timeline samples
     bursts: bool = True  # run pure-decode stretches as one event (same results, far fewer events)
-    # deployment (sim/disagg.py): a system from the catalogue (GPU, NVLink domain, NIC, power), and
-    # prefill/decode disaggregation when prefill_workers > 0 (then `workers` is not used)
+    # deployment (sim/disagg.py): a catalogue system; prefill/decode pools when prefill_workers > 0
     system: str | None = None
     prefill_workers: int = 0
     decode_workers: int = 0
@@ -66,6 +65,8 @@ class SimConfig:
     prefill_enable_expert_parallel: bool | None = None  # None: --enable-expert-parallel
     decode_enable_expert_parallel: bool | None = None
     decode_router: str = "least_loaded"
+    decode_kv_weight: float | None = None  # --decode-router kv_aware's prices (None: kv_weight,
+    decode_kv_queue_weight: float | None = None  # kv_queue_weight: both pools share them)
     kv_link_gbps: float | None = None  # override both links' GB/s per GPU (inf: free transfers)
     tier_tps: float = 20.0  # interactivity tier: output tok/s per user (p50) at least this ...
     tier_ttft_p90: float = 10.0  # ... and TTFT p90 at most this many seconds

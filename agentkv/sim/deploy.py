@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from agentkv.engine.hardware import GPU, SYSTEMS, System, get_gpu, get_model, get_system, provisioned_power
 from agentkv.errors import UserError
 from agentkv.kv.transfer import LinkModel, nvlink, rdma
+from agentkv.placement import check_kv_weights
 
 if TYPE_CHECKING:
     from agentkv.engine.config import EngineConfig
@@ -49,8 +50,10 @@ def deployment(cfg: SimConfig) -> Deployment:
 
 
 def check_pools(cfg: SimConfig) -> None:
-    """One-line errors for a pool's TP or DP below 1, EP on a model without experts, and a pool's
-    engines not filling whole DP groups (N engines of a D-rank group: N <= D is a slice of one)."""
+    """One-line errors for a pool's TP or DP below 1, EP on a model without experts, a pool's
+    engines not filling whole DP groups (N engines of a D-rank group: N <= D is a slice of one),
+    and a decode pool's kv_aware price that is negative, infinite or NaN."""
+    check_kv_weights(cfg.decode_kv_weight or 0.0, cfg.decode_kv_queue_weight or 0.0, pool="decode-")
     for pool in ("prefill", "decode"):
         for what in ("tensor", "data"):
             v = getattr(cfg, f"{pool}_{what}_parallel_size")
@@ -108,9 +111,19 @@ def kv_links(dep: Deployment, override_gbps: float | None) -> tuple[LinkModel, L
     return nvlink(nv), rdma(nic)
 
 
+def decode_weights(cfg: SimConfig) -> tuple[float, float]:
+    """The decode pool's kv_aware prices: --decode-kv-weight and --decode-kv-queue-weight, each
+    defaulting to the shared --kv-weight and --kv-queue-weight (Dynamo's decode stage fixes its
+    overlap weight at 0 and tracks no prefill tokens, while its prefill router keeps them)."""
+    w, q = cfg.decode_kv_weight, cfg.decode_kv_queue_weight
+    return (cfg.kv_weight if w is None else w), (cfg.kv_queue_weight if q is None else q)
+
+
 def kv_weights(cfg: SimConfig, pool: str = "router") -> dict[str, float]:
-    """The kv_aware prices (--kv-weight, --kv-queue-weight) for the policy of `pool` ("router": the
-    cluster's, or the prefill pool's; "decode": --decode-router's), or {} when it is not kv_aware.
-    Both pools share them: Dynamo has no per-pool weight flags."""
-    name = cfg.decode_router if pool == "decode" else cfg.router
-    return dict(weight=cfg.kv_weight, queue_weight=cfg.kv_queue_weight) if name == "kv_aware" else {}
+    """The kv_aware prices for the policy of `pool` ("router": the cluster's, or the prefill pool's,
+    --kv-weight and --kv-queue-weight; "decode": --decode-router's, `decode_weights`), or {} when
+    that policy is not kv_aware."""
+    if pool == "decode":
+        w, q = decode_weights(cfg)
+        return dict(weight=w, queue_weight=q) if cfg.decode_router == "kv_aware" else {}
+    return dict(weight=cfg.kv_weight, queue_weight=cfg.kv_queue_weight) if cfg.router == "kv_aware" else {}

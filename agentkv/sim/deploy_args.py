@@ -10,8 +10,8 @@ from agentkv.placement import POLICIES
 
 
 def add_deploy_args(p: argparse.ArgumentParser) -> None:
-    """--system, --disagg, per-pool TP, DP and EP (vLLM's flag names per pool), --decode-router,
-    --kv-link-gbps, --tier."""
+    """--system, --disagg, per-pool TP, DP and EP (vLLM's flag names per pool), --decode-router and
+    its kv_aware weights, --kv-link-gbps, --tier."""
     g = p.add_argument_group("deployment (docs/simulate.md)")
     g.add_argument(
         "--system",
@@ -48,13 +48,7 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
             help=f"--disagg: the {pool} pool splits experts by expert over its tp x dp GPUs, with "
             "all-to-all (default --enable-expert-parallel)",
         )
-    g.add_argument(
-        "--decode-router",
-        default="least_loaded",
-        choices=POLICIES,
-        help="--disagg: how a decode worker is picked (default least_loaded; session keeps a tree's KV; "
-        "kv_aware prices with --kv-weight and --kv-queue-weight, as the prefill pool)",
-    )
+    _add_decode_router_args(g)
     g.add_argument(
         "--kv-link-gbps",
         type=float,
@@ -68,6 +62,26 @@ def add_deploy_args(p: argparse.ArgumentParser) -> None:
         help="refill the trace queue so every lane stays busy (with --duration): steady load for agents per MW",
     )
     add_tier_arg(g)
+
+
+def _add_decode_router_args(g) -> None:
+    """--decode-router and the decode pool's own kv_aware prices (default: the shared ones)."""
+    g.add_argument(
+        "--decode-router",
+        default="least_loaded",
+        choices=POLICIES,
+        help="--disagg: how a decode worker is picked (default least_loaded; session keeps a tree's KV; "
+        "kv_aware prices with --decode-kv-weight and --decode-kv-queue-weight)",
+    )
+    for flag, shared in (("kv-weight", "W"), ("kv-queue-weight", "Q")):
+        g.add_argument(
+            f"--decode-{flag}",
+            type=float,
+            default=None,
+            metavar=shared,
+            help=f"--decode-router kv_aware: the decode pool's --{flag} (default --{flag}, shared "
+            "with the prefill pool; Dynamo's decode stage: overlap weight 0, no prefill tracking)",
+        )
 
 
 def disagg_fields(value: str) -> dict[str, int]:
@@ -96,6 +110,8 @@ def deploy_settings(args: argparse.Namespace) -> dict:
         "prefill_enable_expert_parallel": args.prefill_enable_expert_parallel,
         "decode_enable_expert_parallel": args.decode_enable_expert_parallel,
         "decode_router": args.decode_router,
+        "decode_kv_weight": args.decode_kv_weight,
+        "decode_kv_queue_weight": args.decode_kv_queue_weight,
         "kv_link_gbps": args.kv_link_gbps,
         "tier_tps": tps,
         "tier_ttft_p90": ttft,

@@ -3,12 +3,13 @@
 Two pools of engines, each with its own tensor parallelism and KV capacity. A due request is routed
 to a prefill worker by the cluster's placement policy (its prefix cache counts there) and runs there
 with max_tokens=1. When its prefill ends, a decode worker is picked (`decode_router`: least_loaded,
-session, ...; kv_aware prices with the prefill pool's --kv-weight and --kv-queue-weight: Dynamo has
-no per-pool weights); the prompt KV that worker does not already cache moves over NVLink when both
-sit in one NVLink domain, else over RDMA, priced by the link model per copy of one layer's block. The
-decode worker admits the request only when the KV has arrived (a KV_ARRIVED event), as externally
-loaded KV: allocated, not computed; it recomputes the last prompt token and emits the first output
-token, as vLLM's disaggregated decode does. Transfers to or from one worker queue behind each other.
+session, ...; kv_aware prices with --decode-kv-weight and --decode-kv-queue-weight, by default the
+prefill pool's --kv-weight and --kv-queue-weight; Dynamo's decode stage uses overlap weight 0); the
+prompt KV that worker does not already cache moves over NVLink when both sit in one NVLink domain,
+else over RDMA, priced by the link model per copy of one layer's block. The decode worker admits
+the request only when the KV has arrived (a KV_ARRIVED event), as externally loaded KV: allocated,
+not computed; it recomputes the last prompt token and emits the first output token, as vLLM's
+disaggregated decode does. Transfers to or from one worker queue behind each other.
 Simplifications: the prefill worker frees the blocks at once (vLLM holds them until the pull), and
 a decode worker's own cache is read when the transfer starts.
 """
@@ -68,8 +69,9 @@ class DisaggCluster(Cluster):
         self.dep = deployment(cfg)
         self.nvlink, self.rdma = kv_links(self.dep, cfg.kv_link_gbps)
         self.decode_policy = make_policy(cfg.decode_router, seed=cfg.seed + 1, **kv_weights(cfg, "decode"))
+        p = self.decode_policy  # at weight 0 the queue term costs nothing: no lookups for it
         for w in self.decode_workers:
-            w.track_prefill = self.decode_policy.queue_weight > 0
+            w.track_prefill = p.queue_weight > 0 and getattr(p, "weight", 0.0) > 0
         self.flights: dict[str, _Flight] = {}
         self.arrivals: dict[int, str] = {}  # KV_ARRIVED event seq -> request id
         self.link_free = [0.0] * len(self.workers)  # when each worker's link is free again

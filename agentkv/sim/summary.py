@@ -28,8 +28,8 @@ class SimSettings(msgspec.Struct, kw_only=True):
     session_rate: float | None = None
     arrivals: str | None = None
     router: str
-    kv_weight: float | None  # kv_aware only (the router's or --decode-router's: both pools share it)
-    kv_queue_weight: float | None = None  # kv_aware only
+    kv_weight: float | None  # --kv-weight when either pool is kv_aware (else None)
+    kv_queue_weight: float | None = None  # --kv-queue-weight likewise
     seed: int
     warm_start: bool
     idle_gap_cap: float | None
@@ -46,6 +46,8 @@ class SimSettings(msgspec.Struct, kw_only=True):
     prefill_enable_expert_parallel: bool | None = None
     decode_enable_expert_parallel: bool | None = None
     decode_router: str | None = None
+    decode_kv_weight: float | None = None  # the decode pool's kv_aware prices (--decode-kv-weight,
+    decode_kv_queue_weight: float | None = None  # default the shared ones); None: not kv_aware
     decode_num_gpu_blocks: int | None = None
     kv_link_gbps: float | None = None
     gpus: int = 0
@@ -130,7 +132,8 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
     tp_p, tp_d = pool_tp(cfg)
     pools = cfg.prefill_workers > 0
     gpus = total_gpus(cfg)
-    kv = kv_weights(cfg) or (kv_weights(cfg, "decode") if pools else {})  # either pool's kv_aware
+    dkv = kv_weights(cfg, "decode") if pools else {}
+    kv_aware = cfg.router == "kv_aware" or bool(dkv)  # either pool's: the shared flags are read
     return SimSettings(
         engine=ecfg,
         workers=cfg.workers,
@@ -138,8 +141,8 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         session_rate=cfg.session_rate,
         arrivals=cfg.arrivals if cfg.session_rate else None,
         router=cfg.router,
-        kv_weight=kv.get("weight"),
-        kv_queue_weight=kv.get("queue_weight"),
+        kv_weight=cfg.kv_weight if kv_aware else None,
+        kv_queue_weight=cfg.kv_queue_weight if kv_aware else None,
         seed=cfg.seed,
         warm_start=cfg.warm_start,
         idle_gap_cap=cfg.idle_gap_cap,
@@ -153,6 +156,8 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         decode_tensor_parallel_size=tp_d if pools else None,
         **(_pool_settings(cfg, ecfg) if pools else {}),
         decode_router=cfg.decode_router if pools else None,
+        decode_kv_weight=dkv.get("weight"),
+        decode_kv_queue_weight=dkv.get("queue_weight"),
         decode_num_gpu_blocks=workers[-1].engine.num_gpu_blocks if pools else None,
         kv_link_gbps=cfg.kv_link_gbps,
         gpus=gpus,
