@@ -108,31 +108,9 @@ def test_host_time_per_prompt_token_is_read_after_the_first_token_on_the_client_
     assert row(r, p, 0.0, 0.02, 0.03)["ttft_pred"] == row(r, p, 0.0)["ttft_pred"]
 
 
-def test_predict_replays_no_prompt_token_time_before_the_engine(tmp_path: Path) -> None:
-    """A profile's per-prompt-token host time moves predicted TTFT, not the replayed arrivals."""
-    out, prof = tmp_path / "run", tmp_path / "p.json"
-    doc = {
-        "name": "embedded",
-        "coefficients": load_coefficients().to_dict(),
-        "modelled_as": {"gpu": "h200", "model": "llama3-8b"},
-    }
-    prof.write_text(json.dumps(doc))
-    argv = ["bench", "--max-requests", "4", "--duration", "none", "--time-scale", "10", "-q"]
-    args = build_parser().parse_args([*argv, "--clock", "client", "--out", str(out), "--predict", str(prof)])
-    assert args.func(args) == 0
-    before = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-    prof.write_text(json.dumps(doc | {"fit": {"overhead": {"prompt_token_s": 1e-6}}}))
-    assert predict_bench_run(args)["overhead_s"]["prompt_token"] == pytest.approx(1e-5)
-    after = [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
-    for a, b in zip(after, before, strict=True):
-        assert a["overhead_s"] == b["overhead_s"]  # same arrivals at the engine
-        assert a["ttft_pred"] == pytest.approx(b["ttft_pred"] + 1e-5 * a["input_tokens"])
-
-
-def test_predict_reads_the_delay_from_the_profile(tmp_path: Path) -> None:
-    """A client-clock bench run against the embedded server, predicted with a profile without the
-    delay and with 5 ms of it (time scale 10: 50 ms of engine time): every streamed request's
-    TTFT gains it, E2E does not move."""
+def _predicted_twice(tmp_path: Path, overhead: dict) -> tuple[dict, list[dict], list[dict]]:
+    """A client-clock bench run against the embedded server (time scale 10), predicted with a
+    profile without host overheads, then with `overhead`: the second doc, both predictions."""
     out, prof = tmp_path / "run", tmp_path / "p.json"
     doc = {
         "name": "embedded",
@@ -148,9 +126,25 @@ def test_predict_reads_the_delay_from_the_profile(tmp_path: Path) -> None:
         return [json.loads(x) for x in (out / "predictions.jsonl").read_text().splitlines()]
 
     before = rows()
-    prof.write_text(json.dumps(doc | {"fit": {"overhead": {"first_token_s": 0.005}}}))
-    assert predict_bench_run(args)["overhead_s"]["first_token"] == pytest.approx(0.05)
-    after = rows()
+    prof.write_text(json.dumps(doc | {"fit": {"overhead": overhead}}))
+    return predict_bench_run(args), before, rows()
+
+
+def test_predict_replays_no_prompt_token_time_before_the_engine(tmp_path: Path) -> None:
+    """A profile's per-prompt-token host time moves predicted TTFT, not the replayed arrivals."""
+    doc, before, after = _predicted_twice(tmp_path, {"prompt_token_s": 1e-6})
+    assert doc["overhead_s"]["prompt_token"] == pytest.approx(1e-5)
+    for a, b in zip(after, before, strict=True):
+        assert a["overhead_s"] == b["overhead_s"]  # same arrivals at the engine
+        assert a["ttft_pred"] == pytest.approx(b["ttft_pred"] + 1e-5 * a["input_tokens"])
+
+
+def test_predict_reads_the_delay_from_the_profile(tmp_path: Path) -> None:
+    """A client-clock bench run against the embedded server, predicted with a profile without the
+    delay and with 5 ms of it (time scale 10: 50 ms of engine time): every streamed request's
+    TTFT gains it, E2E does not move."""
+    doc, before, after = _predicted_twice(tmp_path, {"first_token_s": 0.005})
+    assert doc["overhead_s"]["first_token"] == pytest.approx(0.05)
     assert len(after) == len(before) == 4 and all(x["output_tokens"] > 1 for x in after)
     for a, b in zip(after, before, strict=True):
         assert a["ttft_pred"] == pytest.approx(b["ttft_pred"] + 0.05) and a["e2e_pred"] == b["e2e_pred"]
