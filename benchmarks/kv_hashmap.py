@@ -254,6 +254,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--only", default=",".join(CLASSES), help=f"comma-separated of {', '.join(CLASSES)}")
     args = ap.parse_args()
+    if args.rounds < 2 or args.blocks < 1 or args.batch < 1:
+        ap.error(
+            "--rounds must be at least 2 (the first turnover only fills the pool), --blocks and --batch at least 1"
+        )
     stream = np.random.default_rng(1).integers(0, 2**64 - 1, size=args.blocks * args.rounds, dtype=np.uint64)
     pollute = np.ones(args.pollute * (1 << 17), dtype=np.float64)
     print(
