@@ -263,7 +263,7 @@ def _run_cells(
     ray: str | None = None,
 ) -> list[CellResult]:
     """Every cell's result, in `cells` order: here one by one, in `jobs` forked workers, or as Ray
-    tasks; on a stop request (local runs), the cells finished so far."""
+    tasks; on a stop request, the cells finished so far."""
     if ray is not None:  # the cells as Ray tasks on the cluster at `ray`
         from agentkv.cache.ray_cells import run_on_ray
 

@@ -18,9 +18,13 @@ def _cell(shared: tuple[Grid, dict[int, list[BlockRequest]]], block_size: int, c
 def run_on_ray(
     grid: Grid, requests: dict[int, list[BlockRequest]], cells: list, address: str, tick
 ) -> list[CellResult]:
-    """Every cell on the cluster at `address`, each counted by `tick` as it finishes; `cells` order."""
+    """Every cell on the cluster at `address`, each counted by `tick` as it finishes; `cells` order.
+    On `tick`'s stop request (Ctrl-C) the cells finished so far: the ones in hand are dropped, not
+    waited for (`raytasks.stream`), and no cluster is joined once it has come."""
+    if tick.stopped():  # Ctrl-C while the accesses were built
+        return []
     results = []
-    for r in run_tasks(_cell, (grid, requests), cells, address):
+    for r in run_tasks(_cell, (grid, requests), cells, address, stop=tick.stop):
         results.append(r)
         tick.step(f"{r.policy} at {r.capacity}, block size {r.block_size}")
     order = {(bs, cap[0], pol): i for i, (bs, cap, pol) in enumerate(cells)}
