@@ -6,9 +6,19 @@ from __future__ import annotations
 import asyncio
 
 import aiohttp
+import msgspec
 from zmqutil import RawPublisher, until
 
-from agentkv.kv.events import AllBlocksCleared, BlockStored, EventBatch, encode_batch
+from agentkv.events.publisher import seq_bytes
+from agentkv.events.tracker import SeqTracker
+from agentkv.kv.events import (
+    AllBlocksCleared,
+    BlockRemoved,
+    BlockStored,
+    EventBatch,
+    decode_batch,
+    encode_batch,
+)
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.workers import WorkerPool, WorkerSpec, parse_load, parse_worker
 
@@ -103,3 +113,42 @@ def test_forged_huge_sequence_numbers_leave_the_router_counters_sane():
     counts, blocks = asyncio.run(main())
     print(f"\nrouter after 3 forged seqs: {counts}, {blocks} blocks indexed")
     assert counts == {"malformed": 3, "lost": 0, "resets": 0} and blocks == 3
+
+
+def test_the_router_decode_keeps_every_field_but_token_ids_and_hostile_ones_are_judged():
+    """`token_ids=False` (the router's subscribers): every field the index reads as sent, token ids
+    left as raw msgpack; the full decode (cache analyze, replay, tests) is unchanged. A token-id
+    field of the wrong type is accepted harmlessly by the router's decode (the full one counts it
+    malformed); a truncated payload or ill-typed block hashes stay malformed for both."""
+    stored = BlockStored(
+        block_hashes=[1, 2], parent_block_hash=7, token_ids=list(range(100_000)), block_size=16,
+        lora_id=3, medium="CPU", lora_name="x", extra_keys=[["salt"]], group_idx=1,
+        kv_cache_spec_kind="sliding_window",
+    )  # fmt: skip
+    rest = [BlockRemoved(block_hashes=[2], medium="CPU"), AllBlocksCleared()]
+    payload = encode_batch(EventBatch(1.0, [stored, *rest], 0))
+    assert decode_batch(payload) == EventBatch(1.0, [stored, *rest], 0)
+    lite = decode_batch(payload, token_ids=False)
+    ev = lite.events[0]
+    assert isinstance(ev, BlockStored) and (lite.ts, lite.data_parallel_rank, lite.events[1:]) == (
+        1.0,
+        0,
+        rest,
+    )
+    for f in BlockStored.__struct_fields__:
+        want = msgspec.msgpack.encode(stored.token_ids) if f == "token_ids" else getattr(stored, f)
+        assert (bytes(ev.token_ids) if f == "token_ids" else getattr(ev, f)) == want, f
+
+    def malformed(token_ids: bool, payload: bytes) -> int:
+        t = SeqTracker(0, token_ids)
+        r = t.decode([b"kv-events", seq_bytes(0), payload])
+        assert (r is None) == bool(t.stats.malformed)
+        return t.stats.malformed
+
+    def raw(**fields) -> bytes:
+        return msgspec.msgpack.encode([0.0, [{"type": "BlockStored", "block_hashes": [1], **fields}], None])
+
+    for odd in ("bad", {"a": 1}, [1.5, None], True):
+        assert (malformed(True, raw(token_ids=odd)), malformed(False, raw(token_ids=odd))) == (1, 0)
+    for bad in (payload[:-1], raw(block_hashes="x"), raw(token_ids=[1], medium=5), payload[:40]):
+        assert (malformed(True, bad), malformed(False, bad)) == (1, 1)

@@ -8,6 +8,7 @@ import asyncio
 import threading
 
 import aiohttp
+import msgspec
 import zmq
 from aiohttp import web
 from zmqutil import RawPublisher, until
@@ -165,5 +166,57 @@ def test_a_worker_that_dies_and_restarts_is_subscribed_again():
                 await steady_http.cleanup()
                 pub.close()
                 steady.close()
+
+    asyncio.run(main())
+
+
+def stored_raw(hashes: list[int], parent: int | None, token_ids: object) -> bytes:
+    """A batch of one BlockStored whose token ids may be anything (hostile publishers)."""
+    ev = {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent, "token_ids": token_ids}
+    return msgspec.msgpack.encode([0.0, [ev], None])
+
+
+def test_the_index_is_the_same_with_or_without_100k_token_ids_and_odd_ones_are_harmless():
+    """The router skips BlockStored token ids undecoded: worker 0 sends 100K of them (caught up by
+    replay and live), then a string and a map (via gap replay), worker 1 none; both index the same
+    blocks. A truncated payload is still counted malformed and skipped."""
+
+    async def main() -> None:
+        pubs = [RawPublisher() for _ in range(2)]
+        index = TenantIndex()
+        a, b, c, d = chain(1, 6250), chain(20), chain(30), chain(40)
+        many = list(range(100_000))
+        pubs[0].batch(0, BlockStored(block_hashes=a, token_ids=many, block_size=16))
+        pubs[1].batch(0, BlockStored(block_hashes=a, block_size=16))
+        pool = pool_for(
+            [WorkerSpec(f"http://127.0.0.1:{9 + i}", *p.endpoints) for i, p in enumerate(pubs)], index
+        )
+        async with aiohttp.ClientSession() as session:
+            await pool.start(session)
+            try:
+                assert await until(lambda: index.find_matches("", a) == {0: Match(6250), 1: Match(6250)})
+
+                pubs[0].buffer[1] = stored_raw(b, a[-1], "not a list")  # after the catch-up
+                pubs[0].buffer[2] = stored_raw(c, b[-1], {"a": [1]})
+                pubs[1].buffer[1] = stored_raw(b, a[-1], [])
+                pubs[1].buffer[2] = stored_raw(c, b[-1], [])
+                d_of = [BlockStored(block_hashes=d, parent_block_hash=c[-1], token_ids=t) for t in (many, [])]
+                last = [p.batch(3, ev) for p, ev in zip(pubs, d_of, strict=True)]
+                truncated = last[0][:-1]
+
+                def tick() -> None:  # seq 3 live: the gap 1-2 is replayed
+                    pubs[0].send(3, truncated)
+                    for p, payload in zip(pubs, last, strict=True):
+                        p.send(3, payload)
+
+                full = {0: Match(6262), 1: Match(6262)}
+                assert await until(lambda: index.find_matches("", a + b + c + d) == full, tick=tick)
+                s0, s1 = (w.subscriber.stats for w in pool.workers)
+                assert s0.malformed >= 1 and s1.malformed == 0 and s0.lost == s1.lost == 0
+                assert s0.recovered == s1.recovered >= 2 and index.blocks(0) == index.blocks(1) == 6262
+            finally:
+                await pool.close()
+                for p in pubs:
+                    p.close()
 
     asyncio.run(main())

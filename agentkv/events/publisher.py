@@ -54,20 +54,21 @@ def parse_seq(frame: bytes) -> int:
     return int.from_bytes(frame, "big")
 
 
-def parse_payload(payload: bytes) -> EventBatch:
-    """Decode one payload; MalformedFrame (never a msgspec error) when it is not an EventBatch."""
+def parse_payload(payload: bytes, token_ids: bool = True) -> EventBatch:
+    """Decode one payload (`token_ids=False`: BlockStored token ids left undecoded); MalformedFrame
+    (never a msgspec error) when it is not an EventBatch."""
     try:
-        return decode_batch(payload)
+        return decode_batch(payload, token_ids)
     except (msgspec.MsgspecError, ValueError, TypeError) as e:
         raise MalformedFrame(f"undecodable payload: {e}") from None
 
 
-def parse_message(frames: Sequence[bytes]) -> tuple[bytes, int, EventBatch]:
+def parse_message(frames: Sequence[bytes], token_ids: bool = True) -> tuple[bytes, int, EventBatch]:
     """(topic, seq, batch) of a live message, or MalformedFrame saying what is wrong."""
     if len(frames) != 3:
         raise MalformedFrame(f"expected 3 frames [topic, seq, payload], got {len(frames)}")
     topic, seq, payload = frames
-    return bytes(topic), parse_seq(seq), parse_payload(payload)
+    return bytes(topic), parse_seq(seq), parse_payload(payload, token_ids)
 
 
 def without_token_ids(batch: EventBatch) -> EventBatch:

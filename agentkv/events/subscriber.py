@@ -3,7 +3,8 @@ sequence bookkeeping of `agentkv.events.tracker` (malformed frames counted and s
 replayed, restarts marked, implausible sequence jumps refused).
 
 With `curve` (`agentkv.events.curve.CurveClient`) both sockets talk only to the publisher holding
-the pinned key's secret.
+the pinned key's secret. `token_ids=False` leaves BlockStored token ids undecoded (a router's
+choice: it never reads them, and a long prompt's events carry one per token).
 """
 
 from __future__ import annotations
@@ -48,12 +49,13 @@ class _Base:
         replay_timeout: float = 1.0,
         rcvhwm: int = 100_000,
         curve: CurveClient | None = None,
+        token_ids: bool = True,
     ) -> None:
         self._ctx = ctx = self._context()
         self.curve = curve
         self.replay_endpoint = replay_endpoint
         self.replay_timeout = replay_timeout
-        self._tracker = SeqTracker(start_seq)
+        self._tracker = SeqTracker(start_seq, token_ids)
         self._pending: deque[Received] = deque()
         self._closed = False
         self._sub = ctx.socket(zmq.SUB)

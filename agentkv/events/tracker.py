@@ -61,10 +61,12 @@ MAX_SEQ_JUMP = 1_000_000  # batches: a jump past the expected seq beyond this mu
 
 
 class SeqTracker:
-    """Decoding and sequence bookkeeping shared by the blocking and asyncio subscribers."""
+    """Decoding and sequence bookkeeping shared by the blocking and asyncio subscribers;
+    `token_ids=False` leaves BlockStored token ids undecoded (`StoredNoTokens`: for a router)."""
 
-    def __init__(self, start_seq: int | None) -> None:
+    def __init__(self, start_seq: int | None, token_ids: bool = True) -> None:
         self.expected = start_seq
+        self.token_ids = token_ids
         self.stats = SubscriberStats()
         self._restart = False  # a restart was seen and its first batch is not delivered yet
         self.last_payload: bytes | None = None  # of the last batch delivered
@@ -73,7 +75,7 @@ class SeqTracker:
     def decode(self, frames: Sequence[bytes]) -> Received | None:
         """The live message as Received, or None (counted) if malformed or a duplicate."""
         try:
-            topic, seq, batch = parse_message(frames)
+            topic, seq, batch = parse_message(frames, self.token_ids)
         except MalformedFrame:
             self.stats.malformed += 1
             return None
@@ -156,7 +158,7 @@ class SeqTracker:
                 return _END
             return Received(
                 parse_seq(seq_frame),
-                parse_payload(payload),
+                parse_payload(payload, self.token_ids),
                 bytes(topic),
                 replayed=True,
                 payload=bytes(payload),

@@ -72,14 +72,29 @@ class EventBatch(msgspec.Struct, array_like=True):
     data_parallel_rank: int | None = None
 
 
+class StoredNoTokens(BlockStored, tag="BlockStored"):
+    """A BlockStored decoded for a reader that never looks at its token ids (a router): they stay
+    undecoded msgpack (`msgspec.Raw`, any type), so a 100K-token prompt costs no 100K int objects."""
+
+    token_ids: msgspec.Raw = msgspec.Raw()
+
+
+class BatchNoTokens(EventBatch):
+    """An EventBatch whose BlockStored events are `StoredNoTokens` (the same wire format)."""
+
+    events: list[StoredNoTokens | BlockRemoved | AllBlocksCleared]
+
+
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(EventBatch)
+_no_tokens_decoder = msgspec.msgpack.Decoder(BatchNoTokens)
 
 
 def encode_batch(batch: EventBatch) -> bytes:
     return _encoder.encode(batch)
 
 
-def decode_batch(payload: bytes) -> EventBatch:
-    """Decode one payload; raises msgspec.DecodeError / ValidationError on a malformed one."""
-    return _decoder.decode(payload)
+def decode_batch(payload: bytes, token_ids: bool = True) -> EventBatch:
+    """Decode one payload (`token_ids=False`: BlockStored token ids left undecoded, see
+    `StoredNoTokens`); raises msgspec.DecodeError / ValidationError on a malformed one."""
+    return (_decoder if token_ids else _no_tokens_decoder).decode(payload)

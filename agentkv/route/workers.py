@@ -199,7 +199,10 @@ class WorkerPool:
 
     # -- events ----------------------------------------------------------------------------------
     def _subscribe(self, w: Worker) -> None:
-        sub = ZmqEventSubscriber(w.spec.events, w.spec.replay, start_seq=0, curve=w.spec.curve)
+        # token ids are left undecoded: the index reads hashes, parent, tier, group and salt only
+        sub = ZmqEventSubscriber(
+            w.spec.events, w.spec.replay, start_seq=0, curve=w.spec.curve, token_ids=False
+        )
         w.caught_up, w.gaps_seen = -1, 0
         w.subscriber = sub
         self.poller.add(sub, w, f"worker {w.slot}", catch_up=sub.replay_endpoint is not None)
