@@ -289,3 +289,20 @@ def test_make_grid_defaults():
     assert g.kv_dtype == "bf16" and g.cpu is None and g.concurrency is None
     with pytest.raises(UserError):
         make_grid(cpu="1KB")
+
+
+def test_piped_progress_is_a_line_a_step_and_quiet_is_silent(capsys):
+    """Off a terminal there is no bar, so each finished step is one line on stderr (a long run is
+    not silent); `-q` prints none."""
+    sample = [str(p) for p in bundled_sample()][1:]
+    argv = ["cache", "analyze", *sample, "--capacity", "8GB,16GB", "--policy", "lru,arc", "--jobs", "1"]
+    assert main(argv) == 0
+    err = capsys.readouterr().err.splitlines()
+    steps = [x for x in err if " steps, " in x]
+    assert [x.split(" ")[0] for x in steps] == [f"{i}/5" for i in range(1, 6)], err
+    assert steps[0].endswith("block size 16: accesses and ceiling")
+    assert {x.split(": ", 1)[1] for x in steps[1:]} == {
+        f"{p} at {c}, block size 16" for p in ("lru", "arc") for c in ("8GB", "16GB")
+    }
+    assert main([*argv, "-q"]) == 0
+    assert " steps, " not in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from agentkv.engine.models.catalogue import model_help
@@ -149,13 +150,22 @@ def _run(args: argparse.Namespace, traces, grid, jobs: int):
     if not args.quiet and not show:  # no bar (piped): one line, so a long run is not silent
         err.print("analyzing (Ctrl-C stops and keeps the finished replays)", highlight=False)
     note = "agentkv: stopping: keeping the finished replays (Ctrl-C again to quit now)"
+    started = time.monotonic()
+
+    def line(done: int, total: int, what: str) -> None:  # piped: a line a step, as a sweep prints
+        err.print(
+            f"{done}/{total} steps, {time.monotonic() - started:.0f} s elapsed: {what}", highlight=False
+        )
+
     with StopRequest(note) as stop, progress_bar(err, visible=show) as bar:
         task = bar.add_task("preparing accesses", total=None)
         return analyze(
             traces,
             grid,
             jobs=jobs,
-            progress=lambda d, t, what: bar.update(task, completed=d, total=t, description=what),
+            progress=(lambda d, t, what: bar.update(task, completed=d, total=t, description=what))
+            if show or args.quiet
+            else line,
             stop=stop,
             ray=args.ray,
         )
