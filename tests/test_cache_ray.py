@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import json
 import os
-import pty
-import signal
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
+from cliutil import interrupt
 from rayutil import AUTH, ROOT, cli, cli_without_ray, free_port, ray_cluster
 
 from agentkv.cli import main
@@ -110,58 +107,19 @@ def test_progress_on_ray_counts_every_cell(ray_cluster):
     assert cells == [("8GB", "lru"), ("8GB", "lfu"), ("16GB", "lru"), ("16GB", "lfu")]
 
 
-def _read_pty(fd: int, seen: list[str], marker: str, found: threading.Event) -> None:
-    """Drain the terminal's output (so the progress bar never blocks on a full pty), noting `marker`."""
-    while True:
-        try:
-            chunk = os.read(fd, 4096)
-        except OSError:  # EIO: the last writer closed the terminal
-            return
-        if not chunk:
-            return
-        seen.append(chunk.decode(errors="replace"))
-        if marker in "".join(seen[-3:]):
-            found.set()
-
-
 def test_ctrl_c_on_ray_keeps_the_finished_replays_and_drops_the_rest(ray_cluster, tmp_path):
     """The driver looks at the stop request while cells run (the long cell is not waited for): one
     SIGINT after the short cell (one block: every request too big) shows it, drops the long one and
-    exits 130 with the local run's message. stderr is a terminal, so the bar names each cell."""
+    exits 130 with the local run's message. Piped, stderr names each cell as it finishes."""
     gcs, _ = ray_cluster
     synth = tmp_path / "synth"
     assert main(["trace", "synth", "--sessions", str(LONG_SESSIONS), "-o", str(synth)]) == 0
     argv = ["cache", "analyze", str(synth), "--capacity", "4MB,30GB", "--block-size", "16"]
     argv += ["--policy", "arc", "--json"]
-    short = "arc at 4MB, block size 16"  # the progress bar's description once the short cell is in
-    master, slave = pty.openpty()
-    p = subprocess.Popen(
-        [sys.executable, "-m", "agentkv.cli", *argv, "--ray", gcs],
-        stdout=subprocess.PIPE,
-        stderr=slave,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, **AUTH, "TERM": "xterm", "COLUMNS": "200"},
-    )
-    os.close(slave)
-    seen, found = [], threading.Event()
-    reader = threading.Thread(target=_read_pty, args=(master, seen, short, found), daemon=True)
-    reader.start()
-    try:
-        assert found.wait(150), f"no short cell: {''.join(seen)[-2000:]}"
-        time.sleep(1.0)  # the long cell is in hand
-        p.send_signal(signal.SIGINT)
-        t = time.monotonic()
-        out, _ = p.communicate(timeout=60)
-        stopped_in = time.monotonic() - t
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-        reader.join(5)
-        os.close(master)
-    err = "".join(seen)
-    assert p.returncode == 130, err[-3000:]
+    short = "arc at 4MB, block size 16"  # the step line once the short cell is in (piped stderr)
+    res, stopped_in = interrupt([*argv, "--ray", gcs], short, 1.0, env={**os.environ, **AUTH}, cwd=ROOT)
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 130, err[-3000:]
     assert stopped_in < 20, stopped_in  # not the long cell's minutes
     assert "agentkv: interrupted: 1 of 2 replays done (shown)" in err and "Traceback" not in err, err
     res = json.loads(out)

@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from cliutil import interrupt
 from rayutil import AUTH, ROOT, cli_without_ray, free_port, ray_cluster
 from rayutil import cli as _cli
 
@@ -103,31 +102,10 @@ def test_ctrl_c_on_ray_keeps_the_finished_points_and_drops_the_rest(ray_cluster)
     gcs, _ = ray_cluster
     argv = ["simulate", "--cycle", "--max-requests", "20", "--workers", "2", "-q", "--json", "--ray", gcs]
     argv += ["--sweep", "max_requests=20,1000000"]  # the second: minutes
-    p = subprocess.Popen(
-        [sys.executable, "-m", "agentkv.cli", *argv],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env={**os.environ, **AUTH},
-    )
-    try:
-        seen = ""
-        for line in p.stderr:  # the progress line of the short point
-            seen += line
-            if "1/2 points" in line:
-                break
-        assert "1/2 points" in seen, f"exited before the first point: {seen}"
-        time.sleep(1.0)  # the long point is in hand
-        p.send_signal(signal.SIGINT)
-        t = time.monotonic()
-        out, err = p.communicate(timeout=60)
-        stopped_in = time.monotonic() - t
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    assert p.returncode == 130, seen + err
+    short = "1/2 points"  # the short point's progress line
+    res, stopped_in = interrupt(argv, short, 1.0, env={**os.environ, **AUTH}, cwd=ROOT)
+    out, err = res.stdout, res.stderr
+    assert res.returncode == 130, err
     assert stopped_in < 20, stopped_in  # not the long point's minutes
     rows = json.loads(out)
     assert [r["overrides"] for r in rows] == [{"max_requests": "20"}], rows

@@ -8,11 +8,10 @@ import argparse
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
+from cliutil import interrupt
 from rich.console import Console
 from rich.table import Table
 
@@ -72,27 +71,8 @@ def test_simulate_summary_piped_at_80_columns(tmp_path):
 
 def _interrupt(args: list[str], marker: str, delay: float = 0.3) -> tuple[subprocess.CompletedProcess, str]:
     """Start `agentkv ARGS`, wait for `marker` on its stderr, send one SIGINT; its result."""
-    p = subprocess.Popen(
-        [sys.executable, "-m", "agentkv.cli", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=ENV,
-    )
-    try:
-        seen = ""
-        while marker not in seen:
-            line = p.stderr.readline()
-            assert line, f"exited before {marker!r}: {seen}"
-            seen += line
-        time.sleep(delay)
-        p.send_signal(signal.SIGINT)
-        out, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    return subprocess.CompletedProcess(args, p.returncode, out, seen + err), seen + err
+    res, _ = interrupt(args, marker, delay, env=ENV)
+    return res, res.stderr
 
 
 def test_simulate_first_ctrl_c_keeps_what_finished(tmp_path):
