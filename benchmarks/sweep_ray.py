@@ -127,7 +127,7 @@ def on_ray(traces, configs, grid, pairs: int) -> tuple[list[float], dict[str, fl
     """Per pair, 1-worker seconds over 2-worker seconds; and CPU s by kind over every run."""
     from agentkv.scaleout.raytasks import connect, import_ray, stream
 
-    ray = import_ray()
+    ray = import_ray("local")
     t0 = time.perf_counter()
     connect(ray, "local", 2)
     try:
@@ -168,7 +168,7 @@ def shared_cost(paths: list[str], tasks: int = 8) -> None:
     from agentkv.trace.formats import load_paths
 
     traces = list(load_paths(paths, "auto"))
-    ray = import_ray()
+    ray = import_ray("local")
     connect(ray, "local", 2)
     try:
         list(stream(ray, _nap, [], [(0.5,), (0.5,)]))  # both workers up

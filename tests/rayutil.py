@@ -39,15 +39,20 @@ def cli(*argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
+def need_cluster() -> None:
+    """Skip unless Ray is installed and AGENTKV_RAY_CLUSTER_TESTS=1 (a cluster listens beyond loopback)."""
+    pytest.importorskip("ray")
+    if os.environ.get("AGENTKV_RAY_CLUSTER_TESTS") != "1":
+        pytest.skip("a Ray cluster listens beyond loopback; set AGENTKV_RAY_CLUSTER_TESTS=1 to run it")
+
+
 @pytest.fixture(scope="module")
 def ray_cluster():
     """A head node on this machine (2 CPUs, its own temp dir and ports), stopped by its process group.
 
     Opt-in (AGENTKV_RAY_CLUSTER_TESTS=1): Ray 2.60 advertises and listens on the host's own address
     even when told 127.0.0.1, and this project's tests keep their traffic on loopback."""
-    pytest.importorskip("ray")
-    if os.environ.get("AGENTKV_RAY_CLUSTER_TESTS") != "1":
-        pytest.skip("a Ray cluster listens beyond loopback; set AGENTKV_RAY_CLUSTER_TESTS=1 to run it")
+    need_cluster()
     gcs, client = free_port(), free_port()
     tmp = tempfile.mkdtemp(prefix="akvray")
     env = {**os.environ, "PYTHONPATH": str(ROOT), **AUTH}

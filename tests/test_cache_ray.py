@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import pytest
 from cliutil import interrupt
-from rayutil import AUTH, ROOT, cli, cli_without_ray, free_port, ray_cluster
+from rayutil import AUTH, ROOT, cli, cli_without_ray, free_port, need_cluster, ray_cluster, stop_group
 
 from agentkv.cli import main
 
@@ -55,6 +57,27 @@ def test_cells_on_ray_give_the_local_analysis(ray_cluster):
         on_ray = cli(*GRID, "--json", "--ray", address)
         assert on_ray.returncode == 0, (address, on_ray.stderr[-3000:])
         assert _timeless(json.loads(on_ray.stdout)) == want, address
+
+
+def test_a_new_local_cluster_keeps_token_auth_on_without_rays_line_about_it(tmp_path):
+    """`--ray` with no address starts a cluster here: token auth on (Ray makes the token under $HOME)
+    but not Ray's "Token authentication is enabled" line on stderr; the local run's analysis."""
+    need_cluster()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    short = tempfile.mkdtemp(prefix="akvray")  # Ray's socket paths must stay short
+    env.update(HOME=str(tmp_path), RAY_TMPDIR=short, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    argv = [sys.executable, "-m", "agentkv.cli", *GRID, "--json", "--ray"]
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, start_new_session=True, stdout=-1, stderr=-1)
+    try:
+        out, err = proc.communicate(timeout=240)
+    finally:
+        stop_group(proc.pid)  # the cluster's processes too, should the run not stop them
+        shutil.rmtree(short, ignore_errors=True)
+    assert proc.returncode == 0, err[-3000:]
+    assert "Token authentication" not in err and "Traceback" not in err, err
+    assert (tmp_path / ".ray" / "auth_token").stat().st_size > 0
+    local = cli(*GRID, "--json")
+    assert _timeless(json.loads(out)) == _timeless(json.loads(local.stdout))
 
 
 def test_a_hybrid_models_cells_on_ray_give_the_local_analysis(ray_cluster):

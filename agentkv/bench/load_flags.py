@@ -54,7 +54,7 @@ def check_clients(args) -> None:
     if args.clients < 1:
         raise UserError(f"--clients must be >= 1, got {args.clients}")
     if getattr(args, "ray", None) is not None:
-        import_ray()
+        import_ray(args.ray)
         if args.ray != LOCAL:
             reachable(args.ray)
 

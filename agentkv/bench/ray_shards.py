@@ -103,7 +103,7 @@ class RayShards:
     """The driver's side: join the cluster, one actor per shard, then leave (actors killed)."""
 
     def __init__(self, address: str):
-        self.ray, self.address, self.actors = import_ray(), address, []
+        self.ray, self.address, self.actors = import_ray(address), address, []
         connect(self.ray, address)
 
     def start(self, parts, marker: str | None, loop: str, target: str) -> list[RayLink]:

@@ -177,7 +177,7 @@ def _jobs(args: argparse.Namespace) -> int:
     from agentkv.cache.analyze import default_jobs
 
     if args.ray is not None:
-        import_ray()
+        import_ray(args.ray)
     jobs = args.jobs if args.jobs is not None else default_jobs()
     if jobs < 1:
         raise UserError(f"--jobs: must be at least 1, got {jobs}")

@@ -9,6 +9,7 @@ import argparse
 import os
 import signal
 import socket
+import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 
@@ -31,8 +32,15 @@ def add_ray_arg(p: argparse.ArgumentParser, what: str, kind: str = "tasks") -> N
     )
 
 
-def import_ray():
-    """The `ray` module, or a UserError saying how to install it."""
+def import_ray(address: str | None = None):
+    """The `ray` module, or a UserError saying how to install it.
+
+    For a new local cluster (`address` LOCAL), Ray's default made explicit before Ray is first
+    imported (it reads RAY_AUTH_MODE then): token authentication on. Ray 2.60 prints "Token
+    authentication is enabled ..." on every start when it turns it on itself, nothing when the
+    variable says so. A value the user set is kept; joining a cluster leaves it to the user."""
+    if address == LOCAL and "ray" not in sys.modules:
+        os.environ.setdefault("RAY_AUTH_MODE", "token")
     try:
         import ray
     except ImportError:
@@ -122,7 +130,7 @@ def run_tasks(
     """Join (or start) the cluster, stream `fn(shared, *call)` for every call, then disconnect.
 
     A task's own UserError reads as it would locally (one line, exit 2)."""
-    ray = import_ray()
+    ray = import_ray(address)
     connect(ray, address, num_cpus)
     try:
         yield from stream(ray, fn, shared, calls, stop)

@@ -198,7 +198,7 @@ def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict]
     from agentkv.sim.command import load_traces
     from agentkv.sim.ray_sweep import import_ray, run_points
 
-    import_ray()  # the install hint before the traces load
+    import_ray(args.ray)  # the install hint before the traces load
     return run_points(load_traces(args)[0], configs, grid, args.ray, stop=stop)
 
 
