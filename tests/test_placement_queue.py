@@ -60,6 +60,22 @@ def test_a_long_prefill_queue_loses_a_new_tree_to_an_idle_worker():
     assert costs[0] - costs[1] == 2.0 * 0.5 * 2000  # weight x queue_weight x active prefill blocks
 
 
+class _NoQueue(SimWorker):
+    """A worker that may not be asked for its queue (as a live worker's read costs a lock)."""
+
+    def active_prefill_blocks(self) -> float:
+        raise AssertionError("asked for the queue at queue weight 0")
+
+
+def test_at_queue_weight_0_no_worker_is_asked_for_its_queue():
+    cfg = EngineConfig(num_gpu_blocks_override=40_000, max_model_len=200_000)
+    workers = [_NoQueue(i, Engine(cfg)) for i in range(2)]
+    new = _req(_hashes(60))
+    assert KvAware(queue_weight=0.0).costs(new, workers) == [16.0 * 60] * 2
+    with pytest.raises(AssertionError, match="queue weight 0"):
+        KvAware(queue_weight=1.0).costs(new, workers)
+
+
 def test_a_cached_prefix_beats_a_short_queue_but_not_a_long_one():
     home, other = workers = _workers()
     prefix = _hashes(400)  # 6,400 tokens the tree's last turn left cached on `home`
