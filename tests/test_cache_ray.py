@@ -59,25 +59,40 @@ def test_cells_on_ray_give_the_local_analysis(ray_cluster):
         assert _timeless(json.loads(on_ray.stdout)) == want, address
 
 
-def test_a_new_local_cluster_keeps_token_auth_on_without_rays_line_about_it(tmp_path):
-    """`--ray` with no address starts a cluster here: token auth on (Ray makes the token under $HOME)
-    but not Ray's "Token authentication is enabled" line on stderr; the local run's analysis."""
+def _on_a_new_local_cluster(argv: list[str], env: dict) -> tuple[int, str, str]:
+    """The CLI with `--ray` (a cluster of its own) in its own session, stopped by process group."""
     need_cluster()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     short = tempfile.mkdtemp(prefix="akvray")  # Ray's socket paths must stay short
-    env.update(HOME=str(tmp_path), RAY_TMPDIR=short, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    argv = [sys.executable, "-m", "agentkv.cli", *GRID, "--json", "--ray"]
+    env = {**env, "RAY_TMPDIR": short, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0"}
+    argv = [sys.executable, "-m", "agentkv.cli", *argv, "--ray"]
     proc = subprocess.Popen(argv, cwd=ROOT, env=env, text=True, start_new_session=True, stdout=-1, stderr=-1)
     try:
         out, err = proc.communicate(timeout=240)
     finally:
         stop_group(proc.pid)  # the cluster's processes too, should the run not stop them
         shutil.rmtree(short, ignore_errors=True)
-    assert proc.returncode == 0, err[-3000:]
+    return proc.returncode, out, err
+
+
+def test_a_new_local_cluster_keeps_token_auth_on_without_rays_line_about_it(tmp_path):
+    """`--ray` with no address starts a cluster here: token auth on (Ray makes the token under $HOME)
+    but not Ray's "Token authentication is enabled" line on stderr; the local run's analysis."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    rc, out, err = _on_a_new_local_cluster([*GRID, "--json"], {**env, "HOME": str(tmp_path)})
+    assert rc == 0, err[-3000:]
     assert "Token authentication" not in err and "Traceback" not in err, err
     assert (tmp_path / ".ray" / "auth_token").stat().st_size > 0
     local = cli(*GRID, "--json")
     assert _timeless(json.loads(out)) == _timeless(json.loads(local.stdout))
+
+
+def test_a_worker_killed_for_memory_fails_the_run_in_one_line():
+    """Ray's memory monitor (its threshold set to 1% of the node's memory) kills the task's worker:
+    the run fails with exit 2 and one line saying so, not a traceback."""
+    env = {**os.environ, **AUTH, "RAY_memory_usage_threshold": "0.01", "RAY_memory_monitor_refresh_ms": "50"}
+    rc, _, err = _on_a_new_local_cluster([*GRID[:-2], "--policy", "belady", "-q"], env)
+    assert rc == 2 and "Traceback" not in err, err[-3000:]
+    assert err.strip().splitlines()[-1].startswith("agentkv: error: --ray: Ray's memory monitor killed"), err
 
 
 def test_a_hybrid_models_cells_on_ray_give_the_local_analysis(ray_cluster):

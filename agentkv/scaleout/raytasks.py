@@ -129,7 +129,8 @@ def run_tasks(
 ) -> Iterator:
     """Join (or start) the cluster, stream `fn(shared, *call)` for every call, then disconnect.
 
-    A task's own UserError reads as it would locally (one line, exit 2)."""
+    A task's own UserError reads as it would locally (one line, exit 2), and so does a task whose
+    worker Ray's memory monitor killed (the node short of memory: a setup to change, not a bug)."""
     ray = import_ray(address)
     connect(ray, address, num_cpus)
     try:
@@ -138,5 +139,11 @@ def run_tasks(
         if isinstance(e.cause, UserError):
             raise UserError(str(e.cause)) from None
         raise
+    except ray.exceptions.OutOfMemoryError as e:
+        first = str(e).strip().splitlines()[0]
+        raise UserError(
+            f"--ray: Ray's memory monitor killed a task's worker: {first} "
+            "(free or add memory on the node, or run fewer tasks at once)"
+        ) from None
     finally:
         ray.shutdown()
