@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import random
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,7 +36,31 @@ from cluster import CLI, Cluster, descendants, wait_http
 from agentkv.trace.tokens import token_text
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT / ".venv-peers" / "sglang" / "bin" / "python"
+PEERS = Path(
+    os.environ.get("AGENTKV_PEERS_DIR") or ROOT / ".venv-peers"
+)  # a worktree can use the main tree's
+PEER = PEERS / "sglang" / "bin" / "python"
+# the syscalls --syscalls counts (perf's tracepoints; the rest are summed as "other")
+SYSCALLS = (
+    "epoll_wait",
+    "epoll_pwait",
+    "epoll_ctl",
+    "read",
+    "write",
+    "recvfrom",
+    "sendto",
+    "readv",
+    "writev",
+    "recvmsg",
+    "sendmsg",
+    "futex",
+    "getpid",
+    "poll",
+    "ppoll",
+    "ioctl",
+    "timerfd_settime",
+    "nanosleep",
+)
 # `agentkv` under cProfile counting CPU time (process_time), not wall time: an idle event loop costs nothing
 PROFILED = """import cProfile, sys, time
 from agentkv.cli import main
@@ -177,6 +202,45 @@ def tree_cpu_seconds(pid: int) -> float:
     return total
 
 
+class SyscallCount:
+    """`perf stat` on one process's threads over a run (tracepoints: counts, not samples, so the
+    figures do not depend on the load): syscalls and context switches per request, by thread kind."""
+
+    def __init__(self, pid: int) -> None:
+        events = [
+            "raw_syscalls:sys_enter",
+            "context-switches",
+            *(f"syscalls:sys_enter_{n}" for n in SYSCALLS),
+        ]
+        cmd = ["perf", "stat", "-x,", "--per-thread", "-e", ",".join(events), "-p", str(pid)]
+        self.pid = pid
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def report(self, n: int) -> None:
+        """Stop counting and print the counts per request (`n` requests answered)."""
+        self.proc.send_signal(signal.SIGINT)
+        _, err = self.proc.communicate(timeout=30)
+        by: dict[str, Counter[str]] = {}
+        for line in err.splitlines():
+            f = line.split(",")
+            if len(f) < 4 or not f[1].isdigit():
+                continue
+            comm, _, tid = f[0].rpartition("-")
+            kind = "loop" if tid == str(self.pid) else "zmq" if comm.startswith("ZMQbg") else comm or "other"
+            by.setdefault(kind, Counter())[f[3].removeprefix("syscalls:sys_enter_")] += int(f[1])
+        if not by:
+            print(f"  syscalls: perf stat gave nothing ({err.strip()[:200]})")
+            return
+        n = max(1, n)
+        for kind, c in sorted(by.items(), key=lambda kv: -kv[1]["raw_syscalls:sys_enter"]):
+            total = c.pop("raw_syscalls:sys_enter", 0)
+            if total < n // 100:
+                continue
+            cs = c.pop("context-switches", 0)
+            top = ", ".join(f"{k} {v / n:.2f}" for k, v in c.most_common() if v >= n // 100)
+            print(f"  syscalls per request, {kind}: {total / n:.2f} ({top}); context switches {cs / n:.2f}")
+
+
 def start_peer(c: Cluster, name: str, j: int, extra: Sequence[str] = ()) -> subprocess.Popen:
     """sglang-router (`--policy cache_aware`) from .venv-peers/sglang on router port j, before the workers."""
     args = ["-m", "sglang_router.launch_router", "--worker-urls", *c.urls, "--policy", "cache_aware"]
@@ -199,6 +263,11 @@ def _parse_args() -> argparse.Namespace:
         "--fresh-connections",
         action="store_true",
         help="a new TCP connection per request (no keep-alive), direct and through the routers alike",
+    )
+    ap.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="count each router's syscalls and context switches per request, by thread (perf stat)",
     )
     ap.add_argument(
         "--profile",
@@ -226,6 +295,7 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
     await load(urls, args.rate, 3.0, args.prompt_len, seed=0, fresh=fresh)  # cold start, discarded
     base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1, fresh=fresh)
     cpu0, threads0 = tree_cpu_seconds(router.pid), thread_cpu_seconds(router.pid)
+    counts = SyscallCount(router.pid) if args.syscalls else None
     via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2, fresh=fresh)
     cpu, threads = tree_cpu_seconds(router.pid) - cpu0, thread_cpu_seconds(router.pid)
     threads.subtract(threads0)
@@ -242,6 +312,8 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
             + ", ".join(f"{k} {threads[k] / n * 1e3:.3f} ms" for k in ("loop", "other", "zmq"))
             + " per request (other: the KV-event thread and asyncio's to_thread pool)"
         )
+    if counts is not None:
+        counts.report(len(via["e2e"]))
     c.procs.stop("route")
     if args.profile:
         import pstats
@@ -261,9 +333,12 @@ async def _measure_peer(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
     fresh = args.fresh_connections
     base = await load(c.urls, args.rate, args.seconds, args.prompt_len, seed=3, fresh=fresh)
     cpu0 = tree_cpu_seconds(peer.pid)
+    counts = SyscallCount(peer.pid) if args.syscalls else None
     via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4, fresh=fresh)
     cpu = tree_cpu_seconds(peer.pid) - cpu0
     _report("sglang-router (cache_aware)", base, via)
+    if counts is not None:
+        counts.report(len(via["e2e"]))
     return _cpu_line(cpu, via, args.seconds), _added_p50(base, via), via["achieved"], base["achieved"]
 
 
