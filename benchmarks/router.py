@@ -6,11 +6,14 @@ pooled keep-alive aiohttp client, as real clients connect: once straight to the 
 client rotates over them) and once through `agentkv route` in front of them. Router-added
 latency is the difference of the two runs' percentiles, for time to first byte and to the end of
 the stream. With --peer, the same is measured for sglang-router (`--policy cache_aware`) from
-.venv-peers/sglang when it is installed there, and for each router its CPU time per request.
+$AGENTKV_PEERS_DIR/sglang (default: this tree's .venv-peers, so a worktree or clone can point at
+another tree's: AGENTKV_PEERS_DIR=/work/main/.venv-peers), and for each router its CPU time per
+request. --syscalls counts each router's syscalls and context switches per request, by thread
+(`perf stat` tracepoints: counts, not samples, so they do not depend on the host's load).
 --fresh-connections opens a new TCP connection per request instead (to tell a keep-alive or
 Nagle/delayed-ACK artefact from the router's own time).
 
-Run: .venv/bin/python benchmarks/router.py [--rate 500] [--seconds 10] [--peer] [--fresh-connections]
+Run: .venv/bin/python benchmarks/router.py [--rate 500] [--seconds 10] [--peer] [--syscalls] [--fresh-connections]
 """
 
 from __future__ import annotations
@@ -257,7 +260,9 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--time-scale", type=float, default=100.0, help="engine speed-up of the workers")
     ap.add_argument("--policy", default="kv_aware")
-    ap.add_argument("--peer", action="store_true", help="also measure sglang-router from .venv-peers/sglang")
+    ap.add_argument(
+        "--peer", action="store_true", help="also measure sglang-router from $AGENTKV_PEERS_DIR/sglang"
+    )
     ap.add_argument("--processes", type=int, default=1, help="agentkv route --processes N")
     ap.add_argument(
         "--fresh-connections",
