@@ -23,7 +23,7 @@ import asyncio
 import json
 import os
 import random
-import signal
+import shutil
 import statistics
 import subprocess
 import sys
@@ -34,36 +34,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cluster.py: the process scaffolding
 import aiohttp
-from cluster import CLI, Cluster, descendants, wait_http
+from cluster import CLI, Cluster, wait_http
+from proccpu import SyscallCount, cpu_seconds, thread_cpu_seconds, tree_cpu_seconds  # noqa: F401 (cpu_seconds: for routing_quality_cluster)
 
 from agentkv.trace.tokens import token_text
 
 ROOT = Path(__file__).resolve().parents[1]
-PEERS = Path(
-    os.environ.get("AGENTKV_PEERS_DIR") or ROOT / ".venv-peers"
-)  # a worktree can use the main tree's
+# where sglang-router's venv is found: a worktree or clone can use another tree's
+PEERS = Path(os.environ.get("AGENTKV_PEERS_DIR") or ROOT / ".venv-peers")
 PEER = PEERS / "sglang" / "bin" / "python"
-# the syscalls --syscalls counts (perf's tracepoints; the rest are summed as "other")
-SYSCALLS = (
-    "epoll_wait",
-    "epoll_pwait",
-    "epoll_ctl",
-    "read",
-    "write",
-    "recvfrom",
-    "sendto",
-    "readv",
-    "writev",
-    "recvmsg",
-    "sendmsg",
-    "futex",
-    "getpid",
-    "poll",
-    "ppoll",
-    "ioctl",
-    "timerfd_settime",
-    "nanosleep",
-)
 # `agentkv` under cProfile counting CPU time (process_time), not wall time: an idle event loop costs nothing
 PROFILED = """import cProfile, sys, time
 from agentkv.cli import main
@@ -174,76 +153,6 @@ def _report(name: str, base: dict, via: dict) -> None:
         )
 
 
-def cpu_seconds(pid: int, stat: str = "") -> float:
-    """User + system CPU time of a process (or of a thread, given its /proc stat path) so far."""
-    fields = Path(stat or f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu_seconds(pid: int) -> Counter[str]:
-    """CPU time of one router process by thread kind: its event loop (the main thread), ZMQ's own
-    I/O threads, and the other threads (the KV-event poller, asyncio's to_thread pool)."""
-    out: Counter[str] = Counter()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm = (task / "comm").read_text().strip()
-            kind = "loop" if task.name == str(pid) else "zmq" if comm.startswith("ZMQbg") else "other"
-            out[kind] += cpu_seconds(pid, str(task / "stat"))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """`cpu_seconds` of `pid` and its live descendants (`--processes` children, parser processes)."""
-    total = 0.0
-    for p in [pid, *descendants(pid)]:
-        try:
-            total += cpu_seconds(p)
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
-class SyscallCount:
-    """`perf stat` on one process's threads over a run (tracepoints: counts, not samples, so the
-    figures do not depend on the load): syscalls and context switches per request, by thread kind."""
-
-    def __init__(self, pid: int) -> None:
-        events = [
-            "raw_syscalls:sys_enter",
-            "context-switches",
-            *(f"syscalls:sys_enter_{n}" for n in SYSCALLS),
-        ]
-        cmd = ["perf", "stat", "-x,", "--per-thread", "-e", ",".join(events), "-p", str(pid)]
-        self.pid = pid
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-    def report(self, n: int) -> None:
-        """Stop counting and print the counts per request (`n` requests answered)."""
-        self.proc.send_signal(signal.SIGINT)
-        _, err = self.proc.communicate(timeout=30)
-        by: dict[str, Counter[str]] = {}
-        for line in err.splitlines():
-            f = line.split(",")
-            if len(f) < 4 or not f[1].isdigit():
-                continue
-            comm, _, tid = f[0].rpartition("-")
-            kind = "loop" if tid == str(self.pid) else "zmq" if comm.startswith("ZMQbg") else comm or "other"
-            by.setdefault(kind, Counter())[f[3].removeprefix("syscalls:sys_enter_")] += int(f[1])
-        if not by:
-            print(f"  syscalls: perf stat gave nothing ({err.strip()[:200]})")
-            return
-        n = max(1, n)
-        for kind, c in sorted(by.items(), key=lambda kv: -kv[1]["raw_syscalls:sys_enter"]):
-            total = c.pop("raw_syscalls:sys_enter", 0)
-            if total < n // 100:
-                continue
-            cs = c.pop("context-switches", 0)
-            top = ", ".join(f"{k} {v / n:.2f}" for k, v in c.most_common() if v >= n // 100)
-            print(f"  syscalls per request, {kind}: {total / n:.2f} ({top}); context switches {cs / n:.2f}")
-
-
 def start_peer(c: Cluster, name: str, j: int, extra: Sequence[str] = ()) -> subprocess.Popen:
     """sglang-router (`--policy cache_aware`) from .venv-peers/sglang on router port j, before the workers."""
     args = ["-m", "sglang_router.launch_router", "--worker-urls", *c.urls, "--policy", "cache_aware"]
@@ -280,7 +189,10 @@ def _parse_args() -> argparse.Namespace:
         default=None,
         help="run the router under cProfile (one process) and print where its CPU goes; stats to FILE",
     )
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.syscalls and shutil.which("perf") is None:
+        ap.error("--syscalls needs perf (linux-tools) on PATH, and the right to trace (root or CAP_PERFMON)")
+    return args
 
 
 async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, float, float, float]:
