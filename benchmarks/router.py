@@ -6,11 +6,14 @@ pooled keep-alive aiohttp client, as real clients connect: once straight to the 
 client rotates over them) and once through `agentkv route` in front of them. Router-added
 latency is the difference of the two runs' percentiles, for time to first byte and to the end of
 the stream. With --peer, the same is measured for sglang-router (`--policy cache_aware`) from
-.venv-peers/sglang when it is installed there, and for each router its CPU time per request.
+$AGENTKV_PEERS_DIR/sglang (default: this tree's .venv-peers, so a worktree or clone can point at
+another tree's: AGENTKV_PEERS_DIR=/work/main/.venv-peers), and for each router its CPU time per
+request. --syscalls counts each router's syscalls and context switches per request, by thread
+(`perf stat` tracepoints: counts, not samples, so they do not depend on the host's load).
 --fresh-connections opens a new TCP connection per request instead (to tell a keep-alive or
 Nagle/delayed-ACK artefact from the router's own time).
 
-Run: .venv/bin/python benchmarks/router.py [--rate 500] [--seconds 10] [--peer] [--fresh-connections]
+Run: .venv/bin/python benchmarks/router.py [--rate 500] [--seconds 10] [--peer] [--syscalls] [--fresh-connections]
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import subprocess
 import sys
@@ -30,12 +34,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # cluster.py: the process scaffolding
 import aiohttp
-from cluster import CLI, Cluster, descendants, wait_http
+from cluster import CLI, Cluster, wait_http
+from proccpu import SyscallCount, cpu_seconds, thread_cpu_seconds, tree_cpu_seconds  # noqa: F401 (cpu_seconds: for routing_quality_cluster)
 
 from agentkv.trace.tokens import token_text
 
 ROOT = Path(__file__).resolve().parents[1]
-PEER = ROOT / ".venv-peers" / "sglang" / "bin" / "python"
+# where sglang-router's venv is found: a worktree or clone can use another tree's
+PEERS = Path(os.environ.get("AGENTKV_PEERS_DIR") or ROOT / ".venv-peers")
+PEER = PEERS / "sglang" / "bin" / "python"
 # `agentkv` under cProfile counting CPU time (process_time), not wall time: an idle event loop costs nothing
 PROFILED = """import cProfile, sys, time
 from agentkv.cli import main
@@ -146,37 +153,6 @@ def _report(name: str, base: dict, via: dict) -> None:
         )
 
 
-def cpu_seconds(pid: int, stat: str = "") -> float:
-    """User + system CPU time of a process (or of a thread, given its /proc stat path) so far."""
-    fields = Path(stat or f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def thread_cpu_seconds(pid: int) -> Counter[str]:
-    """CPU time of one router process by thread kind: its event loop (the main thread), ZMQ's own
-    I/O threads, and the other threads (the KV-event poller, asyncio's to_thread pool)."""
-    out: Counter[str] = Counter()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            comm = (task / "comm").read_text().strip()
-            kind = "loop" if task.name == str(pid) else "zmq" if comm.startswith("ZMQbg") else "other"
-            out[kind] += cpu_seconds(pid, str(task / "stat"))
-        except (OSError, IndexError, ValueError):
-            continue
-    return out
-
-
-def tree_cpu_seconds(pid: int) -> float:
-    """`cpu_seconds` of `pid` and its live descendants (`--processes` children, parser processes)."""
-    total = 0.0
-    for p in [pid, *descendants(pid)]:
-        try:
-            total += cpu_seconds(p)
-        except (OSError, IndexError, ValueError):
-            continue
-    return total
-
-
 def start_peer(c: Cluster, name: str, j: int, extra: Sequence[str] = ()) -> subprocess.Popen:
     """sglang-router (`--policy cache_aware`) from .venv-peers/sglang on router port j, before the workers."""
     args = ["-m", "sglang_router.launch_router", "--worker-urls", *c.urls, "--policy", "cache_aware"]
@@ -193,7 +169,9 @@ def _parse_args() -> argparse.Namespace:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--time-scale", type=float, default=100.0, help="engine speed-up of the workers")
     ap.add_argument("--policy", default="kv_aware")
-    ap.add_argument("--peer", action="store_true", help="also measure sglang-router from .venv-peers/sglang")
+    ap.add_argument(
+        "--peer", action="store_true", help="also measure sglang-router from $AGENTKV_PEERS_DIR/sglang"
+    )
     ap.add_argument("--processes", type=int, default=1, help="agentkv route --processes N")
     ap.add_argument(
         "--fresh-connections",
@@ -201,12 +179,20 @@ def _parse_args() -> argparse.Namespace:
         help="a new TCP connection per request (no keep-alive), direct and through the routers alike",
     )
     ap.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="count each router's syscalls and context switches per request, by thread (perf stat)",
+    )
+    ap.add_argument(
         "--profile",
         metavar="FILE",
         default=None,
         help="run the router under cProfile (one process) and print where its CPU goes; stats to FILE",
     )
-    return ap.parse_args()
+    args = ap.parse_args()
+    if args.syscalls and shutil.which("perf") is None:
+        ap.error("--syscalls needs perf (linux-tools) on PATH, and the right to trace (root or CAP_PERFMON)")
+    return args
 
 
 async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, float, float, float]:
@@ -226,6 +212,7 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
     await load(urls, args.rate, 3.0, args.prompt_len, seed=0, fresh=fresh)  # cold start, discarded
     base = await load(urls, args.rate, args.seconds, args.prompt_len, seed=1, fresh=fresh)
     cpu0, threads0 = tree_cpu_seconds(router.pid), thread_cpu_seconds(router.pid)
+    counts = SyscallCount(router.pid) if args.syscalls else None
     via = await load([c.router_url()], args.rate, args.seconds, args.prompt_len, seed=2, fresh=fresh)
     cpu, threads = tree_cpu_seconds(router.pid) - cpu0, thread_cpu_seconds(router.pid)
     threads.subtract(threads0)
@@ -242,6 +229,8 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
             + ", ".join(f"{k} {threads[k] / n * 1e3:.3f} ms" for k in ("loop", "other", "zmq"))
             + " per request (other: the KV-event thread and asyncio's to_thread pool)"
         )
+    if counts is not None:
+        counts.report(len(via["e2e"]))
     c.procs.stop("route")
     if args.profile:
         import pstats
@@ -261,9 +250,12 @@ async def _measure_peer(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
     fresh = args.fresh_connections
     base = await load(c.urls, args.rate, args.seconds, args.prompt_len, seed=3, fresh=fresh)
     cpu0 = tree_cpu_seconds(peer.pid)
+    counts = SyscallCount(peer.pid) if args.syscalls else None
     via = await load([c.router_url(1)], args.rate, args.seconds, args.prompt_len, seed=4, fresh=fresh)
     cpu = tree_cpu_seconds(peer.pid) - cpu0
     _report("sglang-router (cache_aware)", base, via)
+    if counts is not None:
+        counts.report(len(via["e2e"]))
     return _cpu_line(cpu, via, args.seconds), _added_p50(base, via), via["achieved"], base["achieved"]
 
 

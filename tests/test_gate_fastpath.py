@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 from aiohttp import web
@@ -227,5 +228,29 @@ def test_a_client_that_leaves_cancels_its_handler_and_the_cap_holds():
         assert status == 503 and json.loads(body)["error"]["type"] == "ServiceUnavailableError"
         for b in busy:
             b.close()
+
+    _run(t)
+
+
+def test_a_request_byte_by_byte_and_a_body_past_its_content_length():
+    """One byte a TCP segment is still one request; bytes past the declared Content-Length are not
+    the body but the start of the next request: garbage there gets aiohttp's 400, not a 200."""
+
+    async def t():
+        r, w = await asyncio.open_connection("127.0.0.1", SERVED.port)
+        w.get_extra_info("socket").setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for b in _post(b"q" * 40, extra="X-Api-Key: k2\r\n"):
+            w.write(bytes([b]))
+            await w.drain()
+            await asyncio.sleep(0.001)
+        status, _, body = await _read_response(r)
+        assert status == 200 and json.loads(body) == {"by": "fast", "len": 40, "key": "k2"}
+        w.write(_post(b'{"a": 1}').replace(b"Length: 8", b"Length: 4") + b"\r\n\r\n")  # 4 declared, 8 sent
+        status, _, body = await _read_response(r)
+        assert status == 200 and json.loads(body)["len"] == 4
+        status, _, body = await _read_response(r)
+        assert status == 400
+        assert await r.read() == b""  # and the connection is closed
+        w.close()
 
     _run(t)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import aiohttp
 import msgspec
@@ -13,6 +14,8 @@ import zmq
 from aiohttp import web
 from zmqutil import RawPublisher, until
 
+from agentkv.events.poller import Delivery, EventPoller
+from agentkv.events.subscriber import ZmqEventSubscriber
 from agentkv.kv.events import BlockStored
 from agentkv.route.index import Match, TenantIndex
 from agentkv.route.workers import WorkerPool, WorkerSpec
@@ -220,3 +223,33 @@ def test_the_index_is_the_same_with_or_without_100k_token_ids_and_odd_ones_are_h
                     p.close()
 
     asyncio.run(main())
+
+
+def test_a_lone_batch_is_delivered_at_once_and_those_during_the_pause_in_one_wake():
+    """The poller pauses after a wake that delivered (fewer wakes at high rates), never before one:
+    the first batch comes on its own wake, the three sent during the pause together on the next."""
+    pub = RawPublisher()
+    sub = ZmqEventSubscriber(pub.endpoints[0])
+    got: list[tuple[float, list[int]]] = []
+    first = threading.Event()
+
+    def deliver(deliveries: list[Delivery]) -> None:
+        got.append((time.monotonic(), [r.seq for d in deliveries for r in d.batches]))
+        first.set()
+
+    poller = EventPoller(deliver, name="test-events", coalesce_s=0.3)
+    poller.add(sub, "w0", "worker 0")
+    payloads = [pub.batch(i, BlockStored(block_hashes=chain(i))) for i in range(4)]
+    try:
+        while not first.wait(0.05):  # until the subscription is up (a PUB drops what precedes it)
+            pub.send(0, payloads[0])
+        for i in (1, 2, 3):  # while the poller pauses
+            pub.send(i, payloads[i])
+        end = time.monotonic() + 5
+        while len(got) < 2 and time.monotonic() < end:
+            time.sleep(0.02)
+        assert [seqs for _, seqs in got[:2]] == [[0], [1, 2, 3]]
+        assert got[1][0] - got[0][0] >= 0.3 and poller.wakes == 2
+    finally:
+        poller.close()
+        pub.close()

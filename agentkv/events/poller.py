@@ -26,9 +26,11 @@ from agentkv.events.subscriber import WATCH_S, PendingReplay, Received, ZmqEvent
 log = logging.getLogger("agentkv.events")
 
 # after a wake that delivered, the thread waits this long before polling again, so the batches of
-# busy publishers come in fewer wakes (a wake costs ~50-100 us of CPU on loopback whatever it
-# brings); an event is applied at most this much later, well inside one engine step
-COALESCE_S = 0.005
+# busy publishers come in fewer wakes (a wake's poll, sleep and GIL hand-back cost ~150 us of CPU
+# on loopback whatever it brings: at 500 batches/s, 20 ms takes about half the CPU per batch of
+# 5 ms, benchmarks/event_thread.py); an event is applied at most this much later, about one
+# engine step; a quiet stream's lone batch at once (the pause follows a wake, never precedes one)
+COALESCE_S = 0.02
 MAX_READS = 256
 _EVENTS = zmq.EVENTS
 

@@ -93,10 +93,10 @@ async def forward(
     Retry if it failed before its first byte (from which on the request counts as `w`'s KV load):
     an error, a retryable status, no byte within --first-byte-timeout, or the worker taken out of
     rotation meanwhile."""
-    upstream, first = await _first_byte(router, w, path, payload, headers)
+    loop = router.loop or asyncio.get_running_loop()  # each lookup is a getpid() syscall on 3.11
+    upstream, first = await _first_byte(router, w, path, payload, headers, loop)
     try:
         load.first_byte()
-        loop = asyncio.get_running_loop()
         w.last_byte = loop.time()
         sink.begin(
             upstream.status, upstream.content_type, upstream.content_length, f"x-agentkv-worker: {w.slot}\r\n"
@@ -111,11 +111,13 @@ async def forward(
 
 
 async def _first_byte(
-    router: Router, w: Worker, path: str, payload: bytes, headers: bytes
+    router: Router, w: Worker, path: str, payload: bytes, headers: bytes, loop
 ) -> tuple[Response, bytes]:
     """The worker's response and its first bytes, or Retry."""
     limit = router.cfg.first_byte_timeout
-    deadline = asyncio.timeout(limit)
+    deadline = asyncio.Timeout(
+        None if limit is None else loop.time() + limit
+    )  # asyncio.timeout, less a loop lookup
     w.waiting.add(deadline)
     upstream = None
     try:

@@ -117,6 +117,7 @@ class Router:
         self.session: aiohttp.ClientSession | None = None  # health checks, scrapes, /v1/models
         self.upstream = Upstream(keepalive=4.0, connect_timeout=5.0)  # the proxied requests
         self.guard = None  # the listening site's ConnectionGuard (set by listen.py)
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop, once started
         self.in_flight = InFlight(cfg.max_streams_per_tenant)  # tenant -> requests in flight
         self.max_model_len = cfg.max_model_len or FALLBACK_MAX_MODEL_LEN
         self.max_model_len_known = bool(cfg.max_model_len)  # else learned from the workers
@@ -158,6 +159,7 @@ class Router:
         self.policy = self._make_policy()
 
     async def _startup(self, app: web.Application) -> None:
+        self.loop = asyncio.get_running_loop()
         # pooled connections are dropped after 4 s idle: before the workers' own keep-alive (uvicorn, vLLM
         # and agentkv serve: 5 s) closes them under a request sent at that moment
         connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=4, ttl_dns_cache=None)
