@@ -178,5 +178,6 @@ def compare(
                     except RuntimeError as e:
                         print(f"    Dynamo failed: {e}")
                 out.append((name, router, a, d))
-                print("    " + table(out[-1:])[1], flush=True)
+                lines = table(out[-1:])  # each row as it finishes: a stopped run keeps what it did
+                print("\n".join("    " + x for x in lines[len(out) > 1 :]), flush=True)
     return out

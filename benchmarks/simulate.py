@@ -24,7 +24,9 @@ and on the Claude Code traces converted to one Mooncake file; CPU seconds each s
 (issue #15's target: agentkv within 1.5x of Dynamo in every mode).
 
 Run: .venv/bin/python benchmarks/simulate.py [--only claude|mooncake|disagg|models|dynamo] [--models A,B]
-     [--routers kv_aware,round_robin] [--no-dynamo]
+     [--routers kv_aware,round_robin] [--no-dynamo] [--traces N]
+(a) and (d) also print the KV blocks allocated and evicted per simulated request and CPU per
+allocated block, which tell a run that simulates more block churn from one whose pool costs more.
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ from dynamo_compare import MODES, compare, table
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
-from agentkv.sim.cluster import SimConfig, SimResult, simulate
+from agentkv.sim.cluster import Cluster, SimConfig, SimResult, make_cluster
 from agentkv.trace.formats import load_paths
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("AGENTKV_SHARED", ROOT.parent / "shared"))
 WORKERS = 8
+LIMIT: int | None = None  # --traces: the first N traces only (quick comparisons)
 
 
 @dataclass(slots=True)
@@ -65,13 +68,25 @@ def loadavg() -> str:
     return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
-def timed_sim(paths: list[Path], cfg: SimConfig) -> tuple[SimResult, float, float, float, float]:
-    """Load and simulate; returns the result, load wall/CPU seconds and simulate wall/CPU seconds."""
+def timed_sim(paths: list[Path], cfg: SimConfig) -> tuple[SimResult, float, float, float, float, Cluster]:
+    """Load and simulate; the result, load wall/CPU seconds, simulate wall/CPU seconds, the cluster."""
     w0, c0 = time.perf_counter(), time.process_time()
-    traces = load_paths(paths)
+    traces = load_paths(paths)[:LIMIT]
     w1, c1 = time.perf_counter(), time.process_time()
-    res = simulate(traces, cfg)
-    return res, w1 - w0, c1 - c0, time.perf_counter() - w1, time.process_time() - c1
+    cluster = make_cluster(traces, cfg)
+    res = cluster.run()
+    return res, w1 - w0, c1 - c0, time.perf_counter() - w1, time.process_time() - c1, cluster
+
+
+def block_work(cluster: Cluster, requests: int, cpu_s: float) -> str:
+    """The KV blocks the replicas' pools allocated and evicted per simulated request, and CPU per
+    allocated block: tells a run that simulates more block churn from one whose pool costs more."""
+    alloc = sum(w.engine.pool.stats.allocated for w in cluster.workers)
+    evicted = sum(w.engine.pool.stats.evicted for w in cluster.workers)
+    return (
+        f"blocks per request: {alloc / requests:,.0f} allocated, {evicted / requests:,.0f} evicted; "
+        f"{cpu_s / max(alloc, 1) * 1e6:.2f} us CPU per allocated block"
+    )
 
 
 def ms(x: float | None) -> str:
@@ -88,7 +103,7 @@ def claude_code(router: str = "kv_aware") -> list[Row]:
         engine=EngineConfig(gpu="h200", model="llama3-8b"), workers=WORKERS, lanes=64, router=router
     )
     print(f"(a) {src}: 8x H200, Llama-3.1-8B, 64 lanes, {router}   load average before: {loadavg()}")
-    res, lw, lc, sw, sc = timed_sim([src], cfg)
+    res, lw, lc, sw, sc, cluster = timed_sim([src], cfg)
     s, n = res.summary, len(res.records)
     tin = sum(r.input_tokens for r in res.records)
     print(f"    {n:,} requests, {tin / 1e9:.2f} B input tokens; load {lw:.1f} s wall / {lc:.1f} s CPU")
@@ -101,6 +116,7 @@ def claude_code(router: str = "kv_aware") -> list[Row]:
         f"    hit rate {s.cache.reported:.1%} (ceiling {s.cache.ceiling:.1%}), TTFT p50/p99 "
         f"{ms(s.ttft.p50)}/{ms(s.ttft.p99)} ms, preemptions {s.preemptions:,}   load average after: {loadavg()}"
     )
+    print(f"    {block_work(cluster, n, sc)}")
     return [
         Row(
             f"agentkv, claude-code {router} (a)",
@@ -123,7 +139,7 @@ def claude_code_disagg() -> list[Row]:
     ecfg = EngineConfig(model="llama3-70b", tensor_parallel_size=4)
     cfg = SimConfig(engine=ecfg, lanes=256, system="gb300-nvl72", prefill_workers=8, decode_workers=10)
     print(f"(c) {src}: GB300 NVL72, Llama-3.1-70B, 8 prefill + 10 decode at tp 4 (72 GPUs), 256 lanes")
-    res, lw, lc, sw, sc = timed_sim([src], cfg)
+    res, lw, lc, sw, sc, _ = timed_sim([src], cfg)
     s, n, d = res.summary, len(res.records), res.summary.disagg
     print(f"    load {lw:.1f} s wall / {lc:.1f} s CPU; simulate: {sw:.1f} s wall, {sc:.1f} s CPU")
     print(
@@ -178,7 +194,7 @@ def model_families(names: list[str] | None) -> list[Row]:
     if not src.is_dir():
         print(f"(d) skipped: {src} not found (set AGENTKV_SHARED)")
         return []
-    traces = load_paths([src])
+    traces = load_paths([src])[:LIMIT]
     rows, base = [], None
     print(f"(d) {src}: model families on 8x H200, 64 lanes, kv_aware   load average: {loadavg()}")
     for name, tp, kv in MODELS:
@@ -187,7 +203,8 @@ def model_families(names: list[str] | None) -> list[Row]:
         eng = EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp, kv_cache_dtype=kv)
         cfg = SimConfig(engine=eng, workers=WORKERS // tp, lanes=64, router="kv_aware")
         w0, c0 = time.perf_counter(), time.process_time()
-        res = simulate(traces, cfg)
+        cluster = make_cluster(traces, cfg)
+        res = cluster.run()
         wall, cpu = time.perf_counter() - w0, time.process_time() - c0
         base = cpu if name == "Llama-3.1-8B" else base
         tokens = pool_tokens(Engine(eng))
@@ -199,6 +216,7 @@ def model_families(names: list[str] | None) -> list[Row]:
             f"{tokens / 1e3:,.0f}K tokens of 128K sequences per replica; {wall:.1f} s wall, {cpu:.1f} s CPU "
             f"({cpu / len(res.records) * 1e3:.2f} ms per request){vs}"
         )
+        print(f"      {block_work(cluster, len(res.records), cpu)}")
         rows.append(Row(f"{name}, claude-code (d)", len(res.records), wall, cpu, res.sim_s, s.cache.reported))
     return rows
 
@@ -247,7 +265,13 @@ def main() -> None:
         default=",".join(MODES),
         help="for --only dynamo: agentkv routers to compare, each beside its Dynamo mode (default all shared)",
     )
+    ap.add_argument(
+        "--traces", type=int, default=None, help="(a), (c), (d): the first N Claude Code traces only"
+    )
     args = ap.parse_args()
+    global LIMIT
+    LIMIT = args.traces
+    sys.stdout.reconfigure(line_buffering=True)  # piped to a file, each line still lands as it is printed
     print(f"{os.cpu_count()} CPUs, load average {loadavg()}; Python {sys.version.split()[0]}")
     rows: list[Row] = []
     if args.only in (None, "claude"):
