@@ -49,22 +49,26 @@ def test_the_queue_serves_first_tokens_made_together_one_after_another() -> None
 
 def test_a_target_that_serves_one_request_at_a_time_is_a_front_end_queue() -> None:
     """A server that caps concurrency at one and spends 30 ms on each request: n streams sent together
-    read their first tokens 30 ms apart, so the fit puts 30 ms per request (over its prompt tokens)
-    in the queue; the same server taking them all at once queues nothing."""
+    read their first tokens 30 ms apart and end 30 ms apart, so the fit puts 30 ms per request (over
+    its prompt tokens) in the queue, all of it before the engine; the same server taking them all at
+    once queues nothing."""
     slow = lambda body, n: Behaviour(ttft=0.03)  # noqa: E731
     serial = _curve(serial=True, behave=slow)
     assert set(serial["ttft_s"]) == {str(n) for n in CURVE_STREAMS} and serial["past"] == PAST
     assert all(len(v) == 2 for v in serial["ttft_s"].values())
-    got = fit_front_end(serial, lambda n: 0.0, 0.0, 1.0)
+    none = lambda n: (0.0, 0.0)  # noqa: E731 - no engine time
+    got, share = fit_front_end(serial, none, 0.0, 1.0)
     assert 0.6 * 0.03 / TOKENS < got < 2.0 * 0.03 / TOKENS, got * TOKENS
-    free = fit_front_end(_curve(behave=slow), lambda n: 0.0, 0.0, 1.0)
+    assert share > 0.7, share  # the ends queue as the first tokens do: all before the engine
+    free, _ = fit_front_end(_curve(behave=slow), none, 0.0, 1.0)
     assert free < 0.2 * 0.03 / TOKENS, free * TOKENS
-    # what the engine's longer step and the arrival queue explain is not the front end's
-    assert fit_front_end(serial, lambda n: 0.03 * n, 0.0, 1.0) < 0.2 * got
-    assert fit_front_end(serial, lambda n: 0.0, 0.06, 1.0) < 0.2 * got
-    assert (
-        fit_front_end({"past": PAST, "new": CURVE_NEW, "ttft_s": {"1": [0.1]}}, lambda n: 0.0, 0, 1) is None
-    )
+    # what the engine's longer steps and the arrival queue explain is not the front end's
+    assert fit_front_end(serial, lambda n: (0.03 * n, 0.03 * n), 0.0, 1.0)[0] < 0.2 * got
+    assert fit_front_end(serial, none, 0.06, 1.0)[0] < 0.2 * got
+    on_time = serial | {"e2e_s": {k: [1.0] * len(v) for k, v in serial["e2e_s"].items()}}
+    assert fit_front_end(on_time, none, 0.0, 1.0)[1] == 0.0  # ends on time: all after the engine
+    alone = {"past": PAST, "new": CURVE_NEW, "ttft_s": {"1": [0.1]}, "e2e_s": {"1": [0.2]}}
+    assert fit_front_end(alone, none, 0, 1) is None  # no round of two or more streams
 
 
 def test_a_stream_that_never_sends_a_first_token_is_a_probe_error() -> None:
@@ -95,7 +99,8 @@ def _calibrate(tmp_path: Path, behave) -> tuple[int, dict]:
 def test_calibrate_writes_the_curve_and_its_fit_into_the_profile(tmp_path: Path, capsys) -> None:
     rc, doc = _calibrate(tmp_path, lambda body, n: Behaviour())
     fit = doc["fit"]
-    assert rc == 0 and fit["overhead"]["front_end_token_s"] >= 0.0, fit["overhead"]
+    ov = fit["overhead"]
+    assert rc == 0 and ov["front_end_token_s"] >= 0.0 and 0.0 <= ov["front_end_before_engine"] <= 1.0, ov
     curve = fit["front_end_ttft_s"]
     assert curve["past"] == 2048 and all(len(curve["ttft_s"][str(n)]) >= 2 for n in CURVE_STREAMS)
     assert "front end under concurrency: " in capsys.readouterr().out

@@ -77,14 +77,16 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
     ov = ((prof.get("fit") or {}).get("overhead")) or {}
     keys = ("request_s", "prompt_token_s", "per_other_request_s", "first_token_s")  # absent (older): 0
     req_s, tok_s, other_s, lag = (0.0 if args.no_overhead else ov.get(k, 0.0) * scale for k in keys)
+    front = None if args.no_overhead or "front_end_token_s" not in ov else ov["front_end_token_s"] * scale
+    share = ov.get("front_end_before_engine", 0.0) if front is not None else 0.0
     # host time per prompt token is read after the engine's first token, not before the engine: the
-    # live vLLM runs' one-token answers trail vLLM's TTFT by it while 16-token streams end on time
-    delay = (req_s, 0.0, other_s)  # target seconds before the engine (replay's front end)
+    # live vLLM runs' one-token answers trail vLLM's TTFT by it while 16-token streams end on time;
+    # a profile with the front end's curve queues its share before the engine, the rest after
+    delay = (req_s, share * front if front else 0.0, other_s)  # target seconds before the engine
     items = trace_requests(run, traces)
     clocks = clock_offsets(run.records, one_server=bool(run.config.get("server")))
     pred = replay(ecfg, items, delay, bool(run.config.get("tenant_salts")), clocks)
-    front = None if args.no_overhead or "front_end_token_s" not in ov else ov["front_end_token_s"] * scale
-    after = _after_first_token(items, pred, tok_s, front)
+    after = _after_first_token(items, pred, tok_s, None if front is None else (1 - share) * front)
     rows = [row(r, pred[r.id], pred[r.id].arrival - r.sent, lag, after[r.id]) for r, _, _ in items]
     rows.sort(key=lambda x: x["id"])
     out = Path(args.out or run.path)
@@ -100,7 +102,12 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
         "profile_name": prof.get("name"),
         "engine": msgspec.to_builtins(ecfg),
         "overhead_s": {"request": req_s, "prompt_token": tok_s, "per_other_request": other_s}
-        | {"first_token": lag, "prompt_token_after_first_token": True, "front_end_token": front},
+        | {
+            "first_token": lag,
+            "prompt_token_after_first_token": True,
+            "front_end_token": front,
+            "front_end_before_engine": share,
+        },
         "failed_requests_skipped": run.failed,
         "cache_bust": run.config.get("cache_bust"),
         "arrivals": clocks.note,

@@ -250,7 +250,7 @@ def _finish(
                 "per_other_request_s": ov[2],
                 "first_token_s": lag[0],
             }
-            | ({} if front is None else {"front_end_token_s": front}),
+            | ({} if front is None else {"front_end_token_s": front[0], "front_end_before_engine": front[1]}),
             "first_token_ttft_s": lag[1],
             "front_end_ttft_s": lag[2] or {},
             "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
@@ -285,18 +285,28 @@ def _finish(
     return 0
 
 
-def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float) -> float | None:
-    """`fit_front_end` of the curve with the fitted engine (the step prefilling `n` of its prompts)."""
+def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float) -> tuple[float, float] | None:
+    """`fit_front_end` of the curve with the fitted engine: `n` of its prompts prefilled in one step,
+    then decoded together to the stream's end."""
     if not curve:
         return None
-    cm, past = t.cost(coeffs), curve["past"]
-    return fit_front_end(curve, lambda n: cm.step_time([(CURVE_NEW, past)] * n, []), request_s, t.time_scale)
+    cm, ctx = t.cost(coeffs), curve["past"] + CURVE_NEW
+
+    def engine_s(n: int) -> tuple[float, float]:
+        first = cm.step_time([(CURVE_NEW, curve["past"])] * n, [])
+        return first, first + (PILOT_OUT - 1) * cm.step_time([], [ctx + PILOT_OUT // 2] * n)
+
+    return fit_front_end(curve, engine_s, request_s, t.time_scale)
 
 
-def front_line(curve: dict, front: float | None) -> str:
+def front_line(curve: dict, front: tuple[float, float] | None) -> str:
     """calibrate's line on the front end's curve: the fitted queue time and the TTFTs it came from."""
     tt = " / ".join(f"{sum(v) / len(v) * 1e3:.1f}" if v else "-" for v in curve["ttft_s"].values())
-    fitted = "not fitted (fewer than two rounds)" if front is None else f"{front * 1e6:.2f} us a prompt token"
+    fitted = (
+        "not fitted (no round)"
+        if front is None
+        else f"{front[0] * 1e6:.2f} us a prompt token, {front[1]:.0%} of it before the engine"
+    )
     return (
         f"front end under concurrency: {fitted} ({'/'.join(curve['ttft_s'])} streams together: TTFT {tt} ms)"
     )
