@@ -26,6 +26,7 @@ from agentkv.units import parse_duration
 REQUEST_WALL_S = 0.02  # planning allowance per request for HTTP and scheduling
 FAST_STEP_WALL_S = 0.002  # decode steps shorter than this (wall) show the server's own CPU time
 ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the engine, per stream
+RESERVE_SHARE = 0.4  # of the budget, at most, kept apart for the first-token delay and the front end
 
 
 def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
@@ -170,8 +171,10 @@ async def calibrate(args: argparse.Namespace) -> int:
             error = f"warm-up: {e}"
         else:
             curve = FrontEndCurve(curve_past(max_len, bs))
-            # the first-token delay's and the front end's time, apart
-            end = deadline - lag_wall_s(speed, t.time_scale) - curve_wall_s(speed, t.time_scale, curve.past)
+            # the first-token delay's and the front end's time, apart: at most RESERVE_SHARE of the
+            # budget (a slow pilot on a loaded host once estimated all of it, leaving no probe)
+            keep = lag_wall_s(speed, t.time_scale) + curve_wall_s(speed, t.time_scale, curve.past)
+            end = deadline - min(keep, RESERVE_SHARE * budget)
             full = make_plan(max_len, bs, t.chunk, kv_tokens)
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
