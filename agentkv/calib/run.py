@@ -26,7 +26,7 @@ from agentkv.units import parse_duration
 REQUEST_WALL_S = 0.02  # planning allowance per request for HTTP and scheduling
 FAST_STEP_WALL_S = 0.002  # decode steps shorter than this (wall) show the server's own CPU time
 ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the engine, per stream
-RESERVE_SHARE = 0.4  # of the budget, at most, kept apart for the first-token delay and the front end
+CURVE_SHARE = 0.15  # of the budget, at most, kept apart for the front end's curve (`FrontEndCurve`)
 
 
 def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
@@ -171,10 +171,10 @@ async def calibrate(args: argparse.Namespace) -> int:
             error = f"warm-up: {e}"
         else:
             curve = FrontEndCurve(curve_past(max_len, bs))
-            # the first-token delay's and the front end's time, apart: at most RESERVE_SHARE of the
-            # budget (a slow pilot on a loaded host once estimated all of it, leaving no probe)
-            keep = lag_wall_s(speed, t.time_scale) + curve_wall_s(speed, t.time_scale, curve.past)
-            end = deadline - min(keep, RESERVE_SHARE * budget)
+            # the first-token delay's and the front end's time, apart; the curve's at most CURVE_SHARE
+            # of the budget (a slow pilot at load 27-44 estimated it past the whole budget: no probe)
+            keep = min(curve_wall_s(speed, t.time_scale, curve.past), CURVE_SHARE * budget)
+            end = deadline - lag_wall_s(speed, t.time_scale) - keep
             full = make_plan(max_len, bs, t.chunk, kv_tokens)
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
