@@ -174,7 +174,7 @@ async def calibrate(args: argparse.Namespace) -> int:
             # the first-token delay's and the front end's time, apart; the curve's at most CURVE_SHARE
             # of the budget (a slow pilot at load 27-44 estimated it past the whole budget: no probe)
             keep = min(curve_wall_s(speed, t.time_scale, curve.past), CURVE_SHARE * budget)
-            end = deadline - lag_wall_s(speed, t.time_scale) - keep
+            end = deadline - min(lag_wall_s(speed, t.time_scale) + keep, budget / 2)  # both: half at most
             full = make_plan(max_len, bs, t.chunk, kv_tokens)
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
