@@ -14,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import statistics
 
-from agentkv.calib.probes import PILOT_OUT, Prober
+from agentkv.calib.probes import Prober
 
 CURVE_STREAMS = (1, 2, 4)  # streams sent together, per round
 CURVE_ROUNDS = 3
 CURVE_NEW = 16  # fresh tokens after the cached prefix: one short prefill step for the engine
 CURVE_MAX_PAST = 4096
+CURVE_OUT = 4  # tokens asked: the stream's end comes after the first token, and few decode steps cost
 
 
 def curve_past(max_model_len: int, block_size: int) -> int:
@@ -41,7 +42,7 @@ def front_end_reads(firsts: list[tuple[object, float, int]], per_token_s: float)
 
 class FrontEndCurve:
     """Client TTFTs of `n` (CURVE_STREAMS) streams of a `past`-token cached prefix plus CURVE_NEW
-    fresh tokens each, sent together, one round of every `n` at a time (calibrate spreads the rounds
+    fresh tokens each (CURVE_OUT tokens asked), sent together, one round of every `n` at a time (calibrate spreads the rounds
     over its run, as `FirstTokenLag`'s pairs). Each round warms a fresh prefix once."""
 
     def __init__(self, past: int, rounds: int = CURVE_ROUNDS):
@@ -60,7 +61,7 @@ class FrontEndCurve:
         await prober._send(pre, 1)
         for n in CURVE_STREAMS:
             res = await asyncio.gather(
-                *(prober._send(pre + prober._ids(CURVE_NEW), PILOT_OUT) for _ in range(n))
+                *(prober._send(pre + prober._ids(CURVE_NEW), CURVE_OUT) for _ in range(n))
             )
             self.ttft[n].append(statistics.fmean(prober._first_token_s(r) for r in res))
             self.e2e[n].append(statistics.fmean(r.token_times[-1] - r.sent for r in res))
@@ -70,7 +71,7 @@ class FrontEndCurve:
         return {
             "past": self.past,
             "new": CURVE_NEW,
-            "out": PILOT_OUT,
+            "out": CURVE_OUT,
             "ttft_s": {str(n): v for n, v in self.ttft.items()},
             "e2e_s": {str(n): v for n, v in self.e2e.items()},
         }

@@ -10,6 +10,7 @@ from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
 from agentkv.calib.frontend import (
     CURVE_NEW,
+    CURVE_OUT,
     CURVE_ROUNDS,
     CURVE_STREAMS,
     FrontEndCurve,
@@ -38,8 +39,8 @@ def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
 
 def curve_wall_s(speed: tuple[float, float], time_scale: float, past: int) -> float:
     """Planning estimate of the front end's curve's wall seconds (`FrontEndCurve`): each round warms
-    a `past`-token prefix and sends each group of streams (one short prefill, PILOT_OUT tokens)."""
-    group = speed[0] * CURVE_NEW / PILOT_NEW + (PILOT_OUT - 1) * speed[1]
+    a `past`-token prefix and sends each group of streams (one short prefill, CURVE_OUT tokens)."""
+    group = speed[0] * CURVE_NEW / PILOT_NEW + (CURVE_OUT - 1) * speed[1]
     once = (speed[0] * past / PILOT_NEW + len(CURVE_STREAMS) * group) / time_scale
     return CURVE_ROUNDS * (once + (1 + sum(CURVE_STREAMS)) * REQUEST_WALL_S)
 
@@ -297,7 +298,8 @@ def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float) -> tu
 
     def engine_s(n: int) -> tuple[float, float]:
         first = cm.step_time([(CURVE_NEW, curve["past"])] * n, [])
-        return first, first + (PILOT_OUT - 1) * cm.step_time([], [ctx + PILOT_OUT // 2] * n)
+        out = curve.get("out", CURVE_OUT)
+        return first, first + (out - 1) * cm.step_time([], [ctx + out // 2] * n)
 
     return fit_front_end(curve, engine_s, request_s, t.time_scale)
 
