@@ -109,7 +109,7 @@ def test_calibrate_writes_the_curve_and_its_fit_into_the_profile(tmp_path: Path,
 def test_a_curve_stream_without_a_first_token_ends_calibrate_with_the_probes_kept(
     tmp_path: Path, capsys
 ) -> None:
-    """The curve's streams (the longest prompts, 4 tokens asked) end without a token: one error
+    """The curve's streams (the longest prompts, 16 tokens asked) end without a token: one error
     naming the front end, the probes finished before it in the profile."""
     cut = lambda body, n: Behaviour(reset_after=0 if len(body["prompt"]) == 2048 + CURVE_NEW else None)  # noqa: E731
     rc, doc = _calibrate(tmp_path, cut)
