@@ -58,7 +58,7 @@ def test_calibrate_writes_the_delay_into_the_profile(tmp_path: Path, capsys) -> 
     url = asyncio.run_coroutine_threadsafe(srv.start(), loop).result(10)
     out = tmp_path / "p.json"
     try:
-        rc = main(["calibrate", "--target", url, "--out", str(out), "--budget", "2s", "--gpu", "h100"])
+        rc = main(["calibrate", "--target", url, "--out", str(out), "--budget", "3s", "--gpu", "h100"])
     finally:
         asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)

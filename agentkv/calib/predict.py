@@ -13,6 +13,7 @@ from pathlib import Path
 import msgspec
 
 from agentkv.calib.accuracy import FIGURES, accuracy, row
+from agentkv.calib.frontend import front_end_reads
 from agentkv.calib.replay import clock_offsets, load_run, replay, trace_requests
 from agentkv.engine.config import EngineConfig
 from agentkv.errors import UserError
@@ -76,13 +77,17 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
     ov = ((prof.get("fit") or {}).get("overhead")) or {}
     keys = ("request_s", "prompt_token_s", "per_other_request_s", "first_token_s")  # absent (older): 0
     req_s, tok_s, other_s, lag = (0.0 if args.no_overhead else ov.get(k, 0.0) * scale for k in keys)
+    front = None if args.no_overhead or "front_end_token_s" not in ov else ov["front_end_token_s"] * scale
+    share = ov.get("front_end_before_engine", 0.0) if front is not None else 0.0
     # host time per prompt token is read after the engine's first token, not before the engine: the
-    # live vLLM runs' one-token answers trail vLLM's TTFT by it while 16-token streams end on time
-    delay = (req_s, 0.0, other_s)  # target seconds before the engine (replay's front end)
+    # live vLLM runs' one-token answers trail vLLM's TTFT by it while 16-token streams end on time;
+    # a profile with the front end's curve queues its share before the engine, the rest after
+    delay = (req_s, share * front if front else 0.0, other_s)  # target seconds before the engine
     items = trace_requests(run, traces)
     clocks = clock_offsets(run.records, one_server=bool(run.config.get("server")))
     pred = replay(ecfg, items, delay, bool(run.config.get("tenant_salts")), clocks)
-    rows = [row(r, pred[r.id], pred[r.id].arrival - r.sent, lag, tok_s * r.input_tokens) for r, _, _ in items]
+    after = _after_first_token(items, pred, tok_s, None if front is None else (1 - share) * front)
+    rows = [row(r, pred[r.id], pred[r.id].arrival - r.sent, lag, after[r.id]) for r, _, _ in items]
     rows.sort(key=lambda x: x["id"])
     out = Path(args.out or run.path)
     out.mkdir(parents=True, exist_ok=True)
@@ -97,7 +102,12 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
         "profile_name": prof.get("name"),
         "engine": msgspec.to_builtins(ecfg),
         "overhead_s": {"request": req_s, "prompt_token": tok_s, "per_other_request": other_s}
-        | {"first_token": lag, "prompt_token_after_first_token": True},
+        | {
+            "first_token": lag,
+            "prompt_token_after_first_token": True,
+            "front_end_token": front,
+            "front_end_before_engine": share,
+        },
         "failed_requests_skipped": run.failed,
         "cache_bust": run.config.get("cache_bust"),
         "arrivals": clocks.note,
@@ -109,6 +119,18 @@ def predict_run(args: argparse.Namespace, traces) -> dict:
 
         extra["report"] = str(rerender_report(out, doc))  # the run's report gains the errors' panel
     return doc | extra
+
+
+def _after_first_token(items, pred: dict, tok_s: float, front: float | None) -> dict[int, float]:
+    """Record id -> host time between the engine's first token and the client's reading of it: the
+    profile's per-prompt-token time, each request alone (a profile without `front_end_token_s`), or
+    through one front end's queue at that rate (`frontend.front_end_reads`: first tokens made
+    together wait for each other); 0 on agentkv serve's engine clock, whose stamps are the engine's."""
+    client = [r for r, _, _ in items if r.clock != "engine"]
+    if front is None:
+        return {r.id: tok_s * r.input_tokens for r, _, _ in items}
+    reads = front_end_reads([(r.id, pred[r.id].first_token, r.input_tokens) for r in client], front)
+    return {r.id: reads[r.id] - pred[r.id].first_token if r.id in reads else 0.0 for r, _, _ in items}
 
 
 def print_prediction(doc: dict) -> None:

@@ -221,10 +221,12 @@ async def run_plan(
     on_sample: Callable[[str, int, int], None],
     deadline: float,
     lag: FirstTokenLag | None = None,
+    extras: tuple = (),
 ) -> str | None:
     """Sample the probes in rounds until `deadline` (time.monotonic()): each round one sample of every
-    probe that wants more (`samples`), then one pair of `lag` while it wants more (its time extends
-    the deadline: calibrate reserves it apart). Each probe's samples so spread over the whole run and
+    probe that wants more (`samples`), then one pair of `lag` and one round of each of `extras`
+    (`frontend.FrontEndCurve`) while they want more (their time extends the deadline: calibrate
+    reserves it apart). Each probe's samples so spread over the whole run and
     all probes meet the same mix of a busy host's fast and slow moments (back to back, one probe's
     samples saw one moment: one-stream decode probes ranged 2.6-14.6 ms from probe to probe). The
     tiny pair (`plan.tiny_pair`) is sampled interleaved. Every probe is settled with the samples it
@@ -243,10 +245,11 @@ async def run_plan(
                 await prober.sample(p, partner.get(id(p)))
                 done += 1
                 on_sample(label, done, total)
-            if lag is not None and not lag.done:
-                t0, label = time.monotonic(), "first-token delay"
-                await lag.pair(prober)
-                deadline += time.monotonic() - t0
+            for extra, what in ((lag, "first-token delay"), *((x, "front end") for x in extras)):
+                if extra is not None and not extra.done:
+                    t0, label = time.monotonic(), what
+                    await extra.pair(prober)
+                    deadline += time.monotonic() - t0
     except UserError as e:
         return f"{label}: {e}"
     finally:

@@ -13,7 +13,14 @@ from pathlib import Path
 from agentkv.calib.fit import Target
 from agentkv.calib.plan import Probe
 
-FIT_KEYS = ("overhead", "mape_pct", "stderr_pct", "not_identifiable", "first_token_ttft_s")
+FIT_KEYS = (
+    "overhead",
+    "mape_pct",
+    "stderr_pct",
+    "not_identifiable",
+    "first_token_ttft_s",
+    "front_end_ttft_s",
+)
 
 
 def profile_doc(

@@ -8,6 +8,15 @@ import time
 
 from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
+from agentkv.calib.frontend import (
+    CURVE_NEW,
+    CURVE_OUT,
+    CURVE_ROUNDS,
+    CURVE_STREAMS,
+    FrontEndCurve,
+    curve_past,
+    fit_front_end,
+)
 from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
 from agentkv.calib.probes import LAG_PAIRS, PILOT_NEW, PILOT_OUT, FirstTokenLag, Prober, pilot, run_plan
@@ -18,6 +27,7 @@ from agentkv.units import parse_duration
 REQUEST_WALL_S = 0.02  # planning allowance per request for HTTP and scheduling
 FAST_STEP_WALL_S = 0.002  # decode steps shorter than this (wall) show the server's own CPU time
 ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the engine, per stream
+CURVE_SHARE = 0.15  # of the budget, at most, kept apart for the front end's curve (`FrontEndCurve`)
 
 
 def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
@@ -25,6 +35,14 @@ def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
     (TTFT, decode step) in engine seconds: the budget keeps this much for it apart from the probes."""
     once = (2 * speed[0] + (PILOT_OUT - 1) * speed[1]) / time_scale + 2 * REQUEST_WALL_S
     return LAG_PAIRS * once
+
+
+def curve_wall_s(speed: tuple[float, float], time_scale: float, past: int) -> float:
+    """Planning estimate of the front end's curve's wall seconds (`FrontEndCurve`): each round warms
+    a `past`-token prefix and sends each group of streams (one short prefill, CURVE_OUT tokens)."""
+    group = speed[0] * CURVE_NEW / PILOT_NEW + (CURVE_OUT - 1) * speed[1]
+    once = (speed[0] * past / PILOT_NEW + len(CURVE_STREAMS) * group) / time_scale
+    return CURVE_ROUNDS * (once + (1 + sum(CURVE_STREAMS)) * REQUEST_WALL_S)
 
 
 def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.Target, int, int, int | None]:
@@ -147,38 +165,56 @@ async def calibrate(args: argparse.Namespace) -> int:
         t, max_len, bs, kv_tokens = target_of(args, card, info)
         prober = Prober(client, ids[0], bs, t.time_scale)
         plan: list[Probe] = []
-        lag: tuple[float, dict] = (0.0, {})
+        lag: tuple = (0.0, {}, None)  # delay, its samples, the front end's curve
         try:
             speed = await pilot(prober)
         except UserError as e:
             error = f"warm-up: {e}"
         else:
-            end = deadline - lag_wall_s(speed, t.time_scale)  # the first-token delay's time, apart
+            curve = FrontEndCurve(curve_past(max_len, bs))
+            # the first-token delay's and the front end's time, apart; the curve's at most CURVE_SHARE
+            # of the budget (a slow pilot at load 27-44 estimated it past the whole budget: no probe)
+            keep = min(curve_wall_s(speed, t.time_scale, curve.past), CURVE_SHARE * budget)
+            end = deadline - min(lag_wall_s(speed, t.time_scale) + keep, budget / 2)  # both: half at most
             full = make_plan(max_len, bs, t.chunk, kv_tokens)
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
                 slow = slowdown(t, speed)
                 est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
-            delay = FirstTokenLag()  # a pair after each round of the probes, the rest after them
-            error = await _run_with_bar(prober, plan, args, end, delay)
-            if error is None:
-                try:  # within the budget, but at least two pairs (a host slower than the pilot said)
-                    while not delay.done and (len(delay.ttft[1]) < 2 or time.monotonic() < deadline):
-                        await delay.pair(prober)
-                except UserError as e:
-                    error = f"first-token delay: {e}"
-            lag = delay.result()
+            delay = FirstTokenLag()  # a pair (a round) after each round of the probes, the rest after
+            error = await _run_with_bar(prober, plan, args, end, delay, curve)
+            error = error or await _finish_extras(prober, deadline, delay, curve)
+            lag = (*delay.result(), curve.result())
     server = {"model": card, "server_info": info}
     return _finish(args, client.base, ids[0], t, server, plan, error, lag)
 
 
+async def _finish_extras(
+    prober: Prober, deadline: float, delay: FirstTokenLag, curve: FrontEndCurve
+) -> str | None:
+    """The first-token delay's pairs and the front end's rounds the probes' rounds left, within the
+    budget but at least two of each (a host slower than the pilot said); the failure's message."""
+    for what, x, got in (("first-token delay", delay, delay.ttft[1]), ("front end", curve, curve.ttft[1])):
+        try:
+            while not x.done and (len(got) < 2 or time.monotonic() < deadline):
+                await x.pair(prober)
+        except UserError as e:
+            return f"{what}: {e}"
+    return None
+
+
 async def _run_with_bar(
-    prober: Prober, plan: list[Probe], args: argparse.Namespace, deadline: float, lag: FirstTokenLag
+    prober: Prober,
+    plan: list[Probe],
+    args: argparse.Namespace,
+    deadline: float,
+    lag: FirstTokenLag,
+    curve: FrontEndCurve,
 ) -> str | None:
     """`run_plan`, with a progress bar of the samples on a terminal (not with -q)."""
     if args.quiet or not sys.stderr.isatty():
-        return await run_plan(prober, plan, args.repeats, lambda *_: None, deadline, lag)
+        return await run_plan(prober, plan, args.repeats, lambda *_: None, deadline, lag, (curve,))
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -197,6 +233,7 @@ async def _run_with_bar(
             lambda label, done, total: bar.update(task, completed=done, total=total, description=label),
             deadline,
             lag,
+            (curve,),
         )
 
 
@@ -208,6 +245,7 @@ def _finish(
     if len(done) >= 3:
         f = fit_all(t, done)
         ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
+        front = _front(t, f.coeffs, lag[2], ov[0])
         fitted = {
             "coefficients": f.coeffs.to_dict(),
             "overhead": {
@@ -215,8 +253,10 @@ def _finish(
                 "prompt_token_s": ov[1],
                 "per_other_request_s": ov[2],
                 "first_token_s": lag[0],
-            },
+            }
+            | ({} if front is None else {"front_end_token_s": front[0], "front_end_before_engine": front[1]}),
             "first_token_ttft_s": lag[1],
+            "front_end_ttft_s": lag[2] or {},
             "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
             "stderr_pct": f.stderr_pct,
             "not_identifiable": f.not_identifiable,
@@ -239,9 +279,39 @@ def _finish(
         fams = ", ".join(f"{k} {v:.1f}%" for k, v in fitted["mape_pct"].items())
         print(f"calibrated {model_id} as {t.gpu}/{t.model} tp={t.tp}: {len(done)} probes, MAPE {fams}")
         print(f"first token of a continuing stream: {lag[0] * 1e3:.1f} ms later than of a one-token one")
+        if lag[2]:
+            print(front_line(lag[2], front))
         for name, why in fitted["not_identifiable"].items():
             print(f"not identifiable on this target: {name}: {why}")
         print(f"wrote {args.out}")
     if error:
         raise UserError(f"{error} ({len(done)} finished probes written to {args.out})")
     return 0
+
+
+def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float) -> tuple[float, float] | None:
+    """`fit_front_end` of the curve with the fitted engine: `n` of its prompts prefilled in one step,
+    then decoded together to the stream's end."""
+    if not curve:
+        return None
+    cm, ctx = t.cost(coeffs), curve["past"] + CURVE_NEW
+
+    def engine_s(n: int) -> tuple[float, float]:
+        first = cm.step_time([(CURVE_NEW, curve["past"])] * n, [])
+        out = curve.get("out", CURVE_OUT)
+        return first, first + (out - 1) * cm.step_time([], [ctx + out // 2] * n)
+
+    return fit_front_end(curve, engine_s, request_s, t.time_scale)
+
+
+def front_line(curve: dict, front: tuple[float, float] | None) -> str:
+    """calibrate's line on the front end's curve: the fitted queue time and the TTFTs it came from."""
+    tt = " / ".join(f"{sum(v) / len(v) * 1e3:.1f}" if v else "-" for v in curve["ttft_s"].values())
+    fitted = (
+        "not fitted (no round)"
+        if front is None
+        else f"{front[0] * 1e6:.2f} us a prompt token, {front[1]:.0%} of it before the engine"
+    )
+    return (
+        f"front end under concurrency: {fitted} ({'/'.join(curve['ttft_s'])} streams together: TTFT {tt} ms)"
+    )

@@ -120,14 +120,16 @@ def test_calibrated_profile_predicts_shared_traces(main_server, vllm_env, shared
         json.dumps(json.loads(prof.read_text()) | {"coefficients": load_coefficients().to_dict()})
     )
     bad = _predict(run, wrong, traces, tmp_path / "w", "--no-overhead")
-    lag = fit["overhead"]["first_token_s"] * 1e3
+    lag, ov = fit["overhead"]["first_token_s"] * 1e3, fit["overhead"]
+    front = f"{ov.get('front_end_token_s', 0) * 1e6:.2f} us/token, {ov.get('front_end_before_engine', 0):.0%} before"
     figures["predict (calibrated)"] = (
-        f"fit MAPE {fit['mape_pct']}; first-token delay {lag:.1f} ms; " + _figures(doc)
+        f"fit MAPE {fit['mape_pct']}; first-token delay {lag:.1f} ms; front end {front}; " + _figures(doc)
     )
     figures["predict (bundled H200 coefficients)"] = _figures(bad)
     figures["vLLM's own means (ms)"] = f"{view}; client and predicted: {_means(rows)}"
 
     assert loaded and fit["overhead"]["per_other_request_s"] >= 0.0  # host time under traffic, measured
+    assert ov["front_end_token_s"] >= 0.0  # the front end under concurrency, measured
     assert doc["requests"] == 32 and doc["failed_requests_skipped"] == 0
     assert abs(doc["hit_rate"]["diff_points"]) < 1.0  # one prefix-cache model: the same hits
     assert abs(doc["throughput"]["diff_pct"]) < 10.0
