@@ -13,7 +13,7 @@ from pathlib import Path
 from agentkv.calib.fit import Target
 from agentkv.calib.plan import Probe
 
-FIT_KEYS = ("overhead", "mape_pct", "stderr_pct", "not_identifiable", "first_token_ttft_s")
+FIT_KEYS = ("overhead", "mape_pct", "stderr_pct", "not_identifiable", "weights", "first_token_ttft_s")
 
 
 def profile_doc(
@@ -26,7 +26,8 @@ def profile_doc(
     error: str | None,
 ) -> dict:
     """The profile as a JSON-ready dict; `fitted`: {'coefficients', 'overhead', 'mape_pct', 'stderr_pct',
-    'not_identifiable', 'first_token_ttft_s' (the first-token delay's samples, optional)} or None."""
+    'not_identifiable', 'weights' (probes weighed less, their samples scattering), 'first_token_ttft_s'
+    (the first-token delay's samples, optional)} or None."""
     done = [asdict(p) for p in probes if p.measured_s is not None]
     doc = {
         "about": "agentkv calibrate: black-box probes of an OpenAI-compatible engine, fitted to the "
