@@ -23,10 +23,9 @@ STRONG = ("gemm_eff", "attn_past_eff", "stream_gbps")
 FIXTURES = Path(__file__).parent / "fixtures" / "calib"
 
 
-def _sampled(seed: int, small_host_s: float = 0.0) -> list[Probe]:
+def _sampled(seed: int) -> list[Probe]:
     """The 32K plan timed by the true model, `samples` per probe: 0.2 ms x Exp(1) of host delay on
-    each prefill sample, `small_host_s` x Exp(1) more on prefills of up to 256 new tokens (a busy
-    host's delay, as large as those steps), 0.5% x N(0, 1) on decode steps."""
+    each prefill sample, 0.5% x N(0, 1) on each decode step."""
     rng = np.random.default_rng(seed)
     cm = QWEN.cost(TRUE)
     probes = make_plan(32768, 16, 8192, kv_tokens=400_000)
@@ -35,8 +34,7 @@ def _sampled(seed: int, small_host_s: float = 0.0) -> list[Probe]:
         if p.family == "decode":
             p.samples_s = [v * (1 + 0.005 * rng.normal()) for _ in range(3)]
         elif p.family in F.FITTED:
-            extra = small_host_s if p.new <= 256 else 0.0
-            p.samples_s = [v + (2e-4 + extra) * rng.exponential() for _ in range(samples(p, 3))]
+            p.samples_s = [v + 2e-4 * rng.exponential() for _ in range(samples(p, 3))]
         p.settle()
     return probes
 
