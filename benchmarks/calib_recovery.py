@@ -189,6 +189,8 @@ def report(doc: dict) -> dict[str, float]:
         f"overhead: {ov['request_s'] * 1e3:.2f} ms per request, {ov['prompt_token_s'] * 1e6:.3f} us per token"
     )
     print("fit MAPE %:", ", ".join(f"{k} {v:.1f}" for k, v in doc["fit"]["mape_pct"].items()))
+    low = doc["fit"].get("weights", {})
+    print(f"weighed less ({len(low)}):", ", ".join(f"{k} {v:.2f}" for k, v in low.items()) or "none")
     t = F.Target(**doc["modelled_as"])
     true_cm, fit_cm = t.cost(true_coeffs()), t.cost(fitted)
     oh = (ov["request_s"], ov["prompt_token_s"])
@@ -215,7 +217,7 @@ def refit(doc: dict) -> dict:
     f = fit_all(t, probes)
     ov = {"request_s": f.overhead[0], "prompt_token_s": f.overhead[1]}
     fit = {"overhead": ov, "mape_pct": F.errors(t, probes, f.coeffs, f.overhead)}
-    fit |= {"stderr_pct": f.stderr_pct, "not_identifiable": f.not_identifiable}
+    fit |= {"stderr_pct": f.stderr_pct, "not_identifiable": f.not_identifiable, "weights": F.weights(probes)}
     return doc | {"coefficients": f.coeffs.to_dict(), "probes": [asdict(p) for p in probes], "fit": fit}
 
 

@@ -84,6 +84,30 @@ def _coeffs(x, base: CostCoefficients, names: tuple[str, ...] = tuple(FREE)) -> 
     return replace(base, **vals)
 
 
+# a probe's samples that agree to this (the standard error of their median, in log) weigh fully; one
+# whose samples scatter more weighs in proportion less: on a busy host a 16-token prefill's samples
+# spread 100-1,000% (host delay as large as the step) while a decode step's agree to 1-2%, and the
+# former must not outvote the latter (docs/cost-model.md: the fit that put `stream_gbps` at +1,259%)
+SPREAD_REF = 0.02
+
+
+def weight(p: Probe) -> float:
+    """The probe's weight in the fit: min(1, SPREAD_REF / the standard error of its median in log),
+    from the spread (median absolute deviation) of its samples; 1 with fewer than 3 samples."""
+    if len(p.samples_s) < 3 or min(p.samples_s) <= 0:
+        return 1.0
+    logs = np.log(p.samples_s)
+    mad = float(np.median(np.abs(logs - np.median(logs)))) * 1.4826
+    se = 1.253 * mad / np.sqrt(len(logs))
+    return min(1.0, SPREAD_REF / se) if se > 0 else 1.0
+
+
+def weights(probes: list[Probe]) -> dict[str, float]:
+    """label: weight of each fitted probe the fit weighed less than fully (`weight`), for the profile."""
+    out = {p.label(): round(float(weight(p)), 3) for p in probes if p.measured_s and p.family in FITTED}
+    return {k: v for k, v in out.items() if v < 1.0}
+
+
 # a host hiccup (a late wake-up, a GC pause) can add tens of ms to one probe even after the least of
 # its samples: residuals beyond ~5% (in log) weigh linearly, not quadratically (soft L1)
 ROBUST_SCALE = 0.05
@@ -120,12 +144,13 @@ def fit(
     base = fixed or load_coefficients()
     pts = [p for p in probes if p.measured_s and p.family in FITTED]
     meas = np.array([p.measured_s for p in pts])
+    w = np.array([weight(p) for p in pts])
     src = start.to_dict() if start else {n: v[0] for n, v in FREE.items()}
 
     def residuals(x):
         cm = t.cost(_coeffs(x, base, names))
         ov = (x[-2] / 1e3, x[-1] / 1e6)
-        return np.log(np.array([predict(cm, t, p, ov) for p in pts]) / meas)
+        return w * np.log(np.array([predict(cm, t, p, ov) for p in pts]) / meas)
 
     oh = list(OVERHEAD.values())
     lo = [np.log(WIDE[n][0]) for n in names] + [v[1] for v in oh]

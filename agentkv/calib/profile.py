@@ -18,6 +18,7 @@ FIT_KEYS = (
     "mape_pct",
     "stderr_pct",
     "not_identifiable",
+    "weights",
     "first_token_ttft_s",
     "front_end_ttft_s",
 )
@@ -33,7 +34,8 @@ def profile_doc(
     error: str | None,
 ) -> dict:
     """The profile as a JSON-ready dict; `fitted`: {'coefficients', 'overhead', 'mape_pct', 'stderr_pct',
-    'not_identifiable', 'first_token_ttft_s' (the first-token delay's samples, optional)} or None."""
+    'not_identifiable', 'weights' (probes weighed less, their samples scattering), 'first_token_ttft_s'
+    (the first-token delay's samples, optional), 'front_end_ttft_s' (the front end's curve, optional)} or None."""
     done = [asdict(p) for p in probes if p.measured_s is not None]
     doc = {
         "about": "agentkv calibrate: black-box probes of an OpenAI-compatible engine, fitted to the "

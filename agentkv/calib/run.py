@@ -260,6 +260,7 @@ def _finish(
             "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
             "stderr_pct": f.stderr_pct,
             "not_identifiable": f.not_identifiable,
+            "weights": fitmod.weights(done),
         }
     doc = profile_doc(f"{model_id}@{base}", base, t, server, plan, fitted, error)
     write_profile(args.out, doc)
