@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 from pathlib import Path
 
 import pytest
@@ -17,9 +16,10 @@ from agentkv.calib.accuracy import row
 from agentkv.calib.bench_predict import predict_bench_run
 from agentkv.calib.probes import LAG_PAIRS, ProbeError, Prober, first_token_lag
 from agentkv.calib.replay import replay
-from agentkv.cli import build_parser, main
+from agentkv.cli import build_parser
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.cost import load_coefficients
+from tests.test_calib_front_end import calibrate_against
 from tests.test_calib_loaded import _items
 
 
@@ -48,21 +48,12 @@ def test_calibrate_measures_the_first_token_delay_of_a_continuing_stream() -> No
 def test_calibrate_writes_the_delay_into_the_profile(tmp_path: Path, capsys) -> None:
     """`agentkv calibrate` against a loopback server whose streams of more than one token start 40 ms
     late: the profile's overhead holds the delay, its samples beside it, and the terminal says it."""
-    srv = StreamTestServer(
-        model="llama3-8b",
-        max_model_len=8192,
-        behave=lambda body, n: Behaviour(ttft=0.04 if body["max_tokens"] > 1 else 0.0),
-    )
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    url = asyncio.run_coroutine_threadsafe(srv.start(), loop).result(10)
-    out = tmp_path / "p.json"
-    try:
-        rc = main(["calibrate", "--target", url, "--out", str(out), "--budget", "3s", "--gpu", "h100"])
-    finally:
-        asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-    fit = json.loads(out.read_text())["fit"]
+
+    def late(body, n):
+        return Behaviour(ttft=0.04 if body["max_tokens"] > 1 else 0.0)
+
+    rc, doc = calibrate_against(tmp_path, late, max_model_len=8192, budget="3s")
+    fit = doc["fit"]
     assert rc == 0 and 0.025 < fit["overhead"]["first_token_s"] < 0.3, fit["overhead"]
     assert len(fit["first_token_ttft_s"]["continuing"]) == LAG_PAIRS
     assert "first token of a continuing stream: " in capsys.readouterr().out

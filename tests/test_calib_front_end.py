@@ -80,16 +80,18 @@ def test_a_stream_that_never_sends_a_first_token_is_a_probe_error() -> None:
         _curve(rounds=1, behave=empty)
 
 
-def _calibrate(tmp_path: Path, behave) -> tuple[int, dict]:
-    """`agentkv calibrate --budget 2s` against a loopback server answering as `behave` says: (the
+def calibrate_against(
+    tmp_path: Path, behave, max_model_len: int = 4096, budget: str = "2s"
+) -> tuple[int, dict]:
+    """`agentkv calibrate --budget BUDGET` against a loopback server answering as `behave` says: (the
     exit code, the profile)."""
-    srv = StreamTestServer(model="llama3-8b", max_model_len=4096, behave=behave)
+    srv = StreamTestServer(model="llama3-8b", max_model_len=max_model_len, behave=behave)
     loop = asyncio.new_event_loop()
     threading.Thread(target=loop.run_forever, daemon=True).start()
     url = asyncio.run_coroutine_threadsafe(srv.start(), loop).result(10)
     out = tmp_path / "p.json"
     try:
-        rc = main(["calibrate", "--target", url, "--out", str(out), "--budget", "2s", "--gpu", "h100"])
+        rc = main(["calibrate", "--target", url, "--out", str(out), "--budget", budget, "--gpu", "h100"])
     finally:
         asyncio.run_coroutine_threadsafe(srv.stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
@@ -97,7 +99,7 @@ def _calibrate(tmp_path: Path, behave) -> tuple[int, dict]:
 
 
 def test_calibrate_writes_the_curve_and_its_fit_into_the_profile(tmp_path: Path, capsys) -> None:
-    rc, doc = _calibrate(tmp_path, lambda body, n: Behaviour())
+    rc, doc = calibrate_against(tmp_path, lambda body, n: Behaviour())
     fit = doc["fit"]
     ov = fit["overhead"]
     assert rc == 0 and ov["front_end_token_s"] >= 0.0 and 0.0 <= ov["front_end_before_engine"] <= 1.0, ov
@@ -112,7 +114,7 @@ def test_a_curve_stream_without_a_first_token_ends_calibrate_with_the_probes_kep
     """The curve's streams (the longest prompts, 16 tokens asked) end without a token: one error
     naming the front end, the probes finished before it in the profile."""
     cut = lambda body, n: Behaviour(reset_after=0 if len(body["prompt"]) == 2048 + CURVE_NEW else None)  # noqa: E731
-    rc, doc = _calibrate(tmp_path, cut)
+    rc, doc = calibrate_against(tmp_path, cut)
     last = capsys.readouterr().err.strip().splitlines()[-1]  # before it: the plan's size, notes
     assert rc == 2 and last.startswith("agentkv: error: front end: ") and "finished probes written" in last
     assert doc["error"].startswith("front end: ") and len(doc["probes"]) >= 3
