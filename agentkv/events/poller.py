@@ -26,11 +26,12 @@ from agentkv.events.subscriber import WATCH_S, PendingReplay, Received, ZmqEvent
 log = logging.getLogger("agentkv.events")
 
 # after a wake that delivered, the thread waits this long before polling again, so the batches of
-# busy publishers come in fewer wakes (a wake's poll, sleep and GIL hand-back cost ~150 us of CPU
-# on loopback whatever it brings: at 500 batches/s, 20 ms takes about half the CPU per batch of
-# 5 ms, benchmarks/event_thread.py); an event is applied at most this much later, about one
-# engine step; a quiet stream's lone batch at once (the pause follows a wake, never precedes one)
-COALESCE_S = 0.02
+# busy publishers come in fewer wakes (a wake costs ~150 us of CPU on loopback whatever it brings);
+# an event is applied at most this much later. 20 ms halved the thread's CPU per batch at 500
+# batches/s (benchmarks/event_thread.py) but a turn sent within it after its previous turn's events
+# was routed without them: tests/test_routing_quality.py failed 6 of 7 runs at 20 ms, 1 of 5 at
+# 10 ms, 0 of 7 at 5 ms (docs/scale-out.md). A quiet stream's lone batch comes at once.
+COALESCE_S = 0.005
 MAX_READS = 256
 _EVENTS = zmq.EVENTS
 
