@@ -57,7 +57,8 @@ def structural_se(j: np.ndarray) -> np.ndarray:
     norm = np.linalg.norm(j, axis=0)
     ok = norm > 1e-12
     u, s, vt = np.linalg.svd(j[:, ok] / norm[ok], full_matrices=False)
-    inv = np.where(s > 1e-9 * s.max(), 1.0 / np.maximum(s, 1e-300) ** 2, 1e30)
+    # the floor squared must stay a normal float (1e-300 squared underflowed to 0: a divide-by-zero warning)
+    inv = np.where(s > 1e-9 * s.max(), 1.0 / np.maximum(s, 1e-150) ** 2, 1e30)
     var = (vt.T**2) @ inv
     out = np.full(j.shape[1], np.inf)
     out[ok] = np.sqrt(var) / norm[ok] * SIGMA_REF * 100
