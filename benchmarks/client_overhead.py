@@ -31,6 +31,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from proccpu import cpu_seconds  # noqa: E402  (benchmarks/proccpu.py, beside this script)
 
 TOKEN = b'data: {"id":"c","object":"text_completion","choices":[{"index":0,"text":" t","finish_reason":null}]}\n\n'
 DONE_TAIL = (
@@ -165,12 +166,6 @@ def _traces(streams: int, turns: int, tokens: int):
         )
         for i in range(streams)
     ]
-
-
-def proc_cpu(pid: int) -> float:
-    """CPU seconds (user + system) a process has used so far, from /proc."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def reference_loop() -> float:
@@ -375,9 +370,9 @@ def main() -> None:
         )
         runs = [(c, lp) for _ in range(a.rounds) for c in a.client.split(",") for lp in a.loops.split(",")]
         for client, loop in runs:  # A, B, A, B: drift in the host's load falls on both alike
-            s0 = proc_cpu(srv.pid)
+            s0 = cpu_seconds(srv.pid)
             r = run_ours(url, a.streams, a.turns, a.tokens, loop, client)
-            server_cores = (proc_cpu(srv.pid) - s0) / r["wall"]
+            server_cores = (cpu_seconds(srv.pid) - s0) / r["wall"]
             print(
                 f"agentkv bench ({r['client']}, {r['loop']}): {r['tok_s']:,.0f} output tokens/s, "
                 f"{r['tokens']:,} tokens each timestamped, {r['requests']:,} requests ({r['failed']} failed), "

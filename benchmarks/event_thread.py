@@ -21,7 +21,8 @@ import os
 import pstats
 import threading
 import time
-from pathlib import Path
+
+from proccpu import cpu_seconds  # benchmarks/proccpu.py
 
 from agentkv.events.poller import COALESCE_S
 from agentkv.events.publisher import ZmqEventPublisher
@@ -32,8 +33,7 @@ from agentkv.route.workers import WorkerPool, WorkerSpec
 
 
 def thread_cpu(tid: int) -> float:
-    fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return cpu_seconds(os.getpid(), f"/proc/self/task/{tid}/stat")
 
 
 def publish(pubs: list[ZmqEventPublisher], rate: float, seconds: float, tokens: int) -> int:

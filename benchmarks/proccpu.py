@@ -9,8 +9,6 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
-from cluster import descendants  # tests/cluster.py (benchmarks/router.py puts tests/ on sys.path)
-
 # the syscalls --syscalls counts (perf's tracepoints; the rest are summed as "other")
 SYSCALLS = (
     "epoll_wait",
@@ -56,6 +54,8 @@ def thread_cpu_seconds(pid: int) -> Counter[str]:
 
 def tree_cpu_seconds(pid: int) -> float:
     """`cpu_seconds` of `pid` and its live descendants (`--processes` children, parser processes)."""
+    from cluster import descendants  # tests/cluster.py (benchmarks/router.py puts tests/ on sys.path)
+
     total = 0.0
     for p in [pid, *descendants(pid)]:
         try:
