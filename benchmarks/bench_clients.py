@@ -25,7 +25,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from client_overhead import _traces, proc_cpu, start_server  # noqa: E402
+from client_overhead import _traces, start_server  # noqa: E402
+from proccpu import cpu_seconds  # noqa: E402
 
 
 def _cpu() -> float:
@@ -80,14 +81,14 @@ def main() -> None:
     try:
         for _ in range(a.rounds):
             for n in (1, a.clients):
-                s0 = proc_cpu(srv.pid)
+                s0 = cpu_seconds(srv.pid)
                 r = run(url, n, a)
                 best[n] = max(best.get(n, 0.0), r["tok_s"])
                 print(
                     f"--clients {n}: {r['tok_s']:,.0f} output tokens/s over {r['span']:.2f} s "
                     f"({r['tokens']:,} tokens, {r['requests']:,} requests, {r['failed']} failed; "
                     f"{r['wall']:.1f} s with start-up), clients {r['cpu']:.2f} CPU s (start-up included), server "
-                    f"{(proc_cpu(srv.pid) - s0) / r['span']:.2f} cores, load average {os.getloadavg()[0]:.1f}",
+                    f"{(cpu_seconds(srv.pid) - s0) / r['span']:.2f} cores, load average {os.getloadavg()[0]:.1f}",
                     flush=True,
                 )
     finally:
