@@ -110,3 +110,58 @@ def test_hybrid_hint_with_stale_blocks_in_the_middle_equals_plain_lookup():
             pool.free(rid)
         pool.check_invariants()
     assert past_a_failure > 0  # the prefix did run on past failed hint blocks
+
+
+class _SeenGets(dict):
+    """A hash map that records the hashes looked up through `get`."""
+
+    def __init__(self, d):
+        super().__init__(d)
+        self.seen: list[int] = []
+
+    def get(self, key, default=None):
+        self.seen.append(key)
+        return super().get(key, default)
+
+
+def test_hybrid_hint_resolves_a_recomputed_copy_without_the_map_and_falls_back_once_it_is_gone():
+    """A fully cached prompt recomputes its last block (a copy, unhashed); the next turn's hint holds
+    that copy: the lookup finds the cached original without a map lookup for its hash, and gives the
+    plain answer, also after the original was evicted and the prompt cached again elsewhere."""
+    from agentkv.kv.groups import GroupSpec, HybridPool
+
+    rng = random.Random(5)
+    pool = HybridPool([GroupSpec("full", 2), GroupSpec("sliding", 3, window=32)], 200, 16)  # 40 blocks
+    chain = [rng.getrandbits(63) for _ in range(10)]
+
+    def run(rid, hashes, tokens):
+        got = pool.get_computed_blocks(hashes, tokens)
+        assert pool.allocate_slots(PoolRequest(rid, hashes), tokens - got.hit * 16, got.hit * 16, got)
+        table = pool.block_table(rid).copy()
+        pool.free(rid)
+        return table
+
+    first = run("r1", chain, 160)
+    copy = run("r2", chain, 160)  # hit of 9 blocks: block 9 is recomputed, a copy of first[9]
+    assert copy[9] != first[9] and list(copy[:9]) == list(first[:9])
+    longer = chain + [rng.getrandbits(63) for _ in range(3)]
+    arr = np.asarray(longer, dtype=np.uint64)
+
+    def check(hint):
+        plain = pool.get_computed_blocks(longer, len(longer) * 16, count=False)
+        pool.cached_maps[0] = seen = _SeenGets(pool.cached_maps[0])
+        hinted = pool.get_computed_blocks(longer, len(longer) * 16, count=False, hint=hint, hash_array=arr)
+        pool.cached_maps[0] = dict(seen)
+        assert list(hinted.blocks) == list(plain.blocks)
+        pool.check_invariants()
+        return plain, seen.seen
+
+    plain, seen = check(copy)
+    assert list(plain.blocks) == list(first) and chain[9] not in seen  # the copy resolved in bulk
+    run("r3", [rng.getrandbits(63) for _ in range(40)], 640)  # evicts every cached block of the chain
+    assert check(copy)[0].hit == 0
+    again = run("r4", chain, 160)
+    plain, _ = check(copy)  # the old hint's copy and original are stale now: the map answers
+    assert list(plain.blocks) == list(again)
+    bad = np.asarray([-1, 10**6 % 40, 39, -1, 0, 1, 2, 3, 4, 5], dtype=np.int64)  # nulls, others' ids
+    check(bad)

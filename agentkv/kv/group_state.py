@@ -14,6 +14,7 @@ from agentkv.kv import group_rules as R
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.kv.group_lru import ByteLRU
 from agentkv.kv.interface import KVRequest
+from agentkv.kv.invariants import check_groups
 
 NULL = -1
 EMPTY = np.zeros(0, dtype=np.int64)
@@ -35,8 +36,11 @@ class GroupBlocks:
         self.bgroup = np.zeros(n, dtype=np.int16)
         self.hashed_blk = np.zeros(n, dtype=bool)
         self.bhash = np.empty(n, dtype=object)  # block -> its hash (an int) while the block is cached
-        self.bh64 = np.zeros(n, dtype=np.uint64)  # the same as uint64, for bulk hint checks
+        self.bh64 = np.zeros(n, dtype=np.uint64)  # group 0's as uint64 while cached, else 0 (hint checks)
         self.mirror = True  # off once a hash does not fit in uint64
+        # group 0: a recomputed copy -> the block that held its hash when it was made (maybe stale:
+        # read only through the mirror's check, so a hint's copies resolve without a map lookup)
+        self.alias = np.full(n, NULL, dtype=np.int64)
         self._ids = np.arange(n - 1, -1, -1, dtype=np.int64)  # free block ids, a stack (top at the end)
         self._n_ids = n
         self.bcost = np.zeros(n, dtype=np.int64)
@@ -243,7 +247,10 @@ class GroupBlocks:
         bl = seg.tolist()
         got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
         if got != bl:  # a hash cached already: this copy stays unhashed
-            ok = np.fromiter(got, np.int64, len(got)) == seg
+            first = np.fromiter(got, np.int64, len(got))
+            ok = first == seg
+            if g == 0:
+                self.alias[seg[~ok]] = first[~ok]
             hs, seg, whole = list(compress(hs, ok.tolist())), seg[ok], False
             bl, h64 = seg.tolist(), None if h64 is None else h64[ok]
         self.hashed[rid][g] = full
@@ -355,6 +362,7 @@ class GroupBlocks:
         self.evictable_bytes -= freed
         self.empty_bytes += freed
         self.hashed_blk[victims] = False
+        self.bh64[victims] = 0
         bh, groups = self.bhash, self.bgroup[victims]
         for g in np.flatnonzero(np.bincount(groups)).tolist():  # the groups present, in order (no sort)
             vg = victims[groups == g] if len(self.specs) > 1 else victims
@@ -373,27 +381,4 @@ class GroupBlocks:
 
     def check_invariants(self) -> None:
         """Bytes add up, the LRU holds exactly the unreferenced cached blocks, maps and tables agree."""
-        held = np.zeros_like(self.ref)
-        for tables in self.tables.values():
-            for t in tables:
-                for b in t.tolist():
-                    if b != NULL:
-                        held[b] += 1
-        assert (held == self.ref).all(), "reference counts differ from the block tables"
-        used = sum(self.block_cost(b) for b in np.flatnonzero(self.ref > 0).tolist())
-        lru_blocks = self.lru.blocks()
-        assert len(lru_blocks) == len(self.lru), "the LRU's count is off"
-        lru = sum(self.block_cost(b) for b in lru_blocks)
-        assert lru == self.evictable_bytes, "evictable bytes differ from the LRU"
-        assert used + lru + self.empty_bytes == self.capacity, "bytes do not add up to the capacity"
-        for b in lru_blocks:
-            assert self.ref[b] == 0 and self.hashed_blk[b], f"block {b} in the LRU is held or unhashed"
-        for g, d in enumerate(self.cached_maps):
-            for h, b in d.items():
-                assert self.bhash[b] == h and self.hashed_blk[b] and self.bgroup[b] == g, (
-                    f"group {g}: hash {h} maps to block {b}"
-                )
-        free = self._ids[: self._n_ids].tolist()
-        assert len(set(free)) == len(free), "a block id is free twice"
-        live = set(np.flatnonzero(self.ref > 0).tolist()) | set(lru_blocks)
-        assert not live & set(free), "a held or cached block id is also free"
+        check_groups(self)

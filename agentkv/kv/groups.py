@@ -169,21 +169,30 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
             return gallop(get, block_hashes, limit)
         m = min(len(hint), limit, len(hash_array))
         hb = hint[:m]
-        ok = (hb >= 0) & self.hashed_blk[hb] & (self.bgroup[hb] == 0) & (self.bh64[hb] == hash_array[:m])
+        h64 = hash_array[:m]  # a block's mirror is nonzero only while group 0's map gives it that hash
+        ok = (hb >= 0) & (self.bh64[hb] == h64) & (h64 != 0)
         if not ok.all():  # past a failed block the hint may hold most of the rest (a recomputed
-            hb, k = self._patch_hint(hb, ok, block_hashes)  # copy of a cached block is unhashed)
+            hb, k = self._patch_hint(hb, ok, block_hashes, h64)  # copy is unhashed)
             if k < m:
                 return hb
         rest = gallop(get, block_hashes, limit, m)
         return hb if not rest else np.concatenate((hb, np.asarray(rest, dtype=np.int64)))
 
-    def _patch_hint(self, hb: np.ndarray, ok: np.ndarray, block_hashes) -> tuple[np.ndarray, int]:
-        """The hint's blocks with those that failed the check looked up in the map instead, up to the
-        first hash not cached: (the blocks, how many). Only the failed ones cost a lookup."""
+    def _patch_hint(self, hb: np.ndarray, ok: np.ndarray, block_hashes, hash_array) -> tuple[np.ndarray, int]:
+        """The hint's blocks with those that failed the check replaced by the block their recomputed
+        copy aliases, where that one passes it, else looked up in the map, up to the first hash not
+        cached: (the blocks, how many). Only the failed ones without a live alias cost a lookup."""
         bad = np.flatnonzero(~ok)
+        hb = hb.copy()
+        cand = self.alias[hb[bad]]
+        h64 = hash_array[bad]
+        live = (hb[bad] >= 0) & (cand >= 0) & (self.bh64[np.maximum(cand, 0)] == h64) & (h64 != 0)
+        if live.any():  # a live alias holds the hash in group 0: the map's answer, without the map
+            hb[bad[live]] = cand[live]
+            bad = bad[~live]
         found = gallop(self.cached_maps[0].get, [block_hashes[i] for i in bad.tolist()], len(bad))
         end = int(bad[len(found)]) if len(found) < len(bad) else len(hb)
-        out = hb[:end].copy()
+        out = hb[:end]
         out[bad[: len(found)]] = found
         return out, end
 
