@@ -183,3 +183,23 @@ def test_a_lookup_made_before_the_pool_changed_is_not_reused():
     _drain(w)
     w.add_request("late", max_tokens=4, prompt_len=len(hashes) * BS, block_hashes=hashes)
     assert w.active_prefill_blocks() == 50  # counted against the cache as it is now, not at routing
+
+
+def _tiered(offload_gib: float) -> SimWorker:
+    cfg = EngineConfig(num_gpu_blocks_override=700, max_model_len=20_000, kv_offloading_size=offload_gib)
+    return SimWorker(0, Engine(cfg))
+
+
+@pytest.mark.parametrize("offload", [64.0, 0.0])
+def test_a_cpu_tier_hit_is_a_load_not_prefill_work(offload):
+    w = _tiered(offload)
+    prefix = _hashes(500)
+    _queue(w, prefix)
+    _drain(w)
+    _queue(w, _hashes(500))  # another tree takes the empty blocks and ~300 of the prefix's
+    _drain(w)
+    gpu, lower = w.engine.cached_prefix(prefix)
+    assert 150 < gpu < 250 and gpu + lower == (500 if offload else gpu)
+    _queue(w, prefix + _hashes(20))  # the next turn: 20 new blocks, the rest cached (GPU or CPU)
+    # with the tier, its ~300 CPU blocks are copied up, not computed; without it they are gone
+    assert w.active_prefill_blocks() == (20 if offload else 20 + 500 - gpu)
