@@ -63,7 +63,8 @@ def test_decode_pool_prices_workers_with_the_given_weights(sample):
     pending = _hashes(100)  # a prompt queued on the empty worker, not yet prefilled: its queue
     bs = q.ecfg.block_size
     q.decode_workers[1].add_request("queued", max_tokens=4, prompt_len=100 * bs, block_hashes=pending)
-    assert q.decode_policy.costs(req, q.decode_workers) == [2.0 * 4 + held, 2.0 * (68 + 0.5 * 100)]
+    # the queue counts at most half the request's 68 blocks (KV_QUEUE_CAP)
+    assert q.decode_policy.costs(req, q.decode_workers) == [2.0 * 4 + held, 2.0 * (68 + 0.5 * 34)]
     assert all(w.track_prefill for w in q.decode_workers)
 
 

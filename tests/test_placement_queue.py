@@ -56,8 +56,10 @@ def test_a_long_prefill_queue_loses_a_new_tree_to_an_idle_worker():
     assert [policy.choose(new, workers) for _ in range(3)] == [1, 1, 1]  # whatever the tie rotation
     blind = KvAware(queue_weight=0.0)  # the old cost: the queue holds no KV, so it is invisible
     assert blind.costs(new, workers)[0] == blind.costs(new, workers)[1]
-    costs = KvAware(weight=2.0, queue_weight=0.5).costs(new, workers)
+    costs = KvAware(weight=2.0, queue_weight=0.5, queue_cap=float("inf")).costs(new, workers)
     assert costs[0] - costs[1] == 2.0 * 0.5 * 2000  # weight x queue_weight x active prefill blocks
+    costs = KvAware(weight=2.0, queue_weight=0.5).costs(new, workers)
+    assert costs[0] - costs[1] == 2.0 * 0.5 * 30  # capped at half the request's 60 blocks
 
 
 class _NoQueue(SimWorker):
@@ -76,19 +78,52 @@ def test_at_queue_weight_0_no_worker_is_asked_for_its_queue():
         KvAware(queue_weight=1.0).costs(new, workers)
 
 
-def test_a_cached_prefix_beats_a_short_queue_but_not_a_long_one():
-    home, other = workers = _workers()
-    prefix = _hashes(400)  # 6,400 tokens the tree's last turn left cached on `home`
-    _queue(home, prefix)
-    _drain(home)
-    new = _req(prefix + _hashes(20))
-    _queue(home, _hashes(8))  # a short queue: 128 tokens to prefill
+def _home_with(cached: int) -> tuple[list[SimWorker], list[int]]:
+    """Two workers, the first caching the `cached`-block prefix a tree's last turn left there."""
+    workers = _workers()
+    _queue(workers[0], prefix := _hashes(cached))
+    _drain(workers[0])
+    return workers, prefix
+
+
+def test_a_turn_with_most_of_its_prompt_cached_stays_behind_any_queue():
+    workers, tree = _home_with(400)  # 6,400 tokens of its 420-block prompt cached on the first
+    home, other = workers
+    new = _req(tree + _hashes(20))
     policy = KvAware()
+    _queue(home, _hashes(8))  # a short queue (128 tokens): the prefix wins, as it always did
     assert policy.choose(new, workers) == 0
-    for _ in range(2):
-        _queue(home, _hashes(250))  # 8,000 more tokens ahead of it: more than its 6,400 cached
-    assert policy.choose(new, workers) == 1
+    for _ in range(8):
+        _queue(home, _hashes(250))  # 32,000 more tokens ahead of it, five times its cached prefix
+    assert home.active_prefill_blocks() > 5 * 400 and other.active_prefill_blocks() == 0
+    # a queue counts at most half the prompt (210 blocks), less than the 400 it would recompute
+    assert [policy.choose(new, workers) for _ in range(3)] == [0, 0, 0]
+    # Dynamo's uncapped sum moves it, recomputing the 400 blocks on the other worker
+    assert KvAware(queue_cap=float("inf")).choose(new, workers) == 1
     assert KvAware(queue_weight=0.0).choose(new, workers) == 0  # blind to the queue, it stays
+
+
+def test_a_turn_with_a_short_prefix_leaves_a_long_queue():
+    workers, tree = _home_with(100)  # 1,600 tokens of its 420-block prompt cached on the first
+    home, other = workers
+    new = _req(tree + _hashes(320))
+    policy = KvAware()
+    _queue(home, _hashes(50))  # 50 blocks queued, less than the 100 cached: it stays
+    assert policy.choose(new, workers) == 0
+    for _ in range(4):
+        _queue(home, _hashes(250))  # 16,000 tokens ahead: capped at 210 blocks, over the 100 cached
+    assert [policy.choose(new, workers) for _ in range(3)] == [1, 1, 1]
+
+
+def test_queues_deeper_than_half_the_prompt_look_alike_and_the_prefix_decides():
+    workers, tree = _home_with(100)
+    home, other = workers
+    new = _req(tree + _hashes(320))
+    for w, n in ((home, 8), (other, 2)):  # both far beyond 210 blocks, home four times deeper
+        for _ in range(n):
+            _queue(w, _hashes(500))
+    assert KvAware().choose(new, workers) == 0
+    assert KvAware(queue_cap=float("inf")).choose(new, workers) == 1
 
 
 def test_active_prefill_shrinks_as_chunks_run_and_ends_at_the_first_token():
@@ -183,3 +218,23 @@ def test_a_lookup_made_before_the_pool_changed_is_not_reused():
     _drain(w)
     w.add_request("late", max_tokens=4, prompt_len=len(hashes) * BS, block_hashes=hashes)
     assert w.active_prefill_blocks() == 50  # counted against the cache as it is now, not at routing
+
+
+def _tiered(offload_gib: float) -> SimWorker:
+    cfg = EngineConfig(num_gpu_blocks_override=700, max_model_len=20_000, kv_offloading_size=offload_gib)
+    return SimWorker(0, Engine(cfg))
+
+
+@pytest.mark.parametrize("offload", [64.0, 0.0])
+def test_a_cpu_tier_hit_is_a_load_not_prefill_work(offload):
+    w = _tiered(offload)
+    prefix = _hashes(500)
+    _queue(w, prefix)
+    _drain(w)
+    _queue(w, _hashes(500))  # another tree takes the empty blocks and ~300 of the prefix's
+    _drain(w)
+    gpu, lower = w.engine.cached_prefix(prefix)
+    assert 150 < gpu < 250 and gpu + lower == (500 if offload else gpu)
+    _queue(w, prefix + _hashes(20))  # the next turn: 20 new blocks, the rest cached (GPU or CPU)
+    # with the tier, its ~300 CPU blocks are copied up, not computed; without it they are gone
+    assert w.active_prefill_blocks() == (20 if offload else 20 + 500 - gpu)

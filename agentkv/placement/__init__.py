@@ -13,6 +13,10 @@ KV_WEIGHT = 16.0  # kv_aware's default price of a block to prefill, in blocks of
 # has not come), relative to a block of this request's own; 1 as in Dynamo (simulate's default),
 # 0 leaves queues unseen (route's default: docs/route.md, "Policy")
 KV_QUEUE_WEIGHT = 1.0
+# kv_aware counts a worker's active prefill up to this many times the request's own blocks: deeper
+# queues all look alike (busy), so queues place new work but never outweigh a prefix of over half
+# the prompt (inf: Dynamo's uncapped sum; docs/simulate.md, "Beside Dynamo in each router mode")
+KV_QUEUE_CAP = 0.5
 
 
 def check_kv_weights(kv_weight: float, kv_queue_weight: float, pool: str = "") -> None:

@@ -2,8 +2,8 @@
 
 A policy sees each worker through `WorkerView` (its load and what it caches for this request)
 and picks one. kv_aware follows Dynamo's KV router: cost = weight x (blocks still to prefill +
-the worker's active prefill blocks) + its active blocks, lowest wins (ties rotate, so idle workers
-share the load).
+the worker's active prefill blocks, capped) + its active blocks, lowest wins (ties rotate, so idle
+workers share the load).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from agentkv.errors import UserError
-from agentkv.placement import KV_QUEUE_WEIGHT, KV_WEIGHT, POLICIES
+from agentkv.placement import KV_QUEUE_CAP, KV_QUEUE_WEIGHT, KV_WEIGHT, POLICIES
 
 
 @dataclass(slots=True)
@@ -98,12 +98,16 @@ class SessionAffinity(Policy):
 
 
 class KvAware(Policy):
-    """cost_i = weight x (blocks to prefill on i + queue_weight x i's active prefill blocks) + active
-    blocks on i; lower-tier hits earn `tier_credit`.
+    """cost_i = weight x (blocks to prefill on i + queue_weight x min(i's active prefill blocks,
+    queue_cap x this request's blocks)) + active blocks on i; lower-tier hits earn `tier_credit`.
 
     Active prefill is Dynamo's active prefill tokens: the uncached prompt blocks of requests routed
     to i that have no first token yet (its prefill queue). Dynamo weighs them as this request's own
     (queue_weight 1); without them a prefill-bound worker's queue is invisible and trees pile on it.
+    Dynamo sums them uncapped (queue_cap inf); then, once every worker is overloaded, a queue gap
+    larger than a tree's cached prefix moves the tree and recomputes the prefix elsewhere, which
+    only adds work. Capped at half the prompt (default), queues deeper than that look alike: they
+    still steer new trees and short prefixes, never a turn with over half its prompt cached.
 
     `weight` defaults to 16: a prefill block costs an order of magnitude more than a block of
     decode load once contexts are long, and a miss also copies the prefix into a second cache.
@@ -123,6 +127,7 @@ class KvAware(Policy):
         weight: float = KV_WEIGHT,
         queue_weight: float = KV_QUEUE_WEIGHT,
         tier_credit: float = 0.5,
+        queue_cap: float = KV_QUEUE_CAP,
         temperature: float = 0.0,
         affinity: float = 0.0,
         overload: float = 2.0,
@@ -130,7 +135,7 @@ class KvAware(Policy):
         max_sessions: int = 1 << 17,
     ):
         self.weight, self.tier_credit, self.temperature = weight, tier_credit, temperature
-        self.queue_weight = queue_weight
+        self.queue_weight, self.queue_cap = queue_weight, queue_cap
         self.affinity, self.overload, self.slack, self.max_sessions = affinity, overload, slack, max_sessions
         self._rng = random.Random(seed)
         self._rot = 0
@@ -141,11 +146,16 @@ class KvAware(Policy):
         out = []
         for w in workers:
             gpu, lower = w.cached_prefix(req.block_hashes)
-            prefill = total - gpu - self.tier_credit * lower
-            if self.queue_weight:
-                prefill += self.queue_weight * w.active_prefill_blocks()
+            prefill = total - gpu - self.tier_credit * lower + self._queue(total, w)
             out.append(self.weight * prefill + w.active_blocks())
         return out
+
+    def _queue(self, total: int, w: WorkerView) -> float:
+        """The worker's queue term: queue_weight x its active prefill, at most queue_cap x this
+        request's blocks (0 at queue weight 0, without asking the worker)."""
+        if not self.queue_weight:
+            return 0.0
+        return self.queue_weight * min(w.active_prefill_blocks(), self.queue_cap * total)
 
     def choose(self, req, workers):
         costs = self.costs(req, workers)

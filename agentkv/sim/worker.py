@@ -33,20 +33,22 @@ class SimWorker:
         # requests routed here without a first token yet, with their uncached prompt tokens at routing
         self.prefilling: list[tuple[EngineRequest, int]] = []
         self.track_prefill = True  # False where no policy asks `active_prefill_blocks` (no lookup then)
-        # (hashes, pool counters, GPU blocks) of the last cached_prefix, for add_request's reuse
+        # (hashes, pool counters, (GPU, lower-tier) blocks) of the last cached_prefix, for add_request
         self._last_lookup: tuple | None = None
 
     def idle(self) -> bool:
         return self.pending is None and self.burst is None and not self.starting
 
     def add_request(self, request_id: str, **kw) -> EngineRequest:
-        """Queue a request on the engine and count its uncached prompt as active prefill here."""
+        """Queue a request on the engine and count the prompt it will compute as active prefill here:
+        not its GPU hit, nor its arrived KV, nor its lower-tier hit (loaded over PCIe, not recomputed)."""
         req = self.engine.add_request(request_id, **kw)
         if not self.track_prefill:
             return req
-        gpu = self._gpu_prefix(req.block_hashes) * self.engine.config.block_size
+        gpu, lower = self._prefix(req.block_hashes)
+        have = max((gpu + lower) * self.engine.config.block_size, req.external_tokens)
         self.active_prefill_blocks()  # drops the prefilled (no policy may ask: keep the list short)
-        self.prefilling.append((req, req.prompt_len - max(gpu, req.external_tokens)))
+        self.prefilling.append((req, max(0, req.prompt_len - have)))
         return req
 
     def active_requests(self) -> int:
@@ -70,16 +72,16 @@ class SimWorker:
         """The engine's answer, kept for `add_request`: the router's lookup of the worker it then
         picks is not repeated (kv_aware looks up every worker just before queueing on one)."""
         found = self.engine.cached_prefix(block_hashes)
-        self._last_lookup = (block_hashes, self._pool_version(), found[0])
+        self._last_lookup = (block_hashes, self._pool_version(), found)
         return found
 
-    def _gpu_prefix(self, block_hashes: Sequence[int]) -> int:
-        """GPU blocks cached of this prompt: the router's lookup when it was of these very hashes
-        and the pool has stored, evicted and allocated nothing since; else a fresh lookup."""
+    def _prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
+        """(GPU, lower-tier) blocks cached of this prompt: the router's lookup when it was of these
+        very hashes and the pool has stored, evicted and allocated nothing since; else a fresh one."""
         last, self._last_lookup = self._last_lookup, None
         if last is not None and last[0] is block_hashes and last[1] == self._pool_version():
             return last[2]
-        return self.engine.cached_prefix(block_hashes)[0]
+        return self.engine.cached_prefix(block_hashes)
 
     def _pool_version(self) -> tuple[int, int, int]:
         """Counters that move whenever the GPU prefix cache can change (a block cached, evicted or handed out)."""
