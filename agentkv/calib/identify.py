@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from agentkv.calib.fit import FITTED, WIDE, Fit, Target, fit, predict
+from agentkv.calib.fit import FITTED, NAMES, WIDE, Fit, Target, fit, predict
 from agentkv.calib.pair import setup_from_pair
 from agentkv.calib.plan import Probe
 from agentkv.engine.calibrate import FREE
@@ -27,6 +27,7 @@ STEP = 0.01  # relative change for the numerical derivatives
 # keep the defaults when the fit with them is at most this much worse (root mean square of log errors)
 RMS_SLACK = (1.05, 0.001)
 FLOOR = ("launch_floor_s", "floor_k")
+ROOF = "copy_gbps"  # the copy roof, which calibrate frees too (fit.NAMES; `catalogue_roof`)
 # the launch floor's profile: refitted fixed at these multiples of its fitted value (`floor_profile`);
 # the whole lower range, as a floor under every probed layer's time leaves no trace the others cannot take
 PROFILE = (1 + LIMIT_PCT / 100, 1 / (1 + LIMIT_PCT / 100), 0.5, 0.25, 0.1)
@@ -35,14 +36,18 @@ RISE = 4.0
 
 
 def jacobian(
-    t: Target, probes: list[Probe], c: CostCoefficients, overhead: tuple[float, float]
+    t: Target,
+    probes: list[Probe],
+    c: CostCoefficients,
+    overhead: tuple[float, float],
+    names: tuple[str, ...] = tuple(FREE),
 ) -> np.ndarray:
-    """d log(predicted) / d log(coefficient) for FREE, then d log(predicted) / d overhead (per request
-    and per token, in units of 1 ms and 1 us), one row per fitted probe."""
+    """d log(predicted) / d log(coefficient) for `names`, then d log(predicted) / d overhead (per
+    request and per token, in units of 1 ms and 1 us), one row per fitted probe."""
     pts = [p for p in probes if p.measured_s and p.family in FITTED]
     base = np.log([predict(t.cost(c), t, p, overhead) for p in pts])
     cols = []
-    for n in FREE:
+    for n in names:
         up = t.cost(replace(c, **{n: getattr(c, n) * (1 + STEP)}))
         cols.append((np.log([predict(up, t, p, overhead) for p in pts]) - base) / np.log1p(STEP))
     for d in ((1e-3, 0.0), (0.0, 1e-6)):
@@ -83,8 +88,8 @@ def floor_profile(t: Target, probes: list[Probe], f: Fit) -> float:
     `RISE`, the probes do not know the floor to +-`LIMIT_PCT`%: it is not pinned, however well the
     linearised standard error says it is (the floor is a threshold: host delay on the smallest steps
     can fit one where the engine has none, and a floor under every probed step leaves no trace)."""
-    var = max(f.loss / max(f.points - len(FREE) - 2, 1), SIGMA_REF**2)
-    names = tuple(n for n in FREE if n != "launch_floor_s" and n not in f.held)
+    var = max(f.loss / max(f.points - len(f.free) - 2, 1), SIGMA_REF**2)
+    names = tuple(n for n in f.free if n != "launch_floor_s" and n not in f.held)
     rises = []
     for k in PROFILE:
         fixed = replace(f.coeffs, launch_floor_s=f.coeffs.launch_floor_s * k)
@@ -97,11 +102,11 @@ def unpinned(t: Target, probes: list[Probe], f: Fit) -> dict[str, str]:
     the probes would know only to worse than +-`LIMIT_PCT`% with 1% timing error (`structural_se`),
     the single-stream KV rate where the decode probes have one context (the budget cut the rest),
     and the launch floor where its profile (`floor_profile`) stays within this run's noise."""
-    c = _off_bounds(f.coeffs)
-    j = jacobian(t, probes, c, f.overhead)
+    c, names = _off_bounds(f.coeffs), f.free
+    j = jacobian(t, probes, c, f.overhead, names)
     se = structural_se(j)
     out = {}
-    for i, n in enumerate(FREE):
+    for i, n in enumerate(names):
         if se[i] > LIMIT_PCT:
             share = float(np.abs(j[:, i]).max()) * 10
             known = "not at all" if not np.isfinite(se[i]) or se[i] > 1e5 else f"to +-{se[i]:.0f}%"
@@ -145,7 +150,7 @@ def resolve(t: Target, probes: list[Probe], f: Fit) -> Fit:
         if set(g) <= set(f.held):
             notes |= {n: f"{bad[n]}; its estimate {getattr(cur.coeffs, n):.4g} is kept" for n in g}
             continue
-        names = tuple(m for m in FREE if m not in held and m not in g)
+        names = tuple(m for m in f.free if m not in held and m not in g)
         fixed = replace(cur.coeffs, **{n: getattr(default, n) for n in g})
         alt = fit(t, probes, start=cur.coeffs, fixed=fixed, names=names)
         ok = alt.rms <= f.rms * RMS_SLACK[0] + RMS_SLACK[1]
@@ -161,11 +166,29 @@ def resolve(t: Target, probes: list[Probe], f: Fit) -> Fit:
         if ok:
             cur = alt
             held |= set(g)
-    se = dict.fromkeys(FREE) | {n: f.stderr_pct.get(n) for n in f.held} | cur.stderr_pct
-    return replace(cur, stderr_pct=se, not_identifiable=notes, held=f.held)
+    se = dict.fromkeys(f.free) | {n: f.stderr_pct.get(n) for n in f.held} | cur.stderr_pct
+    return replace(cur, stderr_pct=se, not_identifiable=notes, held=f.held, free=f.free)
+
+
+def catalogue_roof(t: Target, probes: list[Probe], f: Fit) -> Fit:
+    """`f` refitted with the copy roof back at the catalogue GPU's, and held there, unless the probes
+    contradict it (the fit's RMS error grows by more than `RMS_SLACK`): on a GPU the catalogue's rate
+    is known better than probes can tell it from the single-stream KV rate and the launch floor, which
+    trade off with it; a CPU's (vLLM's CPU build) is ~1,000x slower, and the fitted one stays."""
+    if ROOF not in f.free:
+        return f
+    free = tuple(n for n in f.free if n != ROOF)
+    fixed = replace(f.coeffs, **{ROOF: getattr(load_coefficients(), ROOF)})
+    alt = fit(t, probes, start=fixed, fixed=fixed, names=tuple(n for n in free if n not in f.held))
+    if alt.rms > f.rms * RMS_SLACK[0] + RMS_SLACK[1]:
+        return f
+    se = alt.stderr_pct | {n: f.stderr_pct.get(n) for n in f.held}
+    return replace(alt, stderr_pct=se, not_identifiable=f.not_identifiable, held=f.held, free=free)
 
 
 def fit_all(t: Target, probes: list[Probe]) -> Fit:
-    """What calibrate fits: the joint fit, the cached-past setup from its pair (`calib.pair`), then
-    each coefficient these probes cannot pin named (`resolve`)."""
-    return resolve(t, probes, setup_from_pair(t, probes, fit(t, probes)))
+    """What calibrate fits: the joint fit, the cached-past setup from its pair (`calib.pair`), the copy
+    roof at the catalogue's where the probes allow (`catalogue_roof`), then each coefficient these
+    probes cannot pin named (`resolve`)."""
+    paired = setup_from_pair(t, probes, fit(t, probes, names=NAMES))
+    return resolve(t, probes, catalogue_roof(t, probes, paired))

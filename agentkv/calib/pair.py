@@ -17,7 +17,6 @@ from dataclasses import replace
 
 from agentkv.calib.fit import WIDE, Fit, Target, fit, predict
 from agentkv.calib.plan import Probe, tiny_pair
-from agentkv.engine.calibrate import FREE
 
 SETUP = "past_setup_s"
 CHUNKS = 3  # the pair's samples in this many consecutive parts (one per repeat by default)
@@ -77,7 +76,7 @@ def setup_from_pair(t: Target, probes: list[Probe], f: Fit) -> Fit:
     if pair is None:
         return f
     cold, cached = pair
-    gap, names, cur = _least(cached) - _least(cold), tuple(n for n in FREE if n != SETUP), f
+    gap, names, cur = _least(cached) - _least(cold), tuple(n for n in f.free if n != SETUP), f
     s = None
     for _ in range(2):
         s = solve_setup(t, cur, cold, cached, gap)
@@ -93,7 +92,7 @@ def setup_from_pair(t: Target, probes: list[Probe], f: Fit) -> Fit:
         return replace(f, not_identifiable={SETUP: why})
     se = _spread_pct(t, cur, cold, cached, s)
     finite = se if se is not None and math.isfinite(se) else None
-    cur = replace(cur, stderr_pct=cur.stderr_pct | {SETUP: finite}, held=(SETUP,))
+    cur = replace(cur, stderr_pct=cur.stderr_pct | {SETUP: finite}, held=(SETUP,), free=f.free)
     if se is None or se > PAIR_LIMIT_PCT:
         if se is None:  # the budget ended its rounds early
             known = "has too few samples to tell it"
