@@ -16,6 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from agentkv.calib.fit import FITTED, WIDE, Fit, Target, fit, predict
+from agentkv.calib.floor import floor_from_ladder
 from agentkv.calib.pair import setup_from_pair
 from agentkv.calib.plan import Probe
 from agentkv.engine.calibrate import FREE
@@ -142,7 +143,8 @@ def resolve(t: Target, probes: list[Probe], f: Fit, sigma: float = SIGMA_REF) ->
     The cached-past setup its pair solved keeps the pair's estimate: with the probes weighted by their
     spread (`fit.weight`) the default (another device's) barely changed the RMS error and replaced
     estimates within 20% by one 2.7x the truth."""
-    bad = unpinned(t, probes, f, sigma) | f.not_identifiable
+    # a coefficient an earlier stage solved and held is judged by that stage (pair, ladder)
+    bad = {n: w for n, w in unpinned(t, probes, f, sigma).items() if n not in f.held} | f.not_identifiable
     default, cur, notes, held = load_coefficients(), f, {}, set(f.held)
     for g in _groups(bad):
         if set(g) <= set(f.held):
@@ -169,8 +171,9 @@ def resolve(t: Target, probes: list[Probe], f: Fit, sigma: float = SIGMA_REF) ->
 
 
 def fit_all(t: Target, probes: list[Probe], engine_clock: bool = False) -> Fit:
-    """What calibrate fits: the joint fit, the cached-past setup from its pair (`calib.pair`), then
+    """What calibrate fits: the joint fit, the cached-past setup from its pair (`calib.pair`), the
+    launch floor, its exponent and the stream KV rate from the floor ladder (`calib.floor`), then
     each coefficient these probes cannot pin named (`resolve`): at `SIGMA_REF` timing error, or on
     the target's own clock at the fit's RMS error (at least `SIGMA_ENGINE_MIN`)."""
-    f = setup_from_pair(t, probes, fit(t, probes))
+    f = floor_from_ladder(t, probes, setup_from_pair(t, probes, fit(t, probes)))
     return resolve(t, probes, f, max(f.rms, SIGMA_ENGINE_MIN) if engine_clock else SIGMA_REF)
