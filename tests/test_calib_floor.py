@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from dataclasses import replace
@@ -44,6 +45,25 @@ def test_floor_probes_fit_the_model_length_or_say_why_not() -> None:
     assert "max model length holds 2,048" in skipped["floor n=1 ctx=4096"]
     small_kv, why = floor_probes(32768, kv_tokens=250)  # hostile: a KV cache under any rung
     assert small_kv == [] and all("KV cache" in w for w in why.values()) and len(why) == 3
+
+
+def test_the_whole_ladder_is_chosen_first_within_its_share_or_none_of_it() -> None:
+    """A 90 s plan keeps all three rungs (chosen before the cheapest-first rest, within a third of
+    the budget); a 20 s one cannot hold the ladder, so its rungs compete as any probe and the
+    ladder's dearest go; a target lacking a rung gets none chosen first."""
+    from agentkv.calib.floor import floor_first
+    from agentkv.calib.run import plan_for
+
+    speed = (F.predict(QWEN.cost(), QWEN, Probe("prefill_cold", new=512)), 0.005)
+
+    def rungs(budget: float) -> list[int]:
+        plan = make_plan(32768, 16, 8192, 400_000) + floor_probes(32768)[0]
+        args = argparse.Namespace(repeats=3, budget=f"{budget}s")
+        return [p.ctx for p in plan_for(QWEN, plan, speed, args, budget, 32768) if p.family == "floor"]
+
+    assert rungs(54.0) == list(FLOOR_CTX)
+    assert 16384 not in rungs(12.0)
+    assert floor_first(make_plan(8192, 16) + floor_probes(8192)[0]) == []
 
 
 def test_on_exact_times_the_floor_is_named_only_at_a_client_clocks_error() -> None:

@@ -26,6 +26,7 @@ from agentkv.engine.cost import CostCoefficients
 FAMILY = "floor"
 FLOOR_CTX = (16, 4096, 16384)  # the weight read alone; then a KV read of ~1/4 and ~1 of it (7B, 80 GB/s)
 FLOOR_OUT = 256
+FLOOR_SHARE = 1 / 3  # of calibrate's budget, at most, for the rungs chosen before the rest (~17 s of 90)
 LADDER = ("launch_floor_s", "floor_k", "stream_gbps")  # what the ladder solves, alone
 LADDER_LIMIT_PCT = 5.0  # above this standard error the ladder does not pin its terms (2 SE: 10%)
 SIGMA_MIN = 1e-4  # a rung's timing error is taken as at least this (the engine's own stamps: ~0)
@@ -49,9 +50,12 @@ def floor_probes(max_model_len: int, kv_tokens: int | None = None) -> tuple[list
 
 
 def floor_first(plan: list[Probe]) -> list[Probe]:
-    """The plan's floor probes, which calibrate chooses before the cheapest-first rest (as the
-    decode anchors): their streams are long, so a cheapest-first cut would drop them first."""
-    return [p for p in plan if p.family == FAMILY]
+    """The plan's floor probes, which calibrate chooses before the cheapest-first rest (after the
+    decode anchors, within `FLOOR_SHARE` of the budget), as their streams are long and a cheapest-first
+    cut would drop them first; none where the plan lacks a rung (the ladder needs all three; the rest
+    then compete as any probe)."""
+    rungs = [p for p in plan if p.family == FAMILY]
+    return rungs if len({p.ctx for p in rungs}) == len(FLOOR_CTX) else []
 
 
 def _rung_sigma(p: Probe) -> float:

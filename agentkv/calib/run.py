@@ -8,7 +8,7 @@ import time
 
 from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
-from agentkv.calib.floor import floor_first, floor_probes
+from agentkv.calib.floor import FLOOR_SHARE, floor_first, floor_probes
 from agentkv.calib.frontend import (
     CURVE_NEW,
     CURVE_OUT,
@@ -132,7 +132,8 @@ def plan_for(
     """The probes that fit `budget_s` at the pilot's speed, cheapest first (a budget cut short by a
     slower target than estimated drops the dearest ones of every family); loaded_ttft ones are chosen
     before the rest, within a third of the budget (the only probes that see host time under traffic:
-    a cheapest-first choice left them out of a 45 s budget on a slow host), then `decode_anchors`."""
+    a cheapest-first choice left them out of a 45 s budget on a slow host), then `decode_anchors`,
+    then the floor rungs within `FLOOR_SHARE` of it (`calib.floor`)."""
     slow = slowdown(t, speed)
     stretch_decodes(t, plan, slow[1])
     shape_interference(t, plan, slow)
@@ -141,9 +142,12 @@ def plan_for(
     est = {id(p): est_wall_s(t, p, args.repeats, slow) for p in plan}
     loaded = [p for p in plan if p.family == "loaded_ttft"]
     first = within_budget(loaded, [est[id(p)] for p in loaded], budget_s / 3)
-    anchors = decode_anchors(plan) + floor_first(plan)
+    anchors = decode_anchors(plan)
     left = budget_s - sum(est[id(p)] for p in first)
     first += within_budget(anchors, [est[id(p)] for p in anchors], left)
+    rungs = floor_first(plan)
+    left = min(budget_s - sum(est[id(p)] for p in first), budget_s * FLOOR_SHARE)
+    first += within_budget(rungs, [est[id(p)] for p in rungs], left)
     rest = [p for p in plan if all(p is not q for q in first)]
     left = budget_s - sum(est[id(p)] for p in first)
     plan = first + within_budget(rest, [est[id(p)] for p in rest], left)
