@@ -30,6 +30,10 @@ FLOOR_SHARE = 1 / 3  # of calibrate's budget, at most, for the rungs chosen befo
 LADDER = ("launch_floor_s", "floor_k", "stream_gbps")  # what the ladder solves, alone
 LADDER_LIMIT_PCT = 5.0  # above this standard error the ladder does not pin its terms (2 SE: 10%)
 SIGMA_MIN = 1e-4  # a rung's timing error is taken as at least this (the engine's own stamps: ~0)
+# on the client clock at least this: one 256-token stream's mean gap was off agentkv serve's own by
+# -0.06% to +0.08% (the first and last tokens' delivery, load ~1), so the median of 3 samples ~0.03%;
+# 3 samples agreeing to 0.01% still sat 0.1% off in a run, and the ladder then held a +22% floor
+SIGMA_CLIENT_MIN = 3e-4
 
 
 def floor_probes(max_model_len: int, kv_tokens: int | None = None) -> tuple[list[Probe], dict[str, str]]:
@@ -58,24 +62,26 @@ def floor_first(plan: list[Probe]) -> list[Probe]:
     return rungs if len({p.ctx for p in rungs}) == len(FLOOR_CTX) else []
 
 
-def _rung_sigma(p: Probe) -> float:
+def _rung_sigma(p: Probe, least: float = SIGMA_MIN) -> float:
     """The standard error of a rung's median, in log (1.253 x the samples' standard deviation /
-    sqrt(n): a MAD of 3 samples, the least deviation, understated it 2x); SIGMA_MIN at least, and
-    1% (the client clock's reference) with fewer than 3 samples."""
+    sqrt(n): a MAD of 3 samples, the least deviation, understated it 2x); `least` at least, and 1%
+    (the client clock's reference) with fewer than 3 samples."""
     if len(p.samples_s) < 3 or min(p.samples_s) <= 0:
         return 0.01
     logs = np.log(p.samples_s)
-    return max(1.253 * float(np.std(logs, ddof=1)) / math.sqrt(len(logs)), SIGMA_MIN)
+    return max(1.253 * float(np.std(logs, ddof=1)) / math.sqrt(len(logs)), least)
 
 
-def solve_ladder(t: Target, rungs: list[Probe], c: CostCoefficients) -> CostCoefficients:
+def solve_ladder(
+    t: Target, rungs: list[Probe], c: CostCoefficients, least: float = SIGMA_MIN
+) -> CostCoefficients:
     """`c` with `LADDER` fitted to the rungs alone (least squares on log(predicted / measured), each
     rung over its timing error), to a tight tolerance (the floor and its exponent lie along a long,
     flat valley, where the joint fit's default tolerance stopped 30% short of exact data), from `c`'s
     values and from the calibration's starting ones, the better kept."""
     from scipy.optimize import least_squares
 
-    sig = np.array([_rung_sigma(p) for p in rungs])
+    sig = np.array([_rung_sigma(p, least) for p in rungs])
     meas = np.log([p.measured_s for p in rungs])
     lo, hi = [math.log(WIDE[n][0]) for n in LADDER], [math.log(WIDE[n][1]) for n in LADDER]
 
@@ -95,10 +101,10 @@ def solve_ladder(t: Target, rungs: list[Probe], c: CostCoefficients) -> CostCoef
     return coeffs(best.x)
 
 
-def ladder_se(t: Target, rungs: list[Probe], f: Fit) -> dict[str, float]:
+def ladder_se(t: Target, rungs: list[Probe], f: Fit, least: float = SIGMA_MIN) -> dict[str, float]:
     """Relative standard errors (%) of `LADDER` from the rungs alone at `f`: the rungs' Jacobian,
     each row weighted by its own timing error (`_rung_sigma`)."""
-    sig = np.array([_rung_sigma(p) for p in rungs])
+    sig = np.array([_rung_sigma(p, least) for p in rungs])
     base = np.log([predict(t.cost(f.coeffs), t, p) for p in rungs])
     cols = []
     for n in LADDER:
@@ -109,16 +115,18 @@ def ladder_se(t: Target, rungs: list[Probe], f: Fit) -> dict[str, float]:
     return {n: float(np.sqrt(max(cov[i, i], 0.0)) * 100) for i, n in enumerate(LADDER)}
 
 
-def floor_from_ladder(t: Target, probes: list[Probe], f: Fit) -> Fit:
+def floor_from_ladder(t: Target, probes: list[Probe], f: Fit, engine_clock: bool = False) -> Fit:
     """`f` with the launch floor, its exponent and the stream KV rate solved from the floor rungs
     alone (the rest at `f`'s) and held while the rest is refitted around them; where a term's
     standard error (`ladder_se`) exceeds `LADDER_LIMIT_PCT`, or the ladder has under 3 rungs (3
-    unknowns), `f` itself (the joint fit and `calib.identify` judge them as before)."""
+    unknowns), `f` itself (the joint fit and `calib.identify` judge them as before). A rung's timing
+    error is at least `SIGMA_CLIENT_MIN` on the client clock, `SIGMA_MIN` on the engine's."""
     rungs = [p for p in probes if p.family == FAMILY and p.measured_s]
     if len({p.ctx for p in rungs}) < len(LADDER) or any(n in f.held for n in LADDER):
         return f
-    solo = replace(f, coeffs=solve_ladder(t, rungs, f.coeffs))
-    se = ladder_se(t, rungs, solo)
+    least = SIGMA_MIN if engine_clock else SIGMA_CLIENT_MIN
+    solo = replace(f, coeffs=solve_ladder(t, rungs, f.coeffs, least))
+    se = ladder_se(t, rungs, solo, least)
     if max(se.values()) > LADDER_LIMIT_PCT:
         return f
     names = tuple(n for n in FREE if n not in LADDER and n not in f.held)

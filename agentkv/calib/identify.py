@@ -175,5 +175,5 @@ def fit_all(t: Target, probes: list[Probe], engine_clock: bool = False) -> Fit:
     launch floor, its exponent and the stream KV rate from the floor ladder (`calib.floor`), then
     each coefficient these probes cannot pin named (`resolve`): at `SIGMA_REF` timing error, or on
     the target's own clock at the fit's RMS error (at least `SIGMA_ENGINE_MIN`)."""
-    f = floor_from_ladder(t, probes, setup_from_pair(t, probes, fit(t, probes)))
+    f = floor_from_ladder(t, probes, setup_from_pair(t, probes, fit(t, probes)), engine_clock)
     return resolve(t, probes, f, max(f.rms, SIGMA_ENGINE_MIN) if engine_clock else SIGMA_REF)
