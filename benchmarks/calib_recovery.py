@@ -1,7 +1,8 @@
 """Coefficient recovery: `agentkv calibrate` against `agentkv serve` started with known coefficients.
 
 Run: .venv/bin/python benchmarks/calib_recovery.py [--gpu h100 --model qwen2.5-7b --time-scale 1]
-     [--budget 60s] [--runs 3] [--keep DIR] [--predict]   (or --profiles P.json ... [--refit])
+     [--budget 60s] [--runs 3] [--keep DIR] [--predict] [--clock engine]
+     (or --profiles P.json ... [--refit])
 
 Each run starts serve (a subprocess) with the coefficients below, calibrates it (a subprocess),
 and prints each fitted coefficient against the truth with its standard error, the fit's MAPE per
@@ -70,7 +71,8 @@ def calibrate_once(args: argparse.Namespace, tmp: Path, i: int) -> dict:
         _wait(f"http://127.0.0.1:{port}/health", proc)
         t0 = time.monotonic()
         cmd = [*CLI, "calibrate", "--target", f"http://127.0.0.1:{port}", "--out", str(out), "-q"]
-        res = subprocess.run([*cmd, "--budget", args.budget, "--repeats", str(args.repeats)], text=True)
+        cmd += ["--budget", args.budget, "--repeats", str(args.repeats), "--clock", args.clock]
+        res = subprocess.run(cmd, text=True)
         took = time.monotonic() - t0
         print(f"run {i}: calibrate exit {res.returncode} in {took:.0f} s, load {_load()}")
         if args.predict:
@@ -184,6 +186,8 @@ def report(doc: dict) -> dict[str, float]:
         print(f"{name:16s} {v:10.4g} {got:10.4g} {errs[name]:+7.1f}% {s:>8s}{flag}")
     for name, why in unpinned.items():
         print(f"  {name}: {why}")
+    for label, why in doc.get("skipped_probes", {}).items():
+        print(f"  skipped {label}: {why}")
     ov = doc["fit"]["overhead"]
     print(
         f"overhead: {ov['request_s'] * 1e3:.2f} ms per request, {ov['prompt_token_s'] * 1e6:.3f} us per token"
@@ -214,7 +218,7 @@ def refit(doc: dict) -> dict:
     probes = [Probe(**x) for x in doc["probes"]]
     for p in probes:
         p.settle()
-    f = fit_all(t, probes)
+    f = fit_all(t, probes, engine_clock=doc.get("clock") == "engine")
     ov = {"request_s": f.overhead[0], "prompt_token_s": f.overhead[1]}
     fit = {"overhead": ov, "mape_pct": F.errors(t, probes, f.coeffs, f.overhead)}
     fit |= {"stderr_pct": f.stderr_pct, "not_identifiable": f.not_identifiable, "weights": F.weights(probes)}
@@ -230,6 +234,7 @@ def main() -> None:
     ap.add_argument("--budget", default="60s")
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--clock", default="client", choices=("client", "engine"), help="calibrate's --clock")
     ap.add_argument(
         "--keep", default=None, help="folder for the profiles and serve logs (default: a temp one)"
     )

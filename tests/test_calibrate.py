@@ -161,7 +161,7 @@ def test_calibrate_recovers_what_serve_was_started_with(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["modelled_as"]["gpu"] == "h100" and doc["modelled_as"]["tp"] == 4
     assert doc["server"]["server_info"]["engine"] == "agentkv" and doc["error"] is None
-    fams = {"prefill_cold", "prefill_cached", "decode", "interference", "loaded_ttft", "all"}
+    fams = {"prefill_cold", "prefill_cached", "decode", "floor", "interference", "loaded_ttft", "all"}
     assert set(doc["fit"]["mape_pct"]) == fams
     mape = _tight_mape(doc)  # measured vs fitted where the samples agree (a busy host scatters the rest)
     assert mape["decode"] < 5.0 and mape["prefill_cold"] < 15.0 and mape["prefill_cached"] < 15.0, mape

@@ -15,7 +15,7 @@ from agentkv.engine.cost import CostCoefficients, CostModel, load_coefficients
 OVERHEAD = {"request_ms": (1.0, 0.0, 1000.0), "token_us": (0.1, 0.0, 100.0)}
 # interference is reported, not fitted: its measurement is a maximum of gaps, which any hiccup of a
 # busy host inflates
-FITTED = ("prefill_cold", "prefill_cached", "decode")
+FITTED = ("prefill_cold", "prefill_cached", "decode", "floor")  # floor: calib.floor's long decodes
 # FREE's coefficients, fitted as logarithms within bounds far wider than fit_cost.py's H200 ones: a
 # black box may be a CPU (GEMMs 10^4 x slower than the catalogue part, milliseconds of step overhead)
 WIDE = {
@@ -68,7 +68,7 @@ def predict(cm: CostModel, t: Target, p: Probe, overhead: tuple[float, ...] = (0
     delay of `overhead`), one decode step, for interference the longest step that batches a prefill
     chunk (the token budget less the decodes) with the decodes, and for loaded_ttft half a decode
     step (the one under way), the step batching the prompt with the decodes, and the host delay."""
-    if p.family == "decode":
+    if p.family in ("decode", "floor"):
         return cm.step_time([], [p.ctx + p.out // 2] * p.n)
     if p.family == "loaded_ttft":
         dec = [p.ctx + p.out // 2] * p.n

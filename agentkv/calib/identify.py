@@ -16,12 +16,16 @@ from dataclasses import replace
 import numpy as np
 
 from agentkv.calib.fit import FITTED, NAMES, WIDE, Fit, Target, fit, predict
+from agentkv.calib.floor import floor_from_ladder
 from agentkv.calib.pair import setup_from_pair
 from agentkv.calib.plan import Probe
 from agentkv.engine.calibrate import FREE
 from agentkv.engine.cost import CostCoefficients, load_coefficients
 
 SIGMA_REF = 0.01  # the timing error per probe the test assumes (1%)
+# on a target's own clock (agentkv serve's stamps, to the nanosecond, no host delay) the test assumes
+# the fit's own RMS error instead, at least this: a coefficient pinned there is pinned by the engine
+SIGMA_ENGINE_MIN = 1e-4
 LIMIT_PCT = 25.0  # a coefficient known only to worse than this is not identifiable
 STEP = 0.01  # relative change for the numerical derivatives
 # keep the defaults when the fit with them is at most this much worse (root mean square of log errors)
@@ -56,8 +60,8 @@ def jacobian(
     return np.array(cols).T
 
 
-def structural_se(j: np.ndarray) -> np.ndarray:
-    """Relative standard errors (%) of each column's parameter at `SIGMA_REF` timing error per row
+def structural_se(j: np.ndarray, sigma: float = SIGMA_REF) -> np.ndarray:
+    """Relative standard errors (%) of each column's parameter at `sigma` timing error per row
     (infinite for a column the rows do not move, or one others can reproduce exactly)."""
     norm = np.linalg.norm(j, axis=0)
     ok = norm > 1e-12
@@ -66,7 +70,7 @@ def structural_se(j: np.ndarray) -> np.ndarray:
     inv = np.where(s > 1e-9 * s.max(), 1.0 / np.maximum(s, 1e-150) ** 2, 1e30)
     var = (vt.T**2) @ inv
     out = np.full(j.shape[1], np.inf)
-    out[ok] = np.sqrt(var) / norm[ok] * SIGMA_REF * 100
+    out[ok] = np.sqrt(var) / norm[ok] * sigma * 100
     return out
 
 
@@ -81,14 +85,14 @@ def _off_bounds(c: CostCoefficients) -> CostCoefficients:
     return replace(c, **edge)
 
 
-def floor_profile(t: Target, probes: list[Probe], f: Fit) -> float:
+def floor_profile(t: Target, probes: list[Probe], f: Fit, sigma: float = SIGMA_REF) -> float:
     """The profile likelihood of the launch floor: refit the rest with the floor fixed at each
     `PROFILE` multiple of its fitted value; the smallest rise of the fit's loss, in units of one
-    probe's noise variance (this run's residual variance, at least `SIGMA_REF` squared). Under
+    probe's noise variance (this run's residual variance, at least `sigma` squared). Under
     `RISE`, the probes do not know the floor to +-`LIMIT_PCT`%: it is not pinned, however well the
     linearised standard error says it is (the floor is a threshold: host delay on the smallest steps
     can fit one where the engine has none, and a floor under every probed step leaves no trace)."""
-    var = max(f.loss / max(f.points - len(f.free) - 2, 1), SIGMA_REF**2)
+    var = max(f.loss / max(f.points - len(f.free) - 2, 1), sigma**2)
     names = tuple(n for n in f.free if n != "launch_floor_s" and n not in f.held)
     rises = []
     for k in PROFILE:
@@ -97,30 +101,30 @@ def floor_profile(t: Target, probes: list[Probe], f: Fit) -> float:
     return min(rises)
 
 
-def unpinned(t: Target, probes: list[Probe], f: Fit) -> dict[str, str]:
+def unpinned(t: Target, probes: list[Probe], f: Fit, sigma: float = SIGMA_REF) -> dict[str, str]:
     """name: why, for the free coefficients these probes cannot pin on this target at the fit: those
-    the probes would know only to worse than +-`LIMIT_PCT`% with 1% timing error (`structural_se`),
+    the probes would know only to worse than +-`LIMIT_PCT`% with `sigma` timing error (`structural_se`),
     the single-stream KV rate where the decode probes have one context (the budget cut the rest),
     and the launch floor where its profile (`floor_profile`) stays within this run's noise."""
     c, names = _off_bounds(f.coeffs), f.free
     j = jacobian(t, probes, c, f.overhead, names)
-    se = structural_se(j)
+    se = structural_se(j, sigma)
     out = {}
     for i, n in enumerate(names):
         if se[i] > LIMIT_PCT:
             share = float(np.abs(j[:, i]).max()) * 10
             known = "not at all" if not np.isfinite(se[i]) or se[i] > 1e5 else f"to +-{se[i]:.0f}%"
             out[n] = (
-                f"a 10% change moves no probed step by more than {share:.2g}%; with 1% timing error "
+                f"a 10% change moves no probed step by more than {share:.2g}%; with {sigma * 100:.2g}% timing error "
                 f"the probes would know it {known}"
             )
-    ctxs = {p.ctx for p in probes if p.measured_s and p.family == "decode"}
+    ctxs = {p.ctx for p in probes if p.measured_s and p.family in ("decode", "floor")}
     if len(ctxs) < 2 and "stream_gbps" not in out:  # collinear with the floor at one context
         out["stream_gbps"] = (
             f"the decode probes have {len(ctxs) or 'no'} context{'s' * (len(ctxs) != 1)}: a step's fixed "
             "time and its reading of the context trade off freely"
         )
-    if "launch_floor_s" not in out and (rise := floor_profile(t, probes, f)) < RISE:
+    if "launch_floor_s" not in out and (rise := floor_profile(t, probes, f, sigma)) < RISE:
         out["launch_floor_s"] = (
             f"fixed {LIMIT_PCT:.0f}% higher or {LIMIT_PCT:.0f}% to 10x lower ({f.coeffs.launch_floor_s * 1e6:.3g} "
             f"us fitted), the rest refitted, the fit's loss rises by as little as {max(rise, 0.0):.2f} of one "
@@ -136,7 +140,7 @@ def _groups(bad: dict[str, str]) -> list[tuple[str, ...]]:
     return out + [(n,) for n in bad if n not in FLOOR]
 
 
-def resolve(t: Target, probes: list[Probe], f: Fit) -> Fit:
+def resolve(t: Target, probes: list[Probe], f: Fit, sigma: float = SIGMA_REF) -> Fit:
     """`f` with its unpinned coefficients marked (those `unpinned` names and those `f` already names,
     e.g. the cached-past setup its pair does not pin). Group by group, they take their bundled defaults
     (the rest refitted, `f.held` kept) unless the probes contradict the defaults (the fit's RMS error
@@ -144,7 +148,8 @@ def resolve(t: Target, probes: list[Probe], f: Fit) -> Fit:
     The cached-past setup its pair solved keeps the pair's estimate: with the probes weighted by their
     spread (`fit.weight`) the default (another device's) barely changed the RMS error and replaced
     estimates within 20% by one 2.7x the truth."""
-    bad = unpinned(t, probes, f) | f.not_identifiable
+    # a coefficient an earlier stage solved and held is judged by that stage (pair, ladder)
+    bad = {n: w for n, w in unpinned(t, probes, f, sigma).items() if n not in f.held} | f.not_identifiable
     default, cur, notes, held = load_coefficients(), f, {}, set(f.held)
     for g in _groups(bad):
         if set(g) <= set(f.held):
@@ -186,9 +191,12 @@ def catalogue_roof(t: Target, probes: list[Probe], f: Fit) -> Fit:
     return replace(alt, stderr_pct=se, not_identifiable=f.not_identifiable, held=f.held, free=free)
 
 
-def fit_all(t: Target, probes: list[Probe]) -> Fit:
+def fit_all(t: Target, probes: list[Probe], engine_clock: bool = False) -> Fit:
     """What calibrate fits: the joint fit, the cached-past setup from its pair (`calib.pair`), the copy
-    roof at the catalogue's where the probes allow (`catalogue_roof`), then each coefficient these
-    probes cannot pin named (`resolve`)."""
+    roof at the catalogue's where the probes allow (`catalogue_roof`), the launch floor, its exponent
+    and the stream KV rate from the floor ladder (`calib.floor`), then each coefficient these probes
+    cannot pin named (`resolve`): at `SIGMA_REF` timing error, or on the target's own clock at the
+    fit's RMS error (at least `SIGMA_ENGINE_MIN`)."""
     paired = setup_from_pair(t, probes, fit(t, probes, names=NAMES))
-    return resolve(t, probes, catalogue_roof(t, probes, paired))
+    f = floor_from_ladder(t, probes, catalogue_roof(t, probes, paired), engine_clock)
+    return resolve(t, probes, f, max(f.rms, SIGMA_ENGINE_MIN) if engine_clock else SIGMA_REF)

@@ -68,8 +68,8 @@ class Probe:
 
     def label(self) -> str:
         """A short name for progress lines and tables."""
-        if self.family == "decode":
-            return f"decode n={self.n} ctx={self.ctx}"
+        if self.family in ("decode", "floor"):
+            return f"{self.family} n={self.n} ctx={self.ctx}"
         if self.family in ("interference", "loaded_ttft"):
             return f"{self.family} new={self.new} beside n={self.n} ctx={self.ctx}"
         return f"{self.family} new={self.new} past={self.past}"

@@ -19,10 +19,14 @@ class ProbeError(UserError):
 
 
 class Prober:
-    """Sends each probe's requests and turns wall times into engine seconds (x `time_scale`)."""
+    """Sends each probe's requests and turns wall times into engine seconds (x `time_scale`); with
+    `engine_clock`, reads agentkv serve's own stamps instead (`clock_of`)."""
 
-    def __init__(self, client: BenchClient, model: str, block_size: int, time_scale: float):
+    def __init__(
+        self, client: BenchClient, model: str, block_size: int, time_scale: float, engine_clock: bool = False
+    ):
         self.client, self.model, self.bs, self.scale = client, model, block_size, time_scale
+        self.engine_clock = engine_clock
         self.nonce = uuid.uuid4().hex[:12]  # unique first blocks per run: nothing is cached from before
         self.seq = 0
         self._prefix: dict[int, list[int]] = {}  # id of a cached probe -> its warmed prefix
@@ -76,23 +80,40 @@ class Prober:
         res = await self._send(prompt(), out)
         return res if res.token_times else await self._send(prompt(), out)
 
+    def clock_of(self, res: StreamResult) -> tuple[float, list[float]]:
+        """(When `res` was sent, its tokens' times) in wall seconds: the client's, or with
+        `engine_clock` the target's own stamps (agentkv serve's `agentkv` object: arrival and each
+        token on its engine's clock, over the time scale), which hold no host delay."""
+        if not self.engine_clock:
+            return res.sent, res.token_times
+        e = res.engine
+        if e is None:
+            raise ProbeError(
+                f"target {self.client.base}: --clock engine, but a response carried no engine times "
+                "(agentkv serve's `agentkv` object); use --clock client"
+            )
+        return e.arrival / self.scale, [(e.arrival + x) / self.scale for x in e.token_times]
+
     def _first_token_s(self, res: StreamResult) -> float:
         """Wall seconds from sending `res`'s request to its first token; ProbeError without one."""
-        if not res.token_times:
+        sent, tt = self.clock_of(res) if res.token_times else (res.sent, [])
+        if not tt:
             raise ProbeError(f"target {self.client.base}: a stream carried no output tokens")
-        return res.token_times[0] - res.sent
+        return tt[0] - sent
 
     async def itl(self, p: Probe) -> float | None:
         """Engine seconds per token while `p.n` streams of `p.ctx` context all decode together; None
         (the sample is skipped) when they never did: a busy host let the first ones end before the
         last one's first token."""
         results = await asyncio.gather(*(self._send(self._ids(p.ctx), p.out) for _ in range(p.n)))
-        start = max(r.token_times[0] for r in results if r.token_times)
-        end = min(r.token_times[-1] for r in results if r.token_times)
+        times = [tt for r in results if r.token_times and (tt := self.clock_of(r)[1])]
+        start, end = max(tt[0] for tt in times), min(tt[-1] for tt in times)
         gaps = []
-        for r in results:
-            inside = [t for t in r.token_times if start <= t <= end]
-            if len(inside) >= 2:
+        for tt in times:
+            inside = [t for t in tt if start <= t <= end]
+            if len(inside) >= 2 and self.engine_clock:  # each gap a step: the median skips a catch-up
+                gaps.append(statistics.median(b - a for a, b in zip(inside, inside[1:], strict=False)))
+            elif len(inside) >= 2:
                 gaps.append((inside[-1] - inside[0]) / (len(inside) - 1))
         return statistics.median(gaps) * self.scale if gaps else None  # None: never all decoding
 
@@ -114,11 +135,14 @@ class Prober:
         """Engine seconds of the longest decode gap while a cold `p.new`-token prefill runs beside
         `p.n` decoding streams (None: no stream was decoding across it)."""
         pre, results = await self._beside(p)
-        lo, hi = pre.sent, pre.token_times[0]
+        lo, pre_tt = self.clock_of(pre)
+        hi = pre_tt[0]
         gaps = [
             b - a
             for r in results
-            for a, b in zip(r.token_times, r.token_times[1:], strict=False)
+            if r.token_times
+            for tt in (self.clock_of(r)[1],)
+            for a, b in zip(tt, tt[1:], strict=False)
             if b > lo and a < hi  # the gap overlaps the prefill
         ]
         return max(gaps) * self.scale if gaps else None
@@ -127,13 +151,18 @@ class Prober:
         """Engine seconds to the first token of a cold `p.new`-token prompt sent while `p.n` streams
         decode: client-side TTFT under traffic, host time included."""
         pre, _ = await self._beside(p)
-        return (pre.token_times[0] - pre.sent) * self.scale
+        return self._first_token_s(pre) * self.scale
 
     async def sample(self, p: Probe, partner: Probe | None = None) -> None:
         """One sample of `p` (its family's measure) into `p.samples_s`; with a `partner` (a prefill),
         one sample of it right after, so that the two meet the same host (the pair whose difference
         is the cached-past setup: calib.pair)."""
-        measure = {"decode": self.itl, "interference": self.stall, "loaded_ttft": self.loaded_ttft}
+        measure = {
+            "decode": self.itl,
+            "floor": self.itl,
+            "interference": self.stall,
+            "loaded_ttft": self.loaded_ttft,
+        }
         for q, m in ((p, measure.get(p.family, self.ttft)), (partner, self.ttft)):
             if q is not None and (v := await m(q)) is not None:
                 q.samples_s.append(v)

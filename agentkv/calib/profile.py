@@ -32,10 +32,12 @@ def profile_doc(
     probes: list[Probe],
     fitted: dict | None,
     error: str | None,
+    skipped: dict[str, str] | None = None,
 ) -> dict:
     """The profile as a JSON-ready dict; `fitted`: {'coefficients', 'overhead', 'mape_pct', 'stderr_pct',
     'not_identifiable', 'weights' (probes weighed less, their samples scattering), 'first_token_ttft_s'
-    (the first-token delay's samples, optional), 'front_end_ttft_s' (the front end's curve, optional)} or None."""
+    (the first-token delay's samples, optional), 'front_end_ttft_s' (the front end's curve, optional)} or None; `skipped`: label: why, for probes the target cannot run
+    (`calib.floor`), kept as the profile's `skipped_probes`."""
     done = [asdict(p) for p in probes if p.measured_s is not None]
     doc = {
         "about": "agentkv calibrate: black-box probes of an OpenAI-compatible engine, fitted to the "
@@ -47,6 +49,7 @@ def profile_doc(
         "server": server,
         "probes": done,
         "error": error,
+        "skipped_probes": skipped or {},
     }
     if fitted is not None:
         c = {k: (float(f"{v:.6g}") if math.isfinite(v) else v) for k, v in fitted["coefficients"].items()}

@@ -8,6 +8,7 @@ import time
 
 from agentkv.bench.client import BenchClient
 from agentkv.calib import fit as fitmod
+from agentkv.calib.floor import FLOOR_SHARE, floor_first, floor_probes
 from agentkv.calib.frontend import (
     CURVE_NEW,
     CURVE_OUT,
@@ -77,7 +78,7 @@ def stretch_decodes(t: fitmod.Target, plan: list[Probe], slow: float = 1.0) -> N
     (a fast model at a high time scale), so the first stream still decodes when the last one starts."""
     cm = t.cost()
     for p in plan:
-        if p.family == "decode":
+        if p.family in ("decode", "floor"):
             steps = p.n * ARRIVAL_WALL_S * t.time_scale / (fitmod.predict(cm, t, p) * slow)
             p.out += int(steps)
 
@@ -107,11 +108,11 @@ def decode_anchors(plan: list[Probe]) -> list[Probe]:
 def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, float] = (1.0, 1.0)) -> float:
     """Planning estimate of a probe's wall seconds: the bundled coefficients x the pilot's slowdown."""
     cm, once = t.cost(), 0.0
-    if p.family in ("decode", "interference", "loaded_ttft"):
+    if p.family in ("decode", "floor", "interference", "loaded_ttft"):
         fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx + p.new))
         step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out))
         eng = fill * slow[0] + p.out * step * slow[1]
-        reqs = p.n + (p.family != "decode")
+        reqs = p.n + (p.family not in ("decode", "floor"))
     else:  # a cached prefix is warmed once per probe (`Prober.ttft`)
         eng, reqs = fitmod.predict(cm, t, p) * slow[0], 1
         if p.past:
@@ -131,7 +132,8 @@ def plan_for(
     """The probes that fit `budget_s` at the pilot's speed, cheapest first (a budget cut short by a
     slower target than estimated drops the dearest ones of every family); loaded_ttft ones are chosen
     before the rest, within a third of the budget (the only probes that see host time under traffic:
-    a cheapest-first choice left them out of a 45 s budget on a slow host), then `decode_anchors`."""
+    a cheapest-first choice left them out of a 45 s budget on a slow host), then `decode_anchors`,
+    then the floor rungs within `FLOOR_SHARE` of it (`calib.floor`)."""
     slow = slowdown(t, speed)
     stretch_decodes(t, plan, slow[1])
     shape_interference(t, plan, slow)
@@ -143,6 +145,9 @@ def plan_for(
     anchors = decode_anchors(plan)
     left = budget_s - sum(est[id(p)] for p in first)
     first += within_budget(anchors, [est[id(p)] for p in anchors], left)
+    rungs = floor_first(plan)
+    left = min(budget_s - sum(est[id(p)] for p in first), budget_s * FLOOR_SHARE)
+    first += within_budget(rungs, [est[id(p)] for p in rungs], left)
     rest = [p for p in plan if all(p is not q for q in first)]
     left = budget_s - sum(est[id(p)] for p in first)
     plan = first + within_budget(rest, [est[id(p)] for p in rest], left)
@@ -163,8 +168,9 @@ async def calibrate(args: argparse.Namespace) -> int:
         card = next((m for m in models.get("data", []) if m.get("id") == ids[0]), {"id": ids[0]})
         info = await client.get_json("/server_info") or {}
         t, max_len, bs, kv_tokens = target_of(args, card, info)
-        prober = Prober(client, ids[0], bs, t.time_scale)
+        prober = Prober(client, ids[0], bs, t.time_scale, engine_clock=_clock(args) == "engine")
         plan: list[Probe] = []
+        floor, skipped = floor_probes(max_len, kv_tokens)
         lag: tuple = (0.0, {}, None)  # delay, its samples, the front end's curve
         try:
             speed = await pilot(prober)
@@ -176,7 +182,7 @@ async def calibrate(args: argparse.Namespace) -> int:
             # of the budget (a slow pilot at load 27-44 estimated it past the whole budget: no probe)
             keep = min(curve_wall_s(speed, t.time_scale, curve.past), CURVE_SHARE * budget)
             end = deadline - min(lag_wall_s(speed, t.time_scale) + keep, budget / 2)  # both: half at most
-            full = make_plan(max_len, bs, t.chunk, kv_tokens)
+            full = make_plan(max_len, bs, t.chunk, kv_tokens) + floor
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
                 slow = slowdown(t, speed)
@@ -187,7 +193,7 @@ async def calibrate(args: argparse.Namespace) -> int:
             error = error or await _finish_extras(prober, deadline, delay, curve)
             lag = (*delay.result(), curve.result())
     server = {"model": card, "server_info": info}
-    return _finish(args, client.base, ids[0], t, server, plan, error, lag)
+    return _finish(args, client.base, ids[0], t, server, plan, error, lag, skipped)
 
 
 async def _finish_extras(
@@ -238,31 +244,21 @@ async def _run_with_bar(
 
 
 def _finish(
-    args, base: str, model_id: str, t, server: dict, plan: list[Probe], error: str | None, lag: tuple
+    args,
+    base: str,
+    model_id: str,
+    t,
+    server: dict,
+    plan: list[Probe],
+    error: str | None,
+    lag: tuple,
+    skipped: dict[str, str] | None = None,
 ) -> int:
     done = [p for p in plan if p.measured_s is not None]
-    fitted = None
-    if len(done) >= 3:
-        f = fit_all(t, done)
-        ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
-        front = _front(t, f.coeffs, lag[2], ov[0])
-        fitted = {
-            "coefficients": f.coeffs.to_dict(),
-            "overhead": {
-                "request_s": ov[0],
-                "prompt_token_s": ov[1],
-                "per_other_request_s": ov[2],
-                "first_token_s": lag[0],
-            }
-            | ({} if front is None else {"front_end_token_s": front[0], "front_end_before_engine": front[1]}),
-            "first_token_ttft_s": lag[1],
-            "front_end_ttft_s": lag[2] or {},
-            "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
-            "stderr_pct": f.stderr_pct,
-            "not_identifiable": f.not_identifiable,
-            "weights": fitmod.weights(done),
-        }
-    doc = profile_doc(f"{model_id}@{base}", base, t, server, plan, fitted, error)
+    fitted, front = _fitted(args, t, done, lag) if len(done) >= 3 else (None, None)
+    doc = profile_doc(f"{model_id}@{base}", base, t, server, plan, fitted, error, skipped) | {
+        "clock": _clock(args)
+    }
     write_profile(args.out, doc)
     fast = [p.measured_s / t.time_scale for p in done if p.family == "decode"]
     if fast and min(fast) < FAST_STEP_WALL_S:
@@ -284,10 +280,43 @@ def _finish(
             print(front_line(lag[2], front))
         for name, why in fitted["not_identifiable"].items():
             print(f"not identifiable on this target: {name}: {why}")
+        for label, why in (skipped or {}).items():
+            print(f"skipped {label}: {why}")
         print(f"wrote {args.out}")
     if error:
         raise UserError(f"{error} ({len(done)} finished probes written to {args.out})")
     return 0
+
+
+def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, tuple[float, float] | None]:
+    """The profile's fit of the finished probes (coefficients, overheads, errors, what is not
+    identifiable) and the front end's (queue time, share before the engine) or None."""
+    f = fit_all(t, done, engine_clock=_clock(args) == "engine")
+    ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
+    front = _front(t, f.coeffs, lag[2], ov[0])
+    overhead = {
+        "request_s": ov[0],
+        "prompt_token_s": ov[1],
+        "per_other_request_s": ov[2],
+        "first_token_s": lag[0],
+    }
+    if front is not None:
+        overhead |= {"front_end_token_s": front[0], "front_end_before_engine": front[1]}
+    return {
+        "coefficients": f.coeffs.to_dict(),
+        "overhead": overhead,
+        "first_token_ttft_s": lag[1],
+        "front_end_ttft_s": lag[2] or {},
+        "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
+        "stderr_pct": f.stderr_pct,
+        "not_identifiable": f.not_identifiable,
+        "weights": fitmod.weights(done),
+    }, front
+
+
+def _clock(args) -> str:
+    """Which clock the probes read (`--clock`): the client's, or the target's own stamps."""
+    return getattr(args, "clock", None) or "client"
 
 
 def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float) -> tuple[float, float] | None:
