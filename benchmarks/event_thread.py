@@ -11,13 +11,12 @@ poller thread's time goes (cProfile); --syscalls counts syscalls and context swi
 thread (`perf stat`: counts, so they do not depend on the host's load).
 
 Run: .venv/bin/python benchmarks/event_thread.py [--workers 4] [--rate 500] [--seconds 5] [--tokens 64]
-     [--decode full skip] [--loop] [--syscalls] [--profile]
+     [--decode full skip] [--syscalls] [--profile]
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import cProfile
 import os
 import pstats
@@ -93,48 +92,13 @@ def start_poller(
         prof.runcall(inner)
 
     pool.poller._run = traced
-
-    def subscribe() -> None:
-        for w in pool.workers:
-            if args.decode == "skip":
-                pool._subscribe(w)
-            else:
-                w.subscriber = ZmqEventSubscriber(w.spec.events, start_seq=0)
-                pool.poller.add(w.subscriber, w, f"worker {w.slot}")
-
-    if not args.on_loop:
-        subscribe()
-        return pool, tids
-    loop = new_loop()  # the router's: uvloop when installed
-
-    def attached() -> None:
-        tids.append(threading.get_native_id())
-        pool.poller.attach(loop)
-        subscribe()
-
-    loop.call_soon(attached)
-    threading.Thread(target=loop.run_forever, daemon=True).start()
-    pool.loop = loop
+    for w in pool.workers:
+        if args.decode == "skip":
+            pool._subscribe(w)
+        else:
+            w.subscriber = ZmqEventSubscriber(w.spec.events, start_seq=0)
+            pool.poller.add(w.subscriber, w, f"worker {w.slot}")
     return pool, tids
-
-
-def new_loop() -> asyncio.AbstractEventLoop:
-    try:
-        import uvloop
-
-        return uvloop.new_event_loop()
-    except ImportError:
-        return asyncio.new_event_loop()
-
-
-def close_poller(pool: WorkerPool) -> None:
-    loop = getattr(pool, "loop", None)
-    if loop is None:
-        pool.poller.close()
-        return
-    done = threading.Event()
-    loop.call_soon_threadsafe(lambda: (pool.poller.close(), loop.stop(), done.set()))
-    done.wait(5)
 
 
 def run(design: str, args: argparse.Namespace) -> None:
@@ -156,7 +120,7 @@ def run(design: str, args: argparse.Namespace) -> None:
     cpu = sum(thread_cpu(t) for t in tids) - cpu0
     stop.set()
     if design.startswith("poller"):
-        close_poller(pool)
+        pool.poller.close()
         wakes = f", {n / max(1, pool.poller.wakes):.2f} batches per wake"
     else:
         wakes = ""
@@ -201,12 +165,8 @@ def main() -> None:
         action="store_true",
         help="syscalls and context switches per batch, by thread (perf stat)",
     )
-    ap.add_argument(
-        "--loop", action="store_true", help="also the poller attached to an asyncio loop (the router's way)"
-    )
     ap.add_argument("--profile", action="store_true", help="cProfile the poller thread (its last round)")
     args = ap.parse_args()
-    args.on_loop = False
     print(f"load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} CPUs")
     for r in range(args.rounds):
         run("thread per worker", args)
@@ -219,11 +179,6 @@ def main() -> None:
                     f"poller, {c * 1e3:g} ms, {dec}",
                     argparse.Namespace(**{**vars(args), "profile": last, "coalesce": c, "decode": dec}),
                 )
-        for dec in args.decode if args.loop else ():
-            run(
-                f"poller on a loop, {dec}",
-                argparse.Namespace(**{**vars(args), "on_loop": True, "decode": dec}),
-            )
 
 
 if __name__ == "__main__":

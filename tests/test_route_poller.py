@@ -1,6 +1,5 @@
-"""The router's KV-event poller for all workers, on real ZMQ sockets and a real /health server:
-three workers' events reach the index on the router's own loop (no thread; the poller's thread
-mode is driven directly below), a worker that dies and comes back
+"""The router's one KV-event thread for all workers, on real ZMQ sockets and a real /health server:
+three workers' events reach the index through a single thread, a worker that dies and comes back
 is subscribed again, and one worker's garbage or silent replay socket does not hold up the others."""
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ def pool_for(specs: list[WorkerSpec], index: TenantIndex, **kw) -> WorkerPool:
     )
 
 
-def test_three_workers_read_on_the_loop_and_garbage_from_one_is_skipped():
+def test_three_workers_one_thread_and_garbage_from_one_is_skipped():
     async def main() -> None:
         pubs = [RawPublisher() for _ in range(3)]
         index = TenantIndex()
@@ -50,7 +49,7 @@ def test_three_workers_read_on_the_loop_and_garbage_from_one_is_skipped():
                 assert await until(
                     lambda: all(index.find_matches("", chain(i)) == {i: Match(4)} for i in range(3))
                 )
-                assert event_threads() == []  # read on the router's loop: no thread of its own
+                assert event_threads() == ["route-events"]
                 live = [
                     p.batch(1, BlockStored(block_hashes=chain(10 + i), parent_block_hash=chain(i)[-1]))
                     for i, p in enumerate(pubs)
@@ -74,7 +73,7 @@ def test_three_workers_read_on_the_loop_and_garbage_from_one_is_skipped():
                 w0, w1 = pool.workers[0], pool.workers[1]
                 assert w0.subscriber.stats.malformed >= 3 and w1.subscriber.stats.malformed == 0
                 assert [w.events_applied for w in pool.workers] == [2, 2, 2]
-                assert event_threads() == []  # read on the router's loop: no thread of its own
+                assert event_threads() == ["route-events"]
             finally:
                 await pool.close()
                 for p in pubs:
@@ -163,7 +162,7 @@ def test_a_worker_that_dies_and_restarts_is_subscribed_again():
                 live = pub.batch(1, BlockStored(block_hashes=chain(6), parent_block_hash=chain(5)[-1]))
                 assert await until(lambda: index.blocks(0) == 8, tick=lambda: pub.send(1, live))
                 assert index.find_matches("", chain(0)) == {} and index.blocks(1) == 4
-                assert event_threads() == []  # read on the router's loop: no thread of its own
+                assert event_threads() == ["route-events"]
             finally:
                 await pool.close()
                 await runner.cleanup()

@@ -1,7 +1,5 @@
 """One thread for many KV-event subscribers: one `epoll` over every SUB socket's `ZMQ_FD`, each
-wake's batches handed over together (a router with N workers wakes one thread, not N). The
-router attaches it to its asyncio loop instead (`attach`): the epoll's own descriptor is one of
-the loop's, so a batch costs no thread wake-up or GIL hand-over, and no pause is taken there.
+wake's batches handed over together (a router with N workers wakes one thread, not N).
 
 `zmq_poll` asks every socket for `ZMQ_EVENTS` (a `poll` and a `getpid` each) twice a call; here
 only a socket whose descriptor fired is asked. `ZMQ_FD` is edge-like (it fires when the socket's
@@ -18,7 +16,6 @@ from any thread; the poller thread closes what it removes.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import select
@@ -68,8 +65,7 @@ class _Stream:
 
 
 class EventPoller:
-    """`deliver(deliveries)` is called once per wake that brought batches: on the poller's own
-    thread, or on an asyncio loop's after `attach(loop)` (the epoll's descriptor among the loop's)."""
+    """`deliver(deliveries)` is called on the poller thread once per wake that brought batches."""
 
     def __init__(
         self,
@@ -89,10 +85,6 @@ class EventPoller:
         self._wake_w.setblocking(False)
         self._epoll.register(self._wake_r.fileno(), select.EPOLLIN)
         self._thread: threading.Thread | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._timer: asyncio.TimerHandle | None = None  # the loop's call for the next due time
-        self._again = False  # a pass is scheduled on the loop (a stream left ready)
-        self._watch_at = 0.0
         self._stopping = False
         self._lock = threading.Lock()  # guards the thread's start and stop
 
@@ -103,7 +95,7 @@ class EventPoller:
             if self._stopping:
                 raise RuntimeError("event poller is closed")
             self._commands.append(("add", sub, key, label, catch_up))
-            if self._thread is None and self._loop is None:
+            if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self.name, daemon=True)
                 self._thread.start()
         self._wake()
@@ -111,30 +103,17 @@ class EventPoller:
     def remove(self, sub: ZmqEventSubscriber) -> None:
         """Stop polling `sub` and close it (on the poller thread; at once if none ever ran)."""
         with self._lock:
-            if self._thread is None and self._loop is None:
+            if self._thread is None:
                 sub.close()
                 return
             self._commands.append(("remove", sub, None, "", False))
         self._wake()
-
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Read on `loop` (from its thread) instead of a thread of its own: no thread to wake and no
-        GIL to hand over per wake. Call it before the first `add`; `close` then on the loop too."""
-        if self._thread is not None or self._loop is not None:
-            raise RuntimeError("event poller already running")
-        self._loop = loop
-        loop.add_reader(self._epoll.fileno(), self._on_loop)
-        self._on_loop()
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the thread and close every subscriber still polled."""
         with self._lock:
             self._stopping = True
             thread = self._thread
-        if self._loop is not None:
-            self._loop.remove_reader(self._epoll.fileno())
-            if self._timer is not None:
-                self._timer.cancel()
         self._wake()
         if thread is not None:
             thread.join(timeout)
@@ -148,67 +127,38 @@ class EventPoller:
         with contextlib.suppress(OSError):  # a full pipe wakes it already; a closed one has no thread
             self._wake_w.send(b"x")
 
-    # -- the thread, or the loop's callback -----------------------------------------------------
+    # -- the thread ------------------------------------------------------------------------------
     def _run(self) -> None:
+        watch_at = 0.0
+        poll, wake, fds, ready = self._epoll.poll, self._wake_r.fileno(), self._fds, self._ready
         while not self._stopping:
-            if self._pass(self._timeout()) and self.coalesce_s > 0:
-                time.sleep(self.coalesce_s)
+            if self._commands:
+                self._apply_commands()
+            for fd, _ in poll(0 if ready else self._timeout(watch_at)):
+                st = fds.get(fd)
+                if st is not None:
+                    ready[st] = None
+                elif fd == wake:
+                    self._drain_wake()
+            out: dict[int, Delivery] = {}
+            for st in list(ready):
+                del ready[st]
+                self._service(st, out)
+            now = time.monotonic()
+            for st in [st for st in self._replaying if now >= st.replay.deadline]:
+                st.replay.expire()
+                self._replayed(st, out)
+            if now >= watch_at:
+                watch_at = now + WATCH_S
+                self._watch()
+            if out:
+                self.wakes += 1
+                self._hand_over(list(out.values()))
+                if self.coalesce_s > 0:
+                    time.sleep(self.coalesce_s)
 
-    def _on_loop(self) -> None:
-        """A pass on the loop (its descriptor fired, a due time came, or a stream was left ready);
-        then a call for the next due time, or at once while a stream is left ready."""
-        self._again = False
-        if self._stopping:
-            return
-        self._pass(0)
-        loop = self._loop
-        assert loop is not None
-        if self._ready and not self._again:
-            self._again = True
-            loop.call_soon(self._on_loop)
-        due = self._timeout()
-        if self._timer is None or self._timer.when() > loop.time() + due + 0.001:
-            if self._timer is not None:
-                self._timer.cancel()
-            self._timer = loop.call_later(due, self._on_timer)
-
-    def _on_timer(self) -> None:
-        self._timer = None
-        self._on_loop()
-
-    def _pass(self, timeout: float) -> bool:
-        """Wait up to `timeout` for a descriptor, read every stream that fired or was left ready,
-        end replays past their deadline, read the handshake monitors when due, hand over; True
-        when batches were handed over."""
-        if self._commands:
-            self._apply_commands()
-        fds, ready = self._fds, self._ready
-        for fd, _ in self._epoll.poll(0 if ready else timeout):
-            st = fds.get(fd)
-            if st is not None:
-                ready[st] = None
-            elif fd == self._wake_r.fileno():
-                self._drain_wake()
-        out: dict[int, Delivery] = {}
-        for st in list(ready):
-            del ready[st]
-            self._service(st, out)
-        now = time.monotonic()
-        for st in [st for st in self._replaying if now >= st.replay.deadline]:
-            st.replay.expire()
-            self._replayed(st, out)
-        if now >= self._watch_at:
-            self._watch_at = now + WATCH_S
-            self._watch()
-        if not out:
-            return False
-        self.wakes += 1
-        self._hand_over(list(out.values()))
-        return True
-
-    def _timeout(self) -> float:
+    def _timeout(self, watch_at: float) -> float:
         """Seconds to wait: to the next handshake-monitor read or replay deadline."""
-        watch_at = self._watch_at
         due = min(watch_at, *(st.replay.deadline for st in self._replaying)) if self._replaying else watch_at
         return max(0.0, min(due - time.monotonic() + 0.001, WATCH_S))
 

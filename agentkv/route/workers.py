@@ -1,8 +1,8 @@
 """The router's worker pool: specs, health, KV-event subscriptions, load accounting, /metrics scrapes.
 
 Each worker is an OpenAI-compatible engine (`--worker URL[=EVENTS[,REPLAY]]`). In `event` mode
-one poller (`EventPoller`, on the router's own loop) consumes every worker's ZMQ KV events into
-the tenant index, one lock per wake: each subscription first replays
+one thread (`EventPoller`) consumes every worker's ZMQ KV events into the tenant index, one lock
+per wake: each subscription first replays
 the publisher's buffer (a router restart rebuilds the index), and the subscriber replays any
 sequence gap; a publisher restart (sequence back to 0) clears the worker's entries first. In
 `approximate` mode (no endpoint, or `--approximate`) the router predicts the cache from its own
@@ -169,7 +169,6 @@ class WorkerPool:
 
     async def start(self, session: aiohttp.ClientSession) -> None:
         self.session = session
-        self.poller.attach(asyncio.get_running_loop())  # events read on the loop: no thread to wake
         for w in self.workers:
             log.info(
                 "worker %d %s: %s mode%s",
@@ -191,7 +190,7 @@ class WorkerPool:
     async def close(self) -> None:
         for t in self._tasks:
             t.cancel()
-        self.poller.close()
+        await asyncio.to_thread(self.poller.close)
         for w in self.workers:
             w.subscriber = None
         for t in self._tasks:
