@@ -7,10 +7,11 @@ N `ZmqEventPublisher`s publish --rate batches/s in all (each a BlockStored of 4 
 vocabulary, and every fourth a BlockRemoved), round robin, for --seconds; the consumer threads'
 CPU time is read from /proc. The poller runs with each --decode: `skip` leaves the token ids
 undecoded (the router's subscribers), `full` decodes them (as before). --profile prints where the
-poller thread's time goes (cProfile).
+poller thread's time goes (cProfile); --syscalls counts syscalls and context switches per batch by
+thread (`perf stat`: counts, so they do not depend on the host's load).
 
 Run: .venv/bin/python benchmarks/event_thread.py [--workers 4] [--rate 500] [--seconds 5] [--tokens 64]
-     [--decode full skip] [--profile]
+     [--decode full skip] [--syscalls] [--profile]
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import pstats
 import threading
 import time
 
-from proccpu import cpu_seconds  # benchmarks/proccpu.py
+from proccpu import SyscallCount, cpu_seconds  # benchmarks/proccpu.py
 
 from agentkv.events.poller import COALESCE_S
 from agentkv.events.publisher import ZmqEventPublisher
@@ -112,6 +113,8 @@ def run(design: str, args: argparse.Namespace) -> None:
         p.wait_for_subscribers(1, 5)
     time.sleep(0.2)
     cpu0 = sum(thread_cpu(t) for t in tids)
+    names = {os.getpid(): "publisher", **{t: "consumer" for t in tids}}
+    counts = SyscallCount(os.getpid(), names) if args.syscalls else None
     n = publish(pubs, args.rate, args.seconds, args.tokens)
     time.sleep(0.3)  # the last batches arrive
     cpu = sum(thread_cpu(t) for t in tids) - cpu0
@@ -128,6 +131,8 @@ def run(design: str, args: argparse.Namespace) -> None:
         f"{design:>18}: {len(tids)} thread(s), {cpu / n * 1e6:6.1f} us CPU per batch "
         f"({n} batches of {args.tokens} token ids at {args.rate:.0f}/s over {args.workers} workers{wakes})"
     )
+    if counts is not None:
+        counts.report(n, "batch")
     if prof is not None:
         pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
@@ -154,6 +159,11 @@ def main() -> None:
         nargs="+",
         default=[0.0, COALESCE_S],
         help="the poller's wait after a wake, seconds",
+    )
+    ap.add_argument(
+        "--syscalls",
+        action="store_true",
+        help="syscalls and context switches per batch, by thread (perf stat)",
     )
     ap.add_argument("--profile", action="store_true", help="cProfile the poller thread (its last round)")
     args = ap.parse_args()

@@ -69,18 +69,19 @@ class SyscallCount:
     """`perf stat` on one process's threads over a run (tracepoints: counts, not samples, so the
     figures do not depend on the load): syscalls and context switches per request, by thread kind."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, names: dict[int, str] | None = None) -> None:
+        """`names`: a kind for some thread ids (the rest: loop, zmq or their comm)."""
         events = [
             "raw_syscalls:sys_enter",
             "context-switches",
             *(f"syscalls:sys_enter_{n}" for n in SYSCALLS),
         ]
         cmd = ["perf", "stat", "-x,", "--per-thread", "-e", ",".join(events), "-p", str(pid)]
-        self.pid = pid
+        self.pid, self.names = pid, {str(t): k for t, k in (names or {}).items()}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
-    def report(self, n: int) -> None:
-        """Stop counting and print the counts per request (`n` requests answered)."""
+    def report(self, n: int, unit: str = "request") -> None:
+        """Stop counting and print the counts per `unit` (`n` of them: requests answered)."""
         self.proc.send_signal(signal.SIGINT)
         _, err = self.proc.communicate(timeout=30)
         by: dict[str, Counter[str]] = {}
@@ -89,7 +90,9 @@ class SyscallCount:
             if len(f) < 4 or not f[1].isdigit():
                 continue
             comm, _, tid = f[0].rpartition("-")
-            kind = "loop" if tid == str(self.pid) else "zmq" if comm.startswith("ZMQbg") else comm or "other"
+            kind = self.names.get(tid) or (
+                "loop" if tid == str(self.pid) else "zmq" if comm.startswith("ZMQbg") else comm or "other"
+            )
             by.setdefault(kind, Counter())[f[3].removeprefix("syscalls:sys_enter_")] += int(f[1])
         if not by:
             print(f"  syscalls: perf stat gave nothing ({err.strip()[:200]})")
@@ -101,4 +104,4 @@ class SyscallCount:
                 continue
             cs = c.pop("context-switches", 0)
             top = ", ".join(f"{k} {v / n:.2f}" for k, v in c.most_common() if v >= n // 100)
-            print(f"  syscalls per request, {kind}: {total / n:.2f} ({top}); context switches {cs / n:.2f}")
+            print(f"  syscalls per {unit}, {kind}: {total / n:.2f} ({top}); context switches {cs / n:.2f}")

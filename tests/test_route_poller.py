@@ -253,3 +253,39 @@ def test_a_lone_batch_is_delivered_at_once_and_those_during_the_pause_in_one_wak
     finally:
         poller.close()
         pub.close()
+
+
+def test_a_burst_beyond_the_per_wake_cap_is_delivered_whole_and_in_order():
+    """700 batches sent at once (more than MAX_READS a wake), then nothing more: every batch is
+    delivered, in sequence order, over several wakes (a capped stream is read again without waiting
+    for its descriptor, which need not fire again), none counted lost."""
+    busy = RawPublisher()
+    sub = ZmqEventSubscriber(busy.endpoints[0], start_seq=0)
+    seqs: dict[str, list[int]] = {"busy": []}
+    lock = threading.Lock()
+
+    def deliver(deliveries: list[Delivery]) -> None:
+        with lock:
+            for d in deliveries:
+                seqs[d.key].extend(r.seq for r in d.batches)
+
+    poller = EventPoller(deliver, name="test-events", coalesce_s=0)
+    poller.add(sub, "busy", "worker 0")
+    payloads = [busy.batch(i, BlockStored(block_hashes=chain(i))) for i in range(700)]
+    try:
+        end = time.monotonic() + 5
+        while not seqs["busy"] and time.monotonic() < end:  # until the subscription is up
+            busy.send(0, payloads[0])
+            time.sleep(0.05)
+        with lock:
+            seqs["busy"].clear()
+        for i in range(1, 700):
+            busy.send(i, payloads[i])
+        while len(seqs["busy"]) < 699 and time.monotonic() < end + 5:
+            time.sleep(0.02)
+        with lock:
+            assert seqs["busy"] == list(range(1, 700))
+        assert poller.wakes >= 3 and sub.stats.lost == 0
+    finally:
+        poller.close()
+        busy.close()
