@@ -40,6 +40,12 @@ class ByteLRU:
         if self._queued > 4 * len(self._stamp) + 4096:  # as the dense LRU: bounded by the block ids,
             self._compact()  # not by the live entries (few while most cached blocks are in use)
 
+    def grown(self, ref: np.ndarray, cost: np.ndarray) -> None:
+        """The pool's per-block arrays grew (new ids: never freed)."""
+        stamp = np.zeros(len(ref), dtype=np.int64)
+        stamp[: len(self._stamp)] = self._stamp
+        self.ref, self.cost, self._stamp = ref, cost, stamp
+
     def removed(self, blocks: np.ndarray) -> None:
         """`blocks` left the LRU by being referenced again (their entries retire lazily)."""
         self.n -= len(blocks)

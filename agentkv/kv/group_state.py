@@ -14,6 +14,7 @@ from agentkv.kv import group_rules as R
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.kv.group_lru import ByteLRU
 from agentkv.kv.interface import KVRequest
+from agentkv.kv.invariants import check_hybrid
 
 NULL = -1
 EMPTY = np.zeros(0, dtype=np.int64)
@@ -30,15 +31,18 @@ class GroupBlocks:
 
     def _setup_blocks(self) -> None:
         self.cached_maps: list[dict[int, int]] = [{} for _ in self.specs]
-        n = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
+        self.max_ids = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
+        # per-block arrays sized to the ids taken so far, grown as more are (a policy binds them: full size)
+        n = self.max_ids if self.policy is not None else min(self.max_ids, 4096)
         self.ref = np.zeros(n, dtype=np.int32)
         self.bgroup = np.zeros(n, dtype=np.int16)
         self.hashed_blk = np.zeros(n, dtype=bool)
         self.bhash = np.empty(n, dtype=object)  # block -> its hash (an int) while the block is cached
         self.bh64 = np.zeros(n, dtype=np.uint64)  # the same as uint64, for bulk hint checks
         self.mirror = True  # off once a hash does not fit in uint64
-        self._ids = np.arange(n - 1, -1, -1, dtype=np.int64)  # free block ids, a stack (top at the end)
-        self._n_ids = n
+        self._ids = np.empty(n, dtype=np.int64)  # freed block ids, a stack (top at the end)
+        self._n_ids = 0
+        self._fresh = 0  # ids from here on were never taken: they come after the freed ones, ascending
         self.bcost = np.zeros(n, dtype=np.int64)
         self.lru = ByteLRU(self.ref, self.bcost)  # freed cached blocks of every group, oldest first
         self.empty_bytes = self.capacity
@@ -339,14 +343,31 @@ class GroupBlocks:
             self._evict(need)
         self.empty_bytes -= need
         m = self._n_ids
-        arr = self._ids[m - n : m][::-1].copy()
-        self._n_ids = m - n
+        if n <= m:
+            arr = self._ids[m - n : m][::-1].copy()
+        else:
+            arr = np.concatenate((self._ids[:m][::-1], self._new_ids(n - m)))
+        self._n_ids = max(0, m - n)
         self.ref[arr] = 1
         self.bgroup[arr] = g
         self.bcost[arr] = self.specs[g].block_bytes
         self.hashed_blk[arr] = False  # (a recycled id's hash was cleared from `bhash` when it was evicted)
         self.stats.allocated += n
         return arr
+
+    def _new_ids(self, k: int) -> np.ndarray:
+        """`k` never-taken ids; the per-block arrays grow (doubling) to hold them."""
+        f = self._fresh
+        if f + k > len(self.ref):
+            size = max(f + k, min(2 * len(self.ref), self.max_ids))
+            for name in ("ref", "bgroup", "hashed_blk", "bhash", "bh64", "bcost", "_ids"):
+                old = getattr(self, name)
+                new = np.empty(size, dtype=object) if old.dtype == object else np.zeros(size, dtype=old.dtype)
+                new[: len(old)] = old
+                setattr(self, name, new)
+            self.lru.grown(self.ref, self.bcost)
+        self._fresh = f + k
+        return np.arange(f, f + k, dtype=np.int64)
 
     def _evict(self, need: int) -> None:
         removed: dict[int, list[int]] = defaultdict(list)
@@ -373,27 +394,4 @@ class GroupBlocks:
 
     def check_invariants(self) -> None:
         """Bytes add up, the LRU holds exactly the unreferenced cached blocks, maps and tables agree."""
-        held = np.zeros_like(self.ref)
-        for tables in self.tables.values():
-            for t in tables:
-                for b in t.tolist():
-                    if b != NULL:
-                        held[b] += 1
-        assert (held == self.ref).all(), "reference counts differ from the block tables"
-        used = sum(self.block_cost(b) for b in np.flatnonzero(self.ref > 0).tolist())
-        lru_blocks = self.lru.blocks()
-        assert len(lru_blocks) == len(self.lru), "the LRU's count is off"
-        lru = sum(self.block_cost(b) for b in lru_blocks)
-        assert lru == self.evictable_bytes, "evictable bytes differ from the LRU"
-        assert used + lru + self.empty_bytes == self.capacity, "bytes do not add up to the capacity"
-        for b in lru_blocks:
-            assert self.ref[b] == 0 and self.hashed_blk[b], f"block {b} in the LRU is held or unhashed"
-        for g, d in enumerate(self.cached_maps):
-            for h, b in d.items():
-                assert self.bhash[b] == h and self.hashed_blk[b] and self.bgroup[b] == g, (
-                    f"group {g}: hash {h} maps to block {b}"
-                )
-        free = self._ids[: self._n_ids].tolist()
-        assert len(set(free)) == len(free), "a block id is free twice"
-        live = set(np.flatnonzero(self.ref > 0).tolist()) | set(lru_blocks)
-        assert not live & set(free), "a held or cached block id is also free"
+        check_hybrid(self)

@@ -71,3 +71,33 @@ def _check_hashes(pool: BlockPool) -> None:
         has = [b in firsts for b in range(pool.num_blocks)]
         assert pool._has.tolist() == has, "hash mirror out of step"
         assert all(int(pool._bh[b]) == h for h, b in pool.cached.items()), "hash mirror value differs"
+
+
+def check_hybrid(pool) -> None:
+    """A hybrid pool's (`HybridPool.check_invariants`): bytes add up, the LRU holds exactly the
+    unreferenced cached blocks, maps and tables agree, and no free id is live (O(blocks))."""
+    held = np.zeros_like(pool.ref)
+    for tables in pool.tables.values():
+        for t in tables:
+            for b in t.tolist():
+                if b >= 0:  # -1: the null block
+                    held[b] += 1
+    assert (held == pool.ref).all(), "reference counts differ from the block tables"
+    used = sum(pool.block_cost(b) for b in np.flatnonzero(pool.ref > 0).tolist())
+    lru_blocks = pool.lru.blocks()
+    assert len(lru_blocks) == len(pool.lru), "the LRU's count is off"
+    lru = sum(pool.block_cost(b) for b in lru_blocks)
+    assert lru == pool.evictable_bytes, "evictable bytes differ from the LRU"
+    assert used + lru + pool.empty_bytes == pool.capacity, "bytes do not add up to the capacity"
+    for b in lru_blocks:
+        assert pool.ref[b] == 0 and pool.hashed_blk[b], f"block {b} in the LRU is held or unhashed"
+    for g, d in enumerate(pool.cached_maps):
+        for h, b in d.items():
+            assert pool.bhash[b] == h and pool.hashed_blk[b] and pool.bgroup[b] == g, (
+                f"group {g}: hash {h} maps to block {b}"
+            )
+    free = pool._ids[: pool._n_ids].tolist()
+    assert len(set(free)) == len(free), "a block id is free twice"
+    assert all(0 <= b < pool._fresh <= len(pool.ref) for b in free), "a free id was never taken"
+    live = set(np.flatnonzero(pool.ref > 0).tolist()) | set(lru_blocks)
+    assert not live & set(free), "a held or cached block id is also free"
