@@ -282,3 +282,26 @@ def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants():
         pool.free(rid)
     pool.check_invariants()
     assert pool.available_bytes == pool.capacity and pool.stats.evicted > 0
+
+
+def test_block_arrays_grow_with_the_blocks_taken_not_with_the_capacity():
+    """A pool sized for 10^8 blocks holds arrays for what it took: ids ascend as first taken, freed
+    ids come back first (newest freed first), growth keeps the cache, and a full pool still refuses."""
+    pool = hybrid([("full", 10), ("sliding", 10, 8)], capacity=10**9)
+    a, b = PoolRequest("a", []), req("b", 3000, base=50_000)  # a's blocks: uncached, freed to the stack
+    assert pool.allocate_slots(a, 3000 * BS) and pool.allocate_slots(b, 3000 * BS)  # 12,000 ids
+    assert pool.tables["a"][0][:3].tolist() == [0, 1, 2] and pool.tables["b"][0][0] == 6000  # ascending
+    assert 12_000 <= len(pool.ref) < 50_000
+    pool.check_invariants()
+    pool.free("a")
+    size = len(pool.ref)
+    c = req("c", 10, base=90_000)
+    assert pool.allocate_slots(c, 10 * BS)
+    assert len(pool.ref) == size  # a's freed ids, tail first per group, the last freed on top: no growth
+    assert pool.tables["c"][0].tolist() == list(range(3000, 3010))
+    assert pool.get_computed_blocks(b.block_hashes, 3000 * BS + 1).hit == 3000
+    pool.check_invariants()
+    small = hybrid([("full", 10)], capacity=95)  # 9 blocks: arrays of the capacity, and no more
+    assert len(small.ref) == 10 and small.allocate_slots(req("x", 9), 9 * BS)
+    assert not small.allocate_slots(req("y", 1, base=7), BS)
+    small.check_invariants()

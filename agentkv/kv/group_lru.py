@@ -9,6 +9,14 @@ from collections import deque
 import numpy as np
 
 
+def grown(a: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
+    """`a` copied into a longer array, the rest `fill` (None in an object array): the pool's
+    per-block arrays grow as ids are taken."""
+    new = np.empty(size, dtype=object) if a.dtype == object else np.full(size, fill, dtype=a.dtype)
+    new[: len(a)] = a
+    return new
+
+
 class ByteLRU:
     """Least recently freed first. An entry is live while its stamp is the block's latest and the
     block is unreferenced, so re-using a block (a prefix hit) costs nothing here."""
@@ -39,6 +47,10 @@ class ByteLRU:
         self.n += k
         if self._queued > 4 * len(self._stamp) + 4096:  # as the dense LRU: bounded by the block ids,
             self._compact()  # not by the live entries (few while most cached blocks are in use)
+
+    def grown(self, ref: np.ndarray, cost: np.ndarray) -> None:
+        """The pool's per-block arrays grew (new ids: never freed)."""
+        self.ref, self.cost, self._stamp = ref, cost, grown(self._stamp, len(ref))
 
     def removed(self, blocks: np.ndarray) -> None:
         """`blocks` left the LRU by being referenced again (their entries retire lazily)."""

@@ -12,9 +12,9 @@ import numpy as np
 
 from agentkv.kv import group_rules as R
 from agentkv.kv.events import BlockRemoved, BlockStored
-from agentkv.kv.group_lru import ByteLRU
+from agentkv.kv.group_lru import ByteLRU, grown
 from agentkv.kv.interface import KVRequest
-from agentkv.kv.invariants import check_groups
+from agentkv.kv.invariants import check_hybrid
 
 NULL = -1
 EMPTY = np.zeros(0, dtype=np.int64)
@@ -31,18 +31,20 @@ class GroupBlocks:
 
     def _setup_blocks(self) -> None:
         self.cached_maps: list[dict[int, int]] = [{} for _ in self.specs]
-        n = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
+        self.max_ids = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
+        # per-block arrays sized to the ids taken so far, grown as more are (a policy binds them: full size)
+        n = self.max_ids if self.policy is not None else min(self.max_ids, 4096)
         self.ref = np.zeros(n, dtype=np.int32)
         self.bgroup = np.zeros(n, dtype=np.int16)
         self.hashed_blk = np.zeros(n, dtype=bool)
         self.bhash = np.empty(n, dtype=object)  # block -> its hash (an int) while the block is cached
         self.bh64 = np.zeros(n, dtype=np.uint64)  # group 0's as uint64 while cached, else 0 (hint checks)
         self.mirror = True  # off once a hash does not fit in uint64
-        # group 0: a recomputed copy -> the block that held its hash when it was made (maybe stale:
-        # read only through the mirror's check, so a hint's copies resolve without a map lookup)
+        # group 0: a recomputed copy -> the block holding its hash then (maybe stale: read via the mirror)
         self.alias = np.full(n, NULL, dtype=np.int64)
-        self._ids = np.arange(n - 1, -1, -1, dtype=np.int64)  # free block ids, a stack (top at the end)
-        self._n_ids = n
+        self._ids = np.empty(n, dtype=np.int64)  # freed block ids, a stack (top at the end)
+        self._n_ids = 0
+        self._fresh = 0  # ids from here on were never taken: they come after the freed ones, ascending
         self.bcost = np.zeros(n, dtype=np.int64)
         self.lru = ByteLRU(self.ref, self.bcost)  # freed cached blocks of every group, oldest first
         self.empty_bytes = self.capacity
@@ -342,18 +344,31 @@ class GroupBlocks:
         if n <= 0:
             return EMPTY
         need = n * self.specs[g].block_bytes
-        if self.empty_bytes < need:
-            self._evict(need)
+        self._room(need)
         self.empty_bytes -= need
         m = self._n_ids
-        arr = self._ids[m - n : m][::-1].copy()
-        self._n_ids = m - n
+        if n <= m:
+            arr = self._ids[m - n : m][::-1].copy()
+        else:
+            arr = np.concatenate((self._ids[:m][::-1], self._new_ids(n - m)))
+        self._n_ids = max(0, m - n)
         self.ref[arr] = 1
         self.bgroup[arr] = g
         self.bcost[arr] = self.specs[g].block_bytes
         self.hashed_blk[arr] = False  # (a recycled id's hash was cleared from `bhash` when it was evicted)
         self.stats.allocated += n
         return arr
+
+    def _new_ids(self, k: int) -> np.ndarray:
+        """`k` never-taken ids; the per-block arrays grow (doubling) to hold them."""
+        f = self._fresh
+        if f + k > len(self.ref):
+            size = max(f + k, min(2 * len(self.ref), self.max_ids))
+            for name in ("ref", "bgroup", "hashed_blk", "bhash", "bh64", "bcost", "_ids", "alias"):
+                setattr(self, name, grown(getattr(self, name), size, NULL if name == "alias" else 0))
+            self.lru.grown(self.ref, self.bcost)
+        self._fresh = f + k
+        return np.arange(f, f + k, dtype=np.int64)
 
     def _evict(self, need: int) -> None:
         removed: dict[int, list[int]] = defaultdict(list)
@@ -379,6 +394,4 @@ class GroupBlocks:
         if self.hooks is not None:
             self.hooks.evicted(removed)
 
-    def check_invariants(self) -> None:
-        """Bytes add up, the LRU holds exactly the unreferenced cached blocks, maps and tables agree."""
-        check_groups(self)
+    check_invariants = check_hybrid  # bytes add up; LRU, maps, tables and the uint64 mirror agree

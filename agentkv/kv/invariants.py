@@ -73,14 +73,15 @@ def _check_hashes(pool: BlockPool) -> None:
         assert all(int(pool._bh[b]) == h for h, b in pool.cached.items()), "hash mirror value differs"
 
 
-def check_groups(pool) -> None:
-    """The hybrid pool's (`group_state.GroupBlocks`): bytes add up, the LRU holds exactly the
-    unreferenced cached blocks, maps, tables and group 0's uint64 mirror agree."""
+def check_hybrid(pool) -> None:
+    """A hybrid pool's (`HybridPool.check_invariants`): bytes add up, the LRU holds exactly the
+    unreferenced cached blocks, maps, tables and group 0's uint64 mirror agree, and no free id is
+    live (O(blocks))."""
     held = np.zeros_like(pool.ref)
     for tables in pool.tables.values():
         for t in tables:
             for b in t.tolist():
-                if b >= 0:
+                if b >= 0:  # -1: the null block
                     held[b] += 1
     assert (held == pool.ref).all(), "reference counts differ from the block tables"
     used = sum(pool.block_cost(b) for b in np.flatnonzero(pool.ref > 0).tolist())
@@ -102,5 +103,6 @@ def check_groups(pool) -> None:
             assert first.get(int(pool.bh64[b])) == b, f"block {b}: uint64 mirror out of step"
     free = pool._ids[: pool._n_ids].tolist()
     assert len(set(free)) == len(free), "a block id is free twice"
+    assert all(0 <= b < pool._fresh <= len(pool.ref) for b in free), "a free id was never taken"
     live = set(np.flatnonzero(pool.ref > 0).tolist()) | set(lru_blocks)
     assert not live & set(free), "a held or cached block id is also free"
