@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import subprocess
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -16,21 +15,9 @@ from agentkv.calib import fit as F
 from agentkv.calib.floor import FLOOR_CTX, FLOOR_OUT, floor_probes
 from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import Probe, make_plan, samples
-from agentkv.engine.cost import load_coefficients
 from tests.cluster import CLI, HOST, Procs, free_ports, wait_http
-from tests.test_calibrate import _Bare
+from tests.test_calibrate import TRUE, _Bare
 
-TRUE = replace(
-    load_coefficients(),
-    gemm_eff=0.7,
-    overlap_k=1.6,
-    attn_self_eff=0.6,
-    attn_past_eff=0.3,
-    stream_gbps=80.0,
-    past_setup_s=50e-6,
-    launch_floor_s=60e-6,
-    floor_k=2.5,
-)
 QWEN = F.Target("h100", "qwen2.5-7b")
 
 
