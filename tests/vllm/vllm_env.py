@@ -97,9 +97,11 @@ TINY_KINDS = {
         "num_key_value_heads": 4,
         "intermediate_size": 256,
         "q_lora_rank": None,
-        "kv_lora_rank": 64,
+        # DeepSeek's latent (512) and rope (64) widths: vLLM's CPU MLA backend on AMX hosts (AMX_MLA)
+        # serves only their sum, 576 ("Head dimension 96 is not supported by MLA" with 64 + 32)
+        "kv_lora_rank": 512,
         "qk_nope_head_dim": 32,
-        "qk_rope_head_dim": 32,
+        "qk_rope_head_dim": 64,
         "v_head_dim": 32,
         "n_routed_experts": 4,
         "num_experts_per_tok": 2,

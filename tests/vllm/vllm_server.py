@@ -59,11 +59,22 @@ EVICT = ServerSpec(
     hash_algo="sha256_cbor", python_hash_seed="4242", num_gpu_blocks=EVICT_BLOCKS, bind_events=False
 )
 
+
+def _amx_tiles() -> bool:
+    """Whether this CPU has AMX tiles (vLLM's CPU build picks its MLA backend by them)."""
+    try:
+        return "amx_tile" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
 # one evicting server per other model kind (vllm_env.TINY_KINDS), blocks sized so that it starts:
 # vLLM needs one request of --max-model-len to fit, and a sliding-window group holds the window plus
-# a prefill chunk besides the full-attention blocks; the CPU MLA backend forces 16-token blocks.
+# a prefill chunk besides the full-attention blocks. MLA: on a CPU with AMX tiles vLLM serves it with
+# AMX_MLA (32-token blocks, prefix caching on), else with its reference CPU_MLA, which forces 16-token
+# blocks and turns prefix caching off (the test then skips with vLLM's reason).
 # The prefill chunk is given explicitly (the CPU build's default) so the simulator can be told the same.
-KIND_BLOCKS = {"sliding-window": 400, "moe": 320, "mla": 640}
+KIND_BLOCKS = {"sliding-window": 400, "moe": 320, "mla": 320 if _amx_tiles() else 640}
 KIND_CHUNK = ("--max-num-batched-tokens", "2048")
 KIND_SERVERS = {
     f"kind-{kind}": ServerSpec(
