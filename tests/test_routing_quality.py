@@ -33,7 +33,9 @@ def _session(k: int) -> Trace:
             input_tokens=n * 16,
             output_tokens=4,
             hash_ids=list(range(k * 10_000, k * 10_000 + n)),
-            think_time=0.05 if i else 0.0,
+            # 10 ms between turns at SCALE: a turn's KV events may wait out the poller's 5 ms pause
+            # (1 ms left them unapplied in 2 of 10 runs on an AMX host; agentic think times are seconds)
+            think_time=0.5 if i else 0.0,
         )
         for i, n in enumerate(BLOCKS)
     ]

@@ -1,11 +1,5 @@
-"""One thread for many KV-event subscribers: one `epoll` over every SUB socket's `ZMQ_FD`, each
-wake's batches handed over together (a router with N workers wakes one thread, not N).
-
-`zmq_poll` asks every socket for `ZMQ_EVENTS` (a `poll` and a `getpid` each) twice a call; here
-only a socket whose descriptor fired is asked. `ZMQ_FD` is edge-like (it fires when the socket's
-state may have changed, and messages can wait behind a quiet descriptor), so a socket is read
-until `ZMQ_EVENTS` shows nothing left, and one left unread (the per-wake cap, a socket just
-watched again) is kept ready and read on the next pass without waiting.
+"""One thread for many KV-event subscribers: a `zmq.Poller` over every SUB socket, each wake's
+batches handed over together (a router with N workers wakes one thread, not N).
 
 The subscribers' own bookkeeping applies unchanged (`SeqTracker`: malformed frames counted and
 skipped, gaps replayed, restarts marked); a replay is waited on without blocking: while one is in
@@ -18,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import select
 import socket
 import threading
 import time
@@ -61,7 +54,6 @@ class _Stream:
     replay: PendingReplay | None = None
     steps: Generator[int, list[Received], list[Received]] | None = None  # the message awaiting replay
     refused: int = 0  # handshake failures already reported
-    fd: int | None = None  # the ZMQ_FD in the epoll while watched
 
 
 class EventPoller:
@@ -75,15 +67,14 @@ class EventPoller:
     ) -> None:
         self.deliver, self.name, self.coalesce_s = deliver, name, coalesce_s
         self.wakes = 0  # wakes that delivered something (a benchmark's figure)
-        self._epoll = select.epoll()
-        self._fds: dict[int, _Stream] = {}  # by the ZMQ_FD of the socket it now waits on
-        self._ready: dict[_Stream, None] = {}  # to read without waiting (ordered, no repeats)
+        self._poller = zmq.Poller()
+        self._streams: dict[zmq.Socket, _Stream] = {}  # by the socket it now waits on
         self._replaying: set[_Stream] = set()  # those waiting on a replay
         self._commands: deque[tuple[str, ZmqEventSubscriber, object, str, bool]] = deque()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
         self._wake_w.setblocking(False)
-        self._epoll.register(self._wake_r.fileno(), select.EPOLLIN)
+        self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
         self._thread: threading.Thread | None = None
         self._stopping = False
         self._lock = threading.Lock()  # guards the thread's start and stop
@@ -121,7 +112,6 @@ class EventPoller:
             self._close_all()
             self._wake_r.close()
             self._wake_w.close()
-            self._epoll.close()
 
     def _wake(self) -> None:
         with contextlib.suppress(OSError):  # a full pipe wakes it already; a closed one has no thread
@@ -130,20 +120,26 @@ class EventPoller:
     # -- the thread ------------------------------------------------------------------------------
     def _run(self) -> None:
         watch_at = 0.0
-        poll, wake, fds, ready = self._epoll.poll, self._wake_r.fileno(), self._fds, self._ready
+        poll, wake = self._poller.poll, self._wake_r.fileno()
         while not self._stopping:
             if self._commands:
                 self._apply_commands()
-            for fd, _ in poll(0 if ready else self._timeout(watch_at)):
-                st = fds.get(fd)
-                if st is not None:
-                    ready[st] = None
-                elif fd == wake:
-                    self._drain_wake()
             out: dict[int, Delivery] = {}
-            for st in list(ready):
-                del ready[st]
-                self._service(st, out)
+            for sock, _ in poll(self._timeout_ms(watch_at)):
+                st = self._streams.get(sock)
+                if st is None:
+                    if sock == wake:
+                        self._drain_wake()
+                    continue
+                try:
+                    if st.replay is None:
+                        self._read(st, out)
+                    elif st.replay.take():
+                        self._replayed(st, out)
+                except Exception:  # a bug or a socket error: that stream ends, the others go on
+                    log.exception("%s: KV events no longer read from %s", st.label, st.sub.endpoint)
+                    out.pop(id(st), None)
+                    self._drop(st.sub)
             now = time.monotonic()
             for st in [st for st in self._replaying if now >= st.replay.deadline]:
                 st.replay.expire()
@@ -157,24 +153,9 @@ class EventPoller:
                 if self.coalesce_s > 0:
                     time.sleep(self.coalesce_s)
 
-    def _timeout(self, watch_at: float) -> float:
-        """Seconds to wait: to the next handshake-monitor read or replay deadline."""
+    def _timeout_ms(self, watch_at: float) -> int:
         due = min(watch_at, *(st.replay.deadline for st in self._replaying)) if self._replaying else watch_at
-        return max(0.0, min(due - time.monotonic() + 0.001, WATCH_S))
-
-    def _service(self, st: _Stream, out: dict[int, Delivery]) -> None:
-        """Read what the stream's socket holds (its descriptor fired, or it was left ready)."""
-        if st.fd is None:
-            return  # dropped earlier in this pass
-        try:
-            if st.replay is None:
-                self._read(st, out)  # a read, not a ZMQ_EVENTS query first: one fewer poll + getpid
-            elif st.replay.take():
-                self._replayed(st, out)
-        except Exception:  # a bug or a socket error: that stream ends, the others go on
-            log.exception("%s: KV events no longer read from %s", st.label, st.sub.endpoint)
-            out.pop(id(st), None)
-            self._drop(st.sub)
+        return max(0, min(int((due - time.monotonic()) * 1000) + 1, int(WATCH_S * 1000)))
 
     def _hand_over(self, deliveries: list[Delivery]) -> None:
         try:
@@ -203,13 +184,13 @@ class EventPoller:
                 return
             if not sock.getsockopt(_EVENTS) & zmq.POLLIN:  # cheaper than a read raising zmq.Again
                 return
-        self._ready[st] = None  # the cap, not the end: its descriptor may not fire again
 
     def _begin_replay(self, st: _Stream, start: int) -> None:
         self._unwatch(st)
         st.replay = PendingReplay(st.sub, start)
+        self._poller.register(st.replay.sock, zmq.POLLIN)
+        self._streams[st.replay.sock] = st
         self._replaying.add(st)
-        self._watch_socket(st, st.replay.sock)
 
     def _replayed(self, st: _Stream, out: dict[int, Delivery]) -> None:
         """A replay ended (answered or timed out): hand the replies on, then read live again."""
@@ -230,7 +211,8 @@ class EventPoller:
             else:
                 self._begin_replay(st, start)
                 return
-        self._watch_socket(st, st.sub.socket)
+        self._poller.register(st.sub.socket, zmq.POLLIN)
+        self._streams[st.sub.socket] = st
 
     def _out(self, st: _Stream, out: dict[int, Delivery]) -> Delivery:
         """This wake's delivery for `st` (a catch-up ends a wake's reading of its stream, so a
@@ -240,26 +222,14 @@ class EventPoller:
             d = out[id(st)] = Delivery(st.key, st.sub)
         return d
 
-    def _watch_socket(self, st: _Stream, sock: zmq.Socket) -> None:
-        """Wait on `sock` for `st`, and read it once without waiting: messages that came before
-        (or while it was not watched) may not make its descriptor fire."""
-        st.fd = sock.getsockopt(zmq.FD)
-        self._epoll.register(st.fd, select.EPOLLIN)
-        self._fds[st.fd] = st
-        self._ready[st] = None
-
     def _unwatch(self, st: _Stream) -> None:
-        if st.fd is not None:
-            self._epoll.unregister(st.fd)
-            del self._fds[st.fd]
-            st.fd = None
-        self._ready.pop(st, None)
+        sock = st.replay.sock if st.replay is not None else st.sub.socket
+        self._poller.unregister(sock)
+        del self._streams[sock]
 
     def _watch(self) -> None:
-        """Read every handshake monitor (reconnecting after failures); report a refused one once.
-        Every stream is then read once more (a safety net for a missed edge, twice a second)."""
-        for st in list(self._fds.values()):
-            self._ready[st] = None
+        """Read every handshake monitor (reconnecting after failures); report a refused one once."""
+        for st in self._streams.values():
             st.sub.watch()
             failures = st.sub.stats.handshake_failures
             if failures > st.refused:
@@ -278,14 +248,17 @@ class EventPoller:
             if op == "add":
                 st = _Stream(key, sub, label)
                 if catch_up and sub.replay_endpoint is not None:
+                    self._streams[sub.socket] = st
+                    self._poller.register(sub.socket, zmq.POLLIN)
                     self._begin_replay(st, 0)
                 else:
-                    self._watch_socket(st, sub.socket)
+                    self._poller.register(sub.socket, zmq.POLLIN)
+                    self._streams[sub.socket] = st
             else:
                 self._drop(sub)
 
     def _drop(self, sub: ZmqEventSubscriber) -> None:
-        for st in list(self._fds.values()):
+        for st in list(self._streams.values()):
             if st.sub is sub:
                 self._unwatch(st)
                 if st.replay is not None:
@@ -302,5 +275,5 @@ class EventPoller:
         while self._commands:
             op, sub, *_ = self._commands.popleft()
             sub.close()
-        for st in list(self._fds.values()):
+        for st in {id(st): st for st in self._streams.values()}.values():
             self._drop(st.sub)
