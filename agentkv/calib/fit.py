@@ -6,7 +6,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from agentkv.calib.plan import Probe
+from agentkv.calib.plan import DECODING, Probe
 from agentkv.engine.calibrate import FREE
 from agentkv.engine.cost import CostCoefficients, CostModel, load_coefficients
 
@@ -68,7 +68,7 @@ def predict(cm: CostModel, t: Target, p: Probe, overhead: tuple[float, ...] = (0
     delay of `overhead`), one decode step, for interference the longest step that batches a prefill
     chunk (the token budget less the decodes) with the decodes, and for loaded_ttft half a decode
     step (the one under way), the step batching the prompt with the decodes, and the host delay."""
-    if p.family in ("decode", "floor"):
+    if p.family in DECODING:
         return cm.step_time([], [p.ctx + p.out // 2] * p.n)
     if p.family == "loaded_ttft":
         dec = [p.ctx + p.out // 2] * p.n

@@ -18,7 +18,7 @@ import numpy as np
 from agentkv.calib.fit import FITTED, NAMES, WIDE, Fit, Target, fit, predict
 from agentkv.calib.floor import floor_from_ladder
 from agentkv.calib.pair import setup_from_pair
-from agentkv.calib.plan import Probe
+from agentkv.calib.plan import DECODING, Probe
 from agentkv.engine.calibrate import FREE
 from agentkv.engine.cost import CostCoefficients, load_coefficients
 
@@ -118,7 +118,7 @@ def unpinned(t: Target, probes: list[Probe], f: Fit, sigma: float = SIGMA_REF) -
                 f"a 10% change moves no probed step by more than {share:.2g}%; with {sigma * 100:.2g}% timing error "
                 f"the probes would know it {known}"
             )
-    ctxs = {p.ctx for p in probes if p.measured_s and p.family in ("decode", "floor")}
+    ctxs = {p.ctx for p in probes if p.measured_s and p.family in DECODING}
     if len(ctxs) < 2 and "stream_gbps" not in out:  # collinear with the floor at one context
         out["stream_gbps"] = (
             f"the decode probes have {len(ctxs) or 'no'} context{'s' * (len(ctxs) != 1)}: a step's fixed "

@@ -36,6 +36,8 @@ INTERFERE_N, INTERFERE_CTX = 8, 1024  # ... while this many streams of this cont
 # host time under traffic: a short prompt's first token while K streams of LOADED_CTX decode (an
 # engine and API server sharing a busy host meet time per request that grows with the streams)
 LOADED_NEW, LOADED_CTX, LOADED_N = 256, 512, (1, 3)
+# the families measured as one decode step (calib.floor's rungs are long single-stream decodes)
+DECODING = ("decode", "floor")
 
 
 @dataclass(slots=True)
@@ -68,7 +70,7 @@ class Probe:
 
     def label(self) -> str:
         """A short name for progress lines and tables."""
-        if self.family in ("decode", "floor"):
+        if self.family in DECODING:
             return f"{self.family} n={self.n} ctx={self.ctx}"
         if self.family in ("interference", "loaded_ttft"):
             return f"{self.family} new={self.new} beside n={self.n} ctx={self.ctx}"

@@ -19,7 +19,7 @@ from agentkv.calib.frontend import (
     fit_front_end,
 )
 from agentkv.calib.identify import fit_all
-from agentkv.calib.plan import MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
+from agentkv.calib.plan import DECODING, MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
 from agentkv.calib.probes import LAG_PAIRS, PILOT_NEW, PILOT_OUT, FirstTokenLag, Prober, pilot, run_plan
 from agentkv.calib.profile import profile_doc, write_profile
 from agentkv.errors import UserError
@@ -78,7 +78,7 @@ def stretch_decodes(t: fitmod.Target, plan: list[Probe], slow: float = 1.0) -> N
     (a fast model at a high time scale), so the first stream still decodes when the last one starts."""
     cm = t.cost()
     for p in plan:
-        if p.family in ("decode", "floor"):
+        if p.family in DECODING:
             steps = p.n * ARRIVAL_WALL_S * t.time_scale / (fitmod.predict(cm, t, p) * slow)
             p.out += int(steps)
 
@@ -108,11 +108,11 @@ def decode_anchors(plan: list[Probe]) -> list[Probe]:
 def est_wall_s(t: fitmod.Target, p: Probe, repeats: int, slow: tuple[float, float] = (1.0, 1.0)) -> float:
     """Planning estimate of a probe's wall seconds: the bundled coefficients x the pilot's slowdown."""
     cm, once = t.cost(), 0.0
-    if p.family in ("decode", "floor", "interference", "loaded_ttft"):
+    if p.family in (*DECODING, "interference", "loaded_ttft"):
         fill = fitmod.predict(cm, t, Probe("prefill_cold", new=p.n * p.ctx + p.new))
         step = fitmod.predict(cm, t, Probe("decode", n=p.n, ctx=p.ctx, out=p.out))
         eng = fill * slow[0] + p.out * step * slow[1]
-        reqs = p.n + (p.family not in ("decode", "floor"))
+        reqs = p.n + (p.family not in DECODING)
     else:  # a cached prefix is warmed once per probe (`Prober.ttft`)
         eng, reqs = fitmod.predict(cm, t, p) * slow[0], 1
         if p.past:
