@@ -39,6 +39,7 @@ NAMES = (*FREE, "copy_gbps")
 # keeping the better: from the catalogue's rate the KV term is too small for the roof's gradient to
 # move it, and one live run's fit stayed there (decode MAPE 33% against 15% from a CPU's start)
 CPU_COPY_GBPS = 10.0
+STEP = 0.01  # relative change for the numerical derivatives (`jacobian`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,3 +231,24 @@ def errors(
             if p.family in FITTED:
                 by.setdefault("all", []).append(e)
     return {k: round(sum(v) / len(v), 3) for k, v in by.items()}
+
+
+def jacobian(
+    t: Target,
+    probes: list[Probe],
+    c: CostCoefficients,
+    overhead: tuple[float, float],
+    names: tuple[str, ...] = tuple(FREE),
+) -> np.ndarray:
+    """d log(predicted) / d log(coefficient) for `names`, then d log(predicted) / d overhead (per
+    request and per token, in units of 1 ms and 1 us), one row per fitted probe."""
+    pts = [p for p in probes if p.measured_s and p.family in FITTED]
+    base = np.log([predict(t.cost(c), t, p, overhead) for p in pts])
+    cols = []
+    for n in names:
+        up = t.cost(replace(c, **{n: getattr(c, n) * (1 + STEP)}))
+        cols.append((np.log([predict(up, t, p, overhead) for p in pts]) - base) / np.log1p(STEP))
+    for d in ((1e-3, 0.0), (0.0, 1e-6)):
+        ov = (overhead[0] + d[0], overhead[1] + d[1])
+        cols.append(np.log([predict(t.cost(c), t, p, ov) for p in pts]) - base)
+    return np.array(cols).T

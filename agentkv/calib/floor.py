@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from agentkv.calib.fit import WIDE, Fit, Target, fit, predict
+from agentkv.calib.fit import WIDE, Fit, Target, fit, jacobian, predict
 from agentkv.calib.plan import Probe
 from agentkv.engine.calibrate import FREE
 from agentkv.engine.cost import CostCoefficients
@@ -105,12 +105,7 @@ def ladder_se(t: Target, rungs: list[Probe], f: Fit, least: float = SIGMA_MIN) -
     """Relative standard errors (%) of `LADDER` from the rungs alone at `f`: the rungs' Jacobian,
     each row weighted by its own timing error (`_rung_sigma`)."""
     sig = np.array([_rung_sigma(p, least) for p in rungs])
-    base = np.log([predict(t.cost(f.coeffs), t, p) for p in rungs])
-    cols = []
-    for n in LADDER:
-        up = t.cost(replace(f.coeffs, **{n: getattr(f.coeffs, n) * 1.01}))
-        cols.append((np.log([predict(up, t, p) for p in rungs]) - base) / math.log(1.01))
-    j = np.array(cols).T / sig[:, None]
+    j = jacobian(t, rungs, f.coeffs, (0.0, 0.0), LADDER)[:, : len(LADDER)] / sig[:, None]
     cov = np.linalg.pinv(j.T @ j)
     return {n: float(np.sqrt(max(cov[i, i], 0.0)) * 100) for i, n in enumerate(LADDER)}
 

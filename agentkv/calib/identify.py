@@ -15,11 +15,10 @@ from dataclasses import replace
 
 import numpy as np
 
-from agentkv.calib.fit import FITTED, NAMES, WIDE, Fit, Target, fit, predict
+from agentkv.calib.fit import NAMES, WIDE, Fit, Target, fit, jacobian
 from agentkv.calib.floor import floor_from_ladder
 from agentkv.calib.pair import setup_from_pair
 from agentkv.calib.plan import DECODING, Probe
-from agentkv.engine.calibrate import FREE
 from agentkv.engine.cost import CostCoefficients, load_coefficients
 
 SIGMA_REF = 0.01  # the timing error per probe the test assumes (1%)
@@ -27,7 +26,6 @@ SIGMA_REF = 0.01  # the timing error per probe the test assumes (1%)
 # the fit's own RMS error instead, at least this: a coefficient pinned there is pinned by the engine
 SIGMA_ENGINE_MIN = 1e-4
 LIMIT_PCT = 25.0  # a coefficient known only to worse than this is not identifiable
-STEP = 0.01  # relative change for the numerical derivatives
 # keep the defaults when the fit with them is at most this much worse (root mean square of log errors)
 RMS_SLACK = (1.05, 0.001)
 FLOOR = ("launch_floor_s", "floor_k")
@@ -37,27 +35,6 @@ ROOF = "copy_gbps"  # the copy roof, which calibrate frees too (fit.NAMES; `cata
 PROFILE = (1 + LIMIT_PCT / 100, 1 / (1 + LIMIT_PCT / 100), 0.5, 0.25, 0.1)
 # the profile must rise by this many noise variances at each point (two standard errors, ~95%)
 RISE = 4.0
-
-
-def jacobian(
-    t: Target,
-    probes: list[Probe],
-    c: CostCoefficients,
-    overhead: tuple[float, float],
-    names: tuple[str, ...] = tuple(FREE),
-) -> np.ndarray:
-    """d log(predicted) / d log(coefficient) for `names`, then d log(predicted) / d overhead (per
-    request and per token, in units of 1 ms and 1 us), one row per fitted probe."""
-    pts = [p for p in probes if p.measured_s and p.family in FITTED]
-    base = np.log([predict(t.cost(c), t, p, overhead) for p in pts])
-    cols = []
-    for n in names:
-        up = t.cost(replace(c, **{n: getattr(c, n) * (1 + STEP)}))
-        cols.append((np.log([predict(up, t, p, overhead) for p in pts]) - base) / np.log1p(STEP))
-    for d in ((1e-3, 0.0), (0.0, 1e-6)):
-        ov = (overhead[0] + d[0], overhead[1] + d[1])
-        cols.append(np.log([predict(t.cost(c), t, p, ov) for p in pts]) - base)
-    return np.array(cols).T
 
 
 def structural_se(j: np.ndarray, sigma: float = SIGMA_REF) -> np.ndarray:
