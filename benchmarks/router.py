@@ -43,10 +43,22 @@ ROOT = Path(__file__).resolve().parents[1]
 # where sglang-router's venv is found: a worktree or clone can use another tree's
 PEERS = Path(os.environ.get("AGENTKV_PEERS_DIR") or ROOT / ".venv-peers")
 PEER = PEERS / "sglang" / "bin" / "python"
-# `agentkv` under cProfile counting CPU time (process_time), not wall time: an idle event loop costs nothing
+# `agentkv` under cProfile counting each thread's own CPU time (thread_time: an idle event loop costs
+# nothing, and another thread's CPU is not charged to the loop); the KV-event thread is profiled apart
 PROFILED = """import cProfile, sys, time
+from agentkv.events import poller
 from agentkv.cli import main
-p = cProfile.Profile(time.process_time)
+run = poller.EventPoller._run
+def _run(self):
+    q = cProfile.Profile(time.thread_time)
+    q.enable()
+    try:
+        run(self)
+    finally:
+        q.disable()
+        q.dump_stats(sys.argv[1] + ".events")
+poller.EventPoller._run = _run
+p = cProfile.Profile(time.thread_time)
 p.enable()
 try:
     main(sys.argv[2:])
@@ -237,6 +249,9 @@ async def _measure_ours(c: Cluster, args: argparse.Namespace) -> tuple[float, fl
 
         print(f"  where the router's CPU went (cProfile, whole run; stats in {args.profile}):")
         pstats.Stats(args.profile).sort_stats("tottime").print_stats(25)
+        if Path(args.profile + ".events").exists():
+            print("  the KV-event thread's:")
+            pstats.Stats(args.profile + ".events").sort_stats("tottime").print_stats(15)
     return ms, _added_p50(base, via), via["achieved"], base["achieved"]
 
 

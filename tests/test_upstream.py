@@ -60,8 +60,10 @@ class RawServer:
         w.close()
 
 
-async def _read_all(up: Upstream, url: str, body: bytes = b"{}") -> tuple[int, str, bytes]:
-    r = await up.post(url, body, b"Content-Type: application/json\r\n")
+async def _read_all(
+    up: Upstream, url: str, body: bytes = b"{}", first: bool = False
+) -> tuple[int, str, bytes]:
+    r = await up.post(url, body, b"Content-Type: application/json\r\n", first=first)
     out = b""
     while chunk := await r.readany():
         out += chunk
@@ -69,14 +71,31 @@ async def _read_all(up: Upstream, url: str, body: bytes = b"{}") -> tuple[int, s
     return r.status, r.content_type, out
 
 
+@pytest.mark.parametrize("first", [False, True], ids=["head", "first-bytes"])
 @pytest.mark.parametrize("split", [0, 1, 7])
-def test_chunked_and_length_bodies_arrive_whole_however_the_bytes_are_cut(split):
+def test_chunked_and_length_bodies_arrive_whole_however_the_bytes_are_cut(split, first):
     async def main():
         up = Upstream()
         async with RawServer(lambda n: CHUNKED if n % 2 == 0 else LENGTH, split) as url:
-            assert await _read_all(up, url) == (200, "text/event-stream", b"data: one\n\ndata: two\n\n")
-            assert await _read_all(up, url) == (400, "application/json", b'{"a": 12}')
-            assert await _read_all(up, url) == (200, "text/event-stream", b"data: one\n\ndata: two\n\n")
+            want = (200, "text/event-stream", b"data: one\n\ndata: two\n\n")
+            assert await _read_all(up, url, first=first) == want
+            assert await _read_all(up, url, first=first) == (400, "application/json", b'{"a": 12}')
+            assert await _read_all(up, url, first=first) == want
+        up.close()
+
+    asyncio.run(main())
+
+
+def test_a_200_whose_worker_leaves_before_its_first_bytes_raises_from_post():
+    """With `first` the response waits for a 200's first body bytes: a worker that closes after the
+    head is UpstreamBroken there (the router retries it elsewhere), not a response with no body."""
+
+    async def main():
+        up = Upstream()
+        head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+        async with RawServer(lambda n: head, close=True) as url:
+            with pytest.raises(UpstreamBroken):
+                await up.post(url, b"{}", first=True)
         up.close()
 
     asyncio.run(main())

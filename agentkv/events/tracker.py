@@ -182,6 +182,15 @@ class SeqTracker:
         r = self.decode(frames)
         if r is None:
             return []
+        return (yield from self.follow(r, can_replay))
+
+    def in_order(self, r: Received) -> bool:
+        """True when `r` neither jumps nor skips ahead: `accept(r, None, [])` delivers it, with no
+        generator (the live stream's usual case, on the router's event thread)."""
+        return self.expected is None or r.seq <= self.expected
+
+    def follow(self, r: Received, can_replay: bool) -> Generator[int, list[Received], list[Received]]:
+        """`handle` for a decoded message."""
         if self.far(r):  # believed only when replay holds it, or (no replay) the next one continues it
             believed = self.vouched(r, (yield r.seq)) if can_replay else self.continues_far(r)
             if not believed:

@@ -24,6 +24,7 @@ from yarl import URL
 from agentkv.gate.http1 import ChunkDecoder, FramingError, head_end, parse_head
 
 BUFFER_BYTES = 1 << 18  # unread body bytes past which reading from the worker pauses
+HEAD_CACHE = 64  # response heads kept parsed per host (a worker's heads differ by their Date, per second)
 
 
 class UpstreamBroken(ConnectionError):
@@ -106,6 +107,7 @@ class _Conn(asyncio.Protocol):
         self.idle_since = 0.0
         self.waiter: asyncio.Future | None = None
         self.pipe = None  # Response.pipe's write(data, end): body bytes go there as they arrive
+        self.first = False  # the reader waits for a 200's first body bytes, not its head alone
 
     # asyncio.Protocol ---------------------------------------------------------------------------
     def connection_made(self, transport) -> None:
@@ -134,7 +136,10 @@ class _Conn(asyncio.Protocol):
                 self.left = n - len(data)
         else:
             self._take(data)
-        if self.pipe is None or self.done or self.paused:
+        if self.pipe is None:
+            if not self.first or self.body or self.done or (self.head is not None and self.head[0] != 200):
+                self._wake()  # with `first`, a 200's head alone wakes no one: its first bytes will
+        elif self.done or self.paused:
             self._wake()  # piped bytes wake the reader only at the end or to pause
 
     def eof_received(self) -> bool:
@@ -166,7 +171,14 @@ class _Conn(asyncio.Protocol):
             end = head_end(self.buf)
             if end < 0:
                 return
-            head = parse_head(self.buf[:end])
+            raw = self.buf[:end]
+            heads = self.pool.heads
+            head = heads.get(raw)
+            if head is None:
+                head = parse_head(raw)
+                if len(heads) >= HEAD_CACHE:
+                    heads.clear()
+                heads[raw] = head
         except FramingError as e:
             self._fail(UpstreamBroken(f"the worker sent a bad response: {e}"))
             return
@@ -221,19 +233,22 @@ class _Conn(asyncio.Protocol):
         if w is not None and not w.done():
             w.set_result(None)
 
-    async def _wait(self) -> None:
-        self.waiter = self.loop.create_future()
-        try:
-            await self.waiter
-        finally:
-            self.waiter = None
+    def _wait(self) -> asyncio.Future:
+        """A future the next `_wake` resolves, to await: a plain future, not a coroutine around one
+        (a frame less for each wake-up to pass through; a done or cancelled one is never woken)."""
+        self.waiter = fut = self.loop.create_future()
+        return fut
 
     # the response's side ------------------------------------------------------------------------
-    async def response(self) -> Response:
-        while self.head is None:
+    async def response(self, first: bool = False) -> Response:
+        """The response once its head is in; `first`: a 200's once its first body bytes are in too
+        (or its end), so a head and the bytes the worker writes after it cost one wake-up, not two."""
+        self.first = first
+        while self.head is None or (first and self.head[0] == 200 and not self.body and not self.done):
             if self.error is not None:
                 raise self.error
             await self._wait()
+        self.first = False
         status, ctype, length = self.head
         return Response(self, status, ctype, length)
 
@@ -274,6 +289,7 @@ class _Conn(asyncio.Protocol):
         self.body.clear()
         self.body_bytes, self.head, self.mode, self.left, self.done = 0, None, "", 0, False
         self.chunks = None
+        self.first = False
 
 
 class _Host:
@@ -284,6 +300,7 @@ class _Host:
         self.ssl = ssl.create_default_context() if url.scheme == "https" else None
         self.keepalive, self.connect_timeout = keepalive, connect_timeout
         self.idle: deque[_Conn] = deque()
+        self.heads: dict[bytes, object] = {}  # response head bytes -> their parsed Head
         self.busy: set[_Conn] = set()
         authority = url.raw_authority.encode("ascii")
         self.head_tail = b" HTTP/1.1\r\nHost: " + authority + b"\r\nAccept: */*\r\nContent-Length: "
@@ -344,29 +361,27 @@ class Upstream:
             t = self._targets[url] = (host, b"POST " + (u.raw_path_qs or "/").encode("ascii"))
         return t
 
-    async def post(self, url: str, body: bytes, headers: bytes = b"") -> Response:
+    async def post(self, url: str, body: bytes, headers: bytes = b"", first: bool = False) -> Response:
         """POST `body` to `url` (`headers`: extra header lines, each ending in CRLF); the response once
-        its head has arrived."""
+        its head has arrived (`first`: a 200's once its first body bytes have too)."""
         host, start = self._target(url)
         req = b"".join((start, host.head_tail, str(len(body)).encode(), b"\r\n", headers, b"\r\n", body))
         c = host.get()
-        if c is not None:
+        while True:  # sent here, not in a coroutine of its own: a frame less for each wake-up
+            pooled = c is not None
+            if not pooled:
+                c = await host.connect()
             try:
-                return await self._send(c, req)
+                c.transport.write(req)
+                return await c.response(first)
             except UpstreamBroken:
-                if c.head is not None:
+                c.abort()
+                if not pooled or c.head is not None:
                     raise
-                # closed by the worker as it was reused: once more, on a fresh connection
-        c = await host.connect()
-        return await self._send(c, req)
-
-    async def _send(self, c: _Conn, req: bytes) -> Response:
-        try:
-            c.transport.write(req)
-            return await c.response()
-        except BaseException:
-            c.abort()
-            raise
+                c = None  # closed by the worker as it was reused: once more, on a fresh connection
+            except BaseException:
+                c.abort()
+                raise
 
     def close(self) -> None:
         for host in self._hosts.values():

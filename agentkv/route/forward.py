@@ -122,7 +122,7 @@ async def _first_byte(
     upstream = None
     try:
         async with deadline:
-            upstream = await router.upstream.post(w.spec.url + path, payload, headers)
+            upstream = await router.upstream.post(w.spec.url + path, payload, headers, first=True)
             if upstream.status in RETRY_STATUS:
                 raise Retry(f"HTTP {upstream.status}")
             return upstream, await upstream.readany()

@@ -186,10 +186,11 @@ class BlockIndex:
         """Blocks `worker` holds in `tier` (None: all tiers)."""
         if tier == GPU:
             return len(self._gpu.get(worker, ()))
-        lower = self._lower.get(worker, {})
+        lower = self._lower.get(worker)
         if tier is not None:
-            return len(lower.get(tier, ()))
-        return len(self._gpu.get(worker, ())) + sum(len(s) for s in lower.values())
+            return len(lower.get(tier, ())) if lower else 0
+        n = len(self._gpu.get(worker, ()))
+        return n + sum(map(len, lower.values())) if lower else n
 
     def workers(self) -> list[int]:
         """Workers that hold at least one block."""
@@ -326,7 +327,10 @@ class TenantIndex:
         return own
 
     def blocks(self, worker: int) -> int:
-        return sum(idx.blocks(worker) for idx in self.indexes.values())
+        n = 0
+        for idx in self.indexes.values():  # once per stored event: no generator
+            n += idx.blocks(worker)
+        return n
 
     def held(self, worker: int) -> set[int]:
         """Every GPU block hash indexed for `worker`, over all tenants."""

@@ -54,6 +54,9 @@ class Tokenizer:
             self.kind = "none"
         elif spec == "builtin":
             self.kind = "builtin"
+            from agentkv.trace.tokens import encode_bounded  # bound once, not imported per request
+
+            self._builtin = encode_bounded
         else:
             self.kind = "hf"
             self._hf = _load_hf(spec)
@@ -61,9 +64,7 @@ class Tokenizer:
     def encode(self, text: str, limit: int = 1 << 62) -> list[int] | None:
         """Token ids of `text`, or None when they would pass `limit` (work stops early where it can)."""
         if self.kind == "builtin":
-            from agentkv.trace.tokens import encode_bounded
-
-            return encode_bounded(text, limit)
+            return self._builtin(text, limit)
         if self._hf is not None:
             if len(text) > limit * HF_MAX_CHARS_PER_TOKEN:  # no sound bound: matched approximately
                 return NO_TEMPLATE

@@ -303,22 +303,18 @@ class Router:
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     # -- routing ---------------------------------------------------------------------------------
-    def choose(self, tenant: str, h: Hashed, session: str, exclude: set[int]) -> Worker:
-        """The worker for this request (healthy, not in `exclude`), given its hashes."""
+    def choose(self, tenant: str, h: Hashed, session: str, exclude: set[int]) -> Worker | None:
+        """The worker for this request (healthy, not in `exclude`), given its hashes; None when no
+        worker is left to take it."""
         t0 = time.perf_counter()
         views = [w for w in self.pool.workers if w.healthy and w.slot not in exclude]
+        if not views:
+            return None
+        events = sum(w.mode == "event" for w in views)
         with self.pool.lock:
             if h.exact:
-                ev = (
-                    self.index.find_matches(tenant, h.hashes, h.prompt_tokens)
-                    if any(w.mode == "event" for w in views)
-                    else {}
-                )
-                ap = (
-                    self.approx.find_matches(tenant, h.hashes)
-                    if any(w.mode != "event" for w in views)
-                    else {}
-                )
+                ev = self.index.find_matches(tenant, h.hashes, h.prompt_tokens) if events else {}
+                ap = self.approx.find_matches(tenant, h.hashes) if events < len(views) else {}
                 for w in views:
                     w.match = (ev if w.mode == "event" else ap).get(w.slot, _NO_MATCH)
                 self.index.expect(tenant, h.hashes)
@@ -355,10 +351,10 @@ class Router:
         tried: set[int] = set()
         st.requests += 1
         while True:
-            if not any(w.healthy and w.slot not in tried for w in self.pool.workers):
+            w = self.choose(tenant.id, prep.hashed, session, tried)
+            if w is None:
                 st.failed += 1
                 return RequestError("no healthy worker could take the request", None, 503)
-            w = self.choose(tenant.id, prep.hashed, session, tried)
             tried.add(w.slot)
             n = prep.hashed.prompt_tokens
             load = w.start(n + prep.max_out, max(0, n - w.match.gpu * self.cfg.block_size))
