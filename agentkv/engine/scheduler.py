@@ -170,8 +170,12 @@ class Scheduler:
                 req.lower_tier_tokens[tier] = req.lower_tier_tokens.get(tier, 0) + bs
 
     def _preempt(self, req: EngineRequest) -> None:
-        """Recompute-style preemption: drop its blocks; it starts over from the queue head."""
-        self.pool.free(req.request_id)
+        """Recompute-style preemption: drop its blocks; it starts over from the queue head. Its
+        block table becomes its lookup hint: its prefix, freed last, is the cache's freshest."""
+        pool = self.pool
+        if req.hash_array is not None and isinstance(pool, BlockPool):
+            req.hint = pool.block_table(req.request_id)  # never changed in place, as `_finish`'s
+        pool.free(req.request_id)
         req.status = Status.WAITING
         req.num_computed = 0
         req.num_lower_tokens = 0
