@@ -211,6 +211,10 @@ class BlockPool(PoolHashes, EventLog):
         lower = self.lower
         return gpu, (prefix_len(lower.__contains__, block_hashes, gpu) - gpu if lower is not None else 0)
 
+    def holds(self, block: int, block_hash: int) -> bool:
+        """Whether lookups of `block_hash` find `block` (a hint's check; False without the uint64 mirror)."""
+        return bool(self._mirror and self._has[block] and int(self._bh[block]) == block_hash)
+
     def block_table(self, request_id: str) -> np.ndarray | None:
         """A running request's blocks as an int64 array (not a copy: do not modify), or None.
 
