@@ -146,9 +146,11 @@ class Engine:
         prefills: list[tuple[int, int]] = []
         decodes: list[int] = []
         promote = 0.0
+        n_prefill_tokens = 0
         for req, n in batch:
             if req.is_prefill:
                 prefills.append((n, req.num_computed))
+                n_prefill_tokens += n
             else:
                 decodes.append(req.num_computed)
             if req.promote_s:
@@ -163,10 +165,7 @@ class Engine:
         outputs: list[RequestOutput] = []
         finished: list[EngineRequest] = []
         itl = self.itl_sink
-        n_prefill_tokens = 0
         for req, n in batch:
-            if req.is_prefill:
-                n_prefill_tokens += n
             req.num_computed += n
             if req.num_computed < req.num_tokens:
                 continue  # a chunk of a longer prefill: no token yet

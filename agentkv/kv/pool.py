@@ -155,13 +155,15 @@ class BlockPool(PoolHashes, EventLog):
         if blocks is None:
             return self._admit(req, num_new_tokens, num_computed_tokens, computed)
         total = num_computed_tokens + num_new_tokens
-        need = _cdiv(total, self.block_size) - len(blocks)
+        bs = self.block_size
+        need = -(-total // bs) - len(blocks)
         if need > 0:
             if need > self._n_empty + len(self.policy):
                 self.stats.alloc_failures += 1
                 return False
             blocks = self._req_blocks[req.request_id] = np.concatenate((blocks, self._take(need)))
-        self._cache_full(req, blocks, total)
+        if total // bs > self._req_hashed[req.request_id]:  # a block filled: maybe one to cache
+            self._cache_full(req, blocks, total)
         return True
 
     def free(self, request_id: str) -> None:
