@@ -176,7 +176,30 @@ def test_prefilled_requests_are_dropped_even_when_no_policy_asks():
     for _ in range(50):
         _queue(w, _hashes(4))
         _drain(w)
-    assert len(w.prefilling) == 1  # only the newest, not yet looked at: finished ones are not held
+    assert len(w.prefilling) + len(w.queued) == 1  # only the newest: finished ones are not held
+
+
+def test_active_prefill_under_preemption_is_each_live_request_counted_as_it_stands():
+    """Requests queued on a small pool are admitted, preempted and re-admitted; at every step the
+    active prefill equals each live request's uncached tokens at routing less what it has run."""
+    cfg = EngineConfig(num_gpu_blocks_override=300, max_model_len=20_000, max_num_batched_tokens=2048)
+    w = SimWorker(0, Engine(cfg))
+    routed = []
+    shared = _hashes(40)  # a common prefix: lookups at the queue head find cached blocks
+    for i in range(12):
+        hashes = shared + _hashes(60 + 10 * i)
+        w.add_request(f"r{next(_ids)}", max_tokens=200, prompt_len=len(hashes) * BS, block_hashes=hashes)
+        routed.append((w.engine.scheduler.waiting[-1], w.queued[-1][1]))
+    eng, steps = w.engine, 0
+    while eng.has_work():
+        if steps % 3 == 0:  # not every step: some are admitted and preempted between two asks
+            live = [(r, unc) for r, unc in routed if r.first_token is None and r.status < 2]
+            want = sum(min(unc, r.prompt_len - r.num_computed) for r, unc in live)
+            assert w.active_prefill_blocks() == want / BS, steps
+        res = eng.step()
+        eng.clock.advance_to(res.end)
+        steps += 1
+    assert eng.scheduler.num_preemptions > 0 and w.active_prefill_blocks() == 0
 
 
 def _counting(w: SimWorker) -> list[int]:

@@ -58,7 +58,6 @@ class Engine:
         self.hasher = make_hasher(cfg.hash_algo, cfg.seed if cfg.hash_algo == "xxhash" else None)
         self.requests: dict[str, EngineRequest] = {}
         self.stats = EngineStats()
-        self._session_blocks: dict[object, np.ndarray] = {}  # session -> its last turn's blocks
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(
@@ -111,7 +110,6 @@ class Engine:
         req.external_tokens = external_tokens
         if hash_array is not None and session_id is not None:
             req.hash_array = hash_array
-            req.hint = self._session_blocks.get(session_id)
         self.requests[request_id] = req
         self.scheduler.add(req)
         return req
@@ -148,9 +146,11 @@ class Engine:
         prefills: list[tuple[int, int]] = []
         decodes: list[int] = []
         promote = 0.0
+        n_prefill_tokens = 0
         for req, n in batch:
             if req.is_prefill:
                 prefills.append((n, req.num_computed))
+                n_prefill_tokens += n
             else:
                 decodes.append(req.num_computed)
             if req.promote_s:
@@ -165,10 +165,7 @@ class Engine:
         outputs: list[RequestOutput] = []
         finished: list[EngineRequest] = []
         itl = self.itl_sink
-        n_prefill_tokens = 0
         for req, n in batch:
-            if req.is_prefill:
-                n_prefill_tokens += n
             req.num_computed += n
             if req.num_computed < req.num_tokens:
                 continue  # a chunk of a longer prefill: no token yet
@@ -197,13 +194,11 @@ class Engine:
         return StepResult(now, end, outputs, n_prefill_tokens, len(decodes), len(preempted))
 
     def _finish(self, req: EngineRequest) -> None:
-        """Free a finished request; its blocks become the lookup hint for its session's next turn."""
+        """Free a finished request; its blocks become a lookup hint for requests sharing its prefix."""
         if req.session_id is not None and req.hash_array is not None:
-            hints = self._session_blocks
-            hints.pop(req.session_id, None)
-            hints[req.session_id] = self.pool.block_table(req.request_id)  # int64, never changed in place
-            if len(hints) > 4096:  # bounded: drop the least recently finished session
-                del hints[next(iter(hints))]
+            self.scheduler.hints.add(
+                req.hash_array, self.pool.block_table(req.request_id)
+            )  # never changed in place
         if req.block_ids is not None:  # a disaggregated prefill hands its block ids on (as vLLM's connector)
             table = self.pool.block_table(req.request_id)
             req.block_ids = [] if table is None else table.tolist()

@@ -14,6 +14,7 @@ import numpy as np
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.request import EngineRequest, Status
+from agentkv.kv.hints import PrefixHints
 from agentkv.kv.pool import BlockPool
 
 
@@ -26,6 +27,7 @@ class Scheduler:
         self.waiting: deque[EngineRequest] = deque()
         self.running: list[EngineRequest] = []
         self.num_preemptions = 0
+        self.hints = PrefixHints()  # requests' block tables, by the keys they share with later ones
         self.lower_tier_tokens: dict[str, int] = {}
         # a linear-attention/SSM state is saved only where a chunk ends: cut prefill chunks at block
         # boundaries (vLLM's mamba 'align' mode, `_mamba_block_aligned_split`)
@@ -78,6 +80,8 @@ class Scheduler:
                 if not pool.allocate_slots(req, ext + n, req.num_computed, req.computed):
                     break
                 self.waiting.popleft()
+                if req.hash_array is not None:  # its blocks, a hint for later lookups while it runs
+                    self.hints.add(req.hash_array, pool.block_table(req.request_id))
                 if self.config.enable_prefix_caching:  # vLLM: "Record at admission so unscheduled
                     # lookups are not counted"; a preempted request's re-admission is counted apart
                     pool.record_prefix_cache_stats(req.num_tokens, req.num_computed, req.num_preemptions > 0)
@@ -146,7 +150,9 @@ class Scheduler:
         first_try = req.computed is None
         if not first_try and pool.is_current(req.computed):
             return  # a retry, and nothing was evicted since (tiers change only then): same prefix
-        hint = req.hint
+        hint = req.hint  # a preempted request's own blocks
+        if first_try and hint is None and req.hash_array is not None:
+            hint = self.hints.get(req.hash_array, pool.holds if isinstance(pool, BlockPool) else None)
         if not first_try and req.hash_array is not None:  # a retry: last try's blocks, checked in
             last = req.computed.blocks  # bulk, then the walk goes on from the first gone (same answer)
             if isinstance(last, list) and last:
@@ -170,8 +176,12 @@ class Scheduler:
                 req.lower_tier_tokens[tier] = req.lower_tier_tokens.get(tier, 0) + bs
 
     def _preempt(self, req: EngineRequest) -> None:
-        """Recompute-style preemption: drop its blocks; it starts over from the queue head."""
-        self.pool.free(req.request_id)
+        """Recompute-style preemption: drop its blocks; it starts over from the queue head. Its
+        block table becomes its lookup hint: its prefix, freed last, is the cache's freshest."""
+        pool = self.pool
+        if req.hash_array is not None and isinstance(pool, BlockPool):
+            req.hint = pool.block_table(req.request_id)  # never changed in place, as `_finish`'s
+        pool.free(req.request_id)
         req.status = Status.WAITING
         req.num_computed = 0
         req.num_lower_tokens = 0

@@ -155,13 +155,15 @@ class BlockPool(PoolHashes, EventLog):
         if blocks is None:
             return self._admit(req, num_new_tokens, num_computed_tokens, computed)
         total = num_computed_tokens + num_new_tokens
-        need = _cdiv(total, self.block_size) - len(blocks)
+        bs = self.block_size
+        need = -(-total // bs) - len(blocks)
         if need > 0:
             if need > self._n_empty + len(self.policy):
                 self.stats.alloc_failures += 1
                 return False
             blocks = self._req_blocks[req.request_id] = np.concatenate((blocks, self._take(need)))
-        self._cache_full(req, blocks, total)
+        if total // bs > self._req_hashed[req.request_id]:  # a block filled: maybe one to cache
+            self._cache_full(req, blocks, total)
         return True
 
     def free(self, request_id: str) -> None:
@@ -210,6 +212,10 @@ class BlockPool(PoolHashes, EventLog):
         gpu = prefix_len(self.cached.__contains__, block_hashes, 0)
         lower = self.lower
         return gpu, (prefix_len(lower.__contains__, block_hashes, gpu) - gpu if lower is not None else 0)
+
+    def holds(self, block: int, block_hash: int) -> bool:
+        """Whether lookups of `block_hash` find `block` (a hint's check; False without the uint64 mirror)."""
+        return bool(self._mirror and self._has[block] and int(self._bh[block]) == block_hash)
 
     def block_table(self, request_id: str) -> np.ndarray | None:
         """A running request's blocks as an int64 array (not a copy: do not modify), or None.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 from agentkv.engine.engine import DecodeBurst, Engine, StepResult
@@ -19,6 +20,8 @@ class SimWorker:
         "version",
         "starting",
         "prefilling",
+        "queued",
+        "_queued_tokens",
         "track_prefill",
         "_last_lookup",
     )
@@ -30,7 +33,10 @@ class SimWorker:
         self.burst: DecodeBurst | None = None  # or the decode burst in flight
         self.version = 0  # bumped when a burst is cut short, so its end event is ignored
         self.starting = False  # busy until a scheduled start event (after a cut burst)
-        # requests routed here without a first token yet, with their uncached prompt tokens at routing
+        # requests routed here without a first token yet, with their uncached prompt tokens at routing:
+        # those the scheduler has not looked at yet (a FIFO: it looks at the queue head first), and the rest
+        self.queued: deque[tuple[EngineRequest, int]] = deque()
+        self._queued_tokens = 0  # their uncached tokens summed: each counts in full until looked at
         self.prefilling: list[tuple[EngineRequest, int]] = []
         self.track_prefill = True  # False where no policy asks `active_prefill_blocks` (no lookup then)
         # (hashes, pool counters, (GPU, lower-tier) blocks) of the last cached_prefix, for add_request
@@ -48,7 +54,9 @@ class SimWorker:
         gpu, lower = self._prefix(req.block_hashes)
         have = max((gpu + lower) * self.engine.config.block_size, req.external_tokens)
         self.active_prefill_blocks()  # drops the prefilled (no policy may ask: keep the list short)
-        self.prefilling.append((req, max(0, req.prompt_len - have)))
+        uncached = max(0, req.prompt_len - have)
+        self.queued.append((req, uncached))
+        self._queued_tokens += uncached
         return req
 
     def active_requests(self) -> int:
@@ -59,14 +67,31 @@ class SimWorker:
 
     def active_prefill_blocks(self) -> float:
         """Dynamo's active prefill tokens, in blocks: what requests routed here still have to
-        prefill until their first token (as predicted at routing, less what has run since)."""
-        live, tokens = [], 0
+        prefill until their first token (as predicted at routing, less what has run since).
+
+        A request never admitted nor looked up has computed nothing: it counts its routing figure in
+        full, from a running sum. The scheduler looks only at its queue's head and admits in order,
+        so only the front of `queued` can have moved on; those go to `prefilling`, summed one by one."""
+        queued, tokens = self.queued, 0
+        while queued:
+            req, uncached = queued[0]
+            if (
+                req.status == Status.WAITING
+                and req.computed is None
+                and not req.num_computed
+                and not req.num_preemptions
+            ):
+                break  # never admitted nor looked up: nor is any routed after it
+            queued.popleft()
+            self._queued_tokens -= uncached
+            self.prefilling.append((req, uncached))
+        live = []
         for req, uncached in self.prefilling:
             if req.first_token is None and req.status < Status.FINISHED:
                 live.append((req, uncached))
                 tokens += min(uncached, req.prompt_len - req.num_computed)
         self.prefilling = live
-        return tokens / self.engine.config.block_size
+        return (tokens + self._queued_tokens) / self.engine.config.block_size
 
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
         """The engine's answer, kept for `add_request`: the router's lookup of the worker it then

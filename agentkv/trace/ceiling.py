@@ -39,7 +39,8 @@ class CeilingTracker:
     def hit_tokens(self, key: str, hash_ids: Sequence[int], input_tokens: int, block_size: int) -> int:
         seen = self._seen.setdefault(key, set())
         run = len(list(itertools.takewhile(seen.__contains__, hash_ids)))  # the run already seen, in C
-        seen.update(hash_ids)
+        if run < len(hash_ids):  # the run is in `seen` already: only the rest can add to it
+            seen.update(hash_ids[run:] if run else hash_ids)
         return min(run * block_size, input_tokens)
 
 
