@@ -5,6 +5,8 @@ kv_aware's default weight live here, not in `policy`, so the CLI can offer them 
 importing the policies.
 """
 
+import argparse
+
 from agentkv.errors import UserError
 
 POLICIES = ("round_robin", "least_loaded", "session", "kv_aware")
@@ -19,12 +21,30 @@ KV_QUEUE_WEIGHT = 1.0
 KV_QUEUE_CAP = 0.5
 
 
-def check_kv_weights(kv_weight: float, kv_queue_weight: float, pool: str = "") -> None:
+def check_kv_weights(
+    kv_weight: float, kv_queue_weight: float, pool: str = "", queue_cap: float = 0.0
+) -> None:
     """Refuse a kv_aware price that is negative, infinite or NaN, naming its flag (`pool`: the
-    flags' prefix, "decode-" for simulate's --decode-kv-weight and --decode-kv-queue-weight)."""
+    flags' prefix, "decode-" for simulate's --decode-kv-weight and --decode-kv-queue-weight), and a
+    queue cap that is negative or NaN (inf: uncapped)."""
     for flag, v in ((f"--{pool}kv-weight", kv_weight), (f"--{pool}kv-queue-weight", kv_queue_weight)):
         if not 0 <= v < float("inf"):
             raise UserError(f"{flag} must be a finite number >= 0, got {v}")
+    if not queue_cap >= 0:
+        raise UserError(f"--kv-queue-cap must be a number >= 0 or 'none', got {queue_cap}")
+
+
+def queue_cap_arg(text: str) -> float:
+    """--kv-queue-cap's value: a number >= 0, or none/inf for Dynamo's uncapped sum."""
+    if str(text).strip().lower() in ("none", "inf", "uncapped"):
+        return float("inf")
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'none', got {text!r}") from None
+    if not v >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0 or 'none', got {text!r}")
+    return v
 
 
 def add_kv_weight_arg(p, queue_weight: float = KV_QUEUE_WEIGHT) -> None:
@@ -45,4 +65,13 @@ def add_kv_weight_arg(p, queue_weight: float = KV_QUEUE_WEIGHT) -> None:
         help="kv_aware: a worker's active prefill (uncached prompt blocks of requests routed there "
         f"that have no first token yet) costs Q x W per block (default {queue_weight:g}; Dynamo's is "
         f"{KV_QUEUE_WEIGHT:g}; 0: queues unseen)",
+    )
+    p.add_argument(
+        "--kv-queue-cap",
+        type=queue_cap_arg,
+        default=KV_QUEUE_CAP,
+        metavar="F",
+        help=f"kv_aware: a worker's active prefill counts at most F x this request's blocks (default "
+        f"{KV_QUEUE_CAP:g}: queues never outweigh a prefix of over half the prompt; none: Dynamo's "
+        "uncapped sum)",
     )

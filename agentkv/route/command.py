@@ -281,6 +281,7 @@ def config_from_args(args: argparse.Namespace):
         tokenizer=args.tokenizer,
         kv_weight=args.kv_weight,
         kv_queue_weight=args.kv_queue_weight,
+        kv_queue_cap=args.kv_queue_cap,
         temperature=args.temperature,
         affinity=args.affinity,
         tie_break=args.tie_break or ("session" if args.processes > 1 else "rotate"),

@@ -29,7 +29,7 @@ from agentkv.gate.web import error_middleware, error_response
 from agentkv.gate.work import OFFLOAD_BYTES, Offload
 from agentkv.kv.digest import block_digest
 from agentkv.kv.hashing import make_hasher
-from agentkv.placement.policy import KV_WEIGHT, RouteRequest, make_policy
+from agentkv.placement.policy import KV_QUEUE_CAP, KV_WEIGHT, RouteRequest, make_policy
 from agentkv.route.approx import ApproxIndex
 from agentkv.route.forward import Retry, StreamSink, forward
 from agentkv.route.index import Match, TenantIndex
@@ -63,6 +63,7 @@ class RouterConfig:
     tokenizer: str | None = None
     kv_weight: float = KV_WEIGHT
     kv_queue_weight: float = 0.0  # price of a worker's active prefill blocks (Dynamo: 1; docs/route.md)
+    kv_queue_cap: float = KV_QUEUE_CAP  # ... counted up to this x the request's blocks (inf: uncapped)
     temperature: float = 0.0
     affinity: float = 8.0  # blocks a session's worker may cost above the best and still keep it
     tie_break: str = "rotate"  # kv_aware ties: "rotate", or "session" (keyed hash: replicas agree)
@@ -147,6 +148,7 @@ class Router:
         kw = {
             "weight": self.cfg.kv_weight,
             "queue_weight": self.cfg.kv_queue_weight,
+            "queue_cap": self.cfg.kv_queue_cap,
             "temperature": self.cfg.temperature,
             "affinity": 0.0 if retry else self.cfg.affinity,
         }

@@ -22,7 +22,7 @@ from agentkv.engine.hardware import get_system
 from agentkv.errors import UserError
 from agentkv.metrics.records import RequestRecord, record_for
 from agentkv.metrics.summary import Sample, Summary
-from agentkv.placement import KV_QUEUE_WEIGHT, KV_WEIGHT, POLICIES, check_kv_weights
+from agentkv.placement import KV_QUEUE_CAP, KV_QUEUE_WEIGHT, KV_WEIGHT, POLICIES, check_kv_weights
 from agentkv.placement.policy import RouteRequest, make_policy
 from agentkv.sim.deploy import check_pools, kv_weights
 from agentkv.sim.limits import engine_config, reject_reason
@@ -45,6 +45,7 @@ class SimConfig:
     router: str = "kv_aware"
     kv_weight: float = KV_WEIGHT  # kv_aware only
     kv_queue_weight: float = KV_QUEUE_WEIGHT  # kv_aware: price of active prefill (Dynamo's: 1)
+    kv_queue_cap: float = KV_QUEUE_CAP  # kv_aware: active prefill counted up to this x the request's blocks
     seed: int = 0
     warm_start: bool = False
     idle_gap_cap: float | None = 10.0
@@ -80,7 +81,7 @@ class SimConfig:
             raise UserError("--workers and --lanes must be >= 1")
         _check_deployment(self)
         check_load(self)
-        check_kv_weights(self.kv_weight, self.kv_queue_weight)
+        check_kv_weights(self.kv_weight, self.kv_queue_weight, queue_cap=self.kv_queue_cap)
         if self.router not in POLICIES:
             raise UserError(f"--router: '{self.router}' is not one of {', '.join(POLICIES)}")
 

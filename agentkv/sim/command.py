@@ -134,6 +134,7 @@ def sim_config_from_args(args: argparse.Namespace):
         router=args.router,
         kv_weight=args.kv_weight,
         kv_queue_weight=args.kv_queue_weight,
+        kv_queue_cap=args.kv_queue_cap,
         seed=args.seed,
         warm_start=args.warm_start,
         idle_gap_cap=cap,

@@ -121,9 +121,11 @@ def decode_weights(cfg: SimConfig) -> tuple[float, float]:
 
 def kv_weights(cfg: SimConfig, pool: str = "router") -> dict[str, float]:
     """The kv_aware prices for the policy of `pool` ("router": the cluster's, or the prefill pool's,
-    --kv-weight and --kv-queue-weight; "decode": --decode-router's, `decode_weights`), or {} when
-    that policy is not kv_aware."""
+    --kv-weight and --kv-queue-weight; "decode": --decode-router's, `decode_weights`; both pools
+    share --kv-queue-cap), or {} when that policy is not kv_aware."""
     if pool == "decode":
         w, q = decode_weights(cfg)
-        return dict(weight=w, queue_weight=q) if cfg.decode_router == "kv_aware" else {}
-    return dict(weight=cfg.kv_weight, queue_weight=cfg.kv_queue_weight) if cfg.router == "kv_aware" else {}
+        kw = dict(weight=w, queue_weight=q, queue_cap=cfg.kv_queue_cap)
+        return kw if cfg.decode_router == "kv_aware" else {}
+    kw = dict(weight=cfg.kv_weight, queue_weight=cfg.kv_queue_weight, queue_cap=cfg.kv_queue_cap)
+    return kw if cfg.router == "kv_aware" else {}

@@ -30,6 +30,7 @@ class SimSettings(msgspec.Struct, kw_only=True):
     router: str
     kv_weight: float | None  # --kv-weight when either pool is kv_aware (else None)
     kv_queue_weight: float | None = None  # --kv-queue-weight likewise
+    kv_queue_cap: float | str | None = None  # --kv-queue-cap likewise ("none": uncapped)
     seed: int
     warm_start: bool
     idle_gap_cap: float | None
@@ -143,6 +144,7 @@ def _settings(cfg: SimConfig, ecfg: EngineConfig, workers, dep) -> SimSettings:
         router=cfg.router,
         kv_weight=cfg.kv_weight if kv_aware else None,
         kv_queue_weight=cfg.kv_queue_weight if kv_aware else None,
+        kv_queue_cap=(cfg.kv_queue_cap if cfg.kv_queue_cap < float("inf") else "none") if kv_aware else None,
         seed=cfg.seed,
         warm_start=cfg.warm_start,
         idle_gap_cap=cfg.idle_gap_cap,

@@ -22,6 +22,7 @@ from agentkv.metrics.report_sweep import write_sweep_html
 from agentkv.metrics.summary import Summary, write_summary
 from agentkv.metrics.validity import EXIT_INVALID
 from agentkv.metrics.view import ms, num, pct
+from agentkv.placement import queue_cap_arg
 from agentkv.sim.cluster import SimConfig, simulate
 from agentkv.sim.deploy_args import disagg_fields
 from agentkv.sim.knee import best_line, knees
@@ -56,6 +57,17 @@ _ALIASES["prefill_dp"] = ("prefill_data_parallel_size", None)
 _ALIASES["decode_dp"] = ("decode_data_parallel_size", None)
 _ENGINE_FIELDS = {f.name for f in dataclasses.fields(EngineConfig)} - {"seed"}
 _HINTS = {**typing.get_type_hints(EngineConfig), **typing.get_type_hints(SimConfig)}
+
+
+def _queue_cap(raw: str) -> float:
+    """--sweep kv_queue_cap's value: as --kv-queue-cap reads it (none: uncapped)."""
+    try:
+        return queue_cap_arg(raw)
+    except argparse.ArgumentTypeError as e:
+        raise UserError(f"--sweep kv_queue_cap: {e}") from None
+
+
+_ALIASES["kv_queue_cap"] = ("kv_queue_cap", _queue_cap)
 
 
 def _field(key: str) -> str:
