@@ -236,7 +236,7 @@ class GroupBlocks:
         arr = getattr(req, "hash_array", None)  # the same hashes as uint64: filtered and stored in bulk
         h64 = arr[lo:full] if arr is not None and len(arr) >= full else None
         whole = True
-        if (seg < 0).any():  # blocks a window has moved past: nothing to cache there
+        if lo < self.skip[rid][g]:  # blocks a window has moved past (the table's nulls): not cached
             keep = seg >= 0
             seg, whole = seg[keep], False
             if h64 is not None:
@@ -245,7 +245,8 @@ class GroupBlocks:
             else:
                 hs = list(compress(hashes[lo:full], keep.tolist()))
         else:
-            hs = list(hashes[lo:full])
+            hs = hashes[lo:full]
+            hs = hs if type(hs) is list else list(hs)  # a list's slice is a copy already
         bl = seg.tolist()
         got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
         if got != bl:  # a hash cached already: this copy stays unhashed
@@ -310,7 +311,7 @@ class GroupBlocks:
         if not len(zero):
             return
         h = self.hashed_blk[zero]
-        cached, empty = zero[h], zero[~h]
+        cached, empty = (zero, EMPTY) if h.all() else (zero[h], zero[~h])
         cost = self.specs[g].block_bytes
         if len(cached):
             self.lru.add(cached)
