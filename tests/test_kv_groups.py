@@ -305,3 +305,17 @@ def test_block_arrays_grow_with_the_blocks_taken_not_with_the_capacity():
     assert len(small.ref) == 10 and small.allocate_slots(req("x", 9), 9 * BS)
     assert not small.allocate_slots(req("y", 1, base=7), BS)
     small.check_invariants()
+
+
+def test_grown_keeps_values_and_fills_the_rest():
+    """The pool's per-block arrays keep their ids' values when they grow; new ids read as the fill."""
+    import numpy as np
+
+    from agentkv.kv.group_lru import grown
+
+    ref = grown(np.array([3, 0, 7], dtype=np.int32), 6)
+    assert ref.dtype == np.int32 and ref.tolist() == [3, 0, 7, 0, 0, 0]
+    alias = grown(np.array([-1, 4], dtype=np.int64), 4, fill=-1)
+    assert alias.tolist() == [-1, 4, -1, -1]
+    bhash = grown(np.array([2**70, None], dtype=object), 3)
+    assert bhash.tolist() == [2**70, None, None]

@@ -11,8 +11,14 @@ import numpy as np
 
 def grown(a: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
     """`a` copied into a longer array, the rest `fill` (None in an object array): the pool's
-    per-block arrays grow as ids are taken."""
-    new = np.empty(size, dtype=object) if a.dtype == object else np.full(size, fill, dtype=a.dtype)
+    per-block arrays grow as ids are taken. A zero fill comes from `np.zeros` (calloc), whose pages
+    stay out of the resident set until written: a doubled array costs only the ids used."""
+    if a.dtype == object:
+        new = np.empty(size, dtype=object)
+    elif fill == 0:
+        new = np.zeros(size, dtype=a.dtype)
+    else:
+        new = np.full(size, fill, dtype=a.dtype)
     new[: len(a)] = a
     return new
 
