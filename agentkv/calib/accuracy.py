@@ -81,11 +81,35 @@ def bucket(n: int) -> str:
 
 
 def _group(rows: list[dict], key) -> dict[str, dict]:
-    """Per `key(row)` (in first-seen order of `rows`), the request count and each figure's errors."""
+    """Per `key(row)` (or per label of a list `key` aligned with `rows`; in first-seen order), the
+    request count and each figure's errors."""
     by: dict[str, list[dict]] = {}
-    for x in rows:
-        by.setdefault(key(x), []).append(x)
+    for x, k in zip(rows, [key(x) for x in rows] if callable(key) else key, strict=True):
+        by.setdefault(k, []).append(x)
     return {k: {"requests": len(v)} | {f: errors(v, f) for f in FIGURES} for k, v in by.items()}
+
+
+def position(x: dict) -> str:
+    """A request's place in its session: its first turn (cold prompt) or a later one."""
+    return "first turn" if not x.get("index") else "later turn"
+
+
+def beside_prefill(rows: list[dict]) -> list[str]:
+    """Per row, whether another request's prefill (its start to its measured first token) ran while
+    this one decoded (its first token to its end), on the measured times: which steps TPOT saw."""
+    spans = [
+        (x["end"] - x["e2e"], x["end"] - x["e2e"] + x["ttft"], x["end"])
+        if x.get("ttft") is not None and x.get("e2e") is not None
+        else None
+        for x in rows
+    ]
+    out = []
+    for i, a in enumerate(spans):
+        hit = a is not None and any(
+            j != i and b is not None and b[0] < a[2] and b[1] > a[1] for j, b in enumerate(spans)
+        )
+        out.append("decode beside prefill" if hit else "decode alone")
+    return out
 
 
 def hit_rates(rows: list[dict]) -> dict:
@@ -112,7 +136,8 @@ def throughput(rows: list[dict]) -> dict:
 
 
 def accuracy(rows: list[dict]) -> dict:
-    """prediction.json's figures: overall, per session, per input-length bucket, hits and throughput."""
+    """prediction.json's figures: overall, per session, per input-length bucket, per turn position and
+    per decode beside / without another prefill, hits and throughput."""
     return {
         "requests": len(rows),
         "overall": {f: errors(rows, f) for f in FIGURES},
@@ -122,4 +147,6 @@ def accuracy(rows: list[dict]) -> dict:
             sorted(rows, key=lambda x: x["input_tokens"]), lambda x: bucket(x["input_tokens"])
         ),
         "by_session": _group(rows, lambda x: x["session"]),
+        "by_position": _group(rows, position),
+        "by_overlap": _group(rows, beside_prefill(rows)),
     }
