@@ -21,13 +21,15 @@ def row(
     engine's arrival when the target stamped its own times (`clock` engine). On the client's clock
     the first token is read `after_s` (host time per prompt token, read after the engine's first
     token) later, and a stream that decodes on reads it `first_token_s` later still (the profile's
-    first-token delay: the server flushes it late): TTFT gains them and TPOT loses them, the end
-    moves only when the stream would end before its first token is read."""
+    first-token delay): TTFT gains both; TPOT loses `after_s` (the end moves only when the stream
+    would end before its first token is read), while the delay moves the whole stream, its end too
+    (the live vLLM bench's streams do not catch it up: docs/cost-model.md)."""
     start = p.arrival if r.clock == "engine" else r.scheduled
     first, end = p.first_token, p.end
     if r.clock != "engine":
-        end = max(p.end, p.first_token + after_s)
-        first = min(p.first_token + after_s + (first_token_s if p.output_tokens > 1 else 0.0), end)
+        late = first_token_s if p.output_tokens > 1 else 0.0
+        end = max(p.end, p.first_token + after_s) + late
+        first = min(p.first_token + after_s + late, end)
     tpot = (end - first) / (p.output_tokens - 1) if p.output_tokens > 1 else None
     return {
         "id": r.id,
