@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from agentkv.calib.accuracy import accuracy, bucket, errors
+from agentkv.calib.accuracy import accuracy, beside_prefill, bucket, errors
 from agentkv.engine.cost import load_coefficients
 from agentkv.trace.formats import load_paths
 from agentkv.trace.formats.agentx import write_agentx
@@ -160,6 +160,23 @@ def test_the_error_figures() -> None:
     doc = accuracy(full)
     assert doc["hit_rate"]["diff_points"] == pytest.approx(-30 / 10100 * 100, rel=1e-2)
     assert list(doc["by_input_len"]) == ["<1K", "4K-8K"]
+
+
+def test_errors_split_by_turn_and_by_decode_beside_a_prefill() -> None:
+    # a: starts 0, first token 1, ends 5; b: prefill 2-3 (inside a's decode), ends 4; c: starts 6, alone
+    def r(i: str, index: int, end: float, e2e: float, ttft: float, pred: float) -> dict:
+        base = {"id": i, "session": i, "index": index, "input_tokens": 100, "sent": end - e2e}
+        figs = {"ttft": ttft, "ttft_pred": ttft * pred, "tpot": 0.1, "tpot_pred": 0.1 * pred}
+        ends = {"e2e": e2e, "e2e_pred": e2e, "end": end, "end_pred": end, "output_tokens": 4}
+        return base | figs | ends | {"cached_tokens": 0, "cached_tokens_pred": 0}
+
+    rows = [r("a", 0, 5.0, 5.0, 1.0, 0.5), r("b", 1, 4.0, 2.0, 1.0, 1.0), r("c", 2, 8.0, 2.0, 1.0, 1.0)]
+    assert beside_prefill(rows) == ["decode beside prefill", "decode alone", "decode alone"]
+    doc = accuracy(rows)
+    assert doc["by_overlap"]["decode beside prefill"]["tpot"]["bias_pct"] == pytest.approx(-50.0)
+    assert doc["by_overlap"]["decode alone"]["requests"] == 2
+    assert doc["by_position"]["first turn"]["ttft"]["bias_pct"] == pytest.approx(-50.0)
+    assert doc["by_position"]["later turn"]["ttft"]["mape_pct"] == pytest.approx(0.0)
 
 
 def test_bad_runs_profiles_and_traces_are_one_line(measured: dict, tmp_path: Path) -> None:

@@ -21,13 +21,15 @@ def row(
     engine's arrival when the target stamped its own times (`clock` engine). On the client's clock
     the first token is read `after_s` (host time per prompt token, read after the engine's first
     token) later, and a stream that decodes on reads it `first_token_s` later still (the profile's
-    first-token delay: the server flushes it late): TTFT gains them and TPOT loses them, the end
-    moves only when the stream would end before its first token is read."""
+    first-token delay): TTFT gains both; TPOT loses `after_s` (the end moves only when the stream
+    would end before its first token is read), while the delay moves the whole stream, its end too
+    (the live vLLM bench's streams do not catch it up: docs/cost-model.md)."""
     start = p.arrival if r.clock == "engine" else r.scheduled
     first, end = p.first_token, p.end
     if r.clock != "engine":
-        end = max(p.end, p.first_token + after_s)
-        first = min(p.first_token + after_s + (first_token_s if p.output_tokens > 1 else 0.0), end)
+        late = first_token_s if p.output_tokens > 1 else 0.0
+        end = max(p.end, p.first_token + after_s) + late
+        first = min(p.first_token + after_s + late, end)
     tpot = (end - first) / (p.output_tokens - 1) if p.output_tokens > 1 else None
     return {
         "id": r.id,
@@ -81,11 +83,35 @@ def bucket(n: int) -> str:
 
 
 def _group(rows: list[dict], key) -> dict[str, dict]:
-    """Per `key(row)` (in first-seen order of `rows`), the request count and each figure's errors."""
+    """Per `key(row)` (or per label of a list `key` aligned with `rows`; in first-seen order), the
+    request count and each figure's errors."""
     by: dict[str, list[dict]] = {}
-    for x in rows:
-        by.setdefault(key(x), []).append(x)
+    for x, k in zip(rows, [key(x) for x in rows] if callable(key) else key, strict=True):
+        by.setdefault(k, []).append(x)
     return {k: {"requests": len(v)} | {f: errors(v, f) for f in FIGURES} for k, v in by.items()}
+
+
+def position(x: dict) -> str:
+    """A request's place in its session: its first turn (cold prompt) or a later one."""
+    return "first turn" if not x.get("index") else "later turn"
+
+
+def beside_prefill(rows: list[dict]) -> list[str]:
+    """Per row, whether another request's prefill (its start to its measured first token) ran while
+    this one decoded (its first token to its end), on the measured times: which steps TPOT saw."""
+    spans = [
+        (x["end"] - x["e2e"], x["end"] - x["e2e"] + x["ttft"], x["end"])
+        if x.get("ttft") is not None and x.get("e2e") is not None
+        else None
+        for x in rows
+    ]
+    out = []
+    for i, a in enumerate(spans):
+        hit = a is not None and any(
+            j != i and b is not None and b[0] < a[2] and b[1] > a[1] for j, b in enumerate(spans)
+        )
+        out.append("decode beside prefill" if hit else "decode alone")
+    return out
 
 
 def hit_rates(rows: list[dict]) -> dict:
@@ -112,7 +138,8 @@ def throughput(rows: list[dict]) -> dict:
 
 
 def accuracy(rows: list[dict]) -> dict:
-    """prediction.json's figures: overall, per session, per input-length bucket, hits and throughput."""
+    """prediction.json's figures: overall, per session, per input-length bucket, per turn position and
+    per decode beside / without another prefill, hits and throughput."""
     return {
         "requests": len(rows),
         "overall": {f: errors(rows, f) for f in FIGURES},
@@ -122,4 +149,6 @@ def accuracy(rows: list[dict]) -> dict:
             sorted(rows, key=lambda x: x["input_tokens"]), lambda x: bucket(x["input_tokens"])
         ),
         "by_session": _group(rows, lambda x: x["session"]),
+        "by_position": _group(rows, position),
+        "by_overlap": _group(rows, beside_prefill(rows)),
     }

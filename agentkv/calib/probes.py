@@ -210,7 +210,7 @@ class FirstTokenLag:
     of a pair meet the same host, and the median ignores pairs a hiccup hit (one of five pairs at
     +85 ms took the mean of the middle three to 25 ms where the median gave 5). A server busy with
     the stream's next decode steps flushes its first token late (vLLM's CPU build: 0-90 ms); the
-    one-token TTFT probes cannot see it, bench's streams meet it, and predict adds it to TTFT alone
+    one-token TTFT probes cannot see it, bench's streams meet it, and predict adds it to TTFT and E2E
     (docs/cost-model.md)."""
 
     def __init__(self, pairs: int = LAG_PAIRS):
