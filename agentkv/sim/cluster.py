@@ -385,8 +385,7 @@ class Cluster:
 def simulate(
     traces: Sequence[Trace], cfg: SimConfig, progress: Callable[[int, int], None] | None = None
 ) -> SimResult:
-    """Replay `traces` on `cfg.workers` simulated engines (or disaggregated prefill and decode
-    pools when `cfg.prefill_workers` > 0); returns records and the summary."""
+    """Replay `traces` on the cluster `cfg` describes (`make_cluster`): records and the summary."""
     return make_cluster(traces, cfg, progress).run()
 
 
