@@ -109,10 +109,12 @@ def test_router_follows_gpt_oss_full_attention_group(tmp_path):
         c.start_router(["--log-level", "warning", "--health-interval", "0.2", "--sliding-window", "128"])
         c.wait_ready()
         c.wait_taken_in()
+        deadline = time.monotonic() + 60
         for w in range(2):  # until each worker's events reach the router (a SUB joins late)
             while (
                 get_json(c.router_url() + "/debug/index")["workers"].get(str(w), {"blocks": 0})["blocks"] == 0
             ):
+                assert time.monotonic() < deadline, f"worker {w}'s events never reached the router"
                 _post(c.worker_url(w), [5 + w] * 32)
                 time.sleep(0.1)
         prompt = [1000 + i for i in range(512)]  # 32 blocks; the window (128 tokens) keeps the last 8
