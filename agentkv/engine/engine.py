@@ -195,10 +195,8 @@ class Engine:
 
     def _finish(self, req: EngineRequest) -> None:
         """Free a finished request; its blocks become a lookup hint for requests sharing its prefix."""
-        if req.session_id is not None and req.hash_array is not None:
-            self.scheduler.hints.add(
-                req.hash_array, self.pool.block_table(req.request_id)
-            )  # never changed in place
+        if req.hash_array is not None:  # set with a session id only (add_request)
+            self.scheduler.hints.add(req.hash_array, self.pool.block_table(req.request_id))
         if req.block_ids is not None:  # a disaggregated prefill hands its block ids on (as vLLM's connector)
             table = self.pool.block_table(req.request_id)
             req.block_ids = [] if table is None else table.tolist()
