@@ -3,6 +3,8 @@ overall, per session and per input-length bucket, the hit-rate and throughput di
 
 from __future__ import annotations
 
+from bisect import bisect_left
+
 import numpy as np
 
 from agentkv.calib.replay import Predicted
@@ -98,18 +100,32 @@ def position(x: dict) -> str:
 
 def beside_prefill(rows: list[dict]) -> list[str]:
     """Per row, whether another request's prefill (its start to its measured first token) ran while
-    this one decoded (its first token to its end), on the measured times: which steps TPOT saw."""
+    this one decoded (its first token to its end), on the measured times: which steps TPOT saw.
+    One sweep over the rows by start (a bench has thousands), not a scan of every pair."""
     spans = [
         (x["end"] - x["e2e"], x["end"] - x["e2e"] + x["ttft"], x["end"])
         if x.get("ttft") is not None and x.get("e2e") is not None
         else None
         for x in rows
     ]
+    order = sorted((i for i, s in enumerate(spans) if s is not None), key=lambda i: spans[i][0])
+    starts = [spans[i][0] for i in order]
+    tops: list[tuple[float, int, float]] = []  # per prefix of `order`: latest first token, its row, the next
+    top, owner, second = float("-inf"), -1, float("-inf")
+    for i in order:
+        first = spans[i][1]
+        if first > top:
+            top, owner, second = first, i, top
+        elif first > second:
+            second = first
+        tops.append((top, owner, second))
     out = []
     for i, a in enumerate(spans):
-        hit = a is not None and any(
-            j != i and b is not None and b[0] < a[2] and b[1] > a[1] for j, b in enumerate(spans)
-        )
+        k = bisect_left(starts, a[2]) if a is not None else 0  # rows started before this one ended
+        hit = False
+        if k:
+            top, owner, second = tops[k - 1]
+            hit = (second if owner == i else top) > a[1]  # another's prefill still ran past its first token
         out.append("decode beside prefill" if hit else "decode alone")
     return out
 
