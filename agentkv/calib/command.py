@@ -32,10 +32,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--time-scale", type=float, default=None, help="engine s per wall s (server_info, else 1)")
     p.add_argument(
         "--clock",
-        choices=("client", "engine"),
-        default="client",
-        help="client (default): time probes on this machine's clock, host delays included; engine: read "
-        "the target's own stamps (agentkv serve), the engine's steps alone, as bench reads that clock",
+        choices=("auto", "client", "engine"),
+        default="auto",
+        help="auto (default): engine when /server_info names agentkv serve, else client; client: this "
+        "machine's clock, host delays included; engine: the target's own stamps (agentkv serve), the "
+        "engine's steps alone, as bench reads that clock",
     )
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.set_defaults(func=calibrate_command)

@@ -243,6 +243,36 @@ async def first_token_lag(prober: Prober, pairs: int = LAG_PAIRS) -> tuple[float
     return lag.result()
 
 
+def resolve_clock(choice: str | None, server_info: object) -> str:
+    """`--clock auto` (or unset) resolved once: engine when /server_info names agentkv serve (whose
+    responses carry its engine's stamps), else client; client or engine as given."""
+    if choice in ("client", "engine"):
+        return choice
+    return "engine" if isinstance(server_info, dict) and server_info.get("engine") == "agentkv" else "client"
+
+
+def named_extras(lag: FirstTokenLag | None, extras: tuple = ()) -> list[tuple[object, str]]:
+    """(Each extra timed in pairs beside the probes, its name in a failure's message)."""
+    named = ((lag, "first-token delay"), *((x, "front end") for x in extras))
+    return [(x, what) for x, what in named if x is not None]
+
+
+async def extra_pairs(
+    prober: Prober, extras: list[tuple[object, str]], until: float | None = None
+) -> str | None:
+    """Pairs of the `extras` not yet done: one of each (a round of `run_plan`) when `until` is None,
+    else each one's until done or `until` (time.monotonic()) passes, two at least. The failure's message."""
+    for x, what in extras:
+        try:
+            if until is None and not x.done:
+                await x.pair(prober)
+            while until is not None and not x.done and (len(x.ttft[1]) < 2 or time.monotonic() < until):
+                await x.pair(prober)
+        except UserError as e:
+            return f"{what}: {e}"
+    return None
+
+
 async def run_plan(
     prober: Prober,
     plan: list[Probe],
@@ -274,11 +304,10 @@ async def run_plan(
                 await prober.sample(p, partner.get(id(p)))
                 done += 1
                 on_sample(label, done, total)
-            for extra, what in ((lag, "first-token delay"), *((x, "front end") for x in extras)):
-                if extra is not None and not extra.done:
-                    t0, label = time.monotonic(), what
-                    await extra.pair(prober)
-                    deadline += time.monotonic() - t0
+            t0 = time.monotonic()
+            if error := await extra_pairs(prober, named_extras(lag, extras)):
+                return error
+            deadline += time.monotonic() - t0
     except UserError as e:
         return f"{label}: {e}"
     finally:

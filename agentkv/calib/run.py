@@ -20,7 +20,18 @@ from agentkv.calib.frontend import (
 )
 from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import DECODING, MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
-from agentkv.calib.probes import LAG_PAIRS, PILOT_NEW, PILOT_OUT, FirstTokenLag, Prober, pilot, run_plan
+from agentkv.calib.probes import (
+    LAG_PAIRS,
+    PILOT_NEW,
+    PILOT_OUT,
+    FirstTokenLag,
+    Prober,
+    extra_pairs,
+    named_extras,
+    pilot,
+    resolve_clock,
+    run_plan,
+)
 from agentkv.calib.profile import profile_doc, write_profile
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
@@ -168,6 +179,7 @@ async def calibrate(args: argparse.Namespace) -> int:
         card = next((m for m in models.get("data", []) if m.get("id") == ids[0]), {"id": ids[0]})
         info = await client.get_json("/server_info") or {}
         t, max_len, bs, kv_tokens = target_of(args, card, info)
+        args.clock = resolve_clock(getattr(args, "clock", None), info)  # once: every later read agrees
         prober = Prober(client, ids[0], bs, t.time_scale, engine_clock=_clock(args) == "engine")
         plan: list[Probe] = []
         floor, skipped = floor_probes(max_len, kv_tokens)
@@ -190,24 +202,10 @@ async def calibrate(args: argparse.Namespace) -> int:
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
             delay = FirstTokenLag()  # a pair (a round) after each round of the probes, the rest after
             error = await _run_with_bar(prober, plan, args, end, delay, curve)
-            error = error or await _finish_extras(prober, deadline, delay, curve)
+            error = error or await extra_pairs(prober, named_extras(delay, (curve,)), deadline)
             lag = (*delay.result(), curve.result())
     server = {"model": card, "server_info": info}
     return _finish(args, client.base, ids[0], t, server, plan, error, lag, skipped)
-
-
-async def _finish_extras(
-    prober: Prober, deadline: float, delay: FirstTokenLag, curve: FrontEndCurve
-) -> str | None:
-    """The first-token delay's pairs and the front end's rounds the probes' rounds left, within the
-    budget but at least two of each (a host slower than the pilot said); the failure's message."""
-    for what, x, got in (("first-token delay", delay, delay.ttft[1]), ("front end", curve, curve.ttft[1])):
-        try:
-            while not x.done and (len(got) < 2 or time.monotonic() < deadline):
-                await x.pair(prober)
-        except UserError as e:
-            return f"{what}: {e}"
-    return None
 
 
 async def _run_with_bar(
@@ -315,8 +313,8 @@ def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, tuple[float, 
 
 
 def _clock(args) -> str:
-    """Which clock the probes read (`--clock`): the client's, or the target's own stamps."""
-    return getattr(args, "clock", None) or "client"
+    """Which clock the probes read (`--clock`, resolved by `resolve_clock`): client or engine."""
+    return resolve_clock(getattr(args, "clock", None), {})
 
 
 def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float) -> tuple[float, float] | None:
