@@ -13,6 +13,20 @@ from agentkv.calib.plan import Probe, samples, tiny_pair
 from agentkv.errors import UserError
 from agentkv.trace.blocks import request_tokens
 
+BURST_FRAC = 0.2  # a gap under this share of a stream's mean gap: the tokens came in one read
+
+
+def burst_end(tt: list[float]) -> int:
+    """Index of the last token of `tt`'s leading burst: tokens read together (a first token flushed
+    late, the next ones queued behind it) that no decode step separates; 0 without one."""
+    if len(tt) < 3:
+        return 0
+    tight = BURST_FRAC * (tt[-1] - tt[0]) / (len(tt) - 1)
+    k = 0
+    while k + 1 < len(tt) and tt[k + 1] - tt[k] <= tight:
+        k += 1
+    return k
+
 
 class ProbeError(UserError):
     """A probe failed: the target stopped answering, does not stream, or does not report usage."""
@@ -104,10 +118,11 @@ class Prober:
     async def itl(self, p: Probe) -> float | None:
         """Engine seconds per token while `p.n` streams of `p.ctx` context all decode together; None
         (the sample is skipped) when they never did: a busy host let the first ones end before the
-        last one's first token."""
+        last one's first token. The window opens after each stream's leading burst (`burst_end`):
+        tokens read together there are no steps."""
         results = await asyncio.gather(*(self._send(self._ids(p.ctx), p.out) for _ in range(p.n)))
         times = [tt for r in results if r.token_times and (tt := self.clock_of(r)[1])]
-        start, end = max(tt[0] for tt in times), min(tt[-1] for tt in times)
+        start, end = max(tt[burst_end(tt)] for tt in times), min(tt[-1] for tt in times)
         gaps = []
         for tt in times:
             inside = [t for t in tt if start <= t <= end]
@@ -117,13 +132,13 @@ class Prober:
                 gaps.append((inside[-1] - inside[0]) / (len(inside) - 1))
         return statistics.median(gaps) * self.scale if gaps else None  # None: never all decoding
 
-    async def _beside(self, p: Probe) -> tuple[StreamResult, list[StreamResult]]:
-        """A cold `p.new`-token prompt sent `p.lead_s` wall seconds after `p.n` streams of `p.ctx`
-        tokens start: (its result, the streams' results)."""
+    async def _beside(self, p: Probe, out: int = 1) -> tuple[StreamResult, list[StreamResult]]:
+        """A cold `p.new`-token prompt of `out` output tokens sent `p.lead_s` wall seconds after `p.n`
+        streams of `p.ctx` tokens start: (its result, the streams' results)."""
         streams = [asyncio.create_task(self._send(self._ids(p.ctx), p.out)) for _ in range(p.n)]
         try:
             await asyncio.sleep(p.lead_s)
-            pre = await self._timed(lambda: self._ids(p.new), 1)
+            pre = await self._timed(lambda: self._ids(p.new), out)
             results = await asyncio.gather(*streams)
         finally:
             for task in streams:
@@ -184,7 +199,8 @@ async def pilot(prober: Prober) -> tuple[float, float]:
     """Two discarded warm-up requests, then a one-token and a PILOT_OUT-token stream of PILOT_NEW cold
     tokens each: (engine seconds to the first token, engine seconds per decode step), which scale the
     plan's estimates to how fast the target really is. The step is the longer of the stream's own
-    (first to last token) and its last token less the one-token TTFT: a busy server that delivers
+    (from its leading burst's end, `burst_end`, to its last token) and its last token less the
+    one-token TTFT: a busy server that delivers
     the first token late, the rest in a burst, made the first near 0 (planned decode streams then
     ran 744 and 7,680 tokens and spent the whole budget on three samples)."""
     for _ in range(2):
@@ -194,7 +210,8 @@ async def pilot(prober: Prober) -> tuple[float, float]:
     tt = res.token_times
     if len(tt) < 2:
         raise ProbeError(f"target {prober.client.base}: a {PILOT_OUT}-token stream carried {len(tt)} tokens")
-    step = max(tt[-1] - tt[0], tt[-1] - res.sent - one) / (len(tt) - 1)
+    k = min(burst_end(tt), len(tt) - 2)
+    step = max((tt[-1] - tt[k]) / (len(tt) - 1 - k), (tt[-1] - res.sent - one) / (len(tt) - 1))
     return min(one, tt[0] - res.sent) * prober.scale, step * prober.scale
 
 
@@ -213,8 +230,8 @@ class FirstTokenLag:
     one-token TTFT probes cannot see it, bench's streams meet it, and predict adds it to TTFT and E2E
     (docs/cost-model.md)."""
 
-    def __init__(self, pairs: int = LAG_PAIRS):
-        self.pairs = pairs
+    def __init__(self, pairs: int = LAG_PAIRS, beside: Probe | None = None):
+        self.pairs, self.beside = pairs, beside
         self.ttft: dict[int, list[float]] = {1: [], PILOT_OUT: []}
 
     @property
@@ -222,10 +239,14 @@ class FirstTokenLag:
         return len(self.ttft[PILOT_OUT]) >= self.pairs
 
     async def pair(self, prober: Prober) -> None:
-        """Time one more pair (wall seconds to the first token)."""
+        """Time one more pair (wall seconds to the first token); with `beside` (a Probe of
+        PILOT_NEW new tokens), each of the two sent beside its decoding streams (`Prober._beside`)."""
         first = 1 if len(self.ttft[1]) % 2 == 0 else PILOT_OUT
         for out in (first, PILOT_OUT + 1 - first):
-            res = await prober._timed(lambda: prober._ids(PILOT_NEW), out)
+            if self.beside is not None:
+                res = (await prober._beside(self.beside, out))[0]
+            else:
+                res = await prober._timed(lambda: prober._ids(PILOT_NEW), out)
             self.ttft[out].append(prober._first_token_s(res))
 
     def result(self) -> tuple[float, dict[str, list[float]]]:

@@ -39,14 +39,25 @@ from agentkv.units import parse_duration
 REQUEST_WALL_S = 0.02  # planning allowance per request for HTTP and scheduling
 FAST_STEP_WALL_S = 0.002  # decode steps shorter than this (wall) show the server's own CPU time
 ARRIVAL_WALL_S = 0.01  # how far apart (wall) concurrent streams may reach the engine, per stream
+LAG_N = 2  # streams decoding beside each first-token delay request (bench's lanes overlap so)
 CURVE_SHARE = 0.15  # of the budget, at most, kept apart for the front end's curve (`FrontEndCurve`)
 
 
 def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
     """Planning estimate of the first-token delay's wall seconds (`FirstTokenLag`) from the pilot's
     (TTFT, decode step) in engine seconds: the budget keeps this much for it apart from the probes."""
-    once = (2 * speed[0] + (PILOT_OUT - 1) * speed[1]) / time_scale + 2 * REQUEST_WALL_S
+    beside = lag_beside(speed, time_scale)
+    once = 2 * (beside.lead_s + beside.out * speed[1] / time_scale) + (1 + LAG_N) * 2 * REQUEST_WALL_S
     return LAG_PAIRS * once
+
+
+def lag_beside(speed: tuple[float, float], time_scale: float) -> Probe:
+    """The LAG_N streams (PILOT_NEW context) each first-token delay request is sent beside, from the
+    pilot's (TTFT, step) in engine seconds: decoding when it is sent, still decoding when it ends."""
+    ttft, step = speed
+    lead = (LAG_N * ttft + 4 * step) / time_scale + LAG_N * ARRIVAL_WALL_S
+    out = 8 + 2 * PILOT_OUT + int((lead * time_scale + 2 * ttft) / max(step, 1e-9))
+    return Probe("loaded_ttft", new=PILOT_NEW, n=LAG_N, ctx=PILOT_NEW, out=out, lead_s=lead)
 
 
 def curve_wall_s(speed: tuple[float, float], time_scale: float, past: int) -> float:
@@ -200,7 +211,9 @@ async def calibrate(args: argparse.Namespace) -> int:
                 slow = slowdown(t, speed)
                 est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
-            delay = FirstTokenLag()  # a pair (a round) after each round of the probes, the rest after
+            delay = FirstTokenLag(
+                beside=lag_beside(speed, t.time_scale)
+            )  # a pair (a round) after each round of the probes, the rest after
             error = await _run_with_bar(prober, plan, args, end, delay, curve)
             error = error or await extra_pairs(prober, named_extras(delay, (curve,)), deadline)
             lag = (*delay.result(), curve.result())
