@@ -33,6 +33,7 @@ log = logging.getLogger("agentkv.events")
 # 10 ms, 0 of 7 at 5 ms (docs/scale-out.md). A quiet stream's lone batch comes at once.
 COALESCE_S = 0.005
 MAX_READS = 256
+RESTART_S = 0.1  # the pause before a failed thread loop starts over (a bug that repeats logs 10 a second)
 # plain ints: pyzmq's enum members cost an enum call per use (recv_multipart asks RCVMORE with one)
 _EVENTS, _POLLIN, _NOBLOCK = int(zmq.EVENTS), int(zmq.POLLIN), int(zmq.NOBLOCK)
 
@@ -68,6 +69,7 @@ class EventPoller:
     ) -> None:
         self.deliver, self.name, self.coalesce_s = deliver, name, coalesce_s
         self.wakes = 0  # wakes that delivered something (a benchmark's figure)
+        self.restarts = 0  # times the thread's loop failed and started over
         self._poller = zmq.Poller()
         self._streams: dict[zmq.Socket, _Stream] = {}  # by the socket it now waits on
         self._replaying: set[_Stream] = set()  # those waiting on a replay
@@ -120,6 +122,17 @@ class EventPoller:
 
     # -- the thread ------------------------------------------------------------------------------
     def _run(self) -> None:
+        """The thread: `_loop`, started over (logged, counted in `restarts`) if a bug ends it, so the
+        router does not go on routing without events while nothing says so."""
+        while not self._stopping:
+            try:
+                self._loop()
+            except Exception:
+                self.restarts += 1
+                log.exception("%s: the KV-event thread failed; it starts over in %g s", self.name, RESTART_S)
+                time.sleep(RESTART_S)
+
+    def _loop(self) -> None:
         watch_at = 0.0
         poll, wake = self._poller.poll, self._wake_r.fileno()
         while not self._stopping:
