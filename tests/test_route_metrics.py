@@ -15,7 +15,8 @@ from agentkv.route.proxy import Router, RouterConfig
 from agentkv.route.workers import WorkerSpec
 
 # render_metrics' output for populated_router() before it moved to prometheus_client (commit 05e460a),
-# plus agentkv_router_client_disconnects_total (added since: existing names are unchanged)
+# plus agentkv_router_client_disconnects_total and _event_thread_restarts_total (added since: existing
+# names are unchanged)
 CAPTURED = r"""
 # HELP agentkv_router_requests_total Generation requests accepted (authenticated, valid JSON).
 # TYPE agentkv_router_requests_total counter
@@ -35,6 +36,9 @@ agentkv_router_throttled_total 1
 agentkv_router_index_overflow_blocks_total 7
 # TYPE agentkv_router_broken_streams_total counter
 agentkv_router_broken_streams_total 4
+# HELP agentkv_router_event_thread_restarts_total Times the KV-event thread's loop failed (logged) and started over.
+# TYPE agentkv_router_event_thread_restarts_total counter
+agentkv_router_event_thread_restarts_total 0
 # HELP agentkv_router_client_disconnects_total Clients that left before their response ended (the worker's request is aborted).
 # TYPE agentkv_router_client_disconnects_total counter
 agentkv_router_client_disconnects_total 6

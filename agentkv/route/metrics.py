@@ -63,6 +63,11 @@ _TOTALS: tuple[tuple[str, str, Callable[[Router], float]], ...] = (
     ),
     ("broken_streams", "", lambda r: r.stats.broken_streams),
     (
+        "event_thread_restarts",
+        "Times the KV-event thread's loop failed (logged) and started over.",
+        lambda r: r.pool.poller.restarts,
+    ),
+    (
         "client_disconnects",
         "Clients that left before their response ended (the worker's request is aborted).",
         lambda r: r.stats.client_disconnects,
