@@ -2,7 +2,8 @@
 
 Usage: python benchmarks/trace_memory.py [TRACES_DIR]   (default: ../shared/traces/claude-code)
 Prints the traced MiB and allocated blocks (~ Python objects) kept by the loaded traces, and the
-best load wall time of three runs without tracemalloc.
+best load wall time of three runs without tracemalloc. Measured 2026-12-04 (load 1.3): 144 MiB,
+0.66 M blocks, 0.46 s; before prefix-shared hash_ids (main d767860) 564 MiB, 14.19 M, 0.77 s.
 """
 
 from __future__ import annotations
