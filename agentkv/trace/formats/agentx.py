@@ -41,7 +41,7 @@ class _Item(msgspec.Struct, gc=False):
     model: str = ""
     in_: Tokens | None = msgspec.field(default=None, name="in")
     out: Tokens | None = None
-    hash_ids: list[HashId] = []
+    hash_ids: msgspec.Raw = msgspec.Raw(b"[]")  # decoded per turn by `_Ids`, sharing prefixes
     input_types: list[str] = []
     output_types: list[str] = []
     stop: str | None = None
@@ -69,7 +69,52 @@ class _Doc(msgspec.Struct, gc=False):
     system_tokens: Tokens = 0
 
 
+class _StrictItem(_Item):
+    """`_Item` with `hash_ids` checked in place: decoded only to word the first error exactly."""
+
+    hash_ids: list[HashId] = []
+    requests: list[_StrictItem] | None = None
+
+
+class _StrictDoc(_Doc):
+    requests: list[_StrictItem]
+
+
 _decode = msgspec.json.Decoder(_Doc).decode
+_decode_strict = msgspec.json.Decoder(_StrictDoc).decode
+_decode_ids = msgspec.json.Decoder(list[HashId]).decode
+
+
+class _Ids:
+    """Decodes a session's turns' `hash_ids`, reusing the previous turn's int objects for a shared
+    prefix, so a long session holds its prefix ids once rather than once per turn."""
+
+    __slots__ = ("raw", "ids")
+
+    def __init__(self) -> None:
+        self.raw, self.ids = b"[]", []
+
+    def __call__(self, raw: bytes) -> list[int]:
+        prev, ids = self.raw, self.ids
+        if raw == prev:
+            out = ids[:]
+        elif ids and raw.startswith(prev[:-1]) and raw[len(prev) - 1 : len(prev)] == b",":
+            out = ids + _decode_ids(b"[" + raw[len(prev) :])  # the common case: the turn appends
+        else:
+            out = _decode_ids(raw)
+            lo, hi = 0, min(len(out), len(ids))
+            while lo < hi:  # longest shared prefix, by C-level slice compares
+                mid = (lo + hi + 1) // 2
+                if out[:mid] == ids[:mid]:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            if lo:
+                out[:lo] = ids[:lo]
+        self.raw, self.ids = raw, out
+        return out
+
+
 MAX_DEPTH = 100  # sub-agent nesting levels read
 
 
@@ -84,23 +129,24 @@ def _count(path: str, rec: str, key: str, v: int | None) -> int:
     return v
 
 
-def _request(path: str, bs: int, it: _Item, rec: str) -> Request:
+def _request(path: str, bs: int, it: _Item, rec: str, ids: _Ids) -> Request:
+    hash_ids = ids(bytes(it.hash_ids))  # a bad id raises here; `read` re-decodes strictly to word it
     if it.t is None:
         raise TraceError(path, rec, "t", "missing")
     n_in = _count(path, rec, "in", it.in_)
     limit = -(-n_in // bs)
-    if len(it.hash_ids) > limit:
+    if len(hash_ids) > limit:
         raise TraceError(
             path,
             rec,
             "hash_ids",
-            f"{len(it.hash_ids)} blocks but 'in' = {n_in} tokens implies at most {limit} blocks of {bs}",
+            f"{len(hash_ids)} blocks but 'in' = {n_in} tokens implies at most {limit} blocks of {bs}",
         )
     return Request(
         t=it.t,
         input_tokens=n_in,
         output_tokens=_count(path, rec, "out", it.out),
-        hash_ids=it.hash_ids,
+        hash_ids=hash_ids,
         think_time=it.think_time or 0.0,
         model=it.model,
         kind=it.type,
@@ -118,10 +164,11 @@ def _session(path: str, bs: int, src: _Item | _Doc, sid: str, prefix: str, t: fl
         s.agent_type, s.status = src.subagent_type or "", src.status or ""
         s.total_tokens, s.tool_use_count = src.total_tokens, src.tool_use_count
         s.duration = src.duration_ms / 1000.0 if src.duration_ms is not None else None
+    ids = _Ids()
     for i, it in enumerate(src.requests or ()):
         rec = f"{prefix}requests[{i}]"
         if it.type in ("n", "s"):
-            s.requests.append(_request(path, bs, it, rec))
+            s.requests.append(_request(path, bs, it, rec, ids))
         elif it.type == "subagent":
             if prefix.count(".") >= MAX_DEPTH:  # real traces nest 1-3 deep; this keeps recursion bounded
                 raise TraceError(path, rec, "requests", f"sub-agents nested more than {MAX_DEPTH} deep")
@@ -149,7 +196,13 @@ def read(path: Path, data: bytes) -> list[Trace]:
     except RecursionError:
         raise TraceError(str(path), None, None, "invalid JSON: nested too deeply") from None
     tid = str(doc.id) if doc.id not in (None, "") else path.name.split(".")[0]
-    root = _session(str(path), doc.block_size, doc, tid, "", 0.0)
+    try:
+        root = _session(str(path), doc.block_size, doc, tid, "", 0.0)
+    except (TraceError, msgspec.DecodeError) as e:
+        _strict(path, data)  # a bad hash id anywhere is reported first, as a one-pass decode would
+        if isinstance(e, TraceError):
+            raise
+        raise from_msgspec(str(path), e, top="top level") from None
     return [
         Trace(
             id=tid,
@@ -161,6 +214,14 @@ def read(path: Path, data: bytes) -> list[Trace]:
             replay=doc.replay,
         )
     ]
+
+
+def _strict(path: Path, data: bytes) -> None:
+    """Decode `data` checking every hash id in place; raise its first error (in file order)."""
+    try:
+        _decode_strict(data)
+    except msgspec.DecodeError as e:
+        raise from_msgspec(str(path), e, top="top level") from None
 
 
 # ---------------------------------------------------------------------------------------------- writer
