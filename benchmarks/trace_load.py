@@ -1,15 +1,18 @@
-"""How long reading real traces takes: all 119 Claude Code traces, and each Mooncake file.
+"""How long reading real traces takes, and what they hold: all 119 Claude Code traces, each Mooncake file.
 
 Usage: python benchmarks/trace_load.py [SHARED_DIR]   (default: ../shared beside the repository)
-Prints the best and median of a few runs, the bytes read and the requests found.
+Prints the best and median of a few runs, the bytes read and the requests found, then the memory the
+decoded Claude Code traces keep (tracemalloc: MiB and allocated blocks, ~ Python objects).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import statistics
 import sys
 import time
+import tracemalloc
 from pathlib import Path
 
 from agentkv.trace.formats import load_paths, read_bytes
@@ -40,6 +43,21 @@ def _report(label: str, paths: list[Path]) -> None:
     )
 
 
+def _decoded(paths: list[Path]) -> None:
+    """Print the memory the decoded traces of `paths` keep, read once under tracemalloc."""
+    gc.collect()
+    tracemalloc.start()
+    base = tracemalloc.take_snapshot()
+    traces = load_paths(paths)
+    gc.collect()
+    stats = tracemalloc.take_snapshot().compare_to(base, "filename")
+    tracemalloc.stop()
+    size, count = sum(s.size_diff for s in stats), sum(s.count_diff for s in stats)
+    print(
+        f"claude-code decoded: {len(traces)} traces keep {size / 2**20:.0f} MiB in {count / 1e6:.2f} M blocks"
+    )
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     default = Path(__file__).resolve().parents[1].parent / "shared"
@@ -52,6 +70,7 @@ def main() -> None:
         sys.exit(f"trace_load: no traces under {shared} (pass the shared directory as the argument)")
     print(f"reading traces under {traces} ({RUNS} runs each)")
     _report("claude-code (all files)", [traces / "claude-code"])
+    _decoded([traces / "claude-code"])
     for f in sorted((traces / "mooncake").glob("*.jsonl*")):
         _report(f"mooncake {f.name.split('.')[0]}", [f])
 
