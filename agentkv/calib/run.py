@@ -211,9 +211,8 @@ async def calibrate(args: argparse.Namespace) -> int:
                 slow = slowdown(t, speed)
                 est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
-            delay = FirstTokenLag(
-                beside=lag_beside(speed, t.time_scale)
-            )  # a pair (a round) after each round of the probes, the rest after
+            # a pair (a round) after each round of the probes, the rest after
+            delay = FirstTokenLag(beside=lag_beside(speed, t.time_scale))
             error = await _run_with_bar(prober, plan, args, end, delay, curve)
             error = error or await extra_pairs(prober, named_extras(delay, (curve,)), deadline)
             lag = (*delay.result(), curve.result())
