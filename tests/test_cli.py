@@ -25,6 +25,19 @@ def test_missing_file_is_one_line_error():
     assert "/nonexistent/x.json" in p.stderr
 
 
+def test_python_dash_m_agentkv_is_the_cli():
+    """`python -m agentkv` runs the same CLI: bad input is one line and exit status 2."""
+    p = subprocess.run(
+        [sys.executable, "-m", "agentkv", "trace", "stats", "/nonexistent/x.json"],
+        capture_output=True,
+        text=True,
+    )
+    assert p.returncode == 2
+    assert "Traceback" not in p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1
+    assert "/nonexistent/x.json" in p.stderr
+
+
 def test_format_choices_are_the_readers():
     from agentkv.trace.command import TRACE_FORMATS
     from agentkv.trace.formats import FORMATS

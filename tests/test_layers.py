@@ -23,6 +23,7 @@ LAYERS = [  # lowest first; docs/architecture.md draws the same
     {"bench", "sim", "cache", "serve", "route", "security"},
     {"calib"},  # an application on top of bench's HTTP client
     {"cli"},
+    {"__main__"},  # `python -m agentkv`: runs the CLI
 ]
 RANK = {pkg: i for i, layer in enumerate(LAYERS) for pkg in layer}
 
