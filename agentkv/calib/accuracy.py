@@ -52,7 +52,24 @@ def row(
         "cached_tokens": r.cached_tokens,
         "cached_tokens_pred": p.cached_tokens,
         "overhead_s": overhead_s,
+        "chunks": (n := chunks(r)),
+        "merged": n is not None and n < r.output_tokens,
     }
+
+
+def chunks(r: RequestRecord) -> int | None:
+    """How many stream chunks carried the request's output (its gaps + 1), None for a record kept
+    before bench stored every gap; fewer than its tokens: the server merged steps' tokens (issue 17)."""
+    if r.output_tokens < 1:
+        return 0
+    if not r.itls and r.itl_max is not None:
+        return None  # gaps measured but not kept: an older record
+    return len(r.itls) + 1
+
+
+def delivery(x: dict) -> str:
+    """Whether a request's stream carried one token a chunk or merged several into a chunk."""
+    return "merged chunks" if x.get("merged") else "one token a chunk"
 
 
 def errors(rows: list[dict], fig: str) -> dict | None:
@@ -167,4 +184,6 @@ def accuracy(rows: list[dict]) -> dict:
         "by_session": _group(rows, lambda x: x["session"]),
         "by_position": _group(rows, position),
         "by_overlap": _group(rows, beside_prefill(rows)),
+        "by_delivery": _group(rows, delivery),  # MAPE without the merged streams, never dropped
+        "merged_requests": sum(bool(x.get("merged")) for x in rows),
     }
