@@ -1,12 +1,12 @@
-"""Requests whose stream merged several steps' tokens into one chunk are flagged per row and
-their errors reported apart (issue #17), never dropped."""
+"""Requests whose stream merged several steps' tokens into one chunk (or read several chunks at once)
+are flagged per row and their errors reported apart (issue #17), never dropped."""
 
 from __future__ import annotations
 
 import pytest
 
 from agentkv.bench.clocks import Latency
-from agentkv.calib.accuracy import accuracy, chunks, row
+from agentkv.calib.accuracy import READ_APART_S, accuracy, chunks, row
 from agentkv.calib.replay import Predicted
 from agentkv.metrics.records import RequestRecord
 
@@ -25,7 +25,9 @@ def test_a_stream_with_fewer_chunks_than_tokens_is_flagged_and_reported_apart() 
     one = _record(0, [0.1 + 0.01 * k for k in range(8)], 8)  # 8 chunks, 8 tokens
     merged = _record(1, [0.1, 0.11, 0.17], 8)  # 8 tokens in 3 chunks: the server merged steps
     whole = _record(2, [0.1], 4)  # all 4 tokens in one chunk
-    assert [chunks(r) for r in (one, merged, whole)] == [8, 3, 1]
+    burst = _record(4, [0.1 + 0.0001 * k for k in range(4)], 4)  # 4 chunks read within 0.3 ms
+    assert [chunks(r) for r in (one, merged, whole, burst)] == [8, 3, 1, 4]
+    assert chunks(burst, READ_APART_S) == 1 and chunks(one, READ_APART_S) == 8
     old = RequestRecord(id=3, trace="t", session="s", output_tokens=4, itl_max=0.01)
     assert chunks(old) is None  # gaps not kept: unknown, not merged
     preds = {
@@ -33,9 +35,10 @@ def test_a_stream_with_fewer_chunks_than_tokens_is_flagged_and_reported_apart() 
         1: Predicted(0.0, 0.1, 0.24, 8, 0),  # TPOT 20 ms against 10 ms measured: +100%
         2: Predicted(0.0, 0.1, 0.13, 4, 0),  # TPOT 10 ms against 0 measured (None: skipped)
     }
-    rows = [row(r, preds[r.id], 0.0) for r in (one, merged, whole)]
-    assert [x["merged"] for x in rows] == [False, True, True]
-    doc = accuracy(rows)
+    preds[4] = Predicted(0.0, 0.1, 0.13, 4, 0)
+    rows = [row(r, preds[r.id], 0.0) for r in (one, merged, whole, burst)]
+    assert [x["merged"] for x in rows] == [False, True, True, True]
+    doc = accuracy(rows[:3])
     assert doc["requests"] == 3 and doc["merged_requests"] == 2
     alone, both = doc["by_delivery"]["one token a chunk"], doc["by_delivery"]["merged chunks"]
     assert alone["requests"] == 1 and alone["tpot"]["mape_pct"] == pytest.approx(0.0, abs=1e-6)

@@ -11,6 +11,7 @@ from agentkv.calib.replay import Predicted
 from agentkv.metrics.records import RequestRecord
 
 FIGURES = ("ttft", "tpot", "e2e")
+READ_APART_S = 0.001  # chunks closer than this were read as one (no engine step is this short here)
 BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -52,19 +53,20 @@ def row(
         "cached_tokens": r.cached_tokens,
         "cached_tokens_pred": p.cached_tokens,
         "overhead_s": overhead_s,
-        "chunks": (n := chunks(r)),
-        "merged": n is not None and n < r.output_tokens,
+        "chunks": chunks(r),
+        "merged": (n := chunks(r, READ_APART_S)) is not None and n < r.output_tokens,
     }
 
 
-def chunks(r: RequestRecord) -> int | None:
-    """How many stream chunks carried the request's output (its gaps + 1), None for a record kept
-    before bench stored every gap; fewer than its tokens: the server merged steps' tokens (issue 17)."""
+def chunks(r: RequestRecord, apart_s: float = 0.0) -> int | None:
+    """How many reads delivered the request's output: its stream's chunks that carried output, a
+    chunk less than `apart_s` after the one before counted with it (a client read burst); None for a
+    record kept before bench stored every gap. Fewer than its tokens: merged (issue 17)."""
     if r.output_tokens < 1:
         return 0
     if not r.itls and r.itl_max is not None:
         return None  # gaps measured but not kept: an older record
-    return len(r.itls) + 1
+    return 1 + sum(g >= apart_s for g in r.itls)
 
 
 def delivery(x: dict) -> str:
