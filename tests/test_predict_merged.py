@@ -24,6 +24,7 @@ def _record(i: int, chunk_times: list[float], tokens: int) -> RequestRecord:
 def test_a_stream_with_fewer_chunks_than_tokens_is_flagged_and_reported_apart() -> None:
     one = _record(0, [0.1 + 0.01 * k for k in range(8)], 8)  # 8 chunks, 8 tokens
     merged = _record(1, [0.1, 0.11, 0.17], 8)  # 8 tokens in 3 chunks: the server merged steps
+    pair = _record(5, [0.1, 0.1001] + [0.11 + 0.01 * k for k in range(6)], 8)  # first two read together
     whole = _record(2, [0.1], 4)  # all 4 tokens in one chunk
     burst = _record(4, [0.1 + 0.0001 * k for k in range(4)], 4)  # 4 chunks read within 0.3 ms
     assert [chunks(r) for r in (one, merged, whole, burst)] == [8, 3, 1, 4]
@@ -36,8 +37,10 @@ def test_a_stream_with_fewer_chunks_than_tokens_is_flagged_and_reported_apart() 
         2: Predicted(0.0, 0.1, 0.13, 4, 0),  # TPOT 10 ms against 0 measured (None: skipped)
     }
     preds[4] = Predicted(0.0, 0.1, 0.13, 4, 0)
-    rows = [row(r, preds[r.id], 0.0) for r in (one, merged, whole, burst)]
-    assert [x["merged"] for x in rows] == [False, True, True, True]
+    preds[5] = preds[0]
+    rows = [row(r, preds[r.id], 0.0) for r in (one, merged, whole, burst, pair)]
+    assert [x["merged"] for x in rows] == [False, True, True, True, False]  # pair: 8 tokens in 7 reads
+    assert rows[4]["reads"] == 7 and rows[4]["chunks"] == 8
     doc = accuracy(rows[:3])
     assert doc["requests"] == 3 and doc["merged_requests"] == 2
     alone, both = doc["by_delivery"]["one token a chunk"], doc["by_delivery"]["merged chunks"]
