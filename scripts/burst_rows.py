@@ -4,7 +4,8 @@
 that carried output, `itls`) with predictions.jsonl. A request is burst-delivered when its stream
 carried BURST_TOKENS_PER_CHUNK tokens a chunk or more (the server merged several steps' tokens into
 one chunk), so its TPOT measures delivery, not steps; gaps under BURST_GAP_S (client read bursts)
-are counted too. Prints the largest TPOT/TTFT errors and each figure's MAPE with and without them."""
+are counted too; rows carrying predict's own `merged` flag use it instead. Prints the largest
+TPOT/TTFT errors and each figure's MAPE with and without them."""
 
 from __future__ import annotations
 
@@ -30,7 +31,12 @@ def main(run: Path, pred: Path) -> None:
         itls = recs.get(x["id"], {}).get("itls", [])
         x["burst_share"] = sum(g < BURST_GAP_S for g in itls) / len(itls) if itls else 0.0
         x["per_chunk"] = x["output_tokens"] / (len(itls) + 1)
-        x["burst"] = x["per_chunk"] >= BURST_TOKENS_PER_CHUNK or x["burst_share"] >= 0.5
+        # predict's own flag (2 tokens a read or more) when the rows carry it, else this script's rule
+        x["burst"] = (
+            x["merged"]
+            if "merged" in x
+            else x["per_chunk"] >= BURST_TOKENS_PER_CHUNK or x["burst_share"] >= 0.5
+        )
     for fig in ("tpot", "ttft"):
         top = sorted((x for x in rows if x[fig]), key=lambda x: -abs(x[f"{fig}_pred"] / x[fig] - 1))[:6]
         print(f"largest {fig.upper()} errors:")

@@ -11,6 +11,10 @@ from agentkv.calib.replay import Predicted
 from agentkv.metrics.records import RequestRecord
 
 FIGURES = ("ttft", "tpot", "e2e")
+READ_APART_S = 0.001  # chunks closer than this were read as one (no engine step is this short here)
+# tokens a read, on average, from which a stream counts as merged: its TPOT measures delivery, not
+# steps (a live vLLM run read every stream's first two tokens together: one merged read is common)
+MERGED_PER_READ = 2.0
 BUCKET_EDGES = (1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
 
 
@@ -52,7 +56,26 @@ def row(
         "cached_tokens": r.cached_tokens,
         "cached_tokens_pred": p.cached_tokens,
         "overhead_s": overhead_s,
+        "chunks": chunks(r),
+        "reads": (n := chunks(r, READ_APART_S)),
+        "merged": n is not None and r.output_tokens >= MERGED_PER_READ * max(n, 1),
     }
+
+
+def chunks(r: RequestRecord, apart_s: float = 0.0) -> int | None:
+    """How many reads delivered the request's output: its stream's chunks that carried output, a
+    chunk less than `apart_s` after the one before counted with it (a client read burst); None for a
+    record kept before bench stored every gap. Under half its tokens: merged (`MERGED_PER_READ`, issue 17)."""
+    if r.output_tokens < 1:
+        return 0
+    if not r.itls and r.itl_max is not None:
+        return None  # gaps measured but not kept: an older record
+    return 1 + sum(g >= apart_s for g in r.itls)
+
+
+def delivery(x: dict) -> str:
+    """Whether a request's stream carried one token a chunk or merged several into a chunk."""
+    return "merged chunks" if x.get("merged") else "one token a chunk"
 
 
 def errors(rows: list[dict], fig: str) -> dict | None:
@@ -167,4 +190,6 @@ def accuracy(rows: list[dict]) -> dict:
         "by_session": _group(rows, lambda x: x["session"]),
         "by_position": _group(rows, position),
         "by_overlap": _group(rows, beside_prefill(rows)),
+        "by_delivery": _group(rows, delivery),  # MAPE without the merged streams, never dropped
+        "merged_requests": sum(bool(x.get("merged")) for x in rows),
     }

@@ -12,6 +12,7 @@ rest (`front_end_reads`): one formula for fit and use (docs/cost-model.md, the l
 from __future__ import annotations
 
 import asyncio
+import math
 import statistics
 
 from agentkv.calib.probes import Prober
@@ -92,6 +93,44 @@ def _excess(curve: dict, key: str, engine_s, request_s: float, time_scale: float
             d = statistics.median(v[i] - one[i] for i in range(k))
             out[n] = d - (engine_s(n) - engine_s(1)) / time_scale - request_s * (n - 1) / 2
     return out
+
+
+def _points(curve: dict, engine_s, request_s: float, time_scale: float) -> list[tuple[float, float]]:
+    """Every round's (what the queue adds at 1 s a token, beyond one stream's; `n` streams' extra
+    TTFT over the same round's one stream, less the engine's and the arrival queue's share)."""
+    tokens = curve["past"] + curve["new"]
+    tt = {int(n): v for n, v in (curve.get("ttft_s") or {}).items()}
+    one, out = tt.get(1) or [], []
+    for n, v in tt.items():
+        if n > 1:
+            x = statistics.fmean(front_end_reads([(i, 0.0, tokens) for i in range(n)], 1.0).values()) - tokens
+            more = (engine_s(n)[0] - engine_s(1)[0]) / time_scale + request_s * (n - 1) / 2
+            out += [(x, v[i] - one[i] - more) for i in range(min(len(v), len(one)))]
+    return out
+
+
+def robust_front_end(curve: dict, engine_s, request_s: float, time_scale: float, fallback_s: float) -> dict:
+    """The front end's rate and share as the profile keeps them, with the curve's own slope and its
+    standard error over every round: the curve's fit (`fit_front_end`) when its slope is at least
+    twice its standard error over 3 points or more, else `fallback_s` (the per-prompt-token host time
+    the single-request probes measured), all after the engine's first token (issue 17: on a busy
+    host the curve's rounds scatter more than the queue adds, and a clipped 0 dropped that time)."""
+    pts = _points(curve, engine_s, request_s, time_scale)
+    slope, se = _slope(pts), None
+    if slope is not None and len(pts) > 1:
+        den = sum(x * x for x, _ in pts)
+        se = math.sqrt(sum((y - slope * x) ** 2 for x, y in pts) / (len(pts) - 1) / den)
+    fit = fit_front_end(curve, engine_s, request_s, time_scale)
+    resolved = fit is not None and se is not None and len(pts) >= 3 and slope > 2 * se
+    token_s, share = fit if resolved else (max(0.0, fallback_s), 0.0)
+    return {
+        "token_s": token_s,
+        "before_engine": share,
+        "source": "curve" if resolved else "prompt_token_s (curve not resolved)",
+        "curve_token_s": slope,
+        "curve_stderr_s": se,
+        "curve_points": len(pts),
+    }
 
 
 def _slope(pts: list[tuple[float, float]]) -> float | None:

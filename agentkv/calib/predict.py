@@ -142,7 +142,7 @@ def print_prediction(doc: dict) -> None:
     for c in ("figure", "requests", "n", "MAPE %", "bias %", "|err| p50 %", "|err| p90 %", "|err| max %"):
         t.add_column(c, justify="left" if c in ("figure", "requests") else "right")
     groups = [("all", doc["overall"], doc["requests"])]
-    for by in ("by_input_len", "by_position", "by_overlap"):
+    for by in ("by_input_len", "by_position", "by_overlap", "by_delivery"):
         groups += [(k, {f: v[f] for f in FIGURES}, v["requests"]) for k, v in doc.get(by, {}).items()]
     for name, figs, n in groups:
         for f in FIGURES:

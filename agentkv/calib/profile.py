@@ -21,6 +21,7 @@ FIT_KEYS = (
     "weights",
     "first_token_ttft_s",
     "front_end_ttft_s",
+    "front_end",
 )
 
 

@@ -16,7 +16,7 @@ from agentkv.calib.frontend import (
     CURVE_STREAMS,
     FrontEndCurve,
     curve_past,
-    fit_front_end,
+    robust_front_end,
 )
 from agentkv.calib.identify import fit_all
 from agentkv.calib.plan import DECODING, MIN_MODEL_LEN, Probe, make_plan, samples, within_budget
@@ -303,7 +303,7 @@ def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, tuple[float, 
     identifiable) and the front end's (queue time, share before the engine) or None."""
     f = fit_all(t, done, engine_clock=_clock(args) == "engine")
     ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
-    front = _front(t, f.coeffs, lag[2], ov[0])
+    front = _front(t, f.coeffs, lag[2], ov[0], ov[1])
     overhead = {
         "request_s": ov[0],
         "prompt_token_s": ov[1],
@@ -311,12 +311,13 @@ def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, tuple[float, 
         "first_token_s": lag[0],
     }
     if front is not None:
-        overhead |= {"front_end_token_s": front[0], "front_end_before_engine": front[1]}
+        overhead |= {"front_end_token_s": front["token_s"], "front_end_before_engine": front["before_engine"]}
     return {
         "coefficients": f.coeffs.to_dict(),
         "overhead": overhead,
         "first_token_ttft_s": lag[1],
         "front_end_ttft_s": lag[2] or {},
+        "front_end": front or {},
         "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
         "stderr_pct": f.stderr_pct,
         "not_identifiable": f.not_identifiable,
@@ -329,7 +330,7 @@ def _clock(args) -> str:
     return resolve_clock(getattr(args, "clock", None), {})
 
 
-def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float) -> tuple[float, float] | None:
+def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float, token_s: float) -> dict | None:
     """`fit_front_end` of the curve with the fitted engine: `n` of its prompts prefilled in one step,
     then decoded together to the stream's end."""
     if not curve:
@@ -341,17 +342,24 @@ def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float) -> tu
         out = curve.get("out", CURVE_OUT)
         return first, first + (out - 1) * cm.step_time([], [ctx + out // 2] * n)
 
-    return fit_front_end(curve, engine_s, request_s, t.time_scale)
+    return robust_front_end(curve, engine_s, request_s, t.time_scale, token_s)
 
 
-def front_line(curve: dict, front: tuple[float, float] | None) -> str:
+def front_line(curve: dict, front: dict | None) -> str:
     """calibrate's line on the front end's curve: the fitted queue time and the TTFTs it came from."""
     tt = " / ".join(f"{sum(v) / len(v) * 1e3:.1f}" if v else "-" for v in curve["ttft_s"].values())
     fitted = (
         "not fitted (no round)"
         if front is None
-        else f"{front[0] * 1e6:.2f} us a prompt token, {front[1]:.0%} of it before the engine"
+        else f"{front['token_s'] * 1e6:.2f} us a prompt token, {front['before_engine']:.0%} of it before "
+        f"the engine, from {front['source']}; the curve's slope {_us(front['curve_token_s'])} +- "
+        f"{_us(front['curve_stderr_s'])} us ({front['curve_points']} points)"
     )
     return (
         f"front end under concurrency: {fitted} ({'/'.join(curve['ttft_s'])} streams together: TTFT {tt} ms)"
     )
+
+
+def _us(x: float | None) -> str:
+    """Seconds as microseconds to 2 decimals, '-' for None."""
+    return "-" if x is None else f"{x * 1e6:.2f}"

@@ -36,6 +36,11 @@ def _figures(doc: dict) -> str:
     lat = ", ".join(
         f"{f.upper()} MAPE {o[f]['mape_pct']:.1f}% (bias {o[f]['bias_pct']:+.1f}%)" for f in o if o[f]
     )
+    rest = doc["by_delivery"].get("one token a chunk") or {}
+    merged = doc["merged_requests"]
+    lat += f"; without the {merged} merged-chunk streams ({rest.get('requests', 0)}): " + ", ".join(
+        f"{f.upper()} {rest[f]['mape_pct']:.1f}%" for f in ("ttft", "tpot", "e2e") if rest.get(f)
+    )
     return (
         f"{doc['requests']} requests: {lat}; hit rate {h['measured']:.2%} vs {h['predicted']:.2%}; "
         f"throughput {tp['diff_pct']:+.2f}%"
