@@ -348,7 +348,7 @@ class BlockPool(PoolHashes, EventLog):
         else:
             victims = np.asarray(self.policy.pop_victims(n - m), dtype=np.int64)
             self._uncache(victims)
-            new = np.concatenate((self._empty[:m][::-1], victims))
+            new = np.concatenate((self._empty[:m][::-1], victims)) if m else victims  # (a fresh array)
             self._n_empty = 0
         self.ref[new] = 1
         self.stats.allocated += n
