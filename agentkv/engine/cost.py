@@ -355,6 +355,20 @@ class CostModel:
         lm = _pnorm(self._lm_w, n_decode * self._lm_row, self._k)
         return self._layers * layer + lm + (n_decode * self._gather_row + self._gather_lat)
 
+    def decode_step_ends(self, now: float, n: int, ctx_sum: int, ctx_max: int, k: int) -> list[float] | None:
+        """End times of `k` pure-decode steps of `n` sequences from `now`, each as `step_time_agg` gives it
+        to the last bit, its constant terms computed once; None outside the fitted formula (`is_legacy`)."""
+        if self._terms is not None:
+            return None
+        lin, comm = _pnorm(self._w, n * self._flop_tok, self._k), n * self._ar_tok + self._ar_lat
+        lm, gather = _pnorm(self._lm_w, n * self._lm_row, self._k), n * self._gather_row + self._gather_lat
+        kv, st, fl, fk, ends = self._kv_tok, self._stream_tok, self._floor, self._fk, []
+        for i in range(k):  # layer_time_agg with no prefill: its attention and past terms are 0.0
+            d_bw, d_st = (ctx_sum + i * n) * kv, (ctx_max + i) * st
+            now += self._layers * _pnorm(lin + (d_bw if d_bw > d_st else d_st) + comm, fl, fk) + lm + gather
+            ends.append(now)
+        return ends
+
     def step_time(self, prefills: Sequence[tuple[int, int]], decodes: Sequence[int]) -> float:
         """Seconds for one step: `prefills` are (new tokens, cached past tokens) chunks, `decodes` the
         context length (tokens already cached) of each decoding sequence."""

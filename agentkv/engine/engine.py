@@ -148,11 +148,12 @@ class Engine:
         promote = 0.0
         n_prefill_tokens = 0
         for req, n in batch:
-            if req.is_prefill:
-                prefills.append((n, req.num_computed))
+            nc = req.num_computed  # `req.is_prefill`, inline (a hot loop)
+            if req.prompt_len + req.num_output - nc > 1 or nc < req.prompt_len:
+                prefills.append((n, nc))
                 n_prefill_tokens += n
             else:
-                decodes.append(req.num_computed)
+                decodes.append(nc)
             if req.promote_s:
                 promote += req.promote_s
                 req.promote_s = 0.0
@@ -166,10 +167,10 @@ class Engine:
         finished: list[EngineRequest] = []
         itl = self.itl_sink
         for req, n in batch:
-            req.num_computed += n
-            if req.num_computed < req.num_tokens:
+            nc = req.num_computed = req.num_computed + n
+            if nc < req.prompt_len + req.num_output:
                 continue  # a chunk of a longer prefill: no token yet
-            req.num_output += 1
+            no = req.num_output = req.num_output + 1
             if req.first_token is None:
                 req.first_token = end
             else:
@@ -181,7 +182,7 @@ class Engine:
             req.last_token = end
             if req.token_times is not None:
                 req.token_times.append(end)
-            done = req.num_output >= req.max_tokens or req.num_tokens >= self.max_model_len
+            done = no >= req.max_tokens or req.prompt_len + no >= self.max_model_len
             if done:
                 req.finish_reason = "length"
                 req.finished_at = end
@@ -217,28 +218,34 @@ class Engine:
         k = max_steps
         limit = self.max_model_len
         ctx_sum = ctx_max = 0
+        ncs: list[int] = []  # each request's computed tokens (one decode token short of its length)
         for r in reqs:
-            if r.num_tokens - r.num_computed != 1 or r.num_computed < r.prompt_len or r.promote_s:
+            nc, nt = r.num_computed, r.prompt_len + r.num_output
+            if nt - nc != 1 or nc < r.prompt_len or r.promote_s:
                 return None
-            left = min(r.max_tokens - r.num_output, limit - r.num_tokens)
-            if left < k:
-                k = left
-            ctx_sum += r.num_computed
-            if r.num_computed > ctx_max:
-                ctx_max = r.num_computed
+            if r.max_tokens - r.num_output < k:
+                k = r.max_tokens - r.num_output
+            if limit - nt < k:
+                k = limit - nt
+            ctx_sum += nc
+            if nc > ctx_max:
+                ctx_max = nc
+            ncs.append(nc)
         free = self.pool.free_token_blocks if self.hybrid else self.pool.num_free_blocks
         bs = self.config.block_size
+        held = sum([-(-c // bs) for c in ncs])
 
         def need(steps: int) -> int:
-            return sum(-(-(r.num_computed + steps) // bs) - -(-r.num_computed // bs) for r in reqs)
+            return sum([-(-(c + steps) // bs) for c in ncs]) - held
 
+        need_k = need(k)
         if sched.waiting:  # a burst past a queue the steps would not admit from (vLLM's too)
-            room = sched.burst_room(need(k))
+            room = sched.burst_room(need_k)
             if room is None:
                 return None
             free = min(free, room)
 
-        if need(k) > free:  # largest k whose new blocks fit
+        if need_k > free:  # largest k whose new blocks fit
             lo, hi = 0, k
             while lo < hi:
                 mid = (lo + hi + 1) // 2
@@ -257,6 +264,9 @@ class Engine:
 
     def _step_ends(self, now: float, n: int, ctx_sum: int, ctx_max: int, k: int) -> list[float]:
         """The end times of `k` decode-only steps of `n` requests, as `step()` computes each."""
+        ends = self.cost.decode_step_ends(now, n, ctx_sum, ctx_max, k)  # the fitted formula's fast path
+        if ends is not None:
+            return ends
         agg, ends = self.cost.step_time_agg, []
         for i in range(k):
             now += agg(0, 0, 0.0, 0.0, False, 0, n, ctx_sum + i * n, ctx_max + i)

@@ -46,15 +46,18 @@ class Scheduler:
         preempted: list[EngineRequest] = []
 
         # decode (and unfinished chunked prefills) of running requests
-        running = self.running
+        running, align, alloc = self.running, self._align, pool.allocate_slots
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
-            n = min(req.num_tokens - req.num_computed, budget)
-            if self._align and not (n := self._aligned(req, n, req.num_computed)):
+            nc = req.num_computed
+            n = req.prompt_len + req.num_output - nc  # min(num_tokens - nc, budget), inline (a hot loop)
+            if n > budget:
+                n = budget
+            if align and not (n := self._aligned(req, n, nc)):
                 i += 1
                 continue
-            while not pool.allocate_slots(req, n, req.num_computed):
+            while not alloc(req, n, nc):
                 victim = running.pop()
                 self._preempt(victim)
                 preempted.append(victim)

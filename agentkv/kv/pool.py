@@ -156,14 +156,15 @@ class BlockPool(PoolHashes, EventLog):
             return self._admit(req, num_new_tokens, num_computed_tokens, computed)
         total = num_computed_tokens + num_new_tokens
         bs = self.block_size
-        need = _cdiv(total, bs) - len(blocks)
+        need = -(-total // bs) - len(blocks)
         if need > 0:
             if need > self._n_empty + len(self.policy):
                 self.stats.alloc_failures += 1
                 return False
             blocks = self._req_blocks[req.request_id] = np.concatenate((blocks, self._take(need)))
-        if total // bs > self._req_hashed[req.request_id]:  # a block filled: maybe one to cache
-            self._cache_full(req, blocks, total)
+        hashed = self._req_hashed[req.request_id]
+        if total // bs > hashed and hashed < len(req.block_hashes):  # a block filled: maybe one to cache
+            self._cache_full(req, blocks, total)  # (decode past the prompt's hashes has none)
         return True
 
     def free(self, request_id: str) -> None:
@@ -347,7 +348,7 @@ class BlockPool(PoolHashes, EventLog):
         else:
             victims = np.asarray(self.policy.pop_victims(n - m), dtype=np.int64)
             self._uncache(victims)
-            new = np.concatenate((self._empty[:m][::-1], victims))
+            new = np.concatenate((self._empty[:m][::-1], victims)) if m else victims  # (a fresh array)
             self._n_empty = 0
         self.ref[new] = 1
         self.stats.allocated += n

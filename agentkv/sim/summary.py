@@ -94,8 +94,9 @@ def sample(t: float, plan: ReplayPlan, workers: list[SimWorker]) -> Sample:
     for w in workers:  # one pass (a sample per simulated second adds up on long runs)
         e = w.engine
         usage += e.kv_usage
-        running += e.num_running
-        waiting += e.num_waiting
+        sched = e.scheduler  # `num_running`, `num_waiting` without their property calls
+        running += len(sched.running)
+        waiting += len(sched.waiting)
     return Sample(t, plan.in_flight, usage / len(workers), running, waiting)
 
 

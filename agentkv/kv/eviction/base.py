@@ -120,7 +120,7 @@ class ChunkQueue:
             w = min(len(bl), (2 * need + 64) * grow)
             grow *= 4  # a window short of live blocks was mostly stale: look further next time
             ok = live(bl[:w], st[:w])
-            idx = np.flatnonzero(ok)
+            idx = ok.nonzero()[0]  # np.flatnonzero without its ravel and dispatch (a hot path)
             cut = int(idx[need - 1]) + 1 if len(idx) >= need else w
             take = bl[:cut][ok[:cut]]
             if cut < len(bl):
