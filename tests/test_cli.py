@@ -3,6 +3,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from agentkv.cli import main
 
 
@@ -14,21 +16,11 @@ def test_version(capsys):
     assert "agentkv" in capsys.readouterr().out
 
 
-def test_missing_file_is_one_line_error():
+@pytest.mark.parametrize("module", ["agentkv.cli", "agentkv"])
+def test_missing_file_is_one_line_error(module):
+    """`python -m agentkv.cli` and `python -m agentkv` alike: one line naming the file, exit status 2."""
     p = subprocess.run(
-        [sys.executable, "-m", "agentkv.cli", "trace", "stats", "/nonexistent/x.json"],
-        capture_output=True,
-        text=True,
-    )
-    assert p.returncode == 2
-    assert "Traceback" not in p.stderr
-    assert "/nonexistent/x.json" in p.stderr
-
-
-def test_python_dash_m_agentkv_is_the_cli():
-    """`python -m agentkv` runs the same CLI: bad input is one line and exit status 2."""
-    p = subprocess.run(
-        [sys.executable, "-m", "agentkv", "trace", "stats", "/nonexistent/x.json"],
+        [sys.executable, "-m", module, "trace", "stats", "/nonexistent/x.json"],
         capture_output=True,
         text=True,
     )
