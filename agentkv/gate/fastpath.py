@@ -269,29 +269,16 @@ class FastProtocol(asyncio.Protocol):
             return  # the body is still arriving
         body, self.buf, self.pending = bytes(self.buf[start : start + n]), self.buf[start + n :], None
         self.keep = keep
-        req, ex = FastRequest(path, headers, body), Exchange(self)
-        begin = getattr(handler, "begin", None)  # a handler that may answer from read callbacks, no task
-        if begin is None or not begin(self, req, ex):
-            self.spawn(handler(req, ex), ex, path)
+        self.task = self.loop.create_task(self._answer(handler, FastRequest(path, headers, body)))
 
-    def spawn(self, coro: Awaitable[None], ex: Exchange, path: str) -> None:
-        """Answer the request by `coro` in a task of its own (`ex`: its response)."""
-        self.task = self.loop.create_task(self._answer(coro, ex, path))
-
-    def finish(self, ex: Exchange) -> None:
-        """A request answered without a task (a handler's `begin`) is complete."""
-        self.task = None
-        if not ex.ended:
-            self.keep = False
-        self._done()
-
-    async def _answer(self, coro: Awaitable[None], ex: Exchange, path: str) -> None:
+    async def _answer(self, handler: Handler, req: FastRequest) -> None:
+        ex = Exchange(self)
         try:
-            await coro
+            await handler(req, ex)
         except asyncio.CancelledError:
             return
         except Exception:
-            log.exception("error answering %s", path)
+            log.exception("error answering %s", req.path)
             self.keep = False
             if not ex.started:
                 ex.error(RequestError("internal server error", None, 500, "InternalServerError"))

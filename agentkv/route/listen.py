@@ -10,7 +10,6 @@ import signal
 
 from agentkv.errors import UserError
 from agentkv.gate.conn import make_runner, start_site
-from agentkv.route.flight import FlightHandler
 from agentkv.route.proxy import Router, RouterConfig
 
 log = logging.getLogger("agentkv.route")
@@ -18,8 +17,7 @@ log = logging.getLogger("agentkv.route")
 
 def fast_paths(router: Router) -> dict:
     """The proxied endpoints, answered by gate.fastpath ahead of aiohttp (plain small requests)."""
-    handler = FlightHandler(router)  # the common request from read callbacks, no task (route/flight.py)
-    return {"/v1/completions": handler, "/v1/chat/completions": handler}
+    return {"/v1/completions": router.fast, "/v1/chat/completions": router.fast}
 
 
 def run_router(cfg: RouterConfig) -> None:

@@ -22,6 +22,7 @@ from aiohttp import web
 
 from agentkv.gate.body import BodyTimeout, encoding_of, likely_large, read_body, refuse_and_close
 from agentkv.gate.errors import RequestError
+from agentkv.gate.fastpath import Exchange, FastRequest
 from agentkv.gate.options import HttpLimits
 from agentkv.gate.upstream import Upstream
 from agentkv.gate.web import error_middleware, error_response
@@ -44,15 +45,6 @@ log = logging.getLogger("agentkv.route")
 
 _NO_MATCH = Match(0)
 _JSON = b"Content-Type: application/json\r\n"
-
-
-def request_headers(session: str) -> bytes:
-    """The header lines sent to the worker with the body."""
-    return _JSON + (
-        b"x-session-id: " + session.encode("utf-8", "surrogateescape") + b"\r\n" if session else b""
-    )
-
-
 FALLBACK_MAX_MODEL_LEN = 1 << 20  # the hashing bound until a worker reports its max_model_len
 
 
@@ -238,6 +230,24 @@ class Router:
         finally:
             self.in_flight.give(tenant.id)
 
+    async def fast(self, req: FastRequest, ex: Exchange) -> None:
+        """gate.fastpath's handler (a small plain body, all here): the same steps as `_limited`."""
+        tenant = self.tenants.authenticate(req.headers)
+        if (refused := self._admit(tenant)) is not None:
+            return ex.error(refused)
+        try:
+            limit, refuse = self.max_model_len, self.max_model_len_known
+            chat = req.path == "/v1/chat/completions"
+            try:
+                prep = prepare(req.body, chat, tenant.salt, self.hasher, limit, refuse)
+            except RequestError as e:
+                return ex.error(e)
+            refused = await self._dispatch(prep, tenant, req.headers.get("x-session-id"), req.path, ex)
+            if refused is not None:
+                ex.error(refused)
+        finally:
+            self.in_flight.give(tenant.id)
+
     def _admit(self, tenant: Tenant | None) -> RequestError | None:
         """401 without a tenant; 429 past `max_streams_per_tenant` in flight; else a slot taken."""
         if tenant is None:
@@ -331,45 +341,38 @@ class Router:
         return w
 
     async def _dispatch(
-        self, prep: Prepared, tenant: Tenant, session: str | None, path: str, sink, tried=None, w=None
+        self, prep: Prepared, tenant: Tenant, session: str | None, path: str, sink
     ) -> RequestError | None:
-        """Choose a worker (`w`: already chosen), forward, retry elsewhere on a failure before the first
-        byte; a 503 when no healthy worker is left (returned). `tried`: a flight's workers so far."""
+        """Choose a worker, forward, retry elsewhere on a failure before the first byte; a 503 when no
+        healthy worker is left (returned, for the caller to answer)."""
         st = self.stats
         session = session or prep.session
-        headers = request_headers(session)
-        if tried is None:
-            tried = set()
-            st.requests += 1
+        headers = _JSON + (
+            b"x-session-id: " + session.encode("utf-8", "surrogateescape") + b"\r\n" if session else b""
+        )
+        tried: set[int] = set()
+        st.requests += 1
         while True:
-            w = w or self.choose(tenant.id, prep.hashed, session, tried)
+            w = self.choose(tenant.id, prep.hashed, session, tried)
             if w is None:
                 st.failed += 1
                 return RequestError("no healthy worker could take the request", None, 503)
             tried.add(w.slot)
-            load = self.load(w, prep)
+            n = prep.hashed.prompt_tokens
+            load = w.start(n + prep.max_out, max(0, n - w.match.gpu * self.cfg.block_size))
             try:
                 return await self._forward(sink, w, path, prep.payload, headers, load)
             except Retry as e:
-                await self.retried(w, e)
+                w.failures += 1
+                w.retried_away += 1
+                st.retries += 1
+                log.warning("worker %d failed before the first byte (%s); retrying elsewhere", w.slot, e)
+                if e.dead:
+                    await self.pool.mark_dead(w, str(e))
+                else:
+                    asyncio.get_running_loop().create_task(self.pool.check(w))
             finally:
                 load.finish()
-            w = None
-
-    def load(self, w: Worker, prep: Prepared) -> Load:
-        n = prep.hashed.prompt_tokens
-        return w.start(n + prep.max_out, max(0, n - w.match.gpu * self.cfg.block_size))
-
-    async def retried(self, w: Worker, e: Retry) -> None:
-        """`w` failed before the first byte (`e`): counted, and checked or taken out."""
-        w.failures += 1
-        w.retried_away += 1
-        self.stats.retries += 1
-        log.warning("worker %d failed before the first byte (%s); retrying elsewhere", w.slot, e)
-        if e.dead:
-            await self.pool.mark_dead(w, str(e))
-        else:
-            asyncio.get_running_loop().create_task(self.pool.check(w))
 
     async def _prepare(self, request: web.Request, tenant: str, salt: str | None, chat: bool) -> Prepared:
         """The body read under the caps and prepared: here when small; else in a parser process, after

@@ -216,10 +216,6 @@ class InFlight:
         self.n[tenant] = n + 1
         return True
 
-    def free(self, tenant: str) -> bool:
-        """`take` would succeed (nothing counted)."""
-        return not self.limit or self.n.get(tenant, 0) < self.limit
-
     def give(self, tenant: str) -> None:
         """One of `tenant`'s requests is done (after a `take` that returned True)."""
         if self.limit:
