@@ -81,31 +81,35 @@ class FrontEndCurve:
         }
 
 
-def _excess(curve: dict, key: str, engine_s, request_s: float, time_scale: float) -> dict[int, float]:
-    """Per `n` > 1, the median over rounds of `n` streams' mean `key` ('ttft_s' or 'e2e_s') less the
-    one stream's of the same round, less what else `n` streams add: the engine's (`engine_s(n)`,
-    engine seconds) and predict's arrival queue (`request_s` per request ahead)."""
+def _diffs(curve: dict, key: str) -> dict[int, list[float]]:
+    """Per `n` > 1, every round's `n` streams' mean `key` ('ttft_s' or 'e2e_s') less the one stream's
+    of the same round."""
     tt = {int(n): v for n, v in (curve.get(key) or {}).items()}
-    one, out = tt.get(1) or [], {}
-    for n, v in tt.items():
-        k = min(len(v), len(one))
-        if n > 1 and k:
-            d = statistics.median(v[i] - one[i] for i in range(k))
-            out[n] = d - (engine_s(n) - engine_s(1)) / time_scale - request_s * (n - 1) / 2
+    one = tt.get(1) or []
+    return {n: [v[i] - one[i] for i in range(min(len(v), len(one)))] for n, v in tt.items() if n > 1}
+
+
+def _queued(n: int, tokens: int) -> float:
+    """Seconds the front end's queue adds at 1 s a token to `n` streams of `tokens`, beyond one stream's."""
+    return statistics.fmean(front_end_reads([(i, 0.0, tokens) for i in range(n)], 1.0).values()) - tokens
+
+
+def _excess(curve: dict, key: str, engine_s, request_s: float, time_scale: float) -> dict[int, float]:
+    """Per `n` > 1, the median over rounds of `_diffs`, less what else `n` streams add: the engine's
+    (`engine_s(n)`, engine seconds) and predict's arrival queue (`request_s` per request ahead)."""
+    out = {}
+    for n, d in _diffs(curve, key).items():
+        if d:
+            out[n] = statistics.median(d) - (engine_s(n) - engine_s(1)) / time_scale - request_s * (n - 1) / 2
     return out
 
 
 def _points(curve: dict, engine_s, request_s: float, time_scale: float) -> list[tuple[float, float]]:
-    """Every round's (what the queue adds at 1 s a token, beyond one stream's; `n` streams' extra
-    TTFT over the same round's one stream, less the engine's and the arrival queue's share)."""
-    tokens = curve["past"] + curve["new"]
-    tt = {int(n): v for n, v in (curve.get("ttft_s") or {}).items()}
-    one, out = tt.get(1) or [], []
-    for n, v in tt.items():
-        if n > 1:
-            x = statistics.fmean(front_end_reads([(i, 0.0, tokens) for i in range(n)], 1.0).values()) - tokens
-            more = (engine_s(n)[0] - engine_s(1)[0]) / time_scale + request_s * (n - 1) / 2
-            out += [(x, v[i] - one[i] - more) for i in range(min(len(v), len(one)))]
+    """Every round's (`_queued`; its `_diffs` TTFT less the engine's and the arrival queue's share)."""
+    tokens, out = curve["past"] + curve["new"], []
+    for n, d in _diffs(curve, "ttft_s").items():
+        x, more = _queued(n, tokens), (engine_s(n)[0] - engine_s(1)[0]) / time_scale + request_s * (n - 1) / 2
+        out += [(x, y - more) for y in d]
     return out
 
 
@@ -150,12 +154,9 @@ def fit_front_end(curve: dict, engine_s, request_s: float, time_scale: float) ->
     ttft = _excess(curve, "ttft_s", lambda n: engine_s(n)[0], request_s, time_scale)
     e2e = _excess(curve, "e2e_s", lambda n: engine_s(n)[1], request_s, time_scale)
 
-    def queued(n: int) -> float:  # seconds the queue adds at 1 s a token, beyond one stream's
-        return statistics.fmean(front_end_reads([(i, 0.0, tokens) for i in range(n)], 1.0).values()) - tokens
-
-    per_token = _slope([(queued(n), y) for n, y in ttft.items()])
+    per_token = _slope([(_queued(n, tokens), y) for n, y in ttft.items()])
     if per_token is None:
         return None
     per_token = max(0.0, per_token)
-    share = _slope([(per_token * queued(n), e2e[n]) for n in ttft if n in e2e])
+    share = _slope([(per_token * _queued(n, tokens), e2e[n]) for n in ttft if n in e2e])
     return per_token, min(1.0, max(0.0, share or 0.0))
