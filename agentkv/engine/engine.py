@@ -148,12 +148,11 @@ class Engine:
         promote = 0.0
         n_prefill_tokens = 0
         for req, n in batch:
-            nc = req.num_computed  # `req.is_prefill`, inline (a hot loop)
-            if req.prompt_len + req.num_output - nc > 1 or nc < req.prompt_len:
-                prefills.append((n, nc))
+            if req.is_prefill:
+                prefills.append((n, req.num_computed))
                 n_prefill_tokens += n
             else:
-                decodes.append(nc)
+                decodes.append(req.num_computed)
             if req.promote_s:
                 promote += req.promote_s
                 req.promote_s = 0.0
@@ -167,10 +166,10 @@ class Engine:
         finished: list[EngineRequest] = []
         itl = self.itl_sink
         for req, n in batch:
-            nc = req.num_computed = req.num_computed + n
-            if nc < req.prompt_len + req.num_output:
+            req.num_computed += n
+            if req.num_computed < req.num_tokens:
                 continue  # a chunk of a longer prefill: no token yet
-            no = req.num_output = req.num_output + 1
+            req.num_output += 1
             if req.first_token is None:
                 req.first_token = end
             else:
@@ -182,7 +181,7 @@ class Engine:
             req.last_token = end
             if req.token_times is not None:
                 req.token_times.append(end)
-            done = no >= req.max_tokens or req.prompt_len + no >= self.max_model_len
+            done = req.num_output >= req.max_tokens or req.num_tokens >= self.max_model_len
             if done:
                 req.finish_reason = "length"
                 req.finished_at = end
@@ -220,7 +219,7 @@ class Engine:
         ctx_sum = ctx_max = 0
         ncs: list[int] = []  # each request's computed tokens (one decode token short of its length)
         for r in reqs:
-            nc, nt = r.num_computed, r.prompt_len + r.num_output
+            nc, nt = r.num_computed, r.num_tokens
             if nt - nc != 1 or nc < r.prompt_len or r.promote_s:
                 return None
             if r.max_tokens - r.num_output < k:

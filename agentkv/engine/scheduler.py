@@ -51,9 +51,7 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             nc = req.num_computed
-            n = req.prompt_len + req.num_output - nc  # min(num_tokens - nc, budget), inline (a hot loop)
-            if n > budget:
-                n = budget
+            n = min(req.num_tokens - nc, budget)
             if align and not (n := self._aligned(req, n, nc)):
                 i += 1
                 continue

@@ -156,7 +156,7 @@ class BlockPool(PoolHashes, EventLog):
             return self._admit(req, num_new_tokens, num_computed_tokens, computed)
         total = num_computed_tokens + num_new_tokens
         bs = self.block_size
-        need = -(-total // bs) - len(blocks)
+        need = _cdiv(total, bs) - len(blocks)
         if need > 0:
             if need > self._n_empty + len(self.policy):
                 self.stats.alloc_failures += 1
