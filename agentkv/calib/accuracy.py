@@ -65,7 +65,7 @@ def row(
 def chunks(r: RequestRecord, apart_s: float = 0.0) -> int | None:
     """How many reads delivered the request's output: its stream's chunks that carried output, a
     chunk less than `apart_s` after the one before counted with it (a client read burst); None for a
-    record kept before bench stored every gap. Under half its tokens: merged (`MERGED_PER_READ`, issue 17)."""
+    record kept before bench stored every gap. Reads of `MERGED_PER_READ` tokens or more on average: merged (issue 17)."""
     if r.output_tokens < 1:
         return 0
     if not r.itls and r.itl_max is not None:
