@@ -50,7 +50,7 @@ class GroupTerm:
     compress: int  # tokens per cached entry
     cap: float  # entries a query attends at most: window, top-k, or INF
     entry_s: float  # one entry read at the HBM roof
-    stream_s: float  # one entry read by one (sequence, KV head) decode program
+    stream_s: float  # one entry read by one (sequence, KV head) decode program (0 for MLA: split over SMs)
     self_pair: float  # one (new query, new key) pair
     past_pair: float  # one (new query, cached key) pair
     dec_pair: float  # one (decode query, cached key) pair: absorbed MLA's latent compute
@@ -144,7 +144,7 @@ def group_terms(m: ModelShape, tp: int, kv_dtype: str, heads: int, rc: RateCtx) 
                 g.compress,
                 cap,
                 entry / rc.bw,
-                stream / rc.stream_bw,
+                0.0 if g.kind is GroupKind.MLA else stream / rc.stream_bw,
                 pf / (rc.attn * rc.self_eff),
                 pf / (rc.attn * rc.past_eff),
                 dec / (rc.attn * rc.past_eff),
