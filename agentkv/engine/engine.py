@@ -214,6 +214,9 @@ class Engine:
         if not sched.running:
             return None
         reqs = sched.running
+        r = reqs[-1]  # the latest admitted: the likeliest still in prefill (then no burst, without a walk)
+        if r.num_tokens - r.num_computed != 1 or r.num_computed < r.prompt_len:
+            return None
         k = max_steps
         limit = self.max_model_len
         ctx_sum = ctx_max = 0
