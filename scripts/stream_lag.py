@@ -1,8 +1,9 @@
 """Time the first-token lag under N decoding streams on a target (issue 17): `calib.streamlag`.
 
-`python scripts/stream_lag.py URL MODEL [ROUNDS [OUT [NEW [BG_NEW BG_OUT]]]]` (the timed prompt's output and
-cold tokens, the background streams'): prints, per level, the client's and the server's
-(/metrics) median TTFT and their difference, and `fit_stream_lag`'s slope, in ms."""
+`python scripts/stream_lag.py URL MODEL [ROUNDS [OUT [NEW [BG_NEW BG_OUT [PAST]]]]]`: the timed
+prompt's output and cold tokens, the background streams' cold and output tokens, the timed prompt's
+cached prefix. Prints per level the client's and the server's (/metrics) median TTFT and their
+difference, then `fit_stream_lag` and the samples as JSON."""
 
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from agentkv.calib.probes import Prober
 from agentkv.calib.streamlag import StreamLag, fit_stream_lag
 
 
-async def main(url: str, model: str, rounds: int, out: int, new: int) -> None:
+async def main(url: str, model: str, rounds: int, out: int, new: int, past: int) -> None:
     async with BenchClient(url) as client:
         prober = Prober(client, model, 32, 1.0)
-        lag = StreamLag(rounds=rounds, out=out, new=new)
+        lag = StreamLag(rounds=rounds, out=out, new=new, past=past)
         for _ in range(2):  # warm-up
             await prober._send(prober._ids(32), 1)
         while not lag.done:
@@ -35,7 +36,7 @@ async def main(url: str, model: str, rounds: int, out: int, new: int) -> None:
 
 
 if __name__ == "__main__":
-    a = sys.argv + [None] * 7
+    a = sys.argv + [None] * 8
     if a[6]:  # background streams' cold tokens and output tokens
         streamlag.BG_NEW, streamlag.BG_OUT = int(a[6]), int(a[7])
-    asyncio.run(main(a[1], a[2], int(a[3] or 5), int(a[4] or 1), int(a[5] or 32)))
+    asyncio.run(main(a[1], a[2], int(a[3] or 5), int(a[4] or 1), int(a[5] or 32), int(a[8] or 0)))

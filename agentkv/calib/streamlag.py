@@ -61,10 +61,19 @@ async def scrape(prober: Prober) -> dict[str, float] | None:
 
 class StreamLag:
     """Per level `n`: client TTFTs (wall seconds) of the timed prompt and the server's own TTFT of it
-    (None where /metrics did not isolate it), one sample per level a round."""
+        (None where /metrics did not isolate it), one sample per level a round; the timed prompt is `new`
+    cold tokens after a cached `past`-token prefix, with `out` output tokens."""
 
-    def __init__(self, lanes: int | None = None, rounds: int = LAG_ROUNDS, out: int = 1, new: int = LAG_NEW):
-        self.levels, self.rounds, self.out, self.new = levels(lanes), rounds, out, new
+    def __init__(
+        self,
+        lanes: int | None = None,
+        rounds: int = LAG_ROUNDS,
+        out: int = 1,
+        new: int = LAG_NEW,
+        past: int = 0,
+    ):
+        self.levels, self.rounds, self.out, self.new, self.past = levels(lanes), rounds, out, new, past
+        self._pre: list[int] = []
         self.client: dict[int, list[float]] = {n: [] for n in self.levels}
         self.server: dict[int, list[float | None]] = {n: [] for n in self.levels}
 
@@ -83,7 +92,7 @@ class StreamLag:
             if n:
                 await asyncio.sleep(BG_LEAD_S)
             before = await scrape(prober)
-            res = await prober._timed(lambda: prober._ids(self.new), self.out)
+            res = await prober._timed(lambda: self._pre + prober._ids(self.new), self.out)
             after = await scrape(prober)
             await asyncio.gather(*streams)
         finally:
@@ -93,7 +102,11 @@ class StreamLag:
         self.server[n].append(_server_ttft(before, after))
 
     async def pair(self, prober: Prober) -> None:
-        """One round: each level's timed prompt once."""
+        """One round: a `past`-token prefix warmed (none at 0), then each level's timed prompt once
+        (the prefix plus `new` cold tokens)."""
+        self._pre = prober._ids(self.past) if self.past else []
+        if self._pre:
+            await prober._send(self._pre, 1)
         for n in self.levels:
             await self._one(prober, n)
 
@@ -101,6 +114,7 @@ class StreamLag:
         """The samples as the profile keeps them (`fit.stream_lag`)."""
         return {
             "levels": list(self.levels),
+            "past": self.past,
             "new": self.new,
             "out": self.out,
             "background": {"new": BG_NEW, "out": BG_OUT, "lead_s": BG_LEAD_S},
