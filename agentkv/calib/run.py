@@ -33,7 +33,7 @@ from agentkv.calib.probes import (
     run_plan,
 )
 from agentkv.calib.profile import profile_doc, write_profile
-from agentkv.calib.split import SPLIT_ROUNDS, SplitLag, fit_split, split_lengths
+from agentkv.calib.split import SPLIT_OUT, SPLIT_ROUNDS, SplitLag, fit_split, split_lengths
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
 
@@ -70,9 +70,12 @@ def curve_wall_s(speed: tuple[float, float], time_scale: float, past: int) -> fl
 
 
 def split_wall_s(speed: tuple[float, float], time_scale: float, max_len: int) -> float:
-    """Planning estimate of the split's wall seconds (`SplitLag`): each round one cold prompt of each
-    length, one token asked, between two scrapes of /metrics."""
-    once = sum(speed[0] * n / PILOT_NEW / time_scale + 3 * REQUEST_WALL_S for n in split_lengths(max_len))
+    """Planning estimate of the split's wall seconds (`SplitLag`): each round each length's prefix
+    warmed, then its prompt streamed (SPLIT_OUT tokens) between two scrapes of /metrics."""
+    steps = speed[1] * SPLIT_OUT / time_scale
+    once = sum(
+        speed[0] * n / PILOT_NEW / time_scale + steps + 4 * REQUEST_WALL_S for n in split_lengths(max_len)
+    )
     return SPLIT_ROUNDS * once
 
 

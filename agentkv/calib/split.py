@@ -1,6 +1,7 @@
 """The front end's time per prompt token from the split of client TTFT (issue 17): client less server.
 
-`SplitLag` times one cold prompt of each of several lengths (one output token) a round, reading the
+`SplitLag` times one prompt of each of several lengths (a cached prefix and SPLIT_NEW fresh tokens,
+SPLIT_OUT tokens streamed, as bench's turns) a round, reading the
 server's /metrics TTFT histogram just before and after it (`streamlag.scrape`), so each sample splits
 into the server's own TTFT and the client's lag beyond it: API-server time the engine's model lacks.
 `fit_split` fits that lag against what one front end adds per second of a token's host time
@@ -17,8 +18,10 @@ from agentkv.calib.frontend import front_end_reads
 from agentkv.calib.probes import Prober
 from agentkv.calib.streamlag import _server_ttft, scrape
 
-SPLIT_LENGTHS = (64, 1024, 2048, 4096)  # cold prompt tokens, one prompt of each a round
+SPLIT_LENGTHS = (64, 1024, 2048, 4096)  # prompt tokens, one prompt of each a round
 SPLIT_ROUNDS = 4
+SPLIT_NEW = 64  # fresh tokens after a cached prefix of the rest (bench's turns mostly hit the cache)
+SPLIT_OUT = 16  # tokens asked: a stream, as bench's
 
 
 def split_lengths(max_len: int) -> tuple[int, ...]:
@@ -52,13 +55,17 @@ class SplitLag:
         return {1: self.client[self.lengths[-1]]}
 
     async def pair(self, prober: Prober) -> None:
-        """One round: each length's cold prompt once, between two scrapes of /metrics."""
+        """One round: each length's prompt once (a prefix of all but SPLIT_NEW tokens warmed first),
+        between two scrapes of /metrics."""
         for n in self.lengths:
+            pre = prober._ids(n - SPLIT_NEW) if n > SPLIT_NEW else []
+            if pre:
+                await prober._send(pre, 1)
             before = await scrape(prober)
             if before is None:
                 self.metrics = False
                 return
-            res = await prober._timed(lambda n=n: prober._ids(n), 1)
+            res = await prober._timed(lambda n=n, pre=pre: pre + prober._ids(min(n, SPLIT_NEW)), SPLIT_OUT)
             server = _server_ttft(before, await scrape(prober))
             self.client[n].append(prober._first_token_s(res))
             self.server[n].append(None if server is None else server / prober.scale)
@@ -67,7 +74,8 @@ class SplitLag:
         """The samples as the profile keeps them (`fit.front_end_split`)."""
         return {
             "lengths": list(self.lengths),
-            "out": 1,
+            "new": SPLIT_NEW,
+            "out": SPLIT_OUT,
             "client_ttft_s": {str(n): v for n, v in self.client.items()},
             "server_ttft_s": {str(n): v for n, v in self.server.items()},
         }
