@@ -16,12 +16,14 @@ import statistics
 
 from agentkv.calib.frontend import front_end_reads
 from agentkv.calib.probes import Prober
-from agentkv.calib.streamlag import _server_ttft, scrape
+from agentkv.calib.streamlag import TTFT_METRIC, _server_ttft, scrape
 
 SPLIT_LENGTHS = (64, 1024, 2048, 4096)  # prompt tokens, one prompt of each a round
 SPLIT_ROUNDS = 4
 SPLIT_NEW = 64  # fresh tokens after a cached prefix of the rest (bench's turns mostly hit the cache)
 SPLIT_OUT = 16  # tokens asked: a stream, as bench's
+# vLLM's engine-core part of its TTFT (queued to scheduled, scheduled to first token): kept beside it
+ENGINE_METRICS = ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds")
 
 
 def split_lengths(max_len: int) -> tuple[int, ...]:
@@ -43,6 +45,7 @@ class SplitLag:
         self.lengths, self.rounds = split_lengths(max_len), rounds
         self.client: dict[int, list[float]] = {n: [] for n in self.lengths}
         self.server: dict[int, list[float | None]] = {n: [] for n in self.lengths}
+        self.engine: dict[int, list[float | None]] = {n: [] for n in self.lengths}
         self.metrics = True  # False once a round found no /metrics: the probe stops
 
     @property
@@ -61,14 +64,18 @@ class SplitLag:
             pre = prober._ids(n - SPLIT_NEW) if n > SPLIT_NEW else []
             if pre:
                 await prober._send(pre, 1)
-            before = await scrape(prober)
+            names = (TTFT_METRIC, *ENGINE_METRICS)
+            before = await scrape(prober, names)
             if before is None:
                 self.metrics = False
                 return
             res = await prober._timed(lambda n=n, pre=pre: pre + prober._ids(min(n, SPLIT_NEW)), SPLIT_OUT)
-            server = _server_ttft(before, await scrape(prober))
+            after = await scrape(prober, names)
+            server = _server_ttft(before, after)
+            eng = [_server_ttft(before, after, m) for m in ENGINE_METRICS]
             self.client[n].append(prober._first_token_s(res))
             self.server[n].append(None if server is None else server / prober.scale)
+            self.engine[n].append(None if None in eng else sum(eng) / prober.scale)
 
     def result(self) -> dict:
         """The samples as the profile keeps them (`fit.front_end_split`)."""
@@ -78,6 +85,7 @@ class SplitLag:
             "out": SPLIT_OUT,
             "client_ttft_s": {str(n): v for n, v in self.client.items()},
             "server_ttft_s": {str(n): v for n, v in self.server.items()},
+            "engine_ttft_s": {str(n): v for n, v in self.engine.items()},
         }
 
 

@@ -45,8 +45,9 @@ def parse_metrics(text: str, names: tuple[str, ...]) -> dict[str, float]:
     return out
 
 
-async def scrape(prober: Prober) -> dict[str, float] | None:
-    """The target's TTFT histogram's sum and count, or None when it serves no such /metrics."""
+async def scrape(prober: Prober, names: tuple[str, ...] = (TTFT_METRIC,)) -> dict[str, float] | None:
+    """The target's TTFT histogram's sum and count (and those of `names`), or None when it serves no
+    such /metrics."""
     session = prober.client.session
     if session is None:
         return None
@@ -55,7 +56,7 @@ async def scrape(prober: Prober) -> dict[str, float] | None:
             text = await resp.text() if resp.status == 200 else ""
     except Exception:  # noqa: BLE001 - optional endpoint: any failure means no server view
         return None
-    got = parse_metrics(text, (TTFT_METRIC,))
+    got = parse_metrics(text, names)
     return got if f"{TTFT_METRIC}_count" in got else None
 
 
@@ -123,11 +124,12 @@ class StreamLag:
         }
 
 
-def _server_ttft(before: dict | None, after: dict | None) -> float | None:
-    """The server's TTFT of the one request between two scrapes; None unless exactly one was counted."""
+def _server_ttft(before: dict | None, after: dict | None, metric: str = TTFT_METRIC) -> float | None:
+    """The server's TTFT (or `metric`) of the one request between two scrapes; None unless exactly
+    one was counted."""
     if before is None or after is None:
         return None
-    k, s = f"{TTFT_METRIC}_count", f"{TTFT_METRIC}_sum"
+    k, s = f"{metric}_count", f"{metric}_sum"
     if after.get(k, 0.0) - before.get(k, 0.0) != 1.0:
         return None
     return after.get(s, 0.0) - before.get(s, 0.0)
