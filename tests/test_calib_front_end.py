@@ -110,6 +110,8 @@ def test_calibrate_writes_the_curve_and_its_fit_into_the_profile(tmp_path: Path,
     curve = fit["front_end_ttft_s"]
     assert curve["past"] == 2048 and all(len(curve["ttft_s"][str(n)]) >= 2 for n in CURVE_STREAMS)
     assert "front end under concurrency: " in capsys.readouterr().out
+    # no /metrics here: the split stops after its first scrape and the curve's fit stands
+    assert "split" not in fit["front_end"]["source"] and "split_token_s" not in fit["front_end"]
 
 
 def test_a_curve_stream_without_a_first_token_ends_calibrate_with_the_probes_kept(
