@@ -22,6 +22,7 @@ FIT_KEYS = (
     "first_token_ttft_s",
     "front_end_ttft_s",
     "front_end",
+    "front_end_split",
 )
 
 

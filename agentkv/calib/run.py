@@ -33,6 +33,7 @@ from agentkv.calib.probes import (
     run_plan,
 )
 from agentkv.calib.profile import profile_doc, write_profile
+from agentkv.calib.split import SPLIT_OUT, SPLIT_ROUNDS, SplitLag, fit_split, split_lengths
 from agentkv.errors import UserError
 from agentkv.units import parse_duration
 
@@ -66,6 +67,16 @@ def curve_wall_s(speed: tuple[float, float], time_scale: float, past: int) -> fl
     group = speed[0] * CURVE_NEW / PILOT_NEW + (CURVE_OUT - 1) * speed[1]
     once = (speed[0] * past / PILOT_NEW + len(CURVE_STREAMS) * group) / time_scale
     return CURVE_ROUNDS * (once + (1 + sum(CURVE_STREAMS)) * REQUEST_WALL_S)
+
+
+def split_wall_s(speed: tuple[float, float], time_scale: float, max_len: int) -> float:
+    """Planning estimate of the split's wall seconds (`SplitLag`): each round each length's prefix
+    warmed, then its prompt streamed (SPLIT_OUT tokens) between two scrapes of /metrics."""
+    steps = speed[1] * SPLIT_OUT / time_scale
+    once = sum(
+        speed[0] * n / PILOT_NEW / time_scale + steps + 4 * REQUEST_WALL_S for n in split_lengths(max_len)
+    )
+    return SPLIT_ROUNDS * once
 
 
 def target_of(args: argparse.Namespace, card: dict, info: dict) -> tuple[fitmod.Target, int, int, int | None]:
@@ -194,7 +205,7 @@ async def calibrate(args: argparse.Namespace) -> int:
         prober = Prober(client, ids[0], bs, t.time_scale, engine_clock=_clock(args) == "engine")
         plan: list[Probe] = []
         floor, skipped = floor_probes(max_len, kv_tokens)
-        lag: tuple = (0.0, {}, None)  # delay, its samples, the front end's curve
+        lag: tuple = (0.0, {}, None, None)  # delay, its samples, the front end's curve, its split
         try:
             speed = await pilot(prober)
         except UserError as e:
@@ -203,7 +214,12 @@ async def calibrate(args: argparse.Namespace) -> int:
             curve = FrontEndCurve(curve_past(max_len, bs))
             # the first-token delay's and the front end's time, apart; the curve's at most CURVE_SHARE
             # of the budget (a slow pilot at load 27-44 estimated it past the whole budget: no probe)
-            keep = min(curve_wall_s(speed, t.time_scale, curve.past), CURVE_SHARE * budget)
+            # the split needs the server's own TTFT (/metrics) beside the client's: not on the engine clock
+            split = None if _clock(args) == "engine" else SplitLag(max_len)
+            keep = curve_wall_s(speed, t.time_scale, curve.past) + (
+                split_wall_s(speed, t.time_scale, max_len) if split else 0
+            )
+            keep = min(keep, CURVE_SHARE * budget)
             end = deadline - min(lag_wall_s(speed, t.time_scale) + keep, budget / 2)  # both: half at most
             full = make_plan(max_len, bs, t.chunk, kv_tokens) + floor
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
@@ -213,9 +229,10 @@ async def calibrate(args: argparse.Namespace) -> int:
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
             # a pair (a round) after each round of the probes, the rest after
             delay = FirstTokenLag(beside=lag_beside(speed, t.time_scale))
-            error = await _run_with_bar(prober, plan, args, end, delay, curve)
-            error = error or await extra_pairs(prober, named_extras(delay, (curve,)), deadline)
-            lag = (*delay.result(), curve.result())
+            extras = (curve,) if split is None else (curve, split)
+            error = await _run_with_bar(prober, plan, args, end, delay, extras)
+            error = error or await extra_pairs(prober, named_extras(delay, extras), deadline)
+            lag = (*delay.result(), curve.result(), split.result() if split else None)
     server = {"model": card, "server_info": info}
     return _finish(args, client.base, ids[0], t, server, plan, error, lag, skipped)
 
@@ -226,11 +243,11 @@ async def _run_with_bar(
     args: argparse.Namespace,
     deadline: float,
     lag: FirstTokenLag,
-    curve: FrontEndCurve,
+    extras: tuple,
 ) -> str | None:
     """`run_plan`, with a progress bar of the samples on a terminal (not with -q)."""
     if args.quiet or not sys.stderr.isatty():
-        return await run_plan(prober, plan, args.repeats, lambda *_: None, deadline, lag, (curve,))
+        return await run_plan(prober, plan, args.repeats, lambda *_: None, deadline, lag, extras)
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -249,7 +266,7 @@ async def _run_with_bar(
             lambda label, done, total: bar.update(task, completed=done, total=total, description=label),
             deadline,
             lag,
-            (curve,),
+            extras,
         )
 
 
@@ -304,6 +321,9 @@ def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, tuple[float, 
     f = fit_all(t, done, engine_clock=_clock(args) == "engine")
     ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
     front = _front(t, f.coeffs, lag[2], ov[0], ov[1])
+    split = fit_split(lag[3], ov[1]) if len(lag) > 3 and lag[3] else None
+    if split is not None:  # the split's rate, all after the engine; the curve's fit kept beside it
+        front = (front or {}) | split
     overhead = {
         "request_s": ov[0],
         "prompt_token_s": ov[1],
@@ -318,6 +338,7 @@ def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, tuple[float, 
         "first_token_ttft_s": lag[1],
         "front_end_ttft_s": lag[2] or {},
         "front_end": front or {},
+        "front_end_split": lag[3] if len(lag) > 3 and lag[3] else {},
         "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
         "stderr_pct": f.stderr_pct,
         "not_identifiable": f.not_identifiable,
@@ -346,15 +367,17 @@ def _front(t: fitmod.Target, coeffs, curve: dict | None, request_s: float, token
 
 
 def front_line(curve: dict, front: dict | None) -> str:
-    """calibrate's line on the front end's curve: the fitted queue time and the TTFTs it came from."""
+    """calibrate's line on the front end: the fitted queue time, the split's or the curve's slope
+    it came from, and the curve's TTFTs."""
     tt = " / ".join(f"{sum(v) / len(v) * 1e3:.1f}" if v else "-" for v in curve["ttft_s"].values())
-    fitted = (
-        "not fitted (no round)"
-        if front is None
-        else f"{front['token_s'] * 1e6:.2f} us a prompt token, {front['before_engine']:.0%} of it before "
-        f"the engine, from {front['source']}; the curve's slope {_us(front['curve_token_s'])} +- "
-        f"{_us(front['curve_stderr_s'])} us ({front['curve_points']} points)"
-    )
+    fitted = "not fitted (no round)"
+    if front is not None:
+        which = "split" if "split_token_s" in front else "curve"
+        fitted = (
+            f"{front['token_s'] * 1e6:.2f} us a prompt token, {front['before_engine']:.0%} of it before "
+            f"the engine, from {front['source']}; the {which}'s slope {_us(front.get(which + '_token_s'))} +- "
+            f"{_us(front.get(which + '_stderr_s'))} us ({front.get(which + '_points')} points)"
+        )
     return (
         f"front end under concurrency: {fitted} ({'/'.join(curve['ttft_s'])} streams together: TTFT {tt} ms)"
     )
