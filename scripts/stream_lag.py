@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import json
 import statistics
-import sys
 
 from agentkv.bench.client import BenchClient
 from agentkv.calib import streamlag
@@ -35,8 +34,21 @@ async def main(url: str, model: str, rounds: int, out: int, new: int, past: int)
     print(json.dumps({"fit": fit_stream_lag(doc), "samples": doc}))
 
 
+def _args():
+    """The command line (integers checked by argparse: a bad one is a one-line error, exit 2)."""
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("url")
+    ap.add_argument("model")
+    for name, default in (("rounds", 5), ("out", 1), ("new", 32), ("bg_new", None), ("bg_out", None)):
+        ap.add_argument(name, type=int, nargs="?", default=default)
+    ap.add_argument("past", type=int, nargs="?", default=0)
+    return ap.parse_args()
+
+
 if __name__ == "__main__":
-    a = sys.argv + [None] * 8
-    if a[6]:  # background streams' cold tokens and output tokens
-        streamlag.BG_NEW, streamlag.BG_OUT = int(a[6]), int(a[7])
-    asyncio.run(main(a[1], a[2], int(a[3] or 5), int(a[4] or 1), int(a[5] or 32), int(a[8] or 0)))
+    a = _args()
+    if a.bg_new is not None:  # background streams' cold tokens and output tokens
+        streamlag.BG_NEW, streamlag.BG_OUT = a.bg_new, a.bg_out if a.bg_out is not None else streamlag.BG_OUT
+    asyncio.run(main(a.url, a.model, a.rounds, a.out, a.new, a.past))

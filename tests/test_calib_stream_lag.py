@@ -6,12 +6,11 @@ import random
 
 from agentkv.calib.streamlag import (
     TTFT_METRIC,
-    _server_ttft,
     fit_stream_lag,
     lag_points,
     levels,
     parse_metrics,
-    stream_lag_s,
+    server_delta,
 )
 
 
@@ -52,10 +51,16 @@ def test_metrics_parse_and_isolate_one_request():
     before = parse_metrics(text, (TTFT_METRIC,))
     assert before == {f"{TTFT_METRIC}_sum": 1.5, f"{TTFT_METRIC}_count": 3.0}
     after = {f"{TTFT_METRIC}_sum": 1.55, f"{TTFT_METRIC}_count": 4.0}
-    assert abs(_server_ttft(before, after) - 0.05) < 1e-9
-    assert _server_ttft(before, {**after, f"{TTFT_METRIC}_count": 5.0}) is None
-    assert _server_ttft(None, after) is None
+    assert abs(server_delta(before, after) - 0.05) < 1e-9
+    assert server_delta(before, {**after, f"{TTFT_METRIC}_count": 5.0}) is None
+    assert server_delta(None, after) is None
 
 
-def test_one_formula():
-    assert stream_lag_s(0.001, 3) == 0.003 and stream_lag_s(0.001, -1) == 0.0
+def test_line_fit_recovers_slope_error_and_intercept():
+    from agentkv.calib.frontend import line_fit
+
+    assert line_fit([(1.0, 2.0)]) == (None, None, None) and line_fit([(1.0, 1.0), (1.0, 3.0)])[0] is None
+    slope, se, icpt = line_fit([(0.0, 1.0), (1.0, 3.0)])  # two points: no error
+    assert (slope, se, icpt) == (2.0, None, 1.0)
+    slope, se, icpt = line_fit([(0.0, 1.0), (1.0, 3.1), (2.0, 4.9), (3.0, 7.0)])
+    assert abs(slope - 1.98) < 1e-9 and abs(icpt - 1.03) < 1e-9 and 0 < se < 0.1

@@ -143,6 +143,20 @@ def robust_front_end(curve: dict, engine_s, request_s: float, time_scale: float,
     }
 
 
+def line_fit(pts: list[tuple[float, float]]) -> tuple[float | None, float | None, float | None]:
+    """Least-squares line with an intercept through (x, y) points: (slope, its standard error,
+    intercept); None where two distinct x (the slope) or three points (its error) are missing."""
+    if len({x for x, _ in pts}) < 2:
+        return None, None, None
+    mx, my = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
+    sxx = sum((x - mx) ** 2 for x, _ in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
+    icpt = my - slope * mx
+    if len(pts) < 3:
+        return slope, None, icpt
+    return slope, math.sqrt(sum((y - icpt - slope * x) ** 2 for x, y in pts) / (len(pts) - 2) / sxx), icpt
+
+
 def _slope(pts: list[tuple[float, float]]) -> float | None:
     """Least-squares slope through zero of (x, y) points; None without any x."""
     den = sum(x * x for x, _ in pts)

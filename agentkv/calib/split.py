@@ -11,12 +11,9 @@ at least twice its standard error over 3 lengths or more (docs/cost-model.md, th
 
 from __future__ import annotations
 
-import math
-import statistics
-
-from agentkv.calib.frontend import front_end_reads
+from agentkv.calib.frontend import front_end_reads, line_fit
 from agentkv.calib.probes import Prober
-from agentkv.calib.streamlag import TTFT_METRIC, _server_ttft, scrape
+from agentkv.calib.streamlag import TTFT_METRIC, scrape, server_delta
 
 SPLIT_LENGTHS = (64, 1024, 2048, 4096)  # prompt tokens, one prompt of each a round
 SPLIT_ROUNDS = 4
@@ -71,8 +68,8 @@ class SplitLag:
                 return
             res = await prober._timed(lambda n=n, pre=pre: pre + prober._ids(min(n, SPLIT_NEW)), SPLIT_OUT)
             after = await scrape(prober, names)
-            server = _server_ttft(before, after)
-            eng = [_server_ttft(before, after, m) for m in ENGINE_METRICS]
+            server = server_delta(before, after)
+            eng = [server_delta(before, after, m) for m in ENGINE_METRICS]
             self.client[n].append(prober._first_token_s(res))
             self.server[n].append(None if server is None else server / prober.scale)
             self.engine[n].append(None if None in eng else sum(eng) / prober.scale)
@@ -106,14 +103,7 @@ def fit_split(doc: dict, fallback_s: float) -> dict | None:
     pts = [(after_engine_s(1.0, n), y) for n, y in split_points(doc)]
     if not pts:
         return None
-    slope = se = icpt = None
-    if len({x for x, _ in pts}) >= 2:
-        mx, my = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
-        sxx = sum((x - mx) ** 2 for x, _ in pts)
-        slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
-        icpt = my - slope * mx
-        if len(pts) > 2:
-            se = math.sqrt(sum((y - icpt - slope * x) ** 2 for x, y in pts) / (len(pts) - 2) / sxx)
+    slope, se, icpt = line_fit(pts)
     resolved = se is not None and len({x for x, _ in pts}) >= 3 and slope > 2 * se
     return {
         "token_s": slope if resolved else max(0.0, fallback_s),

@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import statistics
 
+from agentkv.calib.frontend import line_fit
 from agentkv.calib.probes import Prober
 
 LAG_LEVELS = (0, 2, 4, 8)  # background streams decoding beside the timed prompt
@@ -100,7 +99,7 @@ class StreamLag:
             for task in streams:
                 task.cancel()
         self.client[n].append(prober._first_token_s(res))
-        self.server[n].append(_server_ttft(before, after))
+        self.server[n].append(server_delta(before, after))
 
     async def pair(self, prober: Prober) -> None:
         """One round: a `past`-token prefix warmed (none at 0), then each level's timed prompt once
@@ -124,9 +123,9 @@ class StreamLag:
         }
 
 
-def _server_ttft(before: dict | None, after: dict | None, metric: str = TTFT_METRIC) -> float | None:
-    """The server's TTFT (or `metric`) of the one request between two scrapes; None unless exactly
-    one was counted."""
+def server_delta(before: dict | None, after: dict | None, metric: str = TTFT_METRIC) -> float | None:
+    """The server's TTFT (or `metric`, a histogram) of the one request between two scrapes; None
+    unless exactly one was counted."""
     if before is None or after is None:
         return None
     k, s = f"{metric}_count", f"{metric}_sum"
@@ -145,24 +144,12 @@ def lag_points(doc: dict) -> list[tuple[float, float]]:
     return out
 
 
-def stream_lag_s(per_stream_s: float, streams: int) -> float:
-    """The first-token lag added by `streams` other streams decoding: ONE formula for fit and predict."""
-    return per_stream_s * max(0, streams)
-
-
 def fit_stream_lag(doc: dict) -> dict:
     """Seconds of first-token lag per decoding stream: the least-squares slope of `lag_points` (with
     an intercept: the lag without streams) and its standard error; kept when at least twice that
     over 3 levels or more, else 0 (the constant first-token delay alone), its source saying which."""
     pts = lag_points(doc)
-    slope = se = icpt = None
-    if len({x for x, _ in pts}) >= 2:
-        mx, my = statistics.fmean(x for x, _ in pts), statistics.fmean(y for _, y in pts)
-        sxx = sum((x - mx) ** 2 for x, _ in pts)
-        slope = sum((x - mx) * (y - my) for x, y in pts) / sxx
-        icpt = my - slope * mx
-        if len(pts) > 2:
-            se = math.sqrt(sum((y - icpt - slope * x) ** 2 for x, y in pts) / (len(pts) - 2) / sxx)
+    slope, se, icpt = line_fit(pts)
     resolved = se is not None and len({x for x, _ in pts}) >= 3 and slope > 2 * se
     return {
         "per_stream_s": slope if resolved else 0.0,
