@@ -16,6 +16,7 @@ from pathlib import Path
 
 from agentkv.calib.predict import engine_config, read_profile
 from agentkv.calib.replay import clock_offsets, load_run, replay, trace_requests
+from agentkv.errors import UserError
 from agentkv.trace.formats import load_paths
 
 
@@ -46,4 +47,9 @@ def main(d: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dir", type=Path, help="the live test's test_calibrated_profile_predic0 folder")
+    try:
+        main(ap.parse_args().dir)
+    except (UserError, OSError, KeyError, ValueError) as e:  # not a live test's folder: one line
+        sys.exit(f"engine_split: {e}")

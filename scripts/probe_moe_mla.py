@@ -237,7 +237,13 @@ def main() -> int:
     ap.add_argument("--compare", metavar="FILE", help="print predicted vs measured for a probe file")
     args = ap.parse_args()
     if args.compare:
-        _print_compare(args.compare)
+        try:
+            _print_compare(args.compare)
+        except (OSError, ValueError, KeyError, TypeError) as e:  # a missing or malformed probe file
+            print(
+                f"probe_moe_mla: {args.compare}: not a probe file ({type(e).__name__}: {e})", file=sys.stderr
+            )
+            return 2
         return 0
     try:
         import torch

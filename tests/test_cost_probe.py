@@ -63,6 +63,12 @@ def test_compare_and_no_gpu_from_the_command_line(tmp_path):
         [sys.executable, str(SCRIPT), "--compare", str(f)], capture_output=True, text=True, env=env
     )
     assert r.returncode == 0 and r.stdout.count("predicted") == len(probe.compare(_doc()))
+    for bad in (tmp_path / "missing.json", tmp_path / "bad.json"):
+        (tmp_path / "bad.json").write_text('{"parts": {"deepseek-v3-moe": {"decode": [{"batch": 1}]}}}')
+        r = subprocess.run(
+            [sys.executable, str(SCRIPT), "--compare", str(bad)], capture_output=True, text=True, env=env
+        )
+        assert r.returncode == 2 and "not a probe file" in r.stderr and "Traceback" not in r.stderr
     r = subprocess.run([sys.executable, str(SCRIPT), "--quick"], capture_output=True, text=True, env=env)
     assert r.returncode == 2 and "probe_moe_mla:" in r.stderr and "Traceback" not in r.stderr
 
