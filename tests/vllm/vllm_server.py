@@ -179,7 +179,22 @@ class VllmServer:
             env["PYTHONHASHSEED"] = self.spec.python_hash_seed
         return env
 
-    def start(self, timeout: float = 600.0) -> VllmServer:
+    def start(self, timeout: float = 600.0, tries: int = 3) -> VllmServer:
+        """Launch and wait until healthy. `free_ports` picks ports that vLLM binds seconds later, so
+        another process can take one meanwhile (seen in CI: the KV-event replay port, "Address already
+        in use"): such a start-up is retried on fresh ports, any other failure raised at once."""
+        for attempt in range(tries):
+            log = self.log_dir / f"{self.name}.log"
+            offset = log.stat().st_size if log.exists() else 0
+            try:
+                return self._launch(timeout)
+            except RuntimeError:
+                lost = "Address already in use" in log.read_bytes()[offset:].decode(errors="replace")
+                if not lost or attempt == tries - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def _launch(self, timeout: float) -> VllmServer:
         self.port, self.events_port, self.replay_port = free_ports(3)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._log = (self.log_dir / f"{self.name}.log").open("ab")
