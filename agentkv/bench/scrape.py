@@ -18,18 +18,23 @@ class Scraper:
         self.session, self.url, self.timeout = session, f"{base}/metrics", timeout
         self.absent_reason: str | None = None
 
-    async def scrape(self) -> MetricsSnapshot | None:
+    async def page(self) -> str | None:
+        """The /metrics text, or None (and `absent_reason` says why) when the target serves none."""
         try:
             async with asyncio.timeout(self.timeout), self.session.get(self.url) as resp:
                 if resp.status != 200:
                     self.absent_reason = f"GET /metrics answered HTTP {resp.status}"
                     return None
-                text = await resp.text()
+                return await resp.text()
         except (aiohttp.ClientError, OSError, TimeoutError) as e:
             self.absent_reason = f"GET /metrics failed ({type(e).__name__})"
-            return None
         except UnicodeDecodeError:
             self.absent_reason = "GET /metrics answered text that does not decode (UTF-8 or its charset)"
+        return None
+
+    async def scrape(self) -> MetricsSnapshot | None:
+        text = await self.page()
+        if text is None:
             return None
         snap = snapshot(text)
         if snap == MetricsSnapshot():

@@ -315,13 +315,13 @@ def _finish(
     return 0
 
 
-def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, tuple[float, float] | None]:
+def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, dict | None]:
     """The profile's fit of the finished probes (coefficients, overheads, errors, what is not
-    identifiable) and the front end's (queue time, share before the engine) or None."""
+    identifiable) and the front end's fit as the profile keeps it (`fit.front_end`) or None."""
     f = fit_all(t, done, engine_clock=_clock(args) == "engine")
     ov = (*f.overhead, fitmod.fit_loaded(t, done, f.coeffs, f.overhead))
     front = _front(t, f.coeffs, lag[2], ov[0], ov[1])
-    split = fit_split(lag[3], ov[1]) if len(lag) > 3 and lag[3] else None
+    split = fit_split(lag[3], ov[1]) if lag[3] else None
     if split is not None:  # the split's rate, all after the engine; the curve's fit kept beside it
         front = (front or {}) | split
     overhead = {
@@ -338,7 +338,7 @@ def _fitted(args, t, done: list[Probe], lag: tuple) -> tuple[dict, tuple[float, 
         "first_token_ttft_s": lag[1],
         "front_end_ttft_s": lag[2] or {},
         "front_end": front or {},
-        "front_end_split": lag[3] if len(lag) > 3 and lag[3] else {},
+        "front_end_split": lag[3] or {},
         "mape_pct": fitmod.errors(t, done, f.coeffs, ov),
         "stderr_pct": f.stderr_pct,
         "not_identifiable": f.not_identifiable,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from agentkv.calib.frontend import front_end_reads, line_fit
 from agentkv.calib.probes import Prober
-from agentkv.calib.streamlag import TTFT_METRIC, scrape, server_delta
+from agentkv.calib.streamlag import TTFT_METRIC, lag_points, scrape, server_delta
 
 SPLIT_LENGTHS = (64, 1024, 2048, 4096)  # prompt tokens, one prompt of each a round
 SPLIT_ROUNDS = 4
@@ -88,11 +88,7 @@ class SplitLag:
 
 def split_points(doc: dict) -> list[tuple[int, float]]:
     """(prompt tokens, client TTFT less the server's) for every sample /metrics isolated."""
-    out = []
-    for n, cs in (doc.get("client_ttft_s") or {}).items():
-        ss = (doc.get("server_ttft_s") or {}).get(n) or []
-        out += [(int(n), c - s) for c, s in zip(cs, ss, strict=False) if s is not None]
-    return out
+    return [(int(n), lag) for n, lag in lag_points(doc)]
 
 
 def fit_split(doc: dict, fallback_s: float) -> dict | None:

@@ -10,10 +10,11 @@ standard error; unresolved (or no /metrics), the slope is 0: the constant first-
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
+from agentkv.bench.scrape import Scraper
 from agentkv.calib.frontend import line_fit
 from agentkv.calib.probes import Prober
+from agentkv.metrics.scrape import parse_prometheus
 
 LAG_LEVELS = (0, 2, 4, 8)  # background streams decoding beside the timed prompt
 LAG_ROUNDS = 3
@@ -33,15 +34,10 @@ def levels(lanes: int | None) -> tuple[int, ...]:
 
 
 def parse_metrics(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Prometheus text summed over label sets, for the metrics whose name starts with one of `names`."""
-    out: dict[str, float] = {}
-    for line in text.splitlines():
-        if not line or line[0] == "#" or not line.startswith(names):
-            continue
-        name = line.split("{", 1)[0].split(" ", 1)[0]
-        with contextlib.suppress(ValueError, IndexError):
-            out[name] = out.get(name, 0.0) + float(line.rsplit(" ", 1)[1])
-    return out
+    """The `_sum` and `_count` of each histogram in `names`, summed over label sets (the project's
+    Prometheus parser, `metrics.scrape.parse_prometheus`: malformed and hostile lines skipped)."""
+    wanted = [f"{m}{part}" for m in names for part in ("_sum", "_count")]
+    return {k: sum(v) for k, v in parse_prometheus(text, wanted).items()}
 
 
 async def scrape(prober: Prober, names: tuple[str, ...] = (TTFT_METRIC,)) -> dict[str, float] | None:
@@ -50,12 +46,8 @@ async def scrape(prober: Prober, names: tuple[str, ...] = (TTFT_METRIC,)) -> dic
     session = prober.client.session
     if session is None:
         return None
-    try:
-        async with asyncio.timeout(5.0), session.get(prober.client.base + "/metrics") as resp:
-            text = await resp.text() if resp.status == 200 else ""
-    except Exception:  # noqa: BLE001 - optional endpoint: any failure means no server view
-        return None
-    got = parse_metrics(text, names)
+    text = await Scraper(session, prober.client.base, timeout=5.0).page()
+    got = parse_metrics(text or "", names)
     return got if f"{TTFT_METRIC}_count" in got else None
 
 
@@ -135,8 +127,8 @@ def server_delta(before: dict | None, after: dict | None, metric: str = TTFT_MET
 
 
 def lag_points(doc: dict) -> list[tuple[float, float]]:
-    """(n, that sample's client TTFT less the server's) for every sample the server's /metrics
-    isolated: host time the engine's model lacks."""
+    """(the sample's key: streams, or prompt tokens in the split; its client TTFT less the server's)
+    for every sample the server's /metrics isolated: host time the engine's model lacks."""
     out = []
     for n, cs in (doc.get("client_ttft_s") or {}).items():
         ss = (doc.get("server_ttft_s") or {}).get(n) or []

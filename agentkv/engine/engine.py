@@ -214,14 +214,11 @@ class Engine:
         if not sched.running:
             return None
         reqs = sched.running
-        r = reqs[-1]  # the latest admitted: the likeliest still in prefill (then no burst, without a walk)
-        if r.num_tokens - r.num_computed != 1 or r.num_computed < r.prompt_len:
-            return None
         k = max_steps
         limit = self.max_model_len
         ctx_sum = ctx_max = 0
         ncs: list[int] = []  # each request's computed tokens (one decode token short of its length)
-        for r in reqs:
+        for r in reversed(reqs):  # the latest admitted first: the likeliest still in prefill (no burst)
             nc, nt = r.num_computed, r.num_tokens
             if nt - nc != 1 or nc < r.prompt_len or r.promote_s:
                 return None
