@@ -7,7 +7,10 @@ needs distribution metadata named `vllm`, which the CPU wheel lacks) with prefix
 Two departures from a default launch keep the suite light on this 2-core machine: `--enforce-eager`
 (no torch.compile warm-up, about 30 s less per start) and the worker inside the engine-core process
 (`--distributed-executor-backend uni` with `VLLM_ENABLE_V1_MULTIPROCESSING=0`: two processes
-and ~2.4 GB instead of three and ~3.1 GB). Neither touches the prefix cache, its hashing or events.
+and ~2.5 GB instead of three and ~3.1 GB). Neither touches the prefix cache, its hashing or events.
+The API server is a process of its own in both layouts (vLLM's AsyncLLM always runs the engine core
+through its multiprocess client); `AGENTKV_VLLM_MULTIPROCESSING=1` (or `ServerSpec.multiprocessing`)
+starts vLLM's default layout, the worker in a third process.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class ServerSpec:
     extra: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
     kind: str | None = None  # a key of vllm_env.TINY_KINDS; None: the tiny Llama
+    multiprocessing: bool | None = None  # engine core in its own process; None: $AGENTKV_VLLM_MULTIPROCESSING
 
     @property
     def served_name(self) -> str:
@@ -98,6 +102,13 @@ class VllmServer:
     proc: subprocess.Popen | None = None
     startup_s: float = 0.0
     _log: object = field(default=None, repr=False)
+
+    @property
+    def multiprocessing(self) -> bool:
+        """vLLM's default layout (engine core and worker in processes of their own) or one process."""
+        if self.spec.multiprocessing is not None:
+            return self.spec.multiprocessing
+        return os.environ.get("AGENTKV_VLLM_MULTIPROCESSING", "0") == "1"
 
     @property
     def url(self) -> str:
@@ -152,11 +163,11 @@ class VllmServer:
             "--kv-events-config",
             json.dumps(kv_events),
             "--enforce-eager",
-            "--distributed-executor-backend",
-            "uni",
             "--disable-uvicorn-access-log",
             *self.spec.extra,
         ]
+        if not self.multiprocessing:  # vLLM's CPU default with multiprocessing is the "mp" backend
+            argv += ["--distributed-executor-backend", "uni"]
         if self.spec.num_gpu_blocks is not None:
             argv += ["--num-gpu-blocks-override", str(self.spec.num_gpu_blocks)]
         return argv
@@ -171,7 +182,7 @@ class VllmServer:
             VLLM_NO_USAGE_STATS="1",
             DO_NOT_TRACK="1",
             OMP_NUM_THREADS="1",
-            VLLM_ENABLE_V1_MULTIPROCESSING="0",
+            VLLM_ENABLE_V1_MULTIPROCESSING="1" if self.multiprocessing else "0",
             VLLM_SERVER_DEV_MODE="1",
         )  # dev mode: POST /reset_prefix_cache
         env.update(self.spec.env)
