@@ -193,3 +193,44 @@ def accuracy(rows: list[dict]) -> dict:
         "by_delivery": _group(rows, delivery),  # MAPE without the merged streams, never dropped
         "merged_requests": sum(bool(x.get("merged")) for x in rows),
     }
+
+
+def _as_predicted(rows: list[dict], fig: str, others: list[dict[int, dict]]) -> list[dict]:
+    """`rows` with `fig`'s prediction replaced by the mean of the same request's `fig` in `others`
+    (None where no other run measured it)."""
+    out = []
+    for x in rows:
+        vals = [b[x["id"]][fig] for b in others if x["id"] in b and b[x["id"]][fig] is not None]
+        out.append(x | {f"{fig}_pred": float(np.mean(vals)) if vals else None})
+    return out
+
+
+def repeatability(runs: list[list[dict]]) -> dict:
+    """How well live runs of one plan predict one another (the host's own noise floor, issue 17): per
+    figure, the MAPE of every ordered pair of runs (one's measurement as the other's prediction)
+    and, per run, the MAPE of the per-request mean of the other runs' measurements (the best a
+    deterministic prediction could do on this host) beside the model's. Requests match by id."""
+    if len(runs) < 2:
+        raise ValueError(f"repeatability needs two runs of the same plan or more, got {len(runs)}")
+    by_id = [{x["id"]: x for x in rows} for rows in runs]
+    out: dict[str, dict] = {}
+    for fig in FIGURES:
+        pairs = [
+            errors(_as_predicted(rows, fig, [b]), fig)
+            for i, rows in enumerate(runs)
+            for j, b in enumerate(by_id)
+            if i != j
+        ]
+        mapes = [p["mape_pct"] for p in pairs if p is not None]
+        floor = [
+            errors(_as_predicted(rows, fig, by_id[:i] + by_id[i + 1 :]), fig) for i, rows in enumerate(runs)
+        ]
+        model = [errors(rows, fig) for rows in runs]
+        out[fig] = {
+            "pair_mape_pct": {"median": float(np.median(mapes)), "min": min(mapes), "max": max(mapes)}
+            if mapes
+            else None,
+            "floor_mape_pct": [f and f["mape_pct"] for f in floor],
+            "model_mape_pct": [m and m["mape_pct"] for m in model],
+        }
+    return out
