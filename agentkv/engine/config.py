@@ -72,6 +72,7 @@ class EngineConfig:
         def bad(flag: str, msg: str) -> UserError:
             return UserError(f"--{flag.replace('_', '-')}: {msg}")
 
+        self.block_size = kernel_block_size(self.model, self.block_size)
         if self.block_size not in BLOCK_SIZES:
             raise bad("block_size", f"{self.block_size} is not one of {', '.join(map(str, BLOCK_SIZES))}")
         if self.kv_cache_dtype not in KV_DTYPES:
@@ -104,7 +105,6 @@ class EngineConfig:
             )
         if self.hash_algo not in HASH_ALGOS:
             raise bad("prefix_caching_hash_algo", f"'{self.hash_algo}' is not one of {', '.join(HASH_ALGOS)}")
-        self.block_size = kernel_block_size(self.model, self.block_size)
 
     @property
     def kv_dtype(self) -> str:
