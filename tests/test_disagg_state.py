@@ -35,7 +35,8 @@ def _turns(e: Engine, prompt: int, arrived: bool) -> tuple[Engine, int]:
 @pytest.mark.parametrize(
     "prompt",
     [
-        1000,  # not block-aligned: the arrived state is the decode's only one
+        1100,  # not block-aligned: the arrived state is the decode's only one (V4's 256-token blocks:
+        # 1000 would hit 0 on the decode, whose window skips the block before 768 as vLLM's does)
         1025,  # the arrived KV (1,024 tokens) ends on a boundary
         1024,  # block-aligned: the decode's own last token saves the state at the prompt's end
         10,  # shorter than a block: nothing to cache, nothing to hit
@@ -90,30 +91,31 @@ def test_a_v4_disaggregated_decode_pool_hits_from_the_second_turn():
         decode_router="session",
         system="gb300-nvl72",
     )
-    traces = _sessions(2, 3, 3000, 1000)  # prompts 3,000 / 4,000 / 5,000 tokens
+    traces = _sessions(2, 3, 3100, 1000)  # prompts 3,100 / 4,100 / 5,100 tokens
     s = simulate(traces, cfg).summary
     assert s.succeeded == 6 and s.failed == 0
-    # turns 2 and 3 hit their previous prompt's last boundary (3,000 -> 2,992; 4,000 -> 4,000)
-    want = (2992 + 4000) / (3000 + 4000 + 5000)
+    # turns 2 and 3 hit their previous prompt's last 256-token boundary (3,100 -> 3,072; 4,100 -> 4,096):
+    # the arrived window holds the block before it (a prompt ending 128+ tokens past one would not)
+    want = (3072 + 4096) / (3100 + 4100 + 5100)
     assert s.disagg.decode_hit_rate == pytest.approx(want, rel=1e-9)
     assert s.disagg.prefill_hit_rate == pytest.approx(want, rel=1e-9)
     # the KV moved: each turn's prompt but its last token, less what the decode caches, by group
     m = get_model("deepseek-v4-pro")
     rank = sum(
-        kv_transfer_bytes(m, a, b, 16, eng.kv_dtype, 4) for a, b in ((0, 2999), (2992, 3999), (4000, 4999))
+        kv_transfer_bytes(m, a, b, 256, eng.kv_dtype, 4) for a, b in ((0, 3099), (3072, 4099), (4096, 5099))
     )
     assert s.disagg.kv_transferred_gb == pytest.approx(2 * 4 * rank / 1e9, rel=1e-9)
 
 
 def test_arrived_kv_takes_only_the_windows_tail_blocks():
     """vLLM takes no block for arrived tokens a window has moved past (the null block pads them): a
-    1,000-token arrival holds 8 blocks of V4's 128-token window group, not 63, and caches just those;
-    an aggregated engine computing the prompt caches all 62 full ones as its window moves on."""
+    1,100-token arrival holds 2 of V4's 256-token blocks in its 128-token window group, not 5, and
+    caches the full one; an aggregated engine computing the prompt caches all 4 full ones."""
     dec, agg = Engine(V4), Engine(V4)
-    for e, ext in ((dec, 999), (agg, 0)):
-        e.add_request("a", max_tokens=3, token_ids=list(range(1, 1001)), external_tokens=ext)
+    for e, ext in ((dec, 1099), (agg, 0)):
+        e.add_request("a", max_tokens=3, token_ids=list(range(1, 1101)), external_tokens=ext)
         while e.has_work() and e.step() is not None:
             e.pool.check_invariants()
     g = next(g for g, s in enumerate(dec.pool.specs) if s.rule == "sliding")
-    assert len(dec.pool.cached_maps[g]) == 8 and len(agg.pool.cached_maps[g]) == 62
-    assert len(dec.pool.cached_maps[0]) == len(agg.pool.cached_maps[0]) == 62
+    assert len(dec.pool.cached_maps[g]) == 1 and len(agg.pool.cached_maps[g]) == 4
+    assert len(dec.pool.cached_maps[0]) == len(agg.pool.cached_maps[0]) == 4

@@ -173,7 +173,14 @@ def simulate(shared_dir, capsys, *flags: str) -> dict:
     from agentkv.cli import main
 
     argv = ["simulate", str(shared_dir / "traces" / "claude-code"), "--traces-limit", "3", "--lanes", "3"]
-    argv += ["--model", "DeepSeek-V4-Flash", "-tp", "2", "--num-gpu-blocks-override", "9000"]
+    argv += [
+        "--model",
+        "DeepSeek-V4-Flash",
+        "-tp",
+        "2",
+        "--num-gpu-blocks-override",
+        "562",
+    ]  # 256-token blocks
     assert main([*argv, "--max-requests", "20", "-q", "--json", *flags]) == 0
     return json.loads(capsys.readouterr().out)
 

@@ -123,7 +123,7 @@ def test_transfer_time_grows_with_bytes_and_falls_with_link_speed():
     assert dense == 8 * llama.cost.kv_bytes_per_token * 4
     _, v4_bytes = kv_transfer_seconds(v4, 0, 100_000, 4, LINK)
     m = v4.model_shape
-    assert v4_bytes == int(kv_transfer_bytes(m, 0, 100_000, 16, v4.cost.kv_dtype, 4) * 4)
+    assert v4_bytes == int(kv_transfer_bytes(m, 0, 100_000, v4.config.block_size, v4.cost.kv_dtype, 4) * 4)
     # the narrower TP bounds the links: a TP 8 prefill into a TP 4 decode uses 4 of them
     assert kv_transfer_seconds(llama, 0, 50_000, 8, LINK) == kv_transfer_seconds(llama, 0, 50_000, 4, LINK)
     assert (

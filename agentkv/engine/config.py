@@ -7,7 +7,7 @@ import argparse
 import math
 from dataclasses import dataclass
 
-from agentkv.engine.models.catalogue import model_help
+from agentkv.engine.models.catalogue import get_model, model_help
 from agentkv.errors import UserError
 from agentkv.kv import HASH_ALGOS
 from agentkv.kv.eviction import ENGINE_POLICIES
@@ -26,8 +26,19 @@ KV_CACHE_DTYPES = {
 }
 KV_DTYPES = tuple(KV_CACHE_DTYPES)
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
+V4_BLOCK_SIZE = 256  # vLLM's DeepseekV4SparseMLABackend: its only kernel block size
 # --quantization (vLLM's name): the weight dtype the cost model reads; None keeps the checkpoint's
 QUANTIZATION = {"fp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4"}
+
+
+def kernel_block_size(model: object, block_size: int) -> int:
+    """The block size vLLM runs `model` with: DeepSeek-V4's sparse MLA and indexer backends take only
+    256 (`get_supported_kernel_block_sizes`), so vLLM overrides a user's `--block-size` for it."""
+    try:
+        family = get_model(model).family
+    except UserError:
+        return block_size  # an unknown model is reported where the engine is built
+    return V4_BLOCK_SIZE if family == "deepseek_v4" else block_size
 
 
 @dataclass(slots=True)
@@ -61,6 +72,7 @@ class EngineConfig:
         def bad(flag: str, msg: str) -> UserError:
             return UserError(f"--{flag.replace('_', '-')}: {msg}")
 
+        self.block_size = kernel_block_size(self.model, self.block_size)
         if self.block_size not in BLOCK_SIZES:
             raise bad("block_size", f"{self.block_size} is not one of {', '.join(map(str, BLOCK_SIZES))}")
         if self.kv_cache_dtype not in KV_DTYPES:
@@ -165,7 +177,12 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         help=model_help(),
     )
     _add_parallel_args(g)
-    g.add_argument("--block-size", type=int, default=16, help="KV cache block size in tokens (default 16)")
+    g.add_argument(
+        "--block-size",
+        type=int,
+        default=16,
+        help="KV cache block size in tokens (default 16; DeepSeek-V4: always 256, as vLLM)",
+    )
     g.add_argument(
         "--kv-cache-dtype",
         default="auto",

@@ -129,12 +129,14 @@ class GroupBlocks:
                 c_hi = min(c_hi, (max(lead, 0) // bs + 1) * bs + s.window - 1)
             elif s.rule == "chunked":
                 c_hi = min(c_hi, (computed // s.window + 1) * s.window)
-            elif s.rule == "state" and total < n_hashes * bs + bs:
-                return computed, computed, total  # a state may be saved at the next boundary
-            if s.rule != "state":
-                t_hi = min(t_hi, len(self.tables[rid][g]) * bs)
-                if self.hashed[rid][g] < n_hashes:
-                    t_hi = min(t_hi, (self.hashed[rid][g] + 1) * bs - 1)
+            elif s.rule == "state":  # saved only at a prompt boundary past the last saved one
+                m = max(self.hashed[rid][g], total // bs) + 1
+                if m <= n_hashes:
+                    t_hi = min(t_hi, m * bs - 1)
+                continue
+            t_hi = min(t_hi, len(self.tables[rid][g]) * bs)
+            if self.hashed[rid][g] < n_hashes:
+                t_hi = min(t_hi, (self.hashed[rid][g] + 1) * bs - 1)
         return computed, c_hi, t_hi
 
     # -- changes ---------------------------------------------------------------------------------
