@@ -56,3 +56,15 @@ def test_simulate_takes_the_flags(capsys):
     assert "has no experts" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["simulate", "--quantization", "int3", "-q"])
+
+
+def test_deepseek_v4_runs_with_vllms_256_token_blocks():
+    """vLLM's V4 sparse-MLA and indexer kernels take only 256-token blocks and it overrides
+    `--block-size` for V4 (platforms/cpu.py; get_supported_kernel_block_sizes): so does agentkv."""
+    for asked in (16, 64, 256):
+        assert EngineConfig(model="deepseek-v4-pro", block_size=asked).block_size == 256
+        assert EngineConfig(model="deepseek-v4-flash", block_size=asked).block_size == 256
+    assert EngineConfig(model="llama3-8b", block_size=64).block_size == 64
+    assert EngineConfig(model="deepseek-v3", block_size=16).block_size == 16
+    with pytest.raises(UserError, match="--max-num-batched-tokens: must be >= the block size \\(256\\)"):
+        EngineConfig(model="deepseek-v4-flash", max_num_batched_tokens=128)
