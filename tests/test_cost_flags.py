@@ -58,7 +58,7 @@ def test_simulate_takes_the_flags(capsys):
         main(["simulate", "--quantization", "int3", "-q"])
 
 
-def test_deepseek_v4_runs_with_vllms_256_token_blocks():
+def test_deepseek_v4_runs_with_vllms_256_token_blocks(capsys):
     """vLLM's V4 sparse-MLA and indexer kernels take only 256-token blocks and it overrides
     `--block-size` for V4 (platforms/cpu.py; get_supported_kernel_block_sizes): so does agentkv."""
     for asked in (16, 64, 256):
@@ -68,3 +68,21 @@ def test_deepseek_v4_runs_with_vllms_256_token_blocks():
     assert EngineConfig(model="deepseek-v3", block_size=16).block_size == 16
     with pytest.raises(UserError, match="--max-num-batched-tokens: must be >= the block size \\(256\\)"):
         EngineConfig(model="deepseek-v4-flash", max_num_batched_tokens=128)
+    argv = [
+        "simulate",
+        "--model",
+        "DeepSeek-V4-Flash",
+        "-tp",
+        "2",
+        "--max-requests",
+        "2",
+        "--lanes",
+        "2",
+        "-q",
+        "--json",
+    ]
+    for flags, note in (([], False), (["--block-size", "256"], False), (["--block-size", "32"], True)):
+        assert main([*argv, *flags]) == 0
+        out = capsys.readouterr()
+        assert json.loads(out.out)["config"]["engine"]["block_size"] == 256
+        assert ("--block-size 32 overridden" in out.err) is note  # vLLM warns likewise

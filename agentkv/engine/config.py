@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from dataclasses import dataclass
 
 from agentkv.engine.models.catalogue import get_model, model_help
@@ -142,7 +143,8 @@ class EngineConfig:
             from agentkv.engine.cost import profile_name as _name
 
             profile_name = _name(args.profile)
-        return cls(
+        asked = args.block_size
+        cfg = cls(
             gpu=args.gpu,
             model=args.model,
             tensor_parallel_size=args.tensor_parallel_size,
@@ -150,7 +152,7 @@ class EngineConfig:
             enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
             expert_imbalance=getattr(args, "expert_imbalance", 1.0),
             quantization=getattr(args, "quantization", None),
-            block_size=args.block_size,
+            block_size=16 if asked is None else asked,
             kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
@@ -165,6 +167,13 @@ class EngineConfig:
             cost_profile=getattr(args, "profile", None),
             cost_profile_name=profile_name,
         )
+        if asked is not None and cfg.block_size != asked:  # as vLLM warns when it overrides the flag
+            print(
+                f"note: --block-size {asked} overridden: {cfg.model} runs with {cfg.block_size}-token KV "
+                "blocks (vLLM's DeepSeek-V4 kernels take no other size)",
+                file=sys.stderr,
+            )
+        return cfg
 
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
@@ -180,7 +189,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--block-size",
         type=int,
-        default=16,
+        default=None,
         help="KV cache block size in tokens (default 16; DeepSeek-V4: always 256, as vLLM)",
     )
     g.add_argument(
