@@ -196,3 +196,30 @@ def test_a_cpu_tier_raises_a_hybrid_models_hit_rate_on_real_traces(shared_dir, c
     assert cpu["cache"]["reported"] > gpu["cache"]["reported"] + 0.1
     assert cpu["ttft"]["p50"] < gpu["ttft"]["p50"]
     assert cpu["valid"] and cpu["config"]["engine"]["kv_offloading_size"] == pytest.approx(64e9 / 2**30)
+
+
+def test_a_v4_prompt_whose_rest_after_cpu_hits_is_under_a_block_is_admitted():
+    """A model with a state group cuts prefill chunks on block boundaries, counted from where the
+    chunk starts: after the GPU hits AND the blocks loaded from the CPU tier. A 1,000-token prompt
+    whose 768 tokens come back from CPU leaves 232 to compute, under one 256-token block: a chunk
+    counted from the GPU hits alone was cut to nothing, and the engine stalled with it queued."""
+    from agentkv.engine.config import EngineConfig
+    from agentkv.engine.engine import Engine
+
+    cfg = EngineConfig(model="deepseek-v4-flash", tensor_parallel_size=2, max_model_len=4096)
+    cfg.num_gpu_blocks_override, cfg.kv_offloading_size = 80, 1.0  # 80 blocks of 256 tokens, 1 GiB of CPU
+    e = Engine(cfg)
+
+    def serve(rid: str, toks: list[int]) -> None:
+        e.add_request(rid, max_tokens=2, token_ids=toks)
+        while e.has_work() and e.step() is not None:
+            e.pool.check_invariants()
+        assert not e.has_work(), f"{rid}: the engine stalled with {len(e.scheduler.waiting)} queued"
+
+    prompt = list(range(1, 1001))
+    serve("a", prompt)
+    for k in range(1, 4):  # other prompts push its blocks out of the GPU (into the CPU tier)
+        serve(f"fill{k}", list(range(10_000 * k, 10_000 * k + 3000)))
+    loaded = e.pool.stats.lower_blocks
+    serve("b", prompt)
+    assert e.pool.stats.lower_blocks - loaded == 3  # 768 tokens back from CPU, 232 computed

@@ -76,7 +76,9 @@ class Scheduler:
                 self._lookup(req)  # again on every try: blocks found last step may be gone
                 ext = max(0, req.external_tokens - req.num_computed - req.num_lower_tokens)
                 n = min(req.num_tokens - req.num_computed - req.num_lower_tokens - ext, budget)
-                if self._align and not (n := self._aligned(req, n, req.num_computed + ext)):
+                if self._align and not (
+                    n := self._aligned(req, n, req.num_computed + req.num_lower_tokens + ext)
+                ):
                     break
                 if not pool.allocate_slots(req, ext + n, req.num_computed, req.computed):
                     break
