@@ -65,7 +65,10 @@ def test_script_prints_the_floor_and_ends_bad_input_in_one_line(tmp_path: Path) 
     bad.mkdir()
     (bad / "predictions.jsonl").write_text('{"id": 0, "ttft": 1}\nnot json\n')
     for args, want in (
-        ((dirs[0], bad), "bad/predictions.jsonl:1: not a predictions.jsonl row (missing tpot, e2e, ttft_pred"),
+        (
+            (dirs[0], bad),
+            "bad/predictions.jsonl:1: not a predictions.jsonl row (missing tpot, e2e, ttft_pred",
+        ),
         ((dirs[0], tmp_path / "nowhere"), "No such file"),
         ((dirs[0],), "two runs"),
     ):
