@@ -54,10 +54,10 @@ def show(title: str, runs: list[list[dict]]) -> None:
     for fig in FIGURES:
         r, pm = rep[fig], rep[fig]["pair_mape_pct"]
         pair = f"{pm['median']:.1f} [{pm['min']:.1f}-{pm['max']:.1f}]" if pm else "-"
-        runs = " ".join(
+        per_run = " ".join(
             f"{_pct(f)}/{_pct(m)}" for f, m in zip(r["floor_mape_pct"], r["model_mape_pct"], strict=True)
         )
-        print(f"  {fig.upper():5} run-vs-run {pair}; per run {runs}")
+        print(f"  {fig.upper():5} run-vs-run {pair}; per run {per_run}")
 
 
 def _pct(v: float | None) -> str:

@@ -206,9 +206,15 @@ def test_a_v4_prompt_whose_rest_after_cpu_hits_is_under_a_block_is_admitted():
     from agentkv.engine.config import EngineConfig
     from agentkv.engine.engine import Engine
 
-    cfg = EngineConfig(model="deepseek-v4-flash", tensor_parallel_size=2, max_model_len=4096)
-    cfg.num_gpu_blocks_override, cfg.kv_offloading_size = 80, 1.0  # 80 blocks of 256 tokens, 1 GiB of CPU
-    e = Engine(cfg)
+    e = Engine(  # 80 blocks of 256 tokens on the GPU, 1 GiB of CPU tier
+        EngineConfig(
+            model="deepseek-v4-flash",
+            tensor_parallel_size=2,
+            max_model_len=4096,
+            num_gpu_blocks_override=80,
+            kv_offloading_size=1.0,
+        )
+    )
 
     def serve(rid: str, toks: list[int]) -> None:
         e.add_request(rid, max_tokens=2, token_ids=toks)

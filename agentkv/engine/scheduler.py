@@ -74,11 +74,11 @@ class Scheduler:
             while self.waiting and budget > 0 and len(running) < max_seqs:
                 req = self.waiting[0]
                 self._lookup(req)  # again on every try: blocks found last step may be gone
-                ext = max(0, req.external_tokens - req.num_computed - req.num_lower_tokens)
-                n = min(req.num_tokens - req.num_computed - req.num_lower_tokens - ext, budget)
-                if self._align and not (
-                    n := self._aligned(req, n, req.num_computed + req.num_lower_tokens + ext)
-                ):
+                have = req.num_computed + req.num_lower_tokens  # GPU hits, then the CPU tier's blocks
+                ext = max(0, req.external_tokens - have)
+                start = have + ext  # the chunk computes from here (arrived KV: allocated, not computed)
+                n = min(req.num_tokens - start, budget)
+                if self._align and not (n := self._aligned(req, n, start)):
                     break
                 if not pool.allocate_slots(req, ext + n, req.num_computed, req.computed):
                     break
