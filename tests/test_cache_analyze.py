@@ -260,7 +260,6 @@ def test_plot_html_and_svg(tmp_path, sample):
         (["--capacity", "1KB"], "holds no block"),
         (["--capacity", "10GB,"], "empty item"),
         (["--policy", "lru,fifo"], "unknown policy 'fifo'"),
-        (["--block-size", "48"], "neither divides nor is a multiple"),
         (["--block-size", "0"], "positive"),
         (["--block-size", "sixteen"], "whole number"),
         (["--kv-cache-dtype", "int4"], "--kv-cache-dtype"),

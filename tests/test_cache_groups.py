@@ -14,6 +14,7 @@ from agentkv.cache.analyze import analyze
 from agentkv.cache.grid import make_grid
 from agentkv.cache.view import chart_series, write_plot
 from agentkv.cli import main
+from agentkv.engine.block_size import vllm_block_size
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
 from agentkv.engine.hardware import get_model
@@ -92,6 +93,7 @@ def _check_engine(
     """The analysis of `traces` at the engine's capacity of `pages` (its null page left out), with a
     CPU tier of `cpu_gib` and `policy` (default LRU): its one cell is the engine's figures, and the
     full-attention group's ceiling is `ceiling_tokens`."""
+    block_size = vllm_block_size(model, block_size).size  # what both run (Qwen3-Next: its aligned page)
     unit = page_bytes(get_model(model), block_size)
     cpu = f"{cpu_gib}GiB" if cpu_gib else None
     a = analyze(traces, make_grid(str((pages - 1) * unit), str(block_size), policy, model, cpu=cpu))
@@ -126,6 +128,19 @@ def test_real_sessions_match_the_engine(shared_dir, model, pages):
     assert a.results[0].hit_tokens > 0
     if model == OSS:  # a full group and windows: the ceiling is the full-attention one
         assert a.ceilings[0].hit_tokens == a.ceilings[0].groups[0].hit_tokens
+
+
+def _small_state_model(tmp_path: Path) -> str:
+    """Qwen3-Next with one small linear-attention head (a 9,344-byte state per layer, under a 16-token
+    attention page), so vLLM keeps 16-token blocks for it: block-level cases stay small."""
+    cfg = json.loads((MODELS / "qwen3_next.json").read_text())
+    cfg.update(
+        linear_num_key_heads=1, linear_num_value_heads=1, linear_key_head_dim=64, linear_value_head_dim=64
+    )
+    path = tmp_path / "small_state.json"
+    path.write_text(json.dumps(cfg))
+    assert vllm_block_size(str(path), 16).size == 16
+    return str(path)
 
 
 def _model(tmp_path: Path, layer: str) -> Path:
@@ -172,7 +187,7 @@ def test_a_state_models_ceiling_is_where_states_were_saved(tmp_path, capsys):
     turns = [(0.0, 160, a_ids), (1.0, 160, [*a_ids[:5], *range(50, 55)]), (2.0, 200, [*a_ids, 20, 21, 22])]
     trace_dir.mkdir()
     write_agentx(_trace("abc", turns), trace_dir / "abc.json")
-    a = _analyze(capsys, str(trace_dir), "--model", "qwen3-next", "--capacity", "10GB")
+    a = _analyze(capsys, str(trace_dir), "--model", _small_state_model(tmp_path), "--capacity", "10GB")
     ceiling = a["ceilings"][0]
     assert [g["rule"] for g in a["kv_groups"]] == ["full", "state"]
     assert ceiling["hit_tokens"] == 160  # C: A's saved state at its 10th block
@@ -265,11 +280,11 @@ def test_the_plot_draws_each_groups_own_line(tmp_path):
 
 
 def test_the_plot_draws_a_state_models_full_group_ceiling(tmp_path):
-    # Qwen3-Next: the full-attention group alone would serve 240 tokens unbounded, the model 160 (the
+    # a Qwen3-Next: the full-attention group alone would serve 240 tokens unbounded, the model 160 (the
     # state saved at A's 10th block): a dashed ceiling line at 240 / 520; a dense model draws none
     a_ids = list(range(1, 11))
     turns = [(0.0, 160, a_ids), (1.0, 160, [*a_ids[:5], *range(50, 55)]), (2.0, 200, [*a_ids, 20, 21, 22])]
-    a = analyze([_trace("abc", turns)], make_grid("10GB,20GB", "16", None, "qwen3-next"))
+    a = analyze([_trace("abc", turns)], make_grid("10GB,20GB", "16", None, _small_state_model(tmp_path)))
     series = {s.name: s for s in chart_series(a, 16)}
     assert series["unbounded"].ys == [100 * 160 / 520] * 2
     assert series["unbounded: full_attention alone"].ys == [100 * 240 / 520] * 2

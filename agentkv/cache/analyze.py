@@ -31,7 +31,7 @@ from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.tiers import TierSpec, TierStack
 from agentkv.terminal import ignore_sigint
-from agentkv.trace.accesses import Arrival, BlockRequest, arrivals, block_accesses, check_block_size
+from agentkv.trace.accesses import Arrival, BlockRequest, arrivals, block_accesses
 from agentkv.trace.ceiling import ceiling_tokens
 from agentkv.trace.model import Trace
 
@@ -325,8 +325,6 @@ def analyze(
     t0 = time.perf_counter()
     if not any(t.num_requests for t in traces):
         raise UserError("cache analyze: the traces hold no requests")
-    for bs in grid.block_sizes:
-        check_block_size(traces, bs)
     arrived = arrivals(traces, grid.concurrency)
     cells = [(bs, cap, pol) for bs in grid.block_sizes for cap in grid.capacities for pol in grid.policies]
     tick = _Progress(progress, len(cells) + len(grid.block_sizes), stop=stop)

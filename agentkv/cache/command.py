@@ -117,6 +117,13 @@ def analyze_command(args: argparse.Namespace) -> int:
         args.cpu,
         args.concurrency,
     )
+    asked = [int(x) for x in str(args.block_size).split(",") if x.strip().isdigit()]
+    if sorted(set(asked)) != sorted(grid.block_sizes):  # as vLLM warns when it overrides the flag
+        sizes = ", ".join(map(str, grid.block_sizes))
+        print(
+            f"note: --block-size {args.block_size}: {grid.model} runs with {sizes}-token KV blocks in vLLM",
+            file=sys.stderr,
+        )
     traces = load_noted(args)
     result = _run(args, traces, grid, jobs)
     if plot is not None:

@@ -82,6 +82,19 @@ def _block_sizes(text: str) -> list[int]:
     return sizes
 
 
+def _vllm_sizes(shape: object, sizes: list[int], dtype: str) -> list[int]:
+    """Each size as vLLM runs the model with it (DeepSeek-V4's 256; a hybrid model's aligned page),
+    the engine's rule (`vllm_block_size`), duplicates dropped."""
+    from agentkv.engine.block_size import vllm_block_size
+
+    out: list[int] = []
+    for bs in sizes:
+        got = vllm_block_size(shape, bs, kv_dtype=dtype).size
+        if got not in out:
+            out.append(got)
+    return out
+
+
 def _policies(text: str | None, hybrid: str | None = None) -> list[str]:
     """`--policy` as known eviction policies; every policy when the flag is not given (for a hybrid
     model, described by `hybrid`, LRU: vLLM's own)."""
@@ -137,6 +150,7 @@ def make_grid(
     shape = get_model(model)
     dtype = KV_DTYPES[kv_cache_dtype]
     shape.check_kv_dtype(dtype)
+    sizes = _vllm_sizes(shape, sizes, dtype)
     layouts = _layouts(shape, sizes, dtype)
     hybrid = None
     if layouts:

@@ -8,7 +8,8 @@ import math
 import sys
 from dataclasses import dataclass
 
-from agentkv.engine.models.catalogue import get_model, model_help
+from agentkv.engine.block_size import vllm_block_size
+from agentkv.engine.models.catalogue import model_help
 from agentkv.errors import UserError
 from agentkv.kv import HASH_ALGOS
 from agentkv.kv.eviction import ENGINE_POLICIES
@@ -27,19 +28,8 @@ KV_CACHE_DTYPES = {
 }
 KV_DTYPES = tuple(KV_CACHE_DTYPES)
 BLOCK_SIZES = (1, 8, 16, 32, 64, 128, 256)
-V4_BLOCK_SIZE = 256  # vLLM's DeepseekV4SparseMLABackend: its only kernel block size
 # --quantization (vLLM's name): the weight dtype the cost model reads; None keeps the checkpoint's
 QUANTIZATION = {"fp8": "fp8", "mxfp4": "fp4", "nvfp4": "fp4"}
-
-
-def kernel_block_size(model: object, block_size: int) -> int:
-    """The block size vLLM runs `model` with: DeepSeek-V4's sparse MLA and indexer backends take only
-    256 (`get_supported_kernel_block_sizes`), so vLLM overrides a user's `--block-size` for it."""
-    try:
-        family = get_model(model).family
-    except UserError:
-        return block_size  # an unknown model is reported where the engine is built
-    return V4_BLOCK_SIZE if family == "deepseek_v4" else block_size
 
 
 @dataclass(slots=True)
@@ -53,7 +43,7 @@ class EngineConfig:
     enable_expert_parallel: bool = False
     expert_imbalance: float = 1.0  # EP: the hottest GPU's routed load over the mean (--expert-imbalance)
     quantization: str | None = None  # fp8 | mxfp4 | nvfp4 (None: the checkpoint's dtypes)
-    block_size: int = 16
+    block_size: int | None = None  # None: what vLLM picks for the model, GPU and KV dtype
     kv_cache_dtype: str = "auto"
     max_model_len: int | None = None  # None: the model's own limit
     gpu_memory_utilization: float = 0.9
@@ -73,15 +63,17 @@ class EngineConfig:
         def bad(flag: str, msg: str) -> UserError:
             return UserError(f"--{flag.replace('_', '-')}: {msg}")
 
-        self.block_size = kernel_block_size(self.model, self.block_size)
-        if self.block_size not in BLOCK_SIZES:
-            raise bad("block_size", f"{self.block_size} is not one of {', '.join(map(str, BLOCK_SIZES))}")
         if self.kv_cache_dtype not in KV_DTYPES:
             raise bad("kv_cache_dtype", f"'{self.kv_cache_dtype}' is not one of {', '.join(KV_DTYPES)}")
-        if not 0.0 < self.gpu_memory_utilization <= 1.0:
-            raise bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.tensor_parallel_size < 1:
             raise bad("tensor_parallel_size", "must be >= 1")
+        asked = self.block_size
+        choice = vllm_block_size(self.model, asked, self.gpu, self.kv_dtype, self.tensor_parallel_size)
+        if asked is not None and asked not in BLOCK_SIZES and not (choice.aligned and choice.size == asked):
+            raise bad("block_size", f"{asked} is not one of {', '.join(map(str, BLOCK_SIZES))}")
+        self.block_size = choice.size
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.data_parallel_size < 1:
             raise bad("data_parallel_size", "must be >= 1")
         if not (math.isfinite(self.expert_imbalance) and self.expert_imbalance >= 1.0):
@@ -152,7 +144,7 @@ class EngineConfig:
             enable_expert_parallel=getattr(args, "enable_expert_parallel", False),
             expert_imbalance=getattr(args, "expert_imbalance", 1.0),
             quantization=getattr(args, "quantization", None),
-            block_size=16 if asked is None else asked,
+            block_size=asked,
             kv_cache_dtype=args.kv_cache_dtype,
             max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
@@ -168,9 +160,10 @@ class EngineConfig:
             cost_profile_name=profile_name,
         )
         if asked is not None and cfg.block_size != asked:  # as vLLM warns when it overrides the flag
+            why = vllm_block_size(cfg.model, asked, cfg.gpu, cfg.kv_dtype, cfg.tensor_parallel_size).why
             print(
                 f"note: --block-size {asked} overridden: {cfg.model} runs with {cfg.block_size}-token KV "
-                "blocks (vLLM's DeepSeek-V4 kernels take no other size)",
+                f"blocks ({why})",
                 file=sys.stderr,
             )
         return cfg
@@ -190,7 +183,9 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--block-size",
         type=int,
         default=None,
-        help="KV cache block size in tokens (default 16; DeepSeek-V4: always 256, as vLLM)",
+        help="KV cache block size in tokens (default: vLLM's pick for the model, GPU and KV dtype, 16 for most; "
+        "MLA 64 with fp8 KV on Hopper, 32 on Blackwell; DeepSeek-V4 always 256; hybrid linear-attention "
+        "models raised to hold a layer's state, as vLLM does)",
     )
     g.add_argument(
         "--kv-cache-dtype",

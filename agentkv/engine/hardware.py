@@ -70,6 +70,8 @@ class GPU:
     aliases: tuple[str, ...] = ()
     note: str = ""
     vendor: str = "nvidia"  # "amd": FP4 is MXFP4 there, and vLLM has no NVFP4 KV cache on ROCm
+    # NVIDIA compute capability x 10 (90 Hopper, 100/103 Blackwell, 107 Rubin): vLLM's attention backend
+    sm: int = 0
 
     @property
     def hbm_bytes(self) -> float:
@@ -101,9 +103,9 @@ class GPU:
 
 
 GPUS: tuple[GPU, ...] = (
-    GPU("H100 SXM", 80, 3.35, 989, 1979, None, 64, 450, 700, ("h100", "h100-sxm")),
-    GPU("H200 SXM", 141, 4.8, 989, 1979, None, 64, 450, 700, ("h200", "h200-sxm")),
-    GPU("B200", 180, 8.0, 2250, 4500, 9000, 64, 900, 1000, ("b200", "b200-hgx"), "180 GB usable"),
+    GPU("H100 SXM", 80, 3.35, 989, 1979, None, 64, 450, 700, ("h100", "h100-sxm"), sm=90),
+    GPU("H200 SXM", 141, 4.8, 989, 1979, None, 64, 450, 700, ("h200", "h200-sxm"), sm=90),
+    GPU("B200", 180, 8.0, 2250, 4500, 9000, 64, 900, 1000, ("b200", "b200-hgx"), "180 GB usable", sm=100),
     GPU(
         "GB200",
         186,
@@ -116,8 +118,22 @@ GPUS: tuple[GPU, ...] = (
         1200,
         ("gb200", "gb200-nvl72"),
         "host link is NVLink-C2C, 900 GB/s bidirectional per Grace shared by its 2 GPUs",
+        sm=100,
     ),
-    GPU("B300", 268, 8.0, 2250, 4500, 13500, 128, 900, 1100, ("b300", "b300-hgx"), "268 GB usable; PCIe 6"),
+    GPU(
+        "B300",
+        268,
+        8.0,
+        2250,
+        4500,
+        13500,
+        128,
+        900,
+        1100,
+        ("b300", "b300-hgx"),
+        "268 GB usable; PCIe 6",
+        sm=103,
+    ),
     GPU(
         "GB300",
         288,
@@ -130,6 +146,7 @@ GPUS: tuple[GPU, ...] = (
         1400,
         ("gb300", "gb300-nvl72"),
         "host link is NVLink-C2C, shared by the 2 GPUs of a Grace",
+        sm=103,
     ),
     GPU(
         "Rubin VR200",
@@ -147,6 +164,7 @@ GPUS: tuple[GPU, ...] = (
         "training rate), dense: NVIDIA calls it 3.3x GB300 NVL72, whose dense fp8 is 0.36 EF (0.72 EF with "
         "sparsity) [S: press coverage of NVIDIA's announcement]; fp4 50,000 is the 'NVFP4 inference' figure "
         "(adaptive compression; 35,000 for training) [S]; 1,800-2,300 W (midpoint) [?]",
+        sm=107,  # vLLM's sm_107 (its all-reduce tables call it Rubin)
     ),
     GPU("MI300X", 192, 5.3, 1307, 2615, None, 64, 448, 750, ("mi300x", "mi300"), vendor="amd"),
     GPU("MI325X", 256, 6.0, 1307, 2615, None, 64, 448, 1000, ("mi325x", "mi325"), vendor="amd"),

@@ -46,18 +46,6 @@ class Arrival(NamedTuple):
     request: Request
 
 
-def check_block_size(traces: Sequence[Trace], block_size: int) -> None:
-    """UserError unless `block_size` is positive and divides, or is a multiple of, every trace's block size."""
-    if block_size <= 0:
-        raise UserError(f"--block-size: must be a positive number of tokens, got {block_size}")
-    for t in traces:
-        if t.block_size % block_size and block_size % t.block_size:
-            raise UserError(
-                f"--block-size: {block_size} neither divides nor is a multiple of the block size "
-                f"{t.block_size} of trace {t.id} ({t.source or 'in memory'})"
-            )
-
-
 def _lane(run: str, session_id: str, r: Request) -> str:
     return f"{run}:{session_id}{'/side' if r.kind == 's' else ''}"
 

@@ -18,6 +18,7 @@ trace, or a whole file for global ids); the space key is a stable 64-bit hash of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -147,19 +148,20 @@ def chain_keys(
     share their first k keys iff their prompts share the tokens of those k engine blocks (up
     to 64-bit collisions), as chained token hashes would. `block_size` must divide the trace's
     block size (each trace block splits into sub-blocks) or be a multiple of it (engine blocks
-    group trace blocks). The keys live in their own key space: compare them with each other,
-    not with `block_hashes` of the tokens.
+    group trace blocks), or neither (a hybrid model's aligned size: engine blocks group sub-blocks of
+    gcd(block_size, trace block size) tokens). The keys live in their own key space: compare them
+    with each other, not with `block_hashes` of the tokens.
     """
     t, b = trace_block_size, block_size
     _check(t, DEFAULT_VOCAB)
     _check(b, DEFAULT_VOCAB)
-    if t % b and b % t:
-        raise ValueError(f"engine block size {b} must divide or be a multiple of the trace's {t}")
     n = max(input_tokens, 0) // b
     if n == 0:
         return np.empty(0, dtype=_U)
     key = space_key(space)
-    if b <= t:
+    if t % b and b % t:
+        ident = _grouped_sub_blocks(key, hash_ids, t, b, n)
+    elif b <= t:
         r = t // b
         bases = _slot_bases(key, hash_ids, -(-n // r))
         sub = (np.arange(r, dtype=_U) + _U(1)) * _SUB
@@ -170,6 +172,26 @@ def chain_keys(
         ident = slots[:, 0].copy()
         for s in range(1, g):
             ident = _mix(ident * _GROUP + slots[:, s])
+    return _chained(ident, n)
+
+
+def _grouped_sub_blocks(key: int, hash_ids: Sequence[int] | np.ndarray, t: int, b: int, n: int) -> np.ndarray:
+    """Identities of `n` engine blocks of `b` tokens over trace blocks of `t` that neither divides: each
+    the fold of its b/g sub-blocks of g = gcd(b, t) tokens (a sub-block: its trace block and place)."""
+    g = math.gcd(b, t)
+    r, per = t // g, b // g
+    subs = n * per
+    bases = _slot_bases(key, hash_ids, -(-subs // r))
+    place = (np.arange(r, dtype=_U) + _U(1)) * _SUB
+    slots = _mix(bases[:, None] ^ place[None, :]).ravel()[:subs].reshape(n, per)
+    ident = slots[:, 0].copy()
+    for s in range(1, per):
+        ident = _mix(ident * _GROUP + slots[:, s])
+    return ident
+
+
+def _chained(ident: np.ndarray, n: int) -> np.ndarray:
+    """Chain block identities into prefix keys: key j depends on blocks 0..j, as chained hashes do."""
     rp, ri = _powers(n)
     prefix = np.cumsum(ident * ri, dtype=_U) * rp  # P_j = sum_{i<=j} ident_i * R**(j-i)
     depth = (np.arange(n, dtype=_U) + _U(1)) * _DEPTH
