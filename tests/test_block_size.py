@@ -23,7 +23,8 @@ def test_qwen3_next_gets_the_attention_page_that_holds_one_layer_of_its_state():
     attn = 2 * 2 * 256 * 2  # K and V, 2 KV heads of 256, bf16: 2,048 B a token
     assert state == 1_097_728 and 16 * math.ceil(state / (16 * attn)) == 544
     assert EngineConfig(model="qwen3-next").block_size == 544
-    assert EngineConfig(model="qwen3-next", tensor_parallel_size=2).block_size == 544  # both halve
+    tp = {t: EngineConfig(model="qwen3-next", tensor_parallel_size=t).block_size for t in (2, 4, 8)}
+    assert tp == {2: 544, 4: 272, 8: 144}  # the state splits over TP; 2 KV heads stop splitting past 2
     assert EngineConfig(model="qwen3-next", kv_cache_dtype="fp8").block_size == 1072  # half the page
     assert EngineConfig(model="qwen3-next", block_size=64).block_size == 576  # 64 x ceil(state / 64 pages)
 
