@@ -158,32 +158,22 @@ def chain_keys(
     n = max(input_tokens, 0) // b
     if n == 0:
         return np.empty(0, dtype=_U)
-    key = space_key(space)
-    if t % b and b % t:
-        ident = _grouped_sub_blocks(key, hash_ids, t, b, n)
-    elif b <= t:
-        r = t // b
-        bases = _slot_bases(key, hash_ids, -(-n // r))
-        sub = (np.arange(r, dtype=_U) + _U(1)) * _SUB
-        ident = _mix(bases[:, None] ^ sub[None, :]).ravel()[:n] if r > 1 else bases
-    else:
-        g = b // t
-        slots = _slot_bases(key, hash_ids, n * g).reshape(n, g)
-        ident = slots[:, 0].copy()
-        for s in range(1, g):
-            ident = _mix(ident * _GROUP + slots[:, s])
-    return _chained(ident, n)
+    return _chained(_block_idents(space_key(space), hash_ids, t, b, n), n)
 
 
-def _grouped_sub_blocks(key: int, hash_ids: Sequence[int] | np.ndarray, t: int, b: int, n: int) -> np.ndarray:
-    """Identities of `n` engine blocks of `b` tokens over trace blocks of `t` that neither divides: each
-    the fold of its b/g sub-blocks of g = gcd(b, t) tokens (a sub-block: its trace block and place)."""
+def _block_idents(key: int, hash_ids: Sequence[int] | np.ndarray, t: int, b: int, n: int) -> np.ndarray:
+    """Identities of `n` engine blocks of `b` tokens over trace blocks of `t`: each the fold of its b/g
+    sub-blocks of g = gcd(b, t) tokens, a sub-block its trace block's base mixed with its place in it
+    (the base alone where g = t). An engine block dividing the trace's is one sub-block; one that is a
+    multiple of it folds whole trace blocks."""
     g = math.gcd(b, t)
     r, per = t // g, b // g
     subs = n * per
     bases = _slot_bases(key, hash_ids, -(-subs // r))
-    place = (np.arange(r, dtype=_U) + _U(1)) * _SUB
-    slots = _mix(bases[:, None] ^ place[None, :]).ravel()[:subs].reshape(n, per)
+    if r > 1:
+        place = (np.arange(r, dtype=_U) + _U(1)) * _SUB
+        bases = _mix(bases[:, None] ^ place[None, :]).ravel()[:subs]
+    slots = bases.reshape(n, per)
     ident = slots[:, 0].copy()
     for s in range(1, per):
         ident = _mix(ident * _GROUP + slots[:, s])
