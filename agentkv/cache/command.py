@@ -97,7 +97,7 @@ def analyze_command(args: argparse.Namespace) -> int:
     import msgspec
     from rich.console import Console
 
-    from agentkv.cache.grid import make_grid
+    from agentkv.cache.grid import make_grid, parse_block_sizes
     from agentkv.cache.view import PLOT_SUFFIXES, render, write_plot
     from agentkv.trace.command import load_noted
 
@@ -117,8 +117,8 @@ def analyze_command(args: argparse.Namespace) -> int:
         args.cpu,
         args.concurrency,
     )
-    asked = [int(x) for x in str(args.block_size).split(",") if x.strip().isdigit()]
-    if sorted(set(asked)) != sorted(grid.block_sizes):  # as vLLM warns when it overrides the flag
+    # as vLLM warns when it overrides the flag
+    if sorted(set(parse_block_sizes(args.block_size))) != sorted(grid.block_sizes):
         sizes = ", ".join(map(str, grid.block_sizes))
         print(
             f"note: --block-size {args.block_size}: {grid.model} runs with {sizes}-token KV blocks in vLLM",

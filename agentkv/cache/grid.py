@@ -68,7 +68,7 @@ def _capacities(text: str) -> list[tuple[str, int]]:
     return caps
 
 
-def _block_sizes(text: str) -> list[int]:
+def parse_block_sizes(text: str) -> list[int]:
     """`--block-size` as positive whole numbers of tokens."""
     sizes = []
     for s in _items(text, "--block-size"):
@@ -144,7 +144,7 @@ def make_grid(
     from agentkv.engine.hardware import get_model
 
     caps = _capacities(capacity)
-    sizes = _block_sizes(block_size)
+    sizes = parse_block_sizes(block_size)
     if kv_cache_dtype not in KV_DTYPES:
         raise UserError(f"--kv-cache-dtype: {kv_cache_dtype!r} is not one of {', '.join(KV_DTYPES)}")
     shape = get_model(model)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from agentkv.engine.hardware import get_gpu
 from agentkv.engine.models.catalogue import get_model
+from agentkv.engine.models.groups import GroupKind
 from agentkv.engine.models.shape import ModelShape
 from agentkv.errors import UserError
 
@@ -75,7 +76,7 @@ def vllm_block_size(
         return BlockChoice(V4_BLOCK_SIZE, "vLLM's DeepSeek-V4 kernels take no other size")
     if asked is not None:
         choice = BlockChoice(asked)
-    elif any(g.kind == "mla" for g in shape.groups):
+    elif any(g.kind is GroupKind.MLA for g in shape.groups):
         choice = mla_backend_block(shape, gpu, kv_dtype)
     else:
         choice = BlockChoice(DEFAULT_BLOCK_SIZE)
