@@ -33,9 +33,10 @@ def _session(k: int) -> Trace:
             input_tokens=n * 16,
             output_tokens=4,
             hash_ids=list(range(k * 10_000, k * 10_000 + n)),
-            # 10 ms between turns at SCALE: a turn's KV events may wait out the poller's 5 ms pause
-            # (1 ms left them unapplied in 2 of 10 runs on an AMX host; agentic think times are seconds)
-            think_time=0.5 if i else 0.0,
+            # 100 ms between turns at SCALE: a turn's KV events must reach the router before the next
+            # turn (1 ms left them unapplied in 2 of 10 runs on an AMX host, 10 ms in 1 CI run of a
+            # clean clone, where turn 1 then ties on three empty workers); agentic think times are seconds
+            think_time=5.0 if i else 0.0,
         )
         for i, n in enumerate(BLOCKS)
     ]
