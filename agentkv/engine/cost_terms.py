@@ -115,9 +115,10 @@ def group_terms(m: ModelShape, tp: int, kv_dtype: str, heads: int, rc: RateCtx) 
     out = []
     idx_layers = {g.layers for g in m.groups if _is_indexer(g)}
     state = sum(g.state_bytes_per_seq(tp) for g in m.groups if g.is_state) / m.layers  # layer mean
-    if state:  # all states as one term: read + written once per sequence, ~4 flops per 2-byte element
+    if state:  # all states as one term: read + written once per sequence; ~10 flops per 2-byte element a
+        # token: the chunked delta rule's 6 K x V and 4 chunk x (K + V) products (chunk 64, K = V = 128)
         out.append(
-            GroupTerm(1.0, 1, INF, 0, 0, 0, 0, 0, 2.0 * state / rc.bw, 2.0 * state / (rc.attn * rc.self_eff))
+            GroupTerm(1.0, 1, INF, 0, 0, 0, 0, 0, 2.0 * state / rc.bw, 5.0 * state / (rc.attn * rc.self_eff))
         )
     for g in m.groups:
         frac = g.num_layers / m.layers
