@@ -119,6 +119,33 @@ TINY_KINDS = {
         "hidden_act": "silu",
         "tie_word_embeddings": False,
     },
+    # a linear-attention hybrid: one Gated DeltaNet layer, then one gated full-attention layer; the CPU
+    # build's GDN kernel takes 128-dim heads only ("Unexpected head dim size, 32")
+    "hybrid": _TINY_COMMON
+    | {
+        "architectures": ["Qwen3NextForCausalLM"],
+        "model_type": "qwen3_next",
+        "num_key_value_heads": 4,
+        "head_dim": 128,
+        "intermediate_size": 256,
+        "full_attention_interval": 2,
+        "linear_num_key_heads": 1,
+        "linear_num_value_heads": 2,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_conv_kernel_dim": 4,
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "moe_intermediate_size": 64,
+        "shared_expert_intermediate_size": 64,
+        "norm_topk_prob": True,
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+    },
 }
 
 
