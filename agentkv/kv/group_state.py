@@ -4,7 +4,7 @@ of freed cached blocks, and the invariants that tie them together."""
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Sequence
 from itertools import compress
 
@@ -374,26 +374,32 @@ class GroupBlocks:
         return np.arange(f, f + k, dtype=np.int64)
 
     def _evict(self, need: int) -> None:
-        removed: dict[int, list[int]] = defaultdict(list)
-        victims = self.lru.pop_bytes(need - self.empty_bytes)
-        freed = int(self.bcost[victims].sum())
+        victims, freed = self.lru.pop_bytes(need - self.empty_bytes)
         self.evictable_bytes -= freed
         self.empty_bytes += freed
         self.hashed_blk[victims] = False
         self.bh64[victims] = 0
-        bh, groups = self.bhash, self.bgroup[victims]
-        for g in np.flatnonzero(np.bincount(groups)).tolist():  # the groups present, in order (no sort)
-            vg = victims[groups == g] if len(self.specs) > 1 else victims
-            hs = bh[vg].tolist()
-            deque(map(self.cached_maps[g].__delitem__, hs), 0)
-            removed[g] = hs
+        bh, maps = self.bhash, self.cached_maps
+        hs = bh[victims].tolist()
         bh[victims] = None
+        removed: dict[int, list[int]] = {}  # per group present, in group order: its hashes in LRU order
+        if len(maps) == 1 or not hs:
+            removed = {0: hs} if hs else removed
+        else:
+            for g, h in zip(self.bgroup[victims].tolist(), hs, strict=True):
+                lst = removed.get(g)
+                if lst is None:
+                    lst = removed[g] = []
+                lst.append(h)
+            removed = dict(sorted(removed.items())) if len(removed) > 1 else removed
+        for g, lst in removed.items():
+            deque(map(maps[g].__delitem__, lst), 0)
         self._push_ids(victims)
         self._epoch += 1
-        self.stats.evicted += sum(map(len, removed.values()))
+        self.stats.evicted += len(hs)
         if self._emit is not None:
-            for g, hs in sorted(removed.items()):
-                self._emit(BlockRemoved(block_hashes=hs, medium="GPU", group_idx=g))
+            for g, lst in removed.items():
+                self._emit(BlockRemoved(block_hashes=lst, medium="GPU", group_idx=g))
         if self.hooks is not None:
             self.hooks.evicted(removed)
 
