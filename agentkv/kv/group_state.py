@@ -346,8 +346,9 @@ class GroupBlocks:
         """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
         if n <= 0:
             return EMPTY
-        need = n * self.specs[g].block_bytes
-        self._room(need)
+        need = n * (cost := self.specs[g].block_bytes)
+        if self.empty_bytes < need:
+            self._evict(need)
         self.empty_bytes -= need
         m = self._n_ids
         if n <= m:
@@ -357,7 +358,7 @@ class GroupBlocks:
         self._n_ids = max(0, m - n)
         self.ref[arr] = 1
         self.bgroup[arr] = g
-        self.bcost[arr] = self.specs[g].block_bytes
+        self.bcost[arr] = cost
         self.hashed_blk[arr] = False  # (a recycled id's hash was cleared from `bhash` when it was evicted)
         self.stats.allocated += n
         return arr
@@ -379,24 +380,17 @@ class GroupBlocks:
         self.empty_bytes += freed
         self.hashed_blk[victims] = False
         self.bh64[victims] = 0
-        bh, maps = self.bhash, self.cached_maps
-        hs = bh[victims].tolist()
-        bh[victims] = None
         removed: dict[int, list[int]] = {}  # per group present, in group order: its hashes in LRU order
-        if len(maps) == 1 or not hs:
-            removed = {0: hs} if hs else removed
-        else:
-            for g, h in zip(self.bgroup[victims].tolist(), hs, strict=True):
-                lst = removed.get(g)
-                if lst is None:
-                    lst = removed[g] = []
-                lst.append(h)
-            removed = dict(sorted(removed.items())) if len(removed) > 1 else removed
-        for g, lst in removed.items():
-            deque(map(maps[g].__delitem__, lst), 0)
+        groups, i = self.bgroup[victims], 0
+        hs = self.bhash[victims[groups.argsort(kind="stable")]].tolist()  # stable: LRU order kept
+        self.bhash[victims] = None
+        for g, k in enumerate(np.bincount(groups).tolist()):
+            if k:
+                removed[g], i = hs[i : i + k], i + k
+                deque(map(self.cached_maps[g].__delitem__, removed[g]), 0)
         self._push_ids(victims)
         self._epoch += 1
-        self.stats.evicted += len(hs)
+        self.stats.evicted += len(victims)
         if self._emit is not None:
             for g, lst in removed.items():
                 self._emit(BlockRemoved(block_hashes=lst, medium="GPU", group_idx=g))
