@@ -59,21 +59,23 @@ class ByteLRU:
         self.ref, self.cost, self._stamp = ref, cost, grown(self._stamp, len(ref))
 
     def removed(self, blocks: np.ndarray) -> None:
-        """`blocks` left the LRU by being referenced again (their entries retire lazily)."""
+        """`blocks` left the LRU by being referenced again (their entries retire lazily: a zero stamp
+        matches none, so `pop_bytes` reads only the stamps)."""
+        self._stamp[blocks] = 0
         self.n -= len(blocks)
 
     def pop_bytes(self, need: int) -> tuple[np.ndarray, int]:
         """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry), and
         their bytes."""
         q, out, window, freed = self._q, [], 256, 0
-        stamp, ref, cost = self._stamp, self.ref, self.cost
+        stamp, cost = self._stamp, self.cost
         while freed < need and q:
             bl, st = q[0]
             if len(bl) < window and len(q) > 1:  # small chunks (one per `add`): one window over several
                 bl, st = self._merge_head(window)
             b = bl[:window]
             window *= 2  # a large need takes few windows; a small one looks at few blocks
-            ok = (stamp[b] == st[: len(b)]) & (ref[b] == 0)
+            ok = stamp[b] == st[: len(b)]
             live = b[ok]
             csum = cost[live].cumsum()
             k = int(csum.searchsorted(need - freed)) + 1  # victims needed from this window
