@@ -71,8 +71,6 @@ class ByteLRU:
         stamp, cost = self._stamp, self.cost
         while freed < need and q:
             bl, st = q[0]
-            if len(bl) < window and len(q) > 1:  # small chunks (one per `add`): one window over several
-                bl, st = self._merge_head(window)
             b = bl[:window]
             window *= 2  # a large need takes few windows; a small one looks at few blocks
             ok = stamp[b] == st[: len(b)]
@@ -96,17 +94,6 @@ class ByteLRU:
         stamp[victims] = 0
         self.n -= len(victims)
         return victims, freed
-
-    def _merge_head(self, size: int) -> tuple[np.ndarray, np.ndarray]:
-        """Join the queue's first chunks, up to about `size` entries, into one (the same order)."""
-        q, bls, sts, m = self._q, [], [], 0
-        while q and m < size:
-            bl, st = q.popleft()
-            bls.append(bl)
-            sts.append(st)
-            m += len(bl)
-        q.appendleft((np.concatenate(bls), np.concatenate(sts)))
-        return q[0]
 
     def _compact(self) -> None:
         """Drop the stale entries chunk by chunk, merging what is left into pieces of about 64K: no
