@@ -59,37 +59,41 @@ class ByteLRU:
         self.ref, self.cost, self._stamp = ref, cost, grown(self._stamp, len(ref))
 
     def removed(self, blocks: np.ndarray) -> None:
-        """`blocks` left the LRU by being referenced again (their entries retire lazily)."""
+        """`blocks` left the LRU by being referenced again (their entries retire lazily: a zero stamp
+        matches none, so `pop_bytes` reads only the stamps)."""
+        self._stamp[blocks] = 0
         self.n -= len(blocks)
 
-    def pop_bytes(self, need: int) -> np.ndarray:
-        """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry)."""
-        q, out, window = self._q, [], 256
-        while need > 0 and q:
+    def pop_bytes(self, need: int) -> tuple[np.ndarray, int]:
+        """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry), and
+        their bytes."""
+        q, out, window, freed = self._q, [], 256, 0
+        stamp, cost = self._stamp, self.cost
+        while freed < need and q:
             bl, st = q[0]
-            w = min(len(bl), window)
+            b = bl[:window]
             window *= 2  # a large need takes few windows; a small one looks at few blocks
-            ok = self._live(bl[:w], st[:w])
-            live = bl[:w][ok]
-            csum = np.cumsum(self.cost[live])
-            k = int(np.searchsorted(csum, need)) + 1  # victims needed from this window
+            ok = stamp[b] == st[: len(b)]
+            live = b[ok]
+            csum = cost[live].cumsum()
+            k = int(csum.searchsorted(need - freed)) + 1  # victims needed from this window
             if k <= len(live):
-                cut = int(np.flatnonzero(ok)[k - 1]) + 1
-                take = live[:k]
-                need -= int(csum[k - 1])
+                cut = int(ok.nonzero()[0][k - 1]) + 1
+                live = live[:k]
+                freed += int(csum[k - 1])
             else:
-                cut, take = w, live
-                need -= int(csum[-1]) if len(live) else 0
+                cut = len(b)
+                freed += int(csum[-1]) if len(live) else 0
             if cut < len(bl):
                 q[0] = (bl[cut:], st[cut:])
             else:
                 q.popleft()
             self._queued -= cut
-            out.append(take)
-        victims = np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
-        self._stamp[victims] = 0
+            out.append(live)
+        victims = (out[0] if len(out) == 1 else np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
+        stamp[victims] = 0
         self.n -= len(victims)
-        return victims
+        return victims, freed
 
     def _compact(self) -> None:
         """Drop the stale entries chunk by chunk, merging what is left into pieces of about 64K: no

@@ -4,7 +4,7 @@ of freed cached blocks, and the invariants that tie them together."""
 
 from __future__ import annotations
 
-from collections import defaultdict, deque
+from collections import deque
 from collections.abc import Sequence
 from itertools import compress
 
@@ -346,8 +346,9 @@ class GroupBlocks:
         """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
         if n <= 0:
             return EMPTY
-        need = n * self.specs[g].block_bytes
-        self._room(need)
+        need = n * (cost := self.specs[g].block_bytes)
+        if self.empty_bytes < need:
+            self._evict(need)
         self.empty_bytes -= need
         m = self._n_ids
         if n <= m:
@@ -357,7 +358,7 @@ class GroupBlocks:
         self._n_ids = max(0, m - n)
         self.ref[arr] = 1
         self.bgroup[arr] = g
-        self.bcost[arr] = self.specs[g].block_bytes
+        self.bcost[arr] = cost
         self.hashed_blk[arr] = False  # (a recycled id's hash was cleared from `bhash` when it was evicted)
         self.stats.allocated += n
         return arr
@@ -374,26 +375,25 @@ class GroupBlocks:
         return np.arange(f, f + k, dtype=np.int64)
 
     def _evict(self, need: int) -> None:
-        removed: dict[int, list[int]] = defaultdict(list)
-        victims = self.lru.pop_bytes(need - self.empty_bytes)
-        freed = int(self.bcost[victims].sum())
+        victims, freed = self.lru.pop_bytes(need - self.empty_bytes)
         self.evictable_bytes -= freed
         self.empty_bytes += freed
         self.hashed_blk[victims] = False
         self.bh64[victims] = 0
-        bh, groups = self.bhash, self.bgroup[victims]
-        for g in np.flatnonzero(np.bincount(groups)).tolist():  # the groups present, in order (no sort)
-            vg = victims[groups == g] if len(self.specs) > 1 else victims
-            hs = bh[vg].tolist()
-            deque(map(self.cached_maps[g].__delitem__, hs), 0)
-            removed[g] = hs
-        bh[victims] = None
+        removed: dict[int, list[int]] = {}  # per group present, in group order: its hashes in LRU order
+        groups, i = self.bgroup[victims], 0
+        hs = self.bhash[victims[groups.argsort(kind="stable")]].tolist()  # stable: LRU order kept
+        self.bhash[victims] = None
+        for g, k in enumerate(np.bincount(groups).tolist()):
+            if k:
+                removed[g], i = hs[i : i + k], i + k
+                deque(map(self.cached_maps[g].__delitem__, removed[g]), 0)
         self._push_ids(victims)
         self._epoch += 1
-        self.stats.evicted += sum(map(len, removed.values()))
+        self.stats.evicted += len(victims)
         if self._emit is not None:
-            for g, hs in sorted(removed.items()):
-                self._emit(BlockRemoved(block_hashes=hs, medium="GPU", group_idx=g))
+            for g, lst in removed.items():
+                self._emit(BlockRemoved(block_hashes=lst, medium="GPU", group_idx=g))
         if self.hooks is not None:
             self.hooks.evicted(removed)
 

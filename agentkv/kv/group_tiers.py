@@ -63,14 +63,14 @@ class PolicyQueue:
     def removed(self, blocks: np.ndarray) -> None:
         self.policy.remove_many(self._ids(blocks))
 
-    def pop_bytes(self, need: int) -> np.ndarray:
-        out = []
-        while need > 0 and len(self.policy):
-            k = min(len(self.policy), -(-need // self.largest))
+    def pop_bytes(self, need: int) -> tuple[np.ndarray, int]:
+        out, freed = [], 0
+        while freed < need and len(self.policy):
+            k = min(len(self.policy), -(-(need - freed) // self.largest))
             victims = np.asarray(self.policy.pop_victims(k), dtype=np.int64)
-            need -= int(self.cost[victims].sum())
+            freed += int(self.cost[victims].sum())
             out.append(victims)
-        return np.concatenate(out) if out else EMPTY
+        return (np.concatenate(out) if out else EMPTY), freed
 
     def blocks(self) -> list[int]:
         return [int(b) for b in self.policy.blocks()]
