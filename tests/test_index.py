@@ -52,6 +52,18 @@ def test_a_block_held_twice_stays_until_its_last_copy_goes():
     assert 5 not in idx
 
 
+def test_both_copies_evicted_in_one_event_leave_nothing():
+    """agentkv's own pools announce one eviction as one BlockRemoved, so two copies of a hash that go
+    together arrive as the hash twice (vLLM sends one event a block): both copies are gone."""
+    idx = BlockIndex()
+    idx.apply(0, BlockStored(block_hashes=[1, 2]))
+    idx.apply(0, BlockStored(block_hashes=[1, 2]))
+    idx.apply(0, BlockRemoved(block_hashes=[2, 1, 2]))
+    assert idx.find_matches([1, 2]) == {0: Match(1)}
+    idx.apply(0, BlockRemoved(block_hashes=[1]))
+    assert idx.find_matches([1]) == {} and idx.blocks(0) == 0
+
+
 def test_all_blocks_cleared_and_dead_worker_touch_only_that_worker():
     idx = BlockIndex()
     for w in range(3):

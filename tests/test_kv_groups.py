@@ -121,13 +121,18 @@ def test_window_blocks_are_freed_as_decode_advances_and_stay_cached():
 
 
 def test_state_group_keeps_one_state_and_saves_aligned_cuts():
+    """vLLM's 'align' mode: a page for each block the tokens reach, the state at each chunk's aligned
+    end cached; the page a step read from is held until the request's next step."""
     pool = hybrid([("full", 10), ("state", 50)], capacity=100_000)
     r = PoolRequest("r", [1000 + i for i in range(6)])  # 24-token prompt, 6 blocks
     assert pool.allocate_slots(r, 8)  # chunk ends at 8 tokens: a state saved at block 2
     assert pool.allocate_slots(r, 16, 8)  # ends at 24: saved at block 6
     assert set(pool.cached_maps[1]) == {1001, 1005}
-    assert len(pool.tables["r"][1]) == 1  # one state block held, the older one freed (cached)
-    for t in range(24, 40):
+    assert len(pool.tables["r"][1]) == 2  # the state at block 2 (read this step) and at block 6
+    assert pool.allocate_slots(r, 1, 24)  # a decode step into block 7: a new page, block 2's freed
+    assert pool.tables["r"][1].tolist()[0] == pool.cached_maps[1][1005]
+    assert pool.ref[pool.cached_maps[1][1001]] == 0  # cached, in the LRU
+    for t in range(25, 40):
         assert pool.allocate_slots(r, 1, t)
     assert pool.capacity - pool.available_bytes == 10 * 10 + 50  # decode adds no state
     pool.free("r")
@@ -319,3 +324,35 @@ def test_grown_keeps_values_and_fills_the_rest():
     assert alias.tolist() == [-1, 4, -1, -1]
     bhash = grown(np.array([2**70, None], dtype=object), 3)
     assert bhash.tolist() == [2**70, None, None]
+
+
+def test_a_recomputed_block_is_another_copy_that_outlives_the_first():
+    """As vLLM's BlockPool: a block computed again under a cached hash is cached as another copy,
+    stored and removed with its own events; evicting the older copy leaves the hash to the younger."""
+    pool = hybrid([("full", 10), ("sliding", 10, 8)], capacity=300)
+    a = req("a", 5)
+    assert pool.allocate_slots(a, 20)
+    pool.free("a")
+    b = req("b", 5)  # the same prompt, computed again from scratch (no hit passed)
+    assert pool.allocate_slots(b, 20)
+    assert set(pool.dups[0]) == set(a.block_hashes)  # every full block twice
+    stored = [e.block_hashes for e in pool.take_events() if type(e).__name__ == "BlockStored"]
+    assert stored[0] == a.block_hashes and a.block_hashes in stored[2:]  # b's copies announced too
+    pool.free("b")
+    pool.check_invariants()
+    copies = [pool.dups[0][h][0] for h in a.block_hashes]  # b's blocks
+    assert pool.allocate_slots(req("c", 10, base=5000), 40)  # room for 20 blocks: a's copies go first
+    events = pool.take_events()
+    removed = [e.block_hashes for e in events if type(e).__name__ == "BlockRemoved" and e.group_idx == 0]
+    assert removed == [a.block_hashes[::-1]]  # one copy of each (a's: the oldest), tail first
+    assert [pool.cached_maps[0][h] for h in a.block_hashes] == copies and not pool.dups[0]
+    assert pool.get_computed_blocks(a.block_hashes, 21).hit == 5  # still served, from b's copies
+    pool.check_invariants()
+
+
+def test_a_state_page_is_padded_to_the_attention_page():
+    """vLLM pads a Mamba/linear state's page up to the attention page ("Padding mamba page size"):
+    at vLLM's 544-token blocks, Qwen3-Next's state costs a whole page (TP 2: 544 x 1,024 B)."""
+    nxt = kv_layout(get_model("qwen3-next"), 544, "bf16", 2)
+    assert nxt[1].rule == "state" and nxt[1].block_bytes == 36 * 544 * 1024
+    assert nxt[0].block_bytes == 12 * 544 * 1024

@@ -71,6 +71,12 @@ def state_hit(cached: dict, hashes: Sequence[int], limit: int) -> int:
     return 0
 
 
+def state_boundary(total: int, block_size: int, n_hashes: int) -> int:
+    """The prompt block boundary a step ending at `total` tokens saves a state at (0: none)."""
+    k = total // block_size
+    return k if total % block_size == 0 and 0 < k <= n_hashes else 0
+
+
 def skipped_tokens(rule: str, window: int, num_computed: int) -> int:
     """Tokens a running request's next token no longer reads (vLLM's `get_num_skipped_tokens`):
     before the window, before the current chunk; none for full attention (states keep no tokens)."""

@@ -4,7 +4,6 @@ of freed cached blocks, and the invariants that tie them together."""
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Sequence
 from itertools import compress
 
@@ -13,6 +12,7 @@ import numpy as np
 from agentkv.kv import group_rules as R
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.kv.group_lru import ByteLRU, grown
+from agentkv.kv.hashmap import add_copies, forget
 from agentkv.kv.interface import KVRequest
 from agentkv.kv.invariants import check_hybrid
 
@@ -31,6 +31,7 @@ class GroupBlocks:
 
     def _setup_blocks(self) -> None:
         self.cached_maps: list[dict[int, int]] = [{} for _ in self.specs]
+        self.dups: list[dict[int, list[int]]] = [{} for _ in self.specs]  # a hash's younger copies
         self.max_ids = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
         # per-block arrays sized to the ids taken so far, grown as more are (a policy binds them: full size)
         n = self.max_ids if self.policy is not None else min(self.max_ids, 4096)
@@ -52,6 +53,9 @@ class GroupBlocks:
         self.tables: dict[str, list[np.ndarray]] = {}  # per group, int64 block ids (NULL: none)
         self.hashed: dict[str, list[int]] = {}  # per group: leading blocks whose caching was decided
         self.skip: dict[str, list[int]] = {}  # per group: blocks before this index are null
+        # per request, per state group: the page count vLLM's table had when each held page was taken
+        # (a page at index p - 1 gets the state after p blocks); [] for the other groups
+        self.spos: dict[str, list[list[int]]] = {}
         # per request: (computed from, computed below, total up to) where an allocation changes nothing
         self.quiet: dict[str, tuple[int, int, int]] = {}
         self._epoch = getattr(self, "_epoch", 0)
@@ -60,27 +64,13 @@ class GroupBlocks:
         return self.specs[int(self.bgroup[b])].block_bytes
 
     # -- sizes of an allocation ----------------------------------------------------------------
-    def _boundary(self, req: KVRequest, total: int) -> int:
-        """The prompt block boundary a step ending at `total` tokens saves a state at (0: none)."""
-        bs = self.block_size
-        k = total // bs
-        return k if total % bs == 0 and 0 < k <= len(req.block_hashes) else 0
-
-    def _arrived(self, req: KVRequest) -> int:
-        """The last block boundary of KV that arrived from another engine (a disaggregated decode's
-        `external_tokens`): the prefill engine's state there came with it, as vLLM's connector sends
-        V4's compressor-state window tail and the decode caches loaded blocks (docs/simulate.md)."""
-        return min(req.external_tokens // self.block_size, len(req.block_hashes))
-
     def new_blocks(self, req: KVRequest, total: int) -> list[int]:
         """Blocks each group must take for a running request to hold `total` tokens."""
         rid, n_tok = req.request_id, _cdiv(total, self.block_size)
         out = []
         for g, s in enumerate(self.specs):
-            if s.rule == "state":
-                k = self._boundary(req, total)
-                fresh = k > self.hashed[rid][g] and req.block_hashes[k - 1] not in self.cached_maps[g]
-                out.append(1 if fresh else 0)
+            if s.rule == "state":  # 'align' mode: a page for each block the request's tokens reach
+                out.append(1 if n_tok > self.spos[rid][g][-1] else 0)
             else:
                 out.append(max(0, n_tok - len(self.tables[rid][g])))
         return out
@@ -94,7 +84,8 @@ class GroupBlocks:
         return [R.skipped_tokens(s.rule, s.window, done) // bs for s in self.specs]
 
     def first_blocks(self, hit: int, total: int, skips: list[int]) -> list[int]:
-        """Blocks each group takes at admission after a hit of `hit` blocks (a state: one running)."""
+        """Blocks each group takes at admission after a hit of `hit` blocks (a state: one page, the
+        hit's state held beside it, `shared_blocks`)."""
         n_tok = _cdiv(total, self.block_size)
         return [
             1 if s.rule == "state" else max(0, n_tok - max(hit, k))
@@ -102,15 +93,16 @@ class GroupBlocks:
         ]
 
     def shared_blocks(self, hashes: Sequence[int], hit: int, skips: list[int], full=None) -> list[np.ndarray]:
-        """Each token group's cached blocks a hit of `hit` blocks shares, from its first non-null block
-        (`skips`) on (states are copied, not held); `full`: group 0's, found by the lookup."""
+        """Each group's cached blocks a hit of `hit` blocks shares, from its first non-null block
+        (`skips`) on; a state group the hit's state, held until the request's next step copied it
+        (vLLM's `last_state_block_idx`); `full`: group 0's, found by the lookup."""
         bs, out = self.block_size, []
         for g, s in enumerate(self.specs):
             if g == 0 and full is not None:
                 out.append(np.asarray(full, dtype=np.int64))
                 continue
             if s.rule == "state":
-                out.append(EMPTY)
+                out.append(np.array([self.cached_maps[g][hashes[hit - 1]]], dtype=np.int64) if hit else EMPTY)
                 continue
             idx = R.hit_blocks(s.rule, hit, s.window, bs)
             idx = range(max(idx.start, min(skips[g], hit)), hit)
@@ -129,10 +121,12 @@ class GroupBlocks:
                 c_hi = min(c_hi, (max(lead, 0) // bs + 1) * bs + s.window - 1)
             elif s.rule == "chunked":
                 c_hi = min(c_hi, (computed // s.window + 1) * s.window)
-            elif s.rule == "state":  # saved only at a prompt boundary past the last saved one
-                m = max(self.hashed[rid][g], total // bs) + 1
-                if m <= n_hashes:
-                    t_hi = min(t_hi, m * bs - 1)
+            elif s.rule == "state":  # a new page past the current one's block; the older freed next step
+                pos = self.spos[rid][g]
+                if len(pos) > 1:
+                    c_hi = min(c_hi, computed + 1)
+                m = pos[-1]  # the current page is hashed when the tokens fill its block
+                t_hi = min(t_hi, m * bs - 1 if self.hashed[rid][g] < m <= n_hashes else m * bs)
                 continue
             t_hi = min(t_hi, len(self.tables[rid][g]) * bs)
             if self.hashed[rid][g] < n_hashes:
@@ -144,41 +138,47 @@ class GroupBlocks:
         self, req: KVRequest, hit: int, shared: list[np.ndarray], new: list[int], total: int, skips: list[int]
     ) -> None:
         """Admit a request whose allocation was checked: share, take, cache (`skips`: `first_skips`)."""
-        rid, hashes = req.request_id, req.block_hashes
-        for g, s in enumerate(self.specs):
-            if s.rule == "state" and hit:
-                b = self.cached_maps[g].get(hashes[hit - 1])
-                if b is not None and self.ref[b] == 0:  # a hit state is read (copied): recently used
-                    one = np.array([b], dtype=np.int64)
-                    self.lru.removed(one)
-                    self.lru.add(one)
+        rid = req.request_id
+        for g in range(len(self.specs)):
             if len(shared[g]):
                 self._pin(g, shared[g])
         self._room(sum(n * s.block_bytes for s, n in zip(self.specs, new, strict=True)))
-        tables = []
+        tables, pos, n_tok = [], [], _cdiv(total, self.block_size)
         for g, s in enumerate(self.specs):
-            if s.rule == "state":
-                tables.append(self._take(g, 1))
+            if s.rule == "state":  # the hit's state (if any), then the page this step writes
+                tables.append(np.concatenate((shared[g], self._take(g, 1))))
+                pos.append([hit, n_tok] if hit else [n_tok])
             else:  # null up to the window's start (at or past the hit's), then shared, then fresh
                 head = np.full(skips[g], NULL, dtype=np.int64)
                 tables.append(np.concatenate((head, shared[g], self._take(g, new[g]))))
-        self.tables[rid], self.skip[rid] = tables, list(skips)
+                pos.append([])
+        self.tables[rid], self.skip[rid], self.spos[rid] = tables, list(skips), pos
         self.hashed[rid] = [hit] * len(self.specs)
         self._cache(req, total, fresh_state=True)
 
     def grow(self, req: KVRequest, new: list[int], total: int) -> None:
         """Extend a running request's tables (room was checked), then cache what is full."""
         tables = self.tables[req.request_id]
-        self._room(sum(n * s.block_bytes for s, n in zip(self.specs, new, strict=True) if s.rule != "state"))
+        self._room(sum(n * s.block_bytes for s, n in zip(self.specs, new, strict=True)))
         for g, s in enumerate(self.specs):
-            if new[g] and s.rule != "state":
+            if new[g]:
                 tables[g] = np.concatenate((tables[g], self._take(g, new[g])))
-        self._cache(req, total, fresh_state=False, new=new)
+                if s.rule == "state":
+                    self.spos[req.request_id][g].append(_cdiv(total, self.block_size))
+        self._cache(req, total, fresh_state=False)
 
     def remove_skipped(self, rid: str, num_computed: int) -> None:
-        """Free the blocks a window or chunk has moved past, right to left (vLLM's order)."""
+        """Free the blocks a window or chunk has moved past, right to left (vLLM's order), and a state
+        page the last step copied from (vLLM's `MambaManager.remove_skipped_blocks`)."""
         tables, skips, bs = self.tables[rid], self.skip[rid], self.block_size
         for g, s in enumerate(self.specs):
+            if s.rule == "state":
+                pos = self.spos[rid][g]
+                if len(pos) > 1 and pos[0] < _cdiv(num_computed, bs):
+                    self._unpin(g, tables[g][:1].copy())
+                    tables[g] = tables[g][1:]
+                    del pos[0]
+                continue
             if s.rule != "sliding" and s.rule != "chunked":
                 continue
             t, lo = tables[g], skips[g]
@@ -196,7 +196,7 @@ class GroupBlocks:
         tables = self.tables.pop(rid, None)
         if tables is None:
             return
-        del self.hashed[rid], self.skip[rid]
+        del self.hashed[rid], self.skip[rid], self.spos[rid]
         self.quiet.pop(rid, None)
         for g, t in enumerate(tables):
             if len(t):
@@ -204,27 +204,27 @@ class GroupBlocks:
                 self._unpin(g, arr[arr >= 0])
 
     # -- internals -------------------------------------------------------------------------------
-    def _cache(self, req: KVRequest, total: int, fresh_state: bool, new: list[int] | None = None) -> None:
-        """Give the blocks `total` tokens fill their hashes; save a state at an aligned boundary, or
-        (at admission) at the last boundary of KV that arrived from another engine."""
-        rid = req.request_id
+    def _cache(self, req: KVRequest, total: int, fresh_state: bool) -> None:
+        """Give the blocks `total` tokens fill their hashes; the current state page gets the state at
+        an aligned boundary, or (at admission) at the last boundary of KV that arrived from another
+        engine; a state cached already gets this page as another copy, as vLLM."""
+        rid, bs, n_hashes = req.request_id, self.block_size, len(req.block_hashes)
         tables, hashed = self.tables[rid], self.hashed[rid]
         for g, s in enumerate(self.specs):
             if s.rule != "state":
                 self._cache_tokens(req, g, total)
                 continue
-            k = self._boundary(req, total) or (self._arrived(req) if fresh_state else 0)
+            k = R.state_boundary(total, bs, n_hashes)
+            if not k and fresh_state:  # KV from another engine: its state at the last boundary came
+                k = min(req.external_tokens // bs, n_hashes)  # with it (vLLM's connector; docs/simulate.md)
             if k <= hashed[g]:
                 continue
             hashed[g] = k
-            h = req.block_hashes[k - 1]
-            if h in self.cached_maps[g]:
-                continue  # that state is saved already
-            if not fresh_state and new and new[g]:  # the saved state takes a new block
-                old = int(tables[g][0])
-                tables[g] = self._take(g, 1)
-                self._unref(old)
-            self._store(g, [h], [int(tables[g][0])], req.block_hashes, k - 1, k, req.token_ids)
+            h, b = req.block_hashes[k - 1], int(tables[g][-1])
+            first = self.cached_maps[g].setdefault(h, b)
+            self._store(g, [h], [b], req.block_hashes, k - 1, k, req.token_ids, True, True)
+            if first != b:
+                self.dups[g].setdefault(h, []).append(b)
 
     def _cache_tokens(self, req: KVRequest, g: int, total: int) -> None:
         rid, t = req.request_id, self.tables[req.request_id][g]
@@ -251,16 +251,16 @@ class GroupBlocks:
             hs = hs if type(hs) is list else list(hs)  # a list's slice is a copy already
         bl = seg.tolist()
         got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
-        if got != bl:  # a hash cached already: this copy stays unhashed
-            first = np.fromiter(got, np.int64, len(got))
-            ok = first == seg
-            if g == 0:
-                self.alias[seg[~ok]] = first[~ok]
-            hs, seg, whole = list(compress(hs, ok.tolist())), seg[ok], False
-            bl, h64 = seg.tolist(), None if h64 is None else h64[ok]
         self.hashed[rid][g] = full
         if hs:
             self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole, True, seg, h64)
+        if got != bl:  # a hash cached already: as vLLM, this block is another copy of it (BlockPool.dups)
+            first = np.fromiter(got, np.int64, len(got))
+            copy = first != seg
+            add_copies(self.dups[g], hs, bl, got)
+            if g == 0:
+                self.alias[seg[copy]] = first[copy]
+                self.bh64[seg[copy]] = 0  # the mirror names the block the map gives
 
     def _store(
         self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False, idx=None, h64=None
@@ -322,16 +322,6 @@ class GroupBlocks:
             self.empty_bytes += len(empty) * cost
             self._push_ids(empty)
 
-    def _unref(self, b: int) -> None:
-        self.ref[b] -= 1
-        if self.ref[b] == 0:
-            if self.hashed_blk[b]:
-                self.lru.add(np.array([b], dtype=np.int64))
-                self.evictable_bytes += self.block_cost(b)
-            else:
-                self.empty_bytes += self.block_cost(b)
-                self._push_ids(np.array([b], dtype=np.int64))
-
     def _push_ids(self, ids: np.ndarray) -> None:
         m, k = self._n_ids, len(ids)
         self._ids[m : m + k] = ids
@@ -381,20 +371,31 @@ class GroupBlocks:
         self.hashed_blk[victims] = False
         self.bh64[victims] = 0
         removed: dict[int, list[int]] = {}  # per group present, in group order: its hashes in LRU order
+        gone: dict[int, list[int]] = {}  # of those, the hashes no copy holds any more
         groups, i = self.bgroup[victims], 0
-        hs = self.bhash[victims[groups.argsort(kind="stable")]].tolist()  # stable: LRU order kept
+        order = victims[groups.argsort(kind="stable")]  # stable: LRU order kept
+        hs = self.bhash[order].tolist()
         self.bhash[victims] = None
         for g, k in enumerate(np.bincount(groups).tolist()):
             if k:
                 removed[g], i = hs[i : i + k], i + k
-                deque(map(self.cached_maps[g].__delitem__, removed[g]), 0)
+                gone[g] = self._forget(g, order[i - k : i], removed[g])
         self._push_ids(victims)
         self._epoch += 1
         self.stats.evicted += len(victims)
-        if self._emit is not None:
+        if self._emit is not None:  # one hash a copy, as vLLM
             for g, lst in removed.items():
                 self._emit(BlockRemoved(block_hashes=lst, medium="GPU", group_idx=g))
         if self.hooks is not None:
-            self.hooks.evicted(removed)
+            self.hooks.evicted(gone)
+
+    def _forget(self, g: int, blocks: np.ndarray, hashes: list[int]) -> list[int]:
+        """`hashmap.forget` for group `g`; a copy answering lookups now is named by group 0's mirror."""
+        d = self.cached_maps[g]
+        gone = forget(d, self.dups[g], None, blocks.tolist() if self.dups[g] else [], hashes)
+        if g == 0 and self.mirror and len(gone) < len(hashes):
+            for h in set(hashes).difference(gone):
+                self.bh64[d[h]] = h
+        return gone
 
     check_invariants = check_hybrid  # bytes add up; LRU, maps, tables and the uint64 mirror agree

@@ -3,6 +3,7 @@ block recomputed under a cached hash is another copy: `cached[h]` is the oldest,
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -56,10 +57,14 @@ def add_copies(
 
 
 def drop_copies(
-    cached: dict[int, int], dups: dict[int, list[int]], has: np.ndarray, blocks: list[int], hashes: list[int]
+    cached: dict[int, int],
+    dups: dict[int, list[int]],
+    has: np.ndarray | None,
+    blocks: list[int],
+    hashes: list[int],
 ) -> list[int]:
     """Forget evicted blocks; a hash with other copies stays, its next oldest copy answering lookups
-    (`has` marks it). Returns the hashes no block holds any more."""
+    (`has`, if given, marks it). Returns the hashes no block holds any more."""
     gone = []
     for b, h in zip(blocks, hashes, strict=True):
         others = dups.get(h)
@@ -69,9 +74,25 @@ def drop_copies(
             continue
         if cached[h] == b:
             cached[h] = nxt = others.pop(0)
-            has[nxt] = True
+            if has is not None:
+                has[nxt] = True
         else:
             others.remove(b)
         if not others:
             del dups[h]
     return gone
+
+
+def forget(
+    cached: dict[int, int],
+    dups: dict[int, list[int]],
+    has: np.ndarray | None,
+    blocks: list[int],
+    hashes: list[int],
+) -> list[int]:
+    """Evicted blocks' hashes out of the map: all at once when no hash has copies, else `drop_copies`.
+    Returns the hashes no block holds any more (what the tiers below and the policy hear of)."""
+    if not dups:
+        deque(map(cached.__delitem__, hashes), 0)
+        return hashes
+    return drop_copies(cached, dups, has, blocks, hashes)

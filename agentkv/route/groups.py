@@ -55,7 +55,7 @@ class _Group:
         if self.cached.isdisjoint(hashes):
             self.cached.update(hashes)
             return
-        for h in dict.fromkeys(hashes):
+        for h in hashes:  # a hash twice in one event is two copies
             if h in self.cached:
                 self.copies[h] = self.copies.get(h, 0) + 1
             else:
@@ -65,7 +65,7 @@ class _Group:
         if not self.copies:
             self.cached.difference_update(hashes)
             return
-        for h in dict.fromkeys(hashes):
+        for h in hashes:  # each listed copy goes (agentkv's pools list two copies evicted at once)
             n = self.copies.pop(h, 0)
             if n > 1:
                 self.copies[h] = n - 1

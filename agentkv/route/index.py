@@ -104,7 +104,8 @@ class BlockIndex:
                 s.add(h)
 
     def remove(self, worker: int, hashes: Collection[int], tier: str = GPU) -> None:
-        """`worker` dropped one copy of each of `hashes` from `tier` (hashes it did not hold are ignored)."""
+        """`worker` dropped one copy of each of `hashes` from `tier`, a hash listed twice two copies (vLLM
+        sends one event a block; agentkv's pools one an eviction); hashes it did not hold are ignored."""
         s = self._gpu.get(worker) if tier == GPU else self._lower.get(worker, {}).get(tier)
         if not s:
             return
@@ -112,7 +113,7 @@ class BlockIndex:
         if not extra:
             s.difference_update(hashes)
             return
-        for h in dict.fromkeys(hashes):
+        for h in hashes:
             n = extra.get(h)
             if n is None:
                 s.discard(h)

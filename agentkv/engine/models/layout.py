@@ -62,11 +62,15 @@ def layer_block_bytes(g: LayerGroup, block_size: int, dtype: str, tp: int) -> fl
 def kv_layout(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int = 1) -> tuple[GroupSpec, ...]:
     """The pool's groups for `shape`: one per prefix-cache rule, in vLLM's order (full first)."""
     size = group_size(shape.groups)
+    page = max((layer_block_bytes(g, block_size, dtype, tp) for g in shape.attention_groups), default=0.0)
     bytes_by: dict[tuple[str, int], float] = defaultdict(float)
     names: dict[tuple[str, int], list[str]] = defaultdict(list)
     for g in shape.groups:
         key = (_RULE[g.kind], g.window)
-        bytes_by[key] += layer_block_bytes(g, block_size, dtype, tp) * padded_layers(g, size)
+        layer = layer_block_bytes(g, block_size, dtype, tp)
+        if g.is_state:  # vLLM pads a state's page up to the attention page ("Padding mamba page size")
+            layer = max(layer, page)
+        bytes_by[key] += layer * padded_layers(g, size)
         names[key].append(g.name)
     order = {"full": 0, "sliding": 1, "chunked": 2, "state": 3}
     keys = sorted(bytes_by, key=lambda k: (order[k[0]], k[1]))
