@@ -78,12 +78,9 @@ def _amx_tiles() -> bool:
 # AMX_MLA (32-token blocks, prefix caching on), else with its reference CPU_MLA, which forces 16-token
 # blocks and turns prefix caching off (the test then skips with vLLM's reason).
 # The hybrid (Qwen3-Next: a Gated DeltaNet layer and a full-attention one) gets 96-token blocks, each
-# page a state or a block of attention, and enough of them that little is evicted (NO_EVICTION): with
-# 110, vLLM's 'align' mode held more state pages per running request than agentkv (live 68.21%,
-# agentkv 70.31%; docs/simulate.md), so only its aligned prefix rule is checked live here.
+# page a 96-token attention block or one state (vLLM's 'align' mode); 110 of them evict.
 # The prefill chunk is given explicitly (the CPU build's default) so the simulator can be told the same.
-KIND_BLOCKS = {"sliding-window": 400, "moe": 320, "mla": 320 if _amx_tiles() else 640, "hybrid": 160}
-NO_EVICTION = {"kind-hybrid"}
+KIND_BLOCKS = {"sliding-window": 400, "moe": 320, "mla": 320 if _amx_tiles() else 640, "hybrid": 110}
 KIND_CHUNK = ("--max-num-batched-tokens", "2048")
 KIND_SERVERS = {
     f"kind-{kind}": ServerSpec(
