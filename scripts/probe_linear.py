@@ -15,14 +15,13 @@ state_GBps, model_ms}], "prefill": [{seqs, tokens, heads, mode, layer_ms, tokens
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_long_context import _timeit  # noqa: E402  (the long-context probe's CUDA-event median)
-from probe_moe_mla import _gpu_state, _graphed  # noqa: E402  (CUDA-graph replay, NVML state)
+from probe_moe_mla import _gpu_state, _graphed, run_probe  # noqa: E402  (graph replay, NVML, CLI)
 
 K_HEADS, V_HEADS, DIM = 16, 32, 128
 PART = "qwen3-next-gdn"
@@ -168,28 +167,13 @@ def _measure(quick: bool) -> dict | int:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
-    ap.add_argument("--quick", action="store_true", help="a few points of each kind")
-    ap.add_argument("--compare", metavar="FILE", help="print predicted vs measured for a probe file")
-    args = ap.parse_args()
-    if args.compare:
-        try:
-            _print_compare(args.compare)
-        except (OSError, ValueError, KeyError, TypeError, StopIteration) as e:  # missing or malformed
-            print(
-                f"probe_linear: {args.compare}: not a probe file ({type(e).__name__}: {e})", file=sys.stderr
-            )
-            return 2
-        return 0
-    doc = _measure(args.quick)
-    if isinstance(doc, int):
-        return doc
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    return 0
+    return run_probe(
+        "probe_linear",
+        __doc__,
+        _measure,
+        _print_compare,
+        (OSError, ValueError, KeyError, TypeError, StopIteration),
+    )
 
 
 if __name__ == "__main__":

@@ -230,21 +230,34 @@ def _print_compare(path: str) -> None:
         )
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def run_probe(
+    name: str, doc: str, measure, print_compare, errors=(OSError, ValueError, KeyError, TypeError)
+) -> int:
+    """A GPU probe's command line (shared by the probes): `--compare FILE` prints predicted beside
+    measured on the CPU; else `measure(quick)` (a dict, or an exit code) is printed and kept."""
+    ap = argparse.ArgumentParser(prog=name, description=doc.splitlines()[0])
     ap.add_argument("--out", default=None, help="write the JSON here (default: stdout only)")
     ap.add_argument("--quick", action="store_true", help="a few points of each kind")
     ap.add_argument("--compare", metavar="FILE", help="print predicted vs measured for a probe file")
     args = ap.parse_args()
     if args.compare:
         try:
-            _print_compare(args.compare)
-        except (OSError, ValueError, KeyError, TypeError) as e:  # a missing or malformed probe file
-            print(
-                f"probe_moe_mla: {args.compare}: not a probe file ({type(e).__name__}: {e})", file=sys.stderr
-            )
+            print_compare(args.compare)
+        except errors as e:  # a missing or malformed probe file
+            print(f"{name}: {args.compare}: not a probe file ({type(e).__name__}: {e})", file=sys.stderr)
             return 2
         return 0
+    out = measure(args.quick)
+    if isinstance(out, int):
+        return out
+    text = json.dumps(out, indent=1)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+def _measure(quick: bool) -> dict | int:
     try:
         import torch
     except ImportError:
@@ -253,9 +266,8 @@ def main() -> int:
     if not torch.cuda.is_available():
         print("probe_moe_mla: no CUDA device; nothing measured", file=sys.stderr)
         return 2
-    q = args.quick
-    moe, mla = (MOE_BATCHES[::3], MLA_GRID[::2]) if q else (MOE_BATCHES, MLA_GRID)
-    sparse = SPARSE_GRID[:1] if q else SPARSE_GRID
+    moe, mla = (MOE_BATCHES[::3], MLA_GRID[::2]) if quick else (MOE_BATCHES, MLA_GRID)
+    sparse = SPARSE_GRID[:1] if quick else SPARSE_GRID
     doc = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "gpu_before": _gpu_state()}
     doc["parts"] = {
         PARTS["moe"]: {"decode": probe_moe(torch, moe)},
@@ -263,11 +275,11 @@ def main() -> int:
         PARTS["sparse"]: {"decode": probe_sparse(torch, sparse)},
     }
     doc["gpu_after"] = _gpu_state()
-    text = json.dumps(doc, indent=1)
-    print(text)
-    if args.out:
-        Path(args.out).write_text(text + "\n")
-    return 0
+    return doc
+
+
+def main() -> int:
+    return run_probe("probe_moe_mla", __doc__, _measure, _print_compare)
 
 
 if __name__ == "__main__":

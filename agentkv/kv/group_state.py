@@ -12,7 +12,7 @@ import numpy as np
 from agentkv.kv import group_rules as R
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.kv.group_lru import ByteLRU, grown
-from agentkv.kv.hashmap import add_copies, forget
+from agentkv.kv.hashmap import add_copies, drop_copies
 from agentkv.kv.interface import KVRequest
 from agentkv.kv.invariants import check_hybrid
 
@@ -390,9 +390,9 @@ class GroupBlocks:
             self.hooks.evicted(gone)
 
     def _forget(self, g: int, blocks: np.ndarray, hashes: list[int]) -> list[int]:
-        """`hashmap.forget` for group `g`; a copy answering lookups now is named by group 0's mirror."""
+        """`hashmap.drop_copies` for group `g`; a copy answering lookups now is named by group 0's mirror."""
         d = self.cached_maps[g]
-        gone = forget(d, self.dups[g], None, blocks.tolist() if self.dups[g] else [], hashes)
+        gone = drop_copies(d, self.dups[g], None, blocks.tolist() if self.dups[g] else [], hashes)
         if g == 0 and self.mirror and len(gone) < len(hashes):
             for h in set(hashes).difference(gone):
                 self.bh64[d[h]] = h

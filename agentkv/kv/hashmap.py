@@ -64,7 +64,11 @@ def drop_copies(
     hashes: list[int],
 ) -> list[int]:
     """Forget evicted blocks; a hash with other copies stays, its next oldest copy answering lookups
-    (`has`, if given, marks it). Returns the hashes no block holds any more."""
+    (`has`, if given, marks it). Returns the hashes no block holds any more (what the tiers below
+    and the policy hear of). With no copies anywhere, all at once."""
+    if not dups:
+        deque(map(cached.__delitem__, hashes), 0)
+        return hashes
     gone = []
     for b, h in zip(blocks, hashes, strict=True):
         others = dups.get(h)
@@ -81,18 +85,3 @@ def drop_copies(
         if not others:
             del dups[h]
     return gone
-
-
-def forget(
-    cached: dict[int, int],
-    dups: dict[int, list[int]],
-    has: np.ndarray | None,
-    blocks: list[int],
-    hashes: list[int],
-) -> list[int]:
-    """Evicted blocks' hashes out of the map: all at once when no hash has copies, else `drop_copies`.
-    Returns the hashes no block holds any more (what the tiers below and the policy hear of)."""
-    if not dups:
-        deque(map(cached.__delitem__, hashes), 0)
-        return hashes
-    return drop_copies(cached, dups, has, blocks, hashes)
