@@ -55,7 +55,7 @@ class _Group:
         if self.cached.isdisjoint(hashes):
             self.cached.update(hashes)
             return
-        for h in hashes:  # a hash twice in one event is two copies
+        for h in dict.fromkeys(hashes):  # as BlockIndex.store: a hash repeated in one event counts once
             if h in self.cached:
                 self.copies[h] = self.copies.get(h, 0) + 1
             else:
