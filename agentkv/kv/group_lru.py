@@ -24,13 +24,12 @@ def grown(a: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
 
 
 class ByteLRU:
-    """Least recently freed first. An entry is live while its stamp is the block's latest and the
-    block is unreferenced, so re-using a block (a prefix hit) costs nothing here."""
+    """Least recently freed first. An entry is live while its stamp is the block's latest: a block
+    referenced again (`removed`) has its stamp zeroed, so its old entries retire lazily."""
 
-    def __init__(self, ref: np.ndarray, cost: np.ndarray) -> None:
-        self.ref = ref  # the pool's reference counts (shared array)
+    def __init__(self, cost: np.ndarray) -> None:
         self.cost = cost  # bytes of each block id (the pool keeps it current)
-        self._stamp = np.zeros(len(ref), dtype=np.int64)
+        self._stamp = np.zeros(len(cost), dtype=np.int64)
         self._clock = 1
         self._q: deque[tuple[np.ndarray, np.ndarray]] = deque()
         self._queued = 0
@@ -40,7 +39,7 @@ class ByteLRU:
         return self.n
 
     def _live(self, blocks: np.ndarray, stamps: np.ndarray) -> np.ndarray:
-        return (self._stamp[blocks] == stamps) & (self.ref[blocks] == 0)
+        return self._stamp[blocks] == stamps
 
     def add(self, blocks: np.ndarray) -> None:
         """Blocks just freed, oldest first: they go to the tail."""
@@ -54,13 +53,12 @@ class ByteLRU:
         if self._queued > 4 * len(self._stamp) + 4096:  # as the dense LRU: bounded by the block ids,
             self._compact()  # not by the live entries (few while most cached blocks are in use)
 
-    def grown(self, ref: np.ndarray, cost: np.ndarray) -> None:
+    def grown(self, cost: np.ndarray) -> None:
         """The pool's per-block arrays grew (new ids: never freed)."""
-        self.ref, self.cost, self._stamp = ref, cost, grown(self._stamp, len(ref))
+        self.cost, self._stamp = cost, grown(self._stamp, len(cost))
 
     def removed(self, blocks: np.ndarray) -> None:
-        """`blocks` left the LRU by being referenced again (their entries retire lazily: a zero stamp
-        matches none, so `pop_bytes` reads only the stamps)."""
+        """`blocks` left the LRU by being referenced again (a zero stamp matches no entry)."""
         self._stamp[blocks] = 0
         self.n -= len(blocks)
 
@@ -68,12 +66,12 @@ class ByteLRU:
         """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry), and
         their bytes."""
         q, out, window, freed = self._q, [], 256, 0
-        stamp, cost = self._stamp, self.cost
+        cost = self.cost
         while freed < need and q:
             bl, st = q[0]
             b = bl[:window]
             window *= 2  # a large need takes few windows; a small one looks at few blocks
-            ok = stamp[b] == st[: len(b)]
+            ok = self._live(b, st[: len(b)])
             live = b[ok]
             csum = cost[live].cumsum()
             k = int(csum.searchsorted(need - freed)) + 1  # victims needed from this window
@@ -91,7 +89,7 @@ class ByteLRU:
             self._queued -= cut
             out.append(live)
         victims = (out[0] if len(out) == 1 else np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
-        stamp[victims] = 0
+        self._stamp[victims] = 0
         self.n -= len(victims)
         return victims, freed
 

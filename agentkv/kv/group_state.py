@@ -47,7 +47,7 @@ class GroupBlocks:
         self._n_ids = 0
         self._fresh = 0  # ids from here on were never taken: they come after the freed ones, ascending
         self.bcost = np.zeros(n, dtype=np.int64)
-        self.lru = ByteLRU(self.ref, self.bcost)  # freed cached blocks of every group, oldest first
+        self.lru = ByteLRU(self.bcost)  # freed cached blocks of every group, oldest first
         self.empty_bytes = self.capacity
         self.evictable_bytes = 0
         self.tables: dict[str, list[np.ndarray]] = {}  # per group, int64 block ids (NULL: none)
@@ -360,7 +360,7 @@ class GroupBlocks:
             size = max(f + k, min(2 * len(self.ref), self.max_ids))
             for name in ("ref", "bgroup", "hashed_blk", "bhash", "bh64", "bcost", "_ids", "alias"):
                 setattr(self, name, grown(getattr(self, name), size, NULL if name == "alias" else 0))
-            self.lru.grown(self.ref, self.bcost)
+            self.lru.grown(self.bcost)
         self._fresh = f + k
         return np.arange(f, f + k, dtype=np.int64)
 
