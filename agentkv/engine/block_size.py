@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from agentkv.engine.hardware import get_gpu
 from agentkv.engine.models.catalogue import get_model
 from agentkv.engine.models.groups import GroupKind
+from agentkv.engine.models.layout import attention_page, layer_block_bytes
 from agentkv.engine.models.shape import ModelShape
 from agentkv.errors import UserError
 
@@ -52,10 +53,9 @@ def hybrid_block(
     """vLLM's `_align_hybrid_block_size`: the smallest multiple of max(`kernel`, `block_size`) whose
     attention page (one layer, one rank) holds one layer's Mamba/linear-attention state. `kernel` is the
     attention backend's smallest kernel block (16 on GPUs; vLLM's CPU_ATTN takes multiples of 32)."""
-    attn = max(g.token_bytes(kv_dtype, tp) for g in shape.attention_groups)
-    state = max(g.state_bytes_per_seq(tp) / g.num_layers for g in shape.groups if g.is_state)
+    state = max(layer_block_bytes(g, block_size, kv_dtype, tp) for g in shape.groups if g.is_state)
     align = max(kernel, block_size)
-    return align * math.ceil(state / (align * attn))
+    return align * math.ceil(state / attention_page(shape, align, kv_dtype, tp))
 
 
 def is_mamba_hybrid(shape: ModelShape) -> bool:

@@ -59,10 +59,16 @@ def layer_block_bytes(g: LayerGroup, block_size: int, dtype: str, tp: int) -> fl
     return g.token_bytes(dtype, tp) * block_size
 
 
+def attention_page(shape: ModelShape, block_size: int, dtype: str, tp: int) -> float:
+    """One layer's largest attention page for a block: what vLLM pads a state's page up to, and the
+    page a hybrid model's block size is raised until it holds a state (`block_size.hybrid_block`)."""
+    return max((layer_block_bytes(g, block_size, dtype, tp) for g in shape.attention_groups), default=0.0)
+
+
 def kv_layout(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int = 1) -> tuple[GroupSpec, ...]:
     """The pool's groups for `shape`: one per prefix-cache rule, in vLLM's order (full first)."""
     size = group_size(shape.groups)
-    page = max((layer_block_bytes(g, block_size, dtype, tp) for g in shape.attention_groups), default=0.0)
+    page = attention_page(shape, block_size, dtype, tp)
     bytes_by: dict[tuple[str, int], float] = defaultdict(float)
     names: dict[tuple[str, int], list[str]] = defaultdict(list)
     for g in shape.groups:
@@ -89,7 +95,7 @@ def kv_layout(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int =
 def page_bytes(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int = 1) -> int:
     """vLLM's page, the unit `num_gpu_blocks` counts in: `group_size` layers of the largest page."""
     size = group_size(shape.groups)
-    return int(size * max(layer_block_bytes(g, block_size, dtype, tp) for g in shape.attention_groups))
+    return int(size * attention_page(shape, block_size, dtype, tp))
 
 
 def dense_block_bytes(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int = 1) -> float:
