@@ -223,8 +223,7 @@ class GroupBlocks:
             h, b = req.block_hashes[k - 1], int(tables[g][-1])
             first = self.cached_maps[g].setdefault(h, b)
             self._store(g, [h], [b], req.block_hashes, k - 1, k, req.token_ids, True, True)
-            if first != b:
-                self.dups[g].setdefault(h, []).append(b)
+            add_copies(self.dups[g], [h], [b], [first])
 
     def _cache_tokens(self, req: KVRequest, g: int, total: int) -> None:
         rid, t = req.request_id, self.tables[req.request_id][g]
