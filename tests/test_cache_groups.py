@@ -113,10 +113,11 @@ def test_gpt_oss_cells_are_what_the_engines_hybrid_pool_serves(pages):
     a = _check_engine(OSS, 16, pages, _agents())
     cell, ceiling = a.results[0], a.ceilings[0]
     assert cell.evicted > 0 and 0 < cell.hit_tokens < ceiling.hit_tokens  # eviction cost hits
-    # a full-attention group needs every block, a window only its last ones: the window group alone
-    # keeps more of its hits under eviction, and the ceilings agree (every window block was cached)
-    assert cell.groups[1].hit_tokens > cell.groups[0].hit_tokens
-    assert ceiling.hit_tokens == ceiling.groups[0].hit_tokens == ceiling.groups[1].hit_tokens
+    # as vLLM 0.32, a window group caches only the window before each prompt's replay boundary, so it
+    # is the group that binds: the cell's hits are its hits, under eviction and in the ceiling (a hit
+    # away from an earlier prompt's end is the full group's alone)
+    assert cell.hit_tokens == cell.groups[1].hit_tokens < cell.groups[0].hit_tokens
+    assert ceiling.hit_tokens == ceiling.groups[1].hit_tokens < ceiling.groups[0].hit_tokens
 
 
 @pytest.mark.shared
@@ -161,8 +162,9 @@ def _analyze(capsys, *argv: str) -> dict:
 def test_a_window_only_model_keeps_the_hit_a_full_attention_model_loses(tmp_path, capsys):
     # A (160 tokens), B (unrelated, 128), then C = A's prompt + 40 tokens, in a 14-block pool.
     # Full attention: A's 10 blocks are freed tail first and B evicts 5 of them from the tail: C hits
-    # the 5 left at the head, 80 tokens. A 32-token window: A freed its 8 blocks before the window
-    # as it decoded, B evicts 5 of those, and C finds the 2 blocks before its cut: 160 tokens.
+    # the 5 left at the head, 80 tokens. A 32-token window: A caches only the 2 blocks before its
+    # replay boundary (159 // 16 = 9 blocks: vLLM 0.32's sparse retention), B leaves them, and C
+    # finds them before the cut at 9: 144 tokens.
     a_ids, trace_dir = list(range(1, 11)), tmp_path / "traces"
     turns = [(0.0, 160, a_ids), (1.0, 128, list(range(100, 108))), (2.0, 200, [*a_ids, 20, 21, 22])]
     trace_dir.mkdir()
@@ -175,8 +177,8 @@ def test_a_window_only_model_keeps_the_hit_a_full_attention_model_loses(tmp_path
     assert [(g["rule"], g["window"]) for g in window["kv_groups"]] == [("sliding", 32)]
     assert window["policies"] == ["lru"] and window["results"][0]["num_blocks"] == 14
     lru = next(r for r in full["results"] if r["policy"] == "lru")
-    assert (lru["hit_tokens"], window["results"][0]["hit_tokens"]) == (80, 160)
-    assert window["ceilings"][0]["hit_tokens"] == full["ceilings"][0]["hit_tokens"] == 160
+    assert (lru["hit_tokens"], window["results"][0]["hit_tokens"]) == (80, 144)
+    assert (window["ceilings"][0]["hit_tokens"], full["ceilings"][0]["hit_tokens"]) == (144, 160)
     assert lru["query_tokens"] == window["results"][0]["query_tokens"] == 160 + 128 + 200
 
 
@@ -251,10 +253,10 @@ def test_lfu_keeps_a_prompt_read_three_times_where_lru_lets_it_go(tmp_path, caps
 
 @pytest.mark.shared
 def test_a_cpu_tier_raises_the_hit_rate_on_real_sessions(shared_dir):
-    # 5 GB evicts (both policies lose hits), a 20 GB tier below keeps what the GPU lets go
+    # 3 GB evicts (both policies lose hits), a 20 GB tier below keeps what the GPU lets go
     names = ("trace_0702", "trace_0076")
     traces = load_paths([shared_dir / "traces" / "claude-code" / f"{t}.json.gz" for t in names])
-    runs = [analyze(traces, make_grid("5GB", "64", "lru,lfu", OSS, cpu=cpu)) for cpu in (None, "20GB")]
+    runs = [analyze(traces, make_grid("3GB", "64", "lru,lfu", OSS, cpu=cpu)) for cpu in (None, "20GB")]
     for gpu_only, tiered in zip(runs[0].results, runs[1].results, strict=True):
         assert tiered.tier_hit_tokens["GPU"] > 0 and tiered.tier_hit_tokens["CPU"] > 0
         assert gpu_only.hit_tokens < tiered.hit_tokens <= runs[1].ceilings[0].hit_tokens
@@ -262,21 +264,26 @@ def test_a_cpu_tier_raises_the_hit_rate_on_real_sessions(shared_dir):
 
 
 def test_the_plot_draws_each_groups_own_line(tmp_path):
-    # gpt-oss at two capacities that evict: the window group alone keeps more hits than the model
-    # (its line is drawn, dashed, at its own figures); the ceilings agree, so no ceiling group line
+    # gpt-oss at two capacities that evict: the full-attention group alone keeps more hits than the
+    # model (its line is drawn, dashed, at its own figures); the window group, which caches only the
+    # window before each prompt's replay boundary, binds
     unit = page_bytes(get_model(OSS), 16)
     a = analyze(_agents(), make_grid(f"{1099 * unit},{1599 * unit}", "16", None, OSS))
     series = {s.name: s for s in chart_series(a, 16)}
     cells = sorted(a.results, key=lambda r: r.capacity_bytes)
-    window = series["lru: sliding_window 128 alone"]
-    assert window.dash and window.ys == [100 * r.groups[1].hit_rate for r in cells]
-    assert window.ys > series["lru"].ys == [100 * r.hit_rate for r in cells]
-    for name, g in (("lru: full_attention alone", 0),):  # drawn only where it differs from the model's
+    full = series["lru: full_attention alone"]
+    assert full.dash and full.ys == [100 * r.groups[0].hit_rate for r in cells]
+    assert full.ys > series["lru"].ys == [100 * r.hit_rate for r in cells]
+    for name, g in (("lru: sliding_window 128 alone", 1),):  # drawn only where it differs from the model's
         differs = any(abs(r.groups[g].hit_rate - r.hit_rate) >= 5e-4 for r in cells)
         assert (name in series) == differs
-    assert not [n for n in series if n.startswith("unbounded:")] and "unbounded" in series
+    # unbounded, the window's retention loses a few hits the full-attention group would serve: both drawn
+    assert [n for n in series if n.startswith("unbounded")] == [
+        "unbounded",
+        "unbounded: full_attention alone",
+    ]
     write_plot(a, tmp_path / "chart.svg")
-    assert "lru: sliding_window 128 alone" in (tmp_path / "chart.svg").read_text()
+    assert "lru: full_attention alone" in (tmp_path / "chart.svg").read_text()
 
 
 def test_the_plot_draws_a_state_models_full_group_ceiling(tmp_path):

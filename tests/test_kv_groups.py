@@ -98,9 +98,10 @@ def test_hit_is_what_every_group_serves():
     pool.free("a")
     pool.check_invariants()
     assert pool.get_computed_blocks(a.block_hashes, 41).hit == 10
-    # drop sliding block 9 from the cache: full still has 10, the window needs 8 and 9 before cut 10
-    pool.cached_maps[1].pop(a.block_hashes[9])
-    assert pool.get_computed_blocks(a.block_hashes, 41).hit == 9  # blocks 7, 8 cover the cut at 9
+    # the window group cached only blocks 8 and 9, the window before the prompt's replay boundary
+    assert sorted(pool.cached_maps[1]) == a.block_hashes[8:]
+    pool.cached_maps[1].pop(a.block_hashes[9])  # then no window ends at any cut: no hit at all
+    assert pool.get_computed_blocks(a.block_hashes, 41).hit == 0
 
 
 def test_window_blocks_are_freed_as_decode_advances_and_stay_cached():
@@ -116,7 +117,7 @@ def test_window_blocks_are_freed_as_decode_advances_and_stay_cached():
     assert len(full_t) == 16 and all(b >= 0 for b in full_t)
     live = [b for b in win_t if b >= 0]
     assert len(live) <= R.window_blocks(8, BS) + 1  # only the window (and the block being filled)
-    assert win_t[0] == -1 and len(pool.cached_maps[1]) == 4  # the prompt's window blocks stay cached
+    assert win_t[0] == -1 and sorted(pool.cached_maps[1]) == [1002, 1003]  # the prompt's last window
     assert pool.capacity - pool.available_bytes == (16 + len(live)) * 10
 
 
@@ -148,7 +149,8 @@ def test_shared_pool_evicts_least_recently_freed_across_groups():
     assert pool.allocate_slots(a, 20)
     pool.free("a")
     b = req("b", 5, base=100)
-    assert pool.allocate_slots(b, 20)  # 10 blocks, 5 free: the full group of a (freed first) goes
+    assert pool.allocate_slots(b, 20)  # 10 blocks: a's 3 uncached window blocks and 5 free ones, then
+    # the two oldest cached (a's full-attention tail: its group was freed first)
     assert pool.get_computed_blocks(a.block_hashes, 21).hit == 0
     assert not pool.allocate_slots(req("c", 12, base=200), 48)  # more than the pool
     assert pool.stats.alloc_failures == 1
@@ -157,22 +159,22 @@ def test_shared_pool_evicts_least_recently_freed_across_groups():
     stored = {(e.group_idx, e.kv_cache_spec_kind) for e in events if type(e).__name__ == "BlockStored"}
     assert stored == {(0, "full_attention"), (1, "sliding_window")}
     removed = [e for e in events if type(e).__name__ == "BlockRemoved"]
-    assert [(e.group_idx, e.block_hashes) for e in removed] == [(0, [4, 3, 2, 1, 0])]
+    assert [(e.group_idx, e.block_hashes) for e in removed] == [(0, [4, 3])]
 
 
 def test_one_allocation_evicts_once_for_every_group_oldest_first():
     pool = hybrid([("full", 10), ("sliding", 10, 8)], capacity=200)
-    for rid, base in (("a", 0), ("b", 100)):  # each frees 5 full then 5 window blocks, tails first
+    for rid, base in (("a", 0), ("b", 100)):  # each frees 5 full then 2 cached window blocks, tails first
         assert pool.allocate_slots(req(rid, 5, base=base), 20)
         pool.free(rid)
     pool.take_events()
-    assert pool.allocate_slots(req("c", 3, base=200), 12)  # 3 + 3 blocks: the 6 oldest freed go
+    assert pool.allocate_slots(req("c", 6, base=200), 24)  # 6 + 6 blocks: 6 free, the 6 oldest cached go
     removed = [
         (e.group_idx, e.block_hashes) for e in pool.take_events() if type(e).__name__ == "BlockRemoved"
     ]
     assert removed == [(0, [4, 3, 2, 1, 0]), (1, [4])]  # one eviction, per group, oldest first
     assert pool.get_computed_blocks(req("b", 5, base=100).block_hashes, 21).hit == 5  # b's untouched
-    assert set(pool.cached_maps[1]) == {0, 1, 2, 3, 100, 101, 102, 103, 104, 200, 201, 202}
+    assert set(pool.cached_maps[1]) == {3, 103, 104, 204, 205}  # each prompt's last window
     pool.check_invariants()
 
 
@@ -218,6 +220,34 @@ def test_layout_bytes_per_group_match_hand_calculation():
     assert not is_hybrid(get_model("llama3-8b")) and not is_hybrid(get_model("DeepSeek-V3"))
     assert not is_hybrid(get_model("DeepSeek-V3.2-Exp"))  # latent + indexer keys: one table
     assert is_hybrid(get_model("DeepSeek-V4-Flash")) and is_hybrid(get_model("Llama-4-Scout"))
+
+
+def test_v4s_compressor_buffers_are_window_groups_as_in_vllm():
+    """V4's compressor buffers are vLLM `SlidingWindowMLASpec` groups of 8 (CSA, indexer) and 128 tokens
+    (HCA, sharing the main window's rule): no Mamba state, so no block-aligned prefill chunks; each
+    window group names the finer blocks vLLM runs it on (4, 8 and the main window's 64)."""
+    specs = kv_layout(get_model("DeepSeek-V4-Flash"), 256, "fp8", 2)
+    assert [(s.rule, s.window, s.page_tokens) for s in specs] == [
+        ("full", 0, ()),
+        ("sliding", 8, (4,)),
+        ("sliding", 128, (8, 64)),
+    ]
+    assert specs[1].name == "CSA compressor state + indexer compressor state"
+    assert not engine("DeepSeek-V4-Flash", tensor_parallel_size=2).pool.has_state
+
+
+@pytest.mark.parametrize(
+    ("window", "pages", "done", "cut", "serves"),
+    [
+        (8, (4,), 1026, 1024, True),  # arrived up to 1,026: its window's blocks start at 1,016 = 1,024 - 8
+        (8, (4,), 1027, 1024, False),  # they start at 1,020: tokens 1,016-1,019 are gone
+        (128, (8, 64), 1099, 1024, False),  # 8-token blocks from 968, 64-token from 960: past 896
+        (128, (8, 64), 1030, 1024, True),  # from 896 in both
+        (128, (), 1099, 1024, True),  # the pool's own blocks: nothing finer to check
+    ],
+)
+def test_an_arrived_window_serves_a_cut_only_where_vllms_own_blocks_hold_it(window, pages, done, cut, serves):
+    assert R.arrival_serves(window, pages, done, cut) is serves
 
 
 def engine(model: str, **kw) -> Engine:
@@ -341,7 +371,7 @@ def test_a_recomputed_block_is_another_copy_that_outlives_the_first():
     pool.free("b")
     pool.check_invariants()
     copies = [pool.dups[0][h][0] for h in a.block_hashes]  # b's blocks
-    assert pool.allocate_slots(req("c", 10, base=5000), 40)  # room for 20 blocks: a's copies go first
+    assert pool.allocate_slots(req("c", 11, base=5000), 44)  # 22 blocks: 16 free, a's copies go first
     events = pool.take_events()
     removed = [e.block_hashes for e in events if type(e).__name__ == "BlockRemoved" and e.group_idx == 0]
     assert removed == [a.block_hashes[::-1]]  # one copy of each (a's: the oldest), tail first

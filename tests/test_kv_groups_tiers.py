@@ -65,7 +65,8 @@ def test_a_window_hit_after_gpu_eviction_is_served_from_cpu_with_the_window_rule
     pool = pool_with_cpu([("full", 10), ("sliding", 10, 8)], capacity=250, cpu_bytes=1000)
     a = PoolRequest("a", [100 + i for i in range(10)])
     assert run(pool, a, 41) == (0, 0)
-    run(pool, PoolRequest("b", [500 + i for i in range(10)]), 41)  # pushes a's blocks to the CPU
+    for other in (500, 700):  # two runs push all of a's blocks to the CPU (a run's uncached window
+        run(pool, PoolRequest(f"b{other}", [other + i for i in range(10)]), 41)  # blocks are reused first)
     assert pool.get_computed_blocks(a.block_hashes, 41, count=False).hit == 0
     assert pool.cached_prefix(a.block_hashes) == (0, 10)
     pool.events.clear()
@@ -100,7 +101,8 @@ def test_offloaded_blocks_publish_the_events_vllm_does():
     pool = pool_with_cpu([("full", 10), ("sliding", 10, 8)], capacity=250, cpu_bytes=100)
     run(pool, PoolRequest("a", [100 + i for i in range(10)]), 41)
     pool.events.clear()
-    run(pool, PoolRequest("b", [500 + i for i in range(10)]), 41)
+    for other in (500, 700):  # the second run reaches a's window blocks too
+        run(pool, PoolRequest(f"b{other}", [other + i for i in range(10)]), 41)
     cpu = [e for e in pool.events if e.medium == "CPU"]
     first = next(e for e in cpu if isinstance(e, BlockStored))
     # vLLM's offloading connector: one hash a block, no tokens or parent, its group, no spec kind
@@ -199,23 +201,24 @@ def test_a_cpu_tier_raises_a_hybrid_models_hit_rate_on_real_traces(shared_dir, c
     assert cpu["valid"] and cpu["config"]["engine"]["kv_offloading_size"] == pytest.approx(64e9 / 2**30)
 
 
-def test_a_v4_prompt_whose_rest_after_cpu_hits_is_under_a_block_is_admitted():
-    """A model with a state group cuts prefill chunks on block boundaries, counted from where the
-    chunk starts: after the GPU hits AND the blocks loaded from the CPU tier. A 1,000-token prompt
-    whose 768 tokens come back from CPU leaves 232 to compute, under one 256-token block: a chunk
-    counted from the GPU hits alone was cut to nothing, and the engine stalled with it queued."""
+def test_a_state_models_prompt_whose_rest_after_cpu_hits_is_under_a_block_is_admitted():
+    """A model with a state group (Qwen3-Next) cuts prefill chunks on block boundaries, counted from
+    where the chunk starts: after the GPU hits AND the blocks loaded from the CPU tier. A prompt 24
+    tokens short of 4 blocks whose first 3 come back from CPU leaves under one block to compute: a
+    chunk counted from the GPU hits alone was cut to nothing, and the engine stalled with it queued."""
     from agentkv.engine.config import EngineConfig
     from agentkv.engine.engine import Engine
 
-    e = Engine(  # 80 blocks of 256 tokens on the GPU, 1 GiB of CPU tier
+    e = Engine(  # 80 blocks on the GPU, 1 GiB of CPU tier
         EngineConfig(
-            model="deepseek-v4-flash",
+            model="qwen3-next-80b-a3b",
             tensor_parallel_size=2,
             max_model_len=4096,
             num_gpu_blocks_override=80,
             kv_offloading_size=1.0,
         )
     )
+    bs = e.config.block_size
 
     def serve(rid: str, toks: list[int]) -> None:
         e.add_request(rid, max_tokens=2, token_ids=toks)
@@ -223,10 +226,10 @@ def test_a_v4_prompt_whose_rest_after_cpu_hits_is_under_a_block_is_admitted():
             e.pool.check_invariants()
         assert not e.has_work(), f"{rid}: the engine stalled with {len(e.scheduler.waiting)} queued"
 
-    prompt = list(range(1, 1001))
+    prompt = list(range(1, 4 * bs - 23))
     serve("a", prompt)
-    for k in range(1, 4):  # other prompts push its blocks out of the GPU (into the CPU tier)
+    for k in range(1, 12):  # other prompts push its blocks out of the GPU (into the CPU tier)
         serve(f"fill{k}", list(range(10_000 * k, 10_000 * k + 3000)))
     loaded = e.pool.stats.lower_blocks
     serve("b", prompt)
-    assert e.pool.stats.lower_blocks - loaded == 3  # 768 tokens back from CPU, 232 computed
+    assert e.pool.stats.lower_blocks - loaded == 3  # 3 blocks back from CPU, bs - 24 tokens computed

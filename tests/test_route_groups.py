@@ -100,9 +100,10 @@ def _settled(c: Cluster, w: int) -> tuple[dict, dict]:
 
 def test_router_follows_gpt_oss_full_attention_group(tmp_path):
     """Two real `agentkv serve --model gpt-oss-120b` (full + sliding-window groups) publishing over
-    ZMQ to a real router: after the window group evicts a prompt's early blocks, the index still
+    ZMQ to a real router: after the window group evicts other prompts' blocks, the index still
     equals the worker's full-attention cache, the prompt is routed back to that worker, and the hit
-    the router predicted is the one the worker served (the window's blocks before the cut)."""
+    the router predicted is the one the worker served (the cut at the prompt's replay boundary, where
+    the window group cached the window before it)."""
     serve = ("--model", "gpt-oss-120b", "--num-gpu-blocks-override", "112", "--max-model-len", "768")
     with Cluster(tmp_path, 2, replay=False) as c:
         c.start_workers(time_scale=100, extra=serve)
@@ -117,13 +118,14 @@ def test_router_follows_gpt_oss_full_attention_group(tmp_path):
                 assert time.monotonic() < deadline, f"worker {w}'s events never reached the router"
                 _post(c.worker_url(w), [5 + w] * 32)
                 time.sleep(0.1)
-        prompt = [1000 + i for i in range(512)]  # 32 blocks; the window (128 tokens) keeps the last 8
-        home, _ = _post(c.router_url(), prompt, 4)  # decoding frees the blocks behind the window
+        prompt = [1000 + i for i in range(512)]  # 32 blocks; the window group caches the 8 before 31
+        home, _ = _post(c.router_url(), prompt, 4)
         w = int(home)
         dbg, cache = _settled(c, w)
         assert dbg["workers"][home] == cache and cache["blocks"] == 34
         for k in range(12):  # other prompts straight at that worker, until its window group evicts
             _post(c.worker_url(w), [20000 + 1000 * k + i for i in range(256)])
+            _post(c.worker_url(w), prompt)  # the prompt again: its blocks the most recently freed
             dbg, cache = _settled(c, w)
             assert dbg["workers"][home] == cache  # the index is the full group's cache, exactly
             if dbg["skipped_group_blocks"]["removed"]:
@@ -137,7 +139,7 @@ def test_router_follows_gpt_oss_full_attention_group(tmp_path):
             f"prompt again: worker {again} (home {home}), predicted {predicted:g} blocks, cached {cached} tokens"
         )
         assert again == home and cached > 0
-        assert predicted == cached // 16  # the window group's rule, not the full group's 32 blocks
+        assert predicted == cached // 16 == 31  # the window group's rule, not the full group's 32 blocks
 
 
 def test_newer_vllm_fields_decode_and_removals_follow_the_group():

@@ -60,9 +60,10 @@ def _drive(pool: HybridPool, rng: random.Random, running: dict, i: int) -> tuple
 )
 def test_predicted_hit_equals_the_pools_hit_on_random_event_streams(specs):
     """A real HybridPool's events, as its worker publishes them, feed the router's index; after
-    every step the predicted hit of a random prompt equals the pool's own lookup. Until a state
-    group saves its first state (at a block boundary a prefill chunk ends on, vLLM's 'align'), the
-    worker looks dense (docs/route.md); window and chunk groups store with the full group."""
+    every step the predicted hit of a random prompt equals the pool's own lookup. Until a window
+    group stores its first block (only the window before a prompt's replay boundary is cached) or a
+    state group saves its first state (at a block boundary a prefill chunk ends on, vLLM's 'align'),
+    the worker looks dense (docs/route.md): the full group's prefix, at least the pool's hit."""
     groups = [GroupSpec(*s, event_kind=KIND.get(s[0], "mamba")) for s in specs]
     pool = HybridPool(groups, 900, BS, record_events=True)
     index = TenantIndex(windows={"sliding": 9, "chunked": 16}, block_size=BS)
@@ -75,8 +76,8 @@ def test_predicted_hit_equals_the_pools_hit_on_random_event_streams(specs):
         got = index.find_matches("", hashes, tokens).get(0, Match(0)).gpu
         if index.groups.hybrid:  # else no other group has stored yet: the full prefix, as a dense worker's
             assert got == want, (i, hashes, tokens)
-        elif not any(s[0] == "state" for s in specs):  # attention groups store in the same step's batch
-            assert index.blocks(0) == 0, i  # so the worker looks dense only while it holds nothing
+        else:
+            assert got >= want, (i, hashes, tokens)
         full = index.indexes[""].tier_prefix(0, hashes)
         checked += want > 0
         cut += full > want

@@ -59,7 +59,9 @@ def replay_tiered(pool: BlockPool, requests: Sequence[BlockRequest]) -> tuple[in
         total = r.input_tokens + r.output_tokens
         k = min(limit - n, room - (-(-total // bs) - n))
         m = computed.num_lower = len(pool.match_lower(hs, n, n + k)) if k > 0 else 0
-        if pool.allocate_slots(PoolRequest(rid, hs, r.session), total - (n + m) * bs, n * bs, computed):
+        if pool.allocate_slots(
+            PoolRequest(rid, hs, r.session, prompt_len=r.input_tokens), total - (n + m) * bs, n * bs, computed
+        ):
             lower_hits += m * bs
             pool.free(rid)
         else:

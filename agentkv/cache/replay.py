@@ -67,7 +67,9 @@ def replay(
         n = computed.num_blocks
         ops += n + (n < len(hs))  # hashes probed: the hits and the first miss
         total = r.input_tokens + r.output_tokens
-        if alloc(PoolRequest(rid, hs, r.session), total - n * bs, n * bs, computed):
+        if alloc(
+            PoolRequest(rid, hs, r.session, prompt_len=r.input_tokens), total - n * bs, n * bs, computed
+        ):
             ops += 2 * -(-total // bs)  # blocks shared or allocated, then freed
             if arrays is not None:
                 prev[r.session] = pool.block_table(rid)

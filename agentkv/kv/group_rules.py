@@ -25,6 +25,22 @@ def window_blocks(window: int, block_size: int) -> int:
     return _cdiv(window - 1, block_size)
 
 
+def window_tail(window: int, block_size: int, prompt_len: int) -> tuple[int, int]:
+    """The block range [start, end) a sliding-window group caches of a prompt: the window before its
+    replay boundary (`prompt_len - 1`, block-aligned), all a later request can hit there (vLLM 0.32's
+    `SlidingWindowManager.reachable_block_mask` with `prefix_cache_retention_interval` 0, its default)."""
+    end = (prompt_len - 1) // block_size
+    return max(0, end - window_blocks(window, block_size)), end
+
+
+def arrival_serves(window: int, pages: Sequence[int], done: int, cut: int) -> bool:
+    """Whether a window group whose first `done` tokens arrived from another engine holds the window
+    before `cut` in vLLM's own blocks of each size in `pages`: it took none before the window at
+    `done` (`skipped_tokens`), and a hit at `cut` needs cdiv(window - 1, page) of them before it."""
+    lead = max(0, done - window + 1)
+    return all(lead // p * p <= cut - _cdiv(window - 1, p) * p for p in pages)
+
+
 def full_hit(cached: dict, hashes: Sequence[int], limit: int) -> int:
     """Full attention (and MLA): every block from the first, left to right until a miss."""
     return len(gallop(cached.get, hashes, limit))

@@ -24,6 +24,11 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _prompt_len(req: KVRequest, block_size: int) -> int:
+    """The request's prompt tokens (a request that does not say: its full blocks and a partial one)."""
+    return getattr(req, "prompt_len", 0) or len(req.block_hashes) * block_size + 1
+
+
 class GroupBlocks:
     """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `block_size`,
     `capacity`, `stats`, `_emit` and `hooks` (told of stores and evictions: the eviction policy's
@@ -153,7 +158,12 @@ class GroupBlocks:
                 tables.append(np.concatenate((head, shared[g], self._take(g, new[g]))))
                 pos.append([])
         self.tables[rid], self.skip[rid], self.spos[rid] = tables, list(skips), pos
-        self.hashed[rid] = [hit] * len(self.specs)
+        self.hashed[rid] = hashed = [hit] * len(self.specs)
+        ext, bs = req.external_tokens, self.block_size
+        if ext > hit * bs:  # arrived KV: vLLM's finer window blocks may not hold the window at its last cut
+            for g, s in enumerate(self.specs):
+                if s.page_tokens and not R.arrival_serves(s.window, s.page_tokens, ext, ext // bs * bs):
+                    hashed[g] = ext // bs  # none of the arrived blocks is cached
         self._cache(req, total, fresh_state=True)
 
     def grow(self, req: KVRequest, new: list[int], total: int) -> None:
@@ -232,6 +242,12 @@ class GroupBlocks:
         full = min(total // self.block_size, len(hashes), len(t))
         if full <= lo:
             return
+        self.hashed[rid][g] = full
+        if self.specs[g].rule == "sliding":  # only the window a later request can hit is cached
+            a, e = R.window_tail(self.specs[g].window, self.block_size, _prompt_len(req, self.block_size))
+            lo, full = max(lo, a), min(full, e)
+            if full <= lo:
+                return
         d = self.cached_maps[g]
         seg = t[lo:full]
         arr = getattr(req, "hash_array", None)  # the same hashes as uint64: filtered and stored in bulk
@@ -250,7 +266,6 @@ class GroupBlocks:
             hs = hs if type(hs) is list else list(hs)  # a list's slice is a copy already
         bl = seg.tolist()
         got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
-        self.hashed[rid][g] = full
         if hs:
             self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole, True, seg, h64)
         if got != bl:  # a hash cached already: as vLLM, this block is another copy of it (BlockPool.dups)

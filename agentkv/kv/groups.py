@@ -39,13 +39,16 @@ from agentkv.kv.interface import ComputedBlocks, KVRequest, PoolStats
 @dataclass(frozen=True, slots=True)
 class GroupSpec:
     """One group of the pool: its prefix-cache rule, the bytes one of its blocks takes (all its
-    layers), its window or chunk in tokens, and the `kv_cache_spec_kind` its events carry."""
+    layers), its window or chunk in tokens, and the `kv_cache_spec_kind` its events carry.
+    `page_tokens`: DeepSeek-V4's window groups run on 64-, 8- and 4-token blocks in vLLM; a window
+    that arrived from another engine serves a hit only where those finer blocks hold it."""
 
     rule: str
     block_bytes: int
     window: int = 0
     name: str = ""
     event_kind: str = "full_attention"
+    page_tokens: tuple[int, ...] = ()  # vLLM's own block sizes for its layers, where finer than the pool's
 
     def __post_init__(self) -> None:
         if self.rule not in R.RULES:

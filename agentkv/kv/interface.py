@@ -18,6 +18,7 @@ class KVRequest(Protocol):
     session_id: object  # for session-aware eviction policies
     token_ids: Sequence[int] | None  # fill BlockStored events when given
     external_tokens: int  # leading prompt tokens whose KV arrived from another engine (disaggregated decode)
+    prompt_len: int  # the prompt's tokens (0: not known, taken as its full blocks and a partial one)
 
 
 @dataclass(slots=True)
@@ -29,6 +30,7 @@ class PoolRequest:
     session_id: object = None
     token_ids: Sequence[int] | None = None
     external_tokens: int = 0
+    prompt_len: int = 0
 
 
 @dataclass(slots=True)

@@ -15,7 +15,7 @@ an upper bound. Events without a group (`group_idx` nil: older vLLM, SGLang, off
 as before; a group without a kind counts as full attention when it is group 0 (a dense model).
 A store whose kind contradicts what its group reported first, or of a kind without a prefix rule,
 is refused and counted. Groups are learned from their stores (vLLM announces none up front): a
-state group's worker looks dense until its first saved state (docs/route.md).
+window or state group's worker looks dense until that group's first store (docs/route.md).
 """
 
 from __future__ import annotations

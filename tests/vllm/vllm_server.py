@@ -80,7 +80,7 @@ def _amx_tiles() -> bool:
 # The hybrid (Qwen3-Next: a Gated DeltaNet layer and a full-attention one) gets 96-token blocks, each
 # page a 96-token attention block or one state (vLLM's 'align' mode); 110 of them evict.
 # The prefill chunk is given explicitly (the CPU build's default) so the simulator can be told the same.
-KIND_BLOCKS = {"sliding-window": 400, "moe": 320, "mla": 320 if _amx_tiles() else 640, "hybrid": 110}
+KIND_BLOCKS = {"sliding-window": 360, "moe": 320, "mla": 320 if _amx_tiles() else 640, "hybrid": 110}
 KIND_CHUNK = ("--max-num-batched-tokens", "2048")
 KIND_SERVERS = {
     f"kind-{kind}": ServerSpec(

@@ -15,6 +15,7 @@ from agentkv.engine.models.shape import ModelShape, MoE
 
 MLA, SLIDING, STATE = GroupKind.MLA, GroupKind.SLIDING, GroupKind.STATE
 V32_FP8_ENTRY = 656  # FlashMLA sparse fp8_ds_mla: 512 fp8 NoPE + 16 scale bytes + 64 bf16 RoPE
+V4_SWA_BLOCK = 64  # vLLM's DeepseekV4SWACache block size (the window's own blocks, not the engine's 256)
 V4_RATIOS = (0, 1, 4, 128)  # 0/1: window only; 4: compressed sparse (CSA, with an indexer); 128: heavy (HCA)
 
 
@@ -85,11 +86,30 @@ def read_deepseek(f: Fields) -> ModelShape:
     )
 
 
+def compressor_window(ratio: int) -> int:
+    """Tokens a V4 compressor buffers: coff x ratio (coff 2 when windows overlap, at ratio 4), the
+    `sliding_window` of vLLM's CompressorStateCache."""
+    return (2 if ratio == 4 else 1) * ratio
+
+
 def compressor_state_bytes(ratio: int, dim: int) -> int:
-    """A V4 compressor's buffer per layer per sequence: fp32 KV and score states of 2 x coff x dim for the
-    last coff x ratio tokens (coff 2 when windows overlap, at ratio 4), as vLLM's CompressorStateCache."""
+    """A V4 compressor's buffer per layer per sequence: fp32 KV and score states of 2 x coff x dim for
+    each of its `compressor_window` tokens, as vLLM's CompressorStateCache."""
     coff = 2 if ratio == 4 else 1
-    return coff * ratio * 2 * coff * dim * 4
+    return compressor_window(ratio) * 2 * coff * dim * 4
+
+
+def _compressor(layers: tuple[int, ...], ratio: int, dim: int, label: str) -> LayerGroup:
+    """A compressor's buffer: a state vLLM keeps as a sliding window of `compressor_window` tokens, in
+    blocks of 4 (ratio 4) or 8 tokens (ratio 128), whose pages match the compressed cache's."""
+    return LayerGroup(
+        STATE,
+        layers,
+        state_bytes=compressor_state_bytes(ratio, dim),
+        window=compressor_window(ratio),
+        page_tokens=4 if ratio == 4 else 8,
+        label=label,
+    )
 
 
 def _v4_groups(f: Fields, layers: int, head_dim: int, rope: int, ratios: list[int]) -> list[LayerGroup]:
@@ -108,6 +128,7 @@ def _v4_groups(f: Fields, layers: int, head_dim: int, rope: int, ratios: list[in
             1,
             window=f.num("sliding_window"),
             fp8_entry_bytes=fp8,
+            page_tokens=V4_SWA_BLOCK,
             label="sliding window",
         )
     ]
@@ -124,21 +145,15 @@ def _v4_groups(f: Fields, layers: int, head_dim: int, rope: int, ratios: list[in
                 fixed_entry_bytes=indexer_entry_bytes(idx_dim),
                 label="CSA indexer keys 1/4",
             ),
-            LayerGroup(
-                STATE, csa, state_bytes=compressor_state_bytes(4, head_dim), label="CSA compressor state"
-            ),
-            LayerGroup(
-                STATE, csa, state_bytes=compressor_state_bytes(4, idx_dim), label="indexer compressor state"
-            ),
+            _compressor(csa, 4, head_dim, "CSA compressor state"),
+            _compressor(csa, 4, idx_dim, "indexer compressor state"),
         ]
     if hca:
         groups += [
             LayerGroup(
                 MLA, hca, 1, head_dim, 1, compress=128, fp8_entry_bytes=fp8, label="HCA compressed 1/128"
             ),
-            LayerGroup(
-                STATE, hca, state_bytes=compressor_state_bytes(128, head_dim), label="HCA compressor state"
-            ),
+            _compressor(hca, 128, head_dim, "HCA compressor state"),
         ]
     return groups
 

@@ -34,7 +34,7 @@ class LayerGroup:
     kv_heads: int = 1  # heads cached per entry: split over TP ranks, replicated when fewer than ranks
     head_dim: int = 0  # elements per head
     vectors: int = 2  # vectors per head per entry: 2 (K and V), 1 (an MLA latent, an indexer key)
-    window: int = 0  # SLIDING: the window in tokens; CHUNKED: the chunk size
+    window: int = 0  # SLIDING: the window in tokens; CHUNKED: the chunk size; STATE: see `is_window_state`
     compress: int = 1  # tokens per cached entry (DeepSeek-V4's compressed caches keep one per 4 or 128)
     fp8_entry_bytes: int = (
         0  # vLLM's fp8 layout of one entry when it is not `dims x 1 byte` (scales, bf16 RoPE)
@@ -42,6 +42,7 @@ class LayerGroup:
     fixed_entry_bytes: int = 0  # one entry's bytes whatever the KV dtype (indexer keys: fp8 plus a scale)
     state_bytes: int = 0  # STATE: bytes per layer per sequence at tp=1
     state_heads: int = 1  # STATE: heads the state splits over under TP (1: replicated)
+    page_tokens: int = 0  # vLLM's block size for this group when not the engine's (V4: 64, 8, 4)
     label: str = ""
 
     def __post_init__(self) -> None:
@@ -70,6 +71,13 @@ class LayerGroup:
     @property
     def is_state(self) -> bool:
         return self.kind is GroupKind.STATE
+
+    @property
+    def is_window_state(self) -> bool:
+        """A state vLLM keeps as its last `window` tokens in a sliding-window group (DeepSeek-V4's
+        compressor buffers, `SlidingWindowMLASpec`): cached and hit by the window rule, not saved at
+        block boundaries as a Mamba state is."""
+        return self.is_state and self.window > 0
 
     def entry_bytes(self, dtype: str = "bf16", tp: int = 1) -> float:
         """Bytes of one cached entry of one layer on one TP rank (0 for a state group)."""
@@ -125,9 +133,9 @@ class LayerGroup:
         if cut < 0 or block_size < 1:
             raise ValueError("cut must be >= 0 and block_size >= 1")
         end = -(-cut // block_size)
-        if self.is_state:
+        if self.is_state and not self.window:
             return range(0)
-        if self.kind is GroupKind.SLIDING:
+        if self.kind is GroupKind.SLIDING or self.is_state:
             lo = max(0, cut - (self.window - 1))
         elif self.kind is GroupKind.CHUNKED:
             lo = cut // self.window * self.window
@@ -143,5 +151,9 @@ class LayerGroup:
             GroupKind.MLA: "every block before the cut",
             GroupKind.SLIDING: f"the blocks covering the last {self.window} tokens before the cut",
             GroupKind.CHUNKED: f"the blocks of the current {self.window}-token chunk",
-            GroupKind.STATE: "a constant state saved at the cut",
+            GroupKind.STATE: (
+                f"a state kept as its last {self.window} tokens, the window's blocks before the cut"
+                if self.window
+                else "a constant state saved at the cut"
+            ),
         }[self.kind]

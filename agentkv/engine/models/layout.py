@@ -3,8 +3,8 @@
 groups of `group_size` layers (the fewest layers any spec has, or the most when they are within
 1.25x), a spec short of a multiple padded up; one shared pool of pages.
 
-Groups that share a prefix-cache rule (full attention and MLA at any compression ratio; one window;
-one chunk; states) share a block table, so they become one `GroupSpec` whose block costs the sum of
+Groups that share a prefix-cache rule (full attention and MLA at any compression ratio; one window,
+DeepSeek-V4's compressor buffers among them; one chunk; states) share a block table, so they become one `GroupSpec` whose block costs the sum of
 their (padded) bytes. A model whose groups all keep every block (full attention, MLA) has no layout:
 the engine keeps its single-table `BlockPool`.
 """
@@ -71,13 +71,16 @@ def kv_layout(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int =
     page = attention_page(shape, block_size, dtype, tp)
     bytes_by: dict[tuple[str, int], float] = defaultdict(float)
     names: dict[tuple[str, int], list[str]] = defaultdict(list)
+    pages: dict[tuple[str, int], set[int]] = defaultdict(set)
     for g in shape.groups:
-        key = (_RULE[g.kind], g.window)
+        key = ("sliding" if g.is_window_state else _RULE[g.kind], g.window)  # V4's compressors: windows
         layer = layer_block_bytes(g, block_size, dtype, tp)
         if g.is_state:  # vLLM pads a state's page up to the attention page ("Padding mamba page size")
             layer = max(layer, page)
         bytes_by[key] += layer * padded_layers(g, size)
         names[key].append(g.name)
+        if g.page_tokens and g.page_tokens < block_size:
+            pages[key].add(g.page_tokens)
     order = {"full": 0, "sliding": 1, "chunked": 2, "state": 3}
     keys = sorted(bytes_by, key=lambda k: (order[k[0]], k[1]))
     return tuple(
@@ -87,6 +90,7 @@ def kv_layout(shape: ModelShape, block_size: int, dtype: str = "bf16", tp: int =
             window=w,
             name=" + ".join(names[(rule, w)]),
             event_kind=_EVENT_KIND[rule],
+            page_tokens=tuple(sorted(pages[(rule, w)])),
         )
         for rule, w in keys
     )
