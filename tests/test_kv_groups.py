@@ -121,6 +121,26 @@ def test_window_blocks_are_freed_as_decode_advances_and_stay_cached():
     assert pool.capacity - pool.available_bytes == (16 + len(live)) * 10
 
 
+def test_a_window_caches_its_tail_at_a_shared_prefixs_junction():
+    """Three 14-block prompts share 10 blocks. A caches its window (2 blocks) only before its replay
+    boundary (13); B finds the 10 in the full group but not the window before them, hits 0, and
+    caches that window too (vLLM's `shared_prefix_boundary`); C hits 10. Checked live in
+    tests/vllm/test_vllm_kinds.py."""
+    pool = hybrid([("full", 10), ("sliding", 10, 8)], capacity=100_000)
+    hits = []
+    for k in (100, 200, 300):
+        r = PoolRequest(f"r{k}", [*range(10), *range(k, k + 4)], prompt_len=56)
+        c = pool.get_computed_blocks(r.block_hashes, 56)
+        assert c.longest == (10 if k == 200 else 0)  # the full group alone went further
+        assert pool.allocate_slots(r, 56 - c.hit * BS, c.hit * BS, c)
+        hits.append(c.hit)
+        pool.free(r.request_id)
+        pool.check_invariants()
+    assert hits == [0, 0, 10]
+    assert sorted(pool.cached_maps[1]) == [8, 9, 101, 102, 201, 202, 301, 302]  # blocks 11-12: before 13
+    assert not pool.junction  # dropped with the request
+
+
 def test_state_group_keeps_one_state_and_saves_aligned_cuts():
     """vLLM's 'align' mode: a page for each block the tokens reach, the state at each chunk's aligned
     end cached; the page a step read from is held until the request's next step."""

@@ -33,6 +33,17 @@ def window_tail(window: int, block_size: int, prompt_len: int) -> tuple[int, int
     return max(0, end - window_blocks(window, block_size)), end
 
 
+def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Block ranges [start, end) in order, those that overlap or touch made one (each block once)."""
+    out: list[tuple[int, int]] = []
+    for a, e in sorted(ranges):
+        if out and a <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((a, e))
+    return out
+
+
 def arrival_serves(window: int, pages: Sequence[int], done: int, cut: int) -> bool:
     """Whether a window group whose first `done` tokens arrived from another engine holds the window
     before `cut` in vLLM's own blocks of each size in `pages`: it took none before the window at

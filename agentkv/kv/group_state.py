@@ -61,6 +61,9 @@ class GroupBlocks:
         # per request, per state group: the page count vLLM's table had when each held page was taken
         # (a page at index p - 1 gets the state after p blocks); [] for the other groups
         self.spos: dict[str, list[list[int]]] = {}
+        # per request: the full-attention group's longer prefix at its lookup, in blocks, where the
+        # other groups served less (vLLM's `shared_prefix_boundary`: a window caches its tail there)
+        self.junction: dict[str, int] = {}
         # per request: (computed from, computed below, total up to) where an allocation changes nothing
         self.quiet: dict[str, tuple[int, int, int]] = {}
         self._epoch = getattr(self, "_epoch", 0)
@@ -208,6 +211,7 @@ class GroupBlocks:
             return
         del self.hashed[rid], self.skip[rid], self.spos[rid]
         self.quiet.pop(rid, None)
+        self.junction.pop(rid, None)
         for g, t in enumerate(tables):
             if len(t):
                 arr = t[::-1]
@@ -237,17 +241,29 @@ class GroupBlocks:
 
     def _cache_tokens(self, req: KVRequest, g: int, total: int) -> None:
         rid, t = req.request_id, self.tables[req.request_id][g]
-        hashes = req.block_hashes
         lo = self.hashed[rid][g]
-        full = min(total // self.block_size, len(hashes), len(t))
+        full = min(total // self.block_size, len(req.block_hashes), len(t))
         if full <= lo:
             return
         self.hashed[rid][g] = full
-        if self.specs[g].rule == "sliding":  # only the window a later request can hit is cached
-            a, e = R.window_tail(self.specs[g].window, self.block_size, _prompt_len(req, self.block_size))
-            lo, full = max(lo, a), min(full, e)
-            if full <= lo:
-                return
+        if self.specs[g].rule != "sliding":
+            self._cache_range(req, g, lo, full)
+            return
+        # a window caches only what a later request can hit: the window before the prompt's replay
+        # boundary, and before the prefix the full-attention group alone found (vLLM's junction)
+        bs, w = self.block_size, self.specs[g].window
+        tails = [R.window_tail(w, bs, _prompt_len(req, bs))]
+        if j := self.junction.get(rid):
+            tails = R.merge_ranges([*tails, R.window_tail(w, bs, j * bs + 1)])
+        for a, e in tails:
+            if max(lo, a) < min(full, e):
+                self._cache_range(req, g, max(lo, a), min(full, e))
+
+    def _cache_range(self, req: KVRequest, g: int, lo: int, full: int) -> None:
+        """Cache group `g`'s blocks [lo, full) of `req` (the table's nulls skipped): hashes stored, a
+        hash cached already recorded as another copy."""
+        rid, t = req.request_id, self.tables[req.request_id][g]
+        hashes = req.block_hashes
         d = self.cached_maps[g]
         seg = t[lo:full]
         arr = getattr(req, "hash_array", None)  # the same hashes as uint64: filtered and stored in bulk

@@ -62,9 +62,11 @@ class GroupSpec:
 @dataclass(slots=True)
 class HybridComputed(ComputedBlocks):
     """A lookup's answer: `blocks` the first (full-attention) group's hit blocks, else a range of the
-    hit's length; `hit` in blocks."""
+    hit's length; `hit` in blocks; `longest` the full-attention group's own hit where longer (vLLM's
+    shared-prefix junction, else 0)."""
 
     hit: int = 0
+    longest: int = 0
 
 
 class HybridPool(GroupLower, GroupBlocks, EventLog):
@@ -157,7 +159,12 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
             found = self._full_prefix(block_hashes, limit, hint, hash_array)
             full = len(found)
         hit = self.longest_hit(block_hashes, limit, full)
-        computed = HybridComputed(found[:hit] if full is not None else range(hit), self._epoch, hit=hit)
+        computed = HybridComputed(
+            found[:hit] if full is not None else range(hit),
+            self._epoch,
+            hit=hit,
+            longest=full if full is not None and full > hit else 0,
+        )
         if count:
             self.touch(block_hashes, computed.blocks)
             queries = num_tokens if num_tokens is not None else len(block_hashes) * self.block_size
@@ -244,7 +251,12 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         if quiet is not None and quiet[0] <= num_computed_tokens < quiet[1] and total <= quiet[2]:
             return True  # no block to free, take or cache (most decode steps)
         if rid not in self.tables:
+            longest = getattr(computed, "longest", 0)
+            if longest:  # where a window caches its tail too (vLLM's shared-prefix junction)
+                self.junction[rid] = longest
             ok = self._admit(req, num_new_tokens, num_computed_tokens, computed)
+            if not ok and longest:
+                del self.junction[rid]
         else:
             self.remove_skipped(rid, num_computed_tokens)
             new = self.new_blocks(req, total)

@@ -18,6 +18,9 @@ import pytest
 from vllm_runs import live_and_simulated
 from vllm_server import KIND_SERVERS, VllmServer
 
+from agentkv.trace.formats.agentx import write_agentx
+from agentkv.trace.model import Request, Session, Trace
+
 pytestmark = pytest.mark.vllm
 
 # vLLM's reason, as it logs it: the exception that stopped it, or its notice that prefix caching is off
@@ -64,4 +67,30 @@ def test_simulated_hit_rate_matches_live_vllm_per_kind(kind_server, trimmed_trac
         f"{len(live.records)} requests, {cfg['num_gpu_blocks']} blocks of {cfg['block_size']}: live vLLM "
         f"hit rate {live_rate:.4%}, agentkv simulate {sim_rate:.4%} "
         f"(diff {100 * (sim_rate - live_rate):+.2f} pt); unbounded ceiling {ceiling:.2%}"
+    )
+
+
+@pytest.mark.parametrize("kind_server", ["kind-sliding-window"], indirect=True)
+def test_a_window_caches_its_tail_where_a_shared_prefix_ends(kind_server, tmp_path, figures):
+    """Three prompts share 40 blocks (32 tokens each) and diverge after them. The first caches its
+    window only before its own end; the second finds the 40 blocks in the full-attention group but
+    not the window before them, so it hits nothing, and vLLM 0.32 keeps its window tail at that
+    junction (`shared_prefix_boundary`); the third hits all 40. agentkv simulates the same."""
+    cfg = kind_server.cache_config()
+    bs = int(cfg["block_size"])
+    shared = list(range(1, 41))
+    reqs = [
+        Request(t=0.0, input_tokens=50 * bs, output_tokens=4, hash_ids=[*shared, *range(k, k + 10)])
+        for k in (1000, 2000, 3000)
+    ]
+    trace = write_agentx(
+        Trace(id="junction", block_size=bs, session=Session(id="junction", requests=reqs), format="agentx"),
+        tmp_path / "junction.json",
+    )
+    live, sim = live_and_simulated(kind_server, trace, tmp_path / "bench")
+    assert [r.cached_tokens for r in live.records] == [0, 0, 40 * bs]
+    assert sim["cache"]["reported"] == live.hit_rate
+    figures["window junction (kind-sliding-window)"] = (
+        f"3 prompts sharing 40 blocks of {bs}: live cached {[r.cached_tokens for r in live.records]}, "
+        f"hit rate {live.hit_rate:.4%}; agentkv simulate {sim['cache']['reported']:.4%}"
     )
