@@ -143,3 +143,19 @@ def test_predict_reads_first_tokens_made_together_through_the_queue() -> None:
         0: 0.0,
         1: 0.0,
     }
+
+
+def test_the_first_token_delays_streams_fit_the_servers_context() -> None:
+    """A slow pilot (a busy host: 2 s to the first token, 1 ms steps) wants the delay's beside-streams
+    to decode for thousands of tokens; they stay within the server's max_model_len with their context
+    (uncapped, a 4,096-token server was asked for 4,641 tokens and calibrate failed in CI)."""
+    from agentkv.calib.probes import PILOT_NEW
+    from agentkv.calib.run import lag_beside, lag_wall_s
+
+    slow = (2.0, 0.001)
+    assert lag_beside(slow, 1.0).out + PILOT_NEW > 4096  # what the plan wants
+    capped = lag_beside(slow, 1.0, 4096)
+    assert capped.ctx + capped.out == 4096
+    assert lag_wall_s(slow, 1.0, 4096) < lag_wall_s(slow, 1.0)
+    fast = (0.02, 0.01)
+    assert lag_beside(fast, 1.0, 4096).out == lag_beside(fast, 1.0).out  # room enough: unchanged

@@ -44,20 +44,24 @@ LAG_N = 2  # streams decoding beside each first-token delay request (bench's lan
 CURVE_SHARE = 0.15  # of the budget, at most, kept apart for the front end's curve (`FrontEndCurve`)
 
 
-def lag_wall_s(speed: tuple[float, float], time_scale: float) -> float:
+def lag_wall_s(speed: tuple[float, float], time_scale: float, max_len: int | None = None) -> float:
     """Planning estimate of the first-token delay's wall seconds (`FirstTokenLag`) from the pilot's
     (TTFT, decode step) in engine seconds: the budget keeps this much for it apart from the probes."""
-    beside = lag_beside(speed, time_scale)
+    beside = lag_beside(speed, time_scale, max_len)
     once = 2 * (beside.lead_s + beside.out * speed[1] / time_scale) + (1 + LAG_N) * 2 * REQUEST_WALL_S
     return LAG_PAIRS * once
 
 
-def lag_beside(speed: tuple[float, float], time_scale: float) -> Probe:
+def lag_beside(speed: tuple[float, float], time_scale: float, max_len: int | None = None) -> Probe:
     """The LAG_N streams (PILOT_NEW context) each first-token delay request is sent beside, from the
-    pilot's (TTFT, step) in engine seconds: decoding when it is sent, still decoding when it ends."""
+    pilot's (TTFT, step) in engine seconds: decoding when it is sent, still decoding when it ends.
+    Their output stays within `max_len` (a slow pilot on a busy host once asked a 4,096-token server
+    for 4,641 tokens, and calibrate failed)."""
     ttft, step = speed
     lead = (LAG_N * ttft + 4 * step) / time_scale + LAG_N * ARRIVAL_WALL_S
     out = 8 + 2 * PILOT_OUT + int((lead * time_scale + 2 * ttft) / max(step, 1e-9))
+    if max_len is not None:
+        out = max(1, min(out, max_len - PILOT_NEW))
     return Probe("loaded_ttft", new=PILOT_NEW, n=LAG_N, ctx=PILOT_NEW, out=out, lead_s=lead)
 
 
@@ -220,7 +224,9 @@ async def calibrate(args: argparse.Namespace) -> int:
                 split_wall_s(speed, t.time_scale, max_len) if split else 0
             )
             keep = min(keep, CURVE_SHARE * budget)
-            end = deadline - min(lag_wall_s(speed, t.time_scale) + keep, budget / 2)  # both: half at most
+            end = deadline - min(
+                lag_wall_s(speed, t.time_scale, max_len) + keep, budget / 2
+            )  # both: half at most
             full = make_plan(max_len, bs, t.chunk, kv_tokens) + floor
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
@@ -228,7 +234,7 @@ async def calibrate(args: argparse.Namespace) -> int:
                 est = sum(est_wall_s(t, p, args.repeats, slow) for p in plan)
                 print(f"plan: {len(plan)} of {len(full)} probes, about {est:.0f} s", file=sys.stderr)
             # a pair (a round) after each round of the probes, the rest after
-            delay = FirstTokenLag(beside=lag_beside(speed, t.time_scale))
+            delay = FirstTokenLag(beside=lag_beside(speed, t.time_scale, max_len))
             extras = (curve,) if split is None else (curve, split)
             error = await _run_with_bar(prober, plan, args, end, delay, extras)
             error = error or await extra_pairs(prober, named_extras(delay, extras), deadline)
