@@ -53,11 +53,7 @@ def hybrid_block(
     """vLLM's `_align_hybrid_block_size`: the smallest multiple of max(`kernel`, `block_size`) whose
     attention page (one layer, one rank) holds one layer's Mamba/linear-attention state. `kernel` is the
     attention backend's smallest kernel block (16 on GPUs; vLLM's CPU_ATTN takes multiples of 32)."""
-    state = max(
-        layer_block_bytes(g, block_size, kv_dtype, tp)
-        for g in shape.groups
-        if g.is_state and not g.is_window_state
-    )
+    state = max(layer_block_bytes(g, block_size, kv_dtype, tp) for g in shape.groups if g.is_mamba_state)
     align = max(kernel, block_size)
     return align * math.ceil(state / attention_page(shape, align, kv_dtype, tp))
 
@@ -65,7 +61,7 @@ def hybrid_block(
 def is_mamba_hybrid(shape: ModelShape) -> bool:
     """A model vLLM treats as hybrid (attention plus Mamba-style states): a state group that is not a
     window (DeepSeek-V4's compressor buffers are sliding-window groups in vLLM)."""
-    return any(g.is_state and not g.is_window_state for g in shape.groups)
+    return any(g.is_mamba_state for g in shape.groups)
 
 
 def vllm_block_size(

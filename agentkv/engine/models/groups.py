@@ -73,6 +73,11 @@ class LayerGroup:
         return self.kind is GroupKind.STATE
 
     @property
+    def is_mamba_state(self) -> bool:
+        """A state saved at block boundaries (linear attention, SSM: vLLM's MambaSpec), not a window."""
+        return self.is_state and not self.window
+
+    @property
     def is_window_state(self) -> bool:
         """A state vLLM keeps as its last `window` tokens in a sliding-window group (DeepSeek-V4's
         compressor buffers, `SlidingWindowMLASpec`): cached and hit by the window rule, not saved at
@@ -133,7 +138,7 @@ class LayerGroup:
         if cut < 0 or block_size < 1:
             raise ValueError("cut must be >= 0 and block_size >= 1")
         end = -(-cut // block_size)
-        if self.is_state and not self.window:
+        if self.is_mamba_state:
             return range(0)
         if self.kind is GroupKind.SLIDING or self.is_state:
             lo = max(0, cut - (self.window - 1))
