@@ -25,12 +25,16 @@ def window_blocks(window: int, block_size: int) -> int:
     return _cdiv(window - 1, block_size)
 
 
+def window_before(window: int, block_size: int, end: int) -> tuple[int, int]:
+    """The block range [start, end) a hit at block `end` needs of a sliding-window group."""
+    return max(0, end - window_blocks(window, block_size)), end
+
+
 def window_tail(window: int, block_size: int, prompt_len: int) -> tuple[int, int]:
     """The block range [start, end) a sliding-window group caches of a prompt: the window before its
     replay boundary (`prompt_len - 1`, block-aligned), all a later request can hit there (vLLM 0.32's
     `SlidingWindowManager.reachable_block_mask` with `prefix_cache_retention_interval` 0, its default)."""
-    end = (prompt_len - 1) // block_size
-    return max(0, end - window_blocks(window, block_size)), end
+    return window_before(window, block_size, (prompt_len - 1) // block_size)
 
 
 def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -254,7 +254,7 @@ class GroupBlocks:
         bs, w = self.block_size, self.specs[g].window
         tails = [R.window_tail(w, bs, _prompt_len(req, bs))]
         if j := self.junction.get(rid):
-            tails = R.merge_ranges([*tails, R.window_tail(w, bs, j * bs + 1)])
+            tails = R.merge_ranges([*tails, R.window_before(w, bs, j)])
         for a, e in tails:
             if max(lo, a) < min(full, e):
                 self._cache_range(req, g, max(lo, a), min(full, e))
@@ -422,7 +422,7 @@ class GroupBlocks:
     def _forget(self, g: int, blocks: np.ndarray, hashes: list[int]) -> list[int]:
         """`hashmap.drop_copies` for group `g`; a copy answering lookups now is named by group 0's mirror."""
         d = self.cached_maps[g]
-        gone = drop_copies(d, self.dups[g], None, blocks.tolist() if self.dups[g] else [], hashes)
+        gone = drop_copies(d, self.dups[g], None, blocks, hashes)
         if g == 0 and self.mirror and len(gone) < len(hashes):
             for h in set(hashes).difference(gone):
                 self.bh64[d[h]] = h

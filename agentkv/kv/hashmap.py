@@ -60,17 +60,17 @@ def drop_copies(
     cached: dict[int, int],
     dups: dict[int, list[int]],
     has: np.ndarray | None,
-    blocks: list[int],
+    blocks: np.ndarray,
     hashes: list[int],
 ) -> list[int]:
-    """Forget evicted blocks; a hash with other copies stays, its next oldest copy answering lookups
+    """Forget evicted blocks (`blocks`, `hashes` in step); a hash with other copies stays, its next oldest copy answering lookups
     (`has`, if given, marks it). Returns the hashes no block holds any more (what the tiers below
     and the policy hear of). With no copies anywhere, all at once."""
     if not dups:
         deque(map(cached.__delitem__, hashes), 0)
         return hashes
     gone = []
-    for b, h in zip(blocks, hashes, strict=True):
+    for b, h in zip(blocks.tolist(), hashes, strict=True):
         others = dups.get(h)
         if others is None:
             del cached[h]

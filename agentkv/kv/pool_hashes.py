@@ -20,7 +20,7 @@ class PoolHashes:
         """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
         bh, cached, dups = self.block_hash, self.cached, self.dups
         hashes = bh[victims].tolist()
-        gone = drop_copies(cached, dups, self._has, victims.tolist() if dups else [], hashes)
+        gone = drop_copies(cached, dups, self._has, victims, hashes)
         bh[victims] = None
         self._has[victims] = False
         self._epoch += 1  # earlier lookups may name these blocks
