@@ -30,8 +30,8 @@ def _prompt_len(req: KVRequest, block_size: int) -> int:
 
 
 class GroupBlocks:
-    """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `block_size`,
-    `capacity`, `stats`, `_emit` and `hooks` (told of stores and evictions: the eviction policy's
+    """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `group_bytes`,
+    `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told of stores and evictions: the eviction policy's
     hints and the tiers below, `group_tiers.GroupHooks`, or None) from the pool."""
 
     def _setup_blocks(self) -> None:
@@ -150,15 +150,15 @@ class GroupBlocks:
         for g in range(len(self.specs)):
             if len(shared[g]):
                 self._pin(g, shared[g])
-        self._room(sum(n * s.block_bytes for s, n in zip(self.specs, new, strict=True)))
+        taken = self._take_groups(new)
         tables, pos, n_tok = [], [], _cdiv(total, self.block_size)
         for g, s in enumerate(self.specs):
             if s.rule == "state":  # the hit's state (if any), then the page this step writes
-                tables.append(np.concatenate((shared[g], self._take(g, 1))))
+                tables.append(np.concatenate((shared[g], taken[g])))
                 pos.append([hit, n_tok] if hit else [n_tok])
             else:  # null up to the window's start (at or past the hit's), then shared, then fresh
                 head = np.full(skips[g], NULL, dtype=np.int64)
-                tables.append(np.concatenate((head, shared[g], self._take(g, new[g]))))
+                tables.append(np.concatenate((head, shared[g], taken[g])))
                 pos.append([])
         self.tables[rid], self.skip[rid], self.spos[rid] = tables, list(skips), pos
         self.hashed[rid] = hashed = [hit] * len(self.specs)
@@ -172,10 +172,10 @@ class GroupBlocks:
     def grow(self, req: KVRequest, new: list[int], total: int) -> None:
         """Extend a running request's tables (room was checked), then cache what is full."""
         tables = self.tables[req.request_id]
-        self._room(sum(n * s.block_bytes for s, n in zip(self.specs, new, strict=True)))
+        taken = self._take_groups(new)
         for g, s in enumerate(self.specs):
             if new[g]:
-                tables[g] = np.concatenate((tables[g], self._take(g, new[g])))
+                tables[g] = np.concatenate((tables[g], taken[g]))
                 if s.rule == "state":
                     self.spos[req.request_id][g].append(_cdiv(total, self.block_size))
         self._cache(req, total, fresh_state=False)
@@ -184,11 +184,12 @@ class GroupBlocks:
         """Free the blocks a window or chunk has moved past, right to left (vLLM's order), and a state
         page the last step copied from (vLLM's `MambaManager.remove_skipped_blocks`)."""
         tables, skips, bs = self.tables[rid], self.skip[rid], self.block_size
+        freed = []  # in group order, as vLLM frees them: unpinned together
         for g, s in enumerate(self.specs):
             if s.rule == "state":
                 pos = self.spos[rid][g]
                 if len(pos) > 1 and pos[0] < _cdiv(num_computed, bs):
-                    self._unpin(g, tables[g][:1].copy())
+                    freed.append(tables[g][:1].copy())
                     tables[g] = tables[g][1:]
                     del pos[0]
                 continue
@@ -199,10 +200,11 @@ class GroupBlocks:
             if hi <= lo:
                 continue
             arr = t[lo:hi][::-1]
-            live = arr[arr >= 0]  # a copy
+            freed.append(arr[arr >= 0])  # a copy
             t[lo:hi] = NULL
-            self._unpin(g, live)
             skips[g] = hi
+        if freed:
+            self._unpin(freed[0] if len(freed) == 1 else np.concatenate(freed))
 
     def release(self, rid: str) -> None:
         """Drop a request's blocks, group by group, each table tail first (vLLM's free order)."""
@@ -212,10 +214,8 @@ class GroupBlocks:
         del self.hashed[rid], self.skip[rid], self.spos[rid]
         self.quiet.pop(rid, None)
         self.junction.pop(rid, None)
-        for g, t in enumerate(tables):
-            if len(t):
-                arr = t[::-1]
-                self._unpin(g, arr[arr >= 0])
+        arr = np.concatenate([t[::-1] for t in tables])  # group by group, each tail first
+        self._unpin(arr[arr >= 0])
 
     # -- internals -------------------------------------------------------------------------------
     def _cache(self, req: KVRequest, total: int, fresh_state: bool) -> None:
@@ -334,8 +334,8 @@ class GroupBlocks:
             self.evictable_bytes -= len(free) * self.specs[g].block_bytes
         self.ref[arr] += 1
 
-    def _unpin(self, g: int, arr: np.ndarray) -> None:
-        """Drop one reference to each of `arr` (group `g`, in freeing order): cached ones that reach
+    def _unpin(self, arr: np.ndarray) -> None:
+        """Drop one reference to each of `arr` (any groups, in freeing order): cached ones that reach
         zero join the LRU's tail, the others are free at once."""
         ref = self.ref
         ref[arr] -= 1
@@ -343,13 +343,13 @@ class GroupBlocks:
         if not len(zero):
             return
         h = self.hashed_blk[zero]
-        cached, empty = (zero, EMPTY) if h.all() else (zero[h], zero[~h])
-        cost = self.specs[g].block_bytes
+        cached, empty = (zero, EMPTY) if np.count_nonzero(h) == len(h) else (zero[h], zero[~h])
+        bcost = self.bcost
         if len(cached):
             self.lru.add(cached)
-            self.evictable_bytes += len(cached) * cost
+            self.evictable_bytes += int(np.add.reduce(bcost[cached]))  # (not .sum(): its Python wrapper)
         if len(empty):
-            self.empty_bytes += len(empty) * cost
+            self.empty_bytes += int(np.add.reduce(bcost[empty]))
             self._push_ids(empty)
 
     def _push_ids(self, ids: np.ndarray) -> None:
@@ -362,6 +362,43 @@ class GroupBlocks:
         if self.empty_bytes < need:
             self._evict(need)
 
+    def _take_groups(self, new: list[int]) -> list[np.ndarray]:
+        """`new[g]` fresh blocks for each group `g` (ref 1), after one eviction for all of them: the
+        same ids, in the same order, as `_take` group by group, with one pass over the per-block arrays."""
+        n = sum(new)
+        if n == 0:
+            return [EMPTY] * len(new)
+        costs = self.group_bytes
+        need = sum([k * c for k, c in zip(new, costs, strict=True)])
+        if self.empty_bytes < need:
+            self._evict(need)
+        self.empty_bytes -= need
+        arr = self._pop_ids(n)
+        self.ref[arr] = 1
+        self.hashed_blk[arr] = False  # (a recycled id's hash was cleared from `bhash` when it was evicted)
+        self.stats.allocated += n
+        out, i = [], 0
+        for g, k in enumerate(new):
+            if k:
+                part = arr[i : i + k]
+                self.bgroup[part] = g
+                self.bcost[part] = costs[g]
+                out.append(part)
+                i += k
+            else:
+                out.append(EMPTY)
+        return out
+
+    def _pop_ids(self, n: int) -> np.ndarray:
+        """`n` ids off the freed stack (top first), then never-taken ones: a fresh array."""
+        m = self._n_ids
+        if n <= m:
+            arr = self._ids[m - n : m][::-1].copy()
+        else:
+            arr = np.concatenate((self._ids[:m][::-1], self._new_ids(n - m)))
+        self._n_ids = max(0, m - n)
+        return arr
+
     def _take(self, g: int, n: int) -> np.ndarray:
         """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
         if n <= 0:
@@ -370,12 +407,7 @@ class GroupBlocks:
         if self.empty_bytes < need:
             self._evict(need)
         self.empty_bytes -= need
-        m = self._n_ids
-        if n <= m:
-            arr = self._ids[m - n : m][::-1].copy()
-        else:
-            arr = np.concatenate((self._ids[:m][::-1], self._new_ids(n - m)))
-        self._n_ids = max(0, m - n)
+        arr = self._pop_ids(n)
         self.ref[arr] = 1
         self.bgroup[arr] = g
         self.bcost[arr] = cost

@@ -201,7 +201,7 @@ class GroupLower:
         for g in range(len(self.specs)):
             for arr in (held[g], loaded[g]):
                 if len(arr):
-                    self._unpin(g, arr)  # the request holds them now (a state: back to the LRU)
+                    self._unpin(arr)  # the request holds them now (a state: back to the LRU)
         return True
 
     def _load(self, req: KVRequest, g: int, idx: list[int]) -> np.ndarray:

@@ -97,7 +97,8 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         self.unit_bytes = unit_bytes or self.growth_bytes
         self.num_blocks = self.capacity // self.unit_bytes  # as vLLM counts pages
         self.has_state = any(s.rule == "state" for s in self.specs)
-        if lower is not None and (lower.group_bytes != tuple(s.block_bytes for s in self.specs)):
+        self.group_bytes = tuple(s.block_bytes for s in self.specs)  # a block's bytes, per group
+        if lower is not None and lower.group_bytes != self.group_bytes:
             raise ValueError("a hybrid pool's tiers need its groups' block bytes (TierStack group_bytes)")
         self.lower = lower
         self.policy = None if policy == "lru" else make_policy(policy) if isinstance(policy, str) else policy
@@ -299,7 +300,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         need = sum(n * s.block_bytes for n, s in zip(new, self.specs, strict=True))
         for s, blocks in zip(self.specs, shared, strict=True):
             if len(blocks):
-                need += s.block_bytes * int((self.ref[blocks] == 0).sum())
+                need += s.block_bytes * (len(blocks) - np.count_nonzero(self.ref[blocks]))
         if need > self.available_bytes:
             self.stats.alloc_failures += 1
             return False
