@@ -183,8 +183,9 @@ def test_a_window_only_model_keeps_the_hit_a_full_attention_model_loses(tmp_path
 
 
 def test_a_state_models_ceiling_is_where_states_were_saved(tmp_path, capsys):
-    # B shares A's first 5 blocks; a state is saved only where a prefill chunk ended (A's 10th block),
-    # so the full-attention group alone would serve B 80 tokens and the model none. C extends A.
+    # B shares A's first 5 blocks. A state is cached only at a prompt's replay boundary (A is block-
+    # aligned: its 9th block, a block short of its end) or a junction, so the full-attention group
+    # alone would serve B 80 tokens and the model none; B saves its junction's state. C extends A.
     a_ids, trace_dir = list(range(1, 11)), tmp_path / "traces"
     turns = [(0.0, 160, a_ids), (1.0, 160, [*a_ids[:5], *range(50, 55)]), (2.0, 200, [*a_ids, 20, 21, 22])]
     trace_dir.mkdir()
@@ -192,9 +193,9 @@ def test_a_state_models_ceiling_is_where_states_were_saved(tmp_path, capsys):
     a = _analyze(capsys, str(trace_dir), "--model", _small_state_model(tmp_path), "--capacity", "10GB")
     ceiling = a["ceilings"][0]
     assert [g["rule"] for g in a["kv_groups"]] == ["full", "state"]
-    assert ceiling["hit_tokens"] == 160  # C: A's saved state at its 10th block
-    assert [g["hit_tokens"] for g in ceiling["groups"]] == [80 + 160, 160]
-    assert a["results"][0]["hit_tokens"] == 160  # 10GB holds it all
+    assert ceiling["hit_tokens"] == 144  # C: A's state at its 9th block
+    assert [g["hit_tokens"] for g in ceiling["groups"]] == [80 + 160, 144]
+    assert a["results"][0]["hit_tokens"] == 144  # 10GB holds it all
 
 
 def test_the_table_shows_each_groups_own_figure(capsys, monkeypatch):
@@ -287,13 +288,13 @@ def test_the_plot_draws_each_groups_own_line(tmp_path):
 
 
 def test_the_plot_draws_a_state_models_full_group_ceiling(tmp_path):
-    # a Qwen3-Next: the full-attention group alone would serve 240 tokens unbounded, the model 160 (the
-    # state saved at A's 10th block): a dashed ceiling line at 240 / 520; a dense model draws none
+    # a Qwen3-Next: the full-attention group alone would serve 240 tokens unbounded, the model 144 (the
+    # state at A's replay boundary, its 9th block): a dashed ceiling line at 240 / 520; a dense model draws none
     a_ids = list(range(1, 11))
     turns = [(0.0, 160, a_ids), (1.0, 160, [*a_ids[:5], *range(50, 55)]), (2.0, 200, [*a_ids, 20, 21, 22])]
     a = analyze([_trace("abc", turns)], make_grid("10GB,20GB", "16", None, _small_state_model(tmp_path)))
     series = {s.name: s for s in chart_series(a, 16)}
-    assert series["unbounded"].ys == [100 * 160 / 520] * 2
+    assert series["unbounded"].ys == [100 * 144 / 520] * 2
     assert series["unbounded: full_attention alone"].ys == [100 * 240 / 520] * 2
     dense = analyze([_trace("abc", turns)], make_grid("10GB,20GB", "16", "lru", "llama3-8b"))
     assert [s.name for s in chart_series(dense, 16)] == ["lru", "unbounded"]

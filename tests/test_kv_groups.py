@@ -141,18 +141,22 @@ def test_a_window_caches_its_tail_at_a_shared_prefixs_junction():
     assert not pool.junction  # dropped with the request
 
 
-def test_state_group_keeps_one_state_and_saves_aligned_cuts():
-    """vLLM's 'align' mode: a page for each block the tokens reach, the state at each chunk's aligned
-    end cached; the page a step read from is held until the request's next step."""
+def test_state_group_keeps_one_state_and_caches_only_the_replay_boundary():
+    """vLLM 0.32's 'align' mode: a page for each block the tokens reach, the page a step read from held
+    until the request's next step; of the states saved where chunks end, only the one at the
+    prompt's replay boundary is cached (`prefix_cache_retention_interval` 0): the earlier one is
+    freed uncached."""
     pool = hybrid([("full", 10), ("state", 50)], capacity=100_000)
-    r = PoolRequest("r", [1000 + i for i in range(6)])  # 24-token prompt, 6 blocks
-    assert pool.allocate_slots(r, 8)  # chunk ends at 8 tokens: a state saved at block 2
-    assert pool.allocate_slots(r, 16, 8)  # ends at 24: saved at block 6
-    assert set(pool.cached_maps[1]) == {1001, 1005}
+    r = PoolRequest("r", [1000 + i for i in range(6)])  # 6 blocks, a prompt of 25 tokens (it does not say)
+    assert pool.allocate_slots(r, 8)  # chunk ends at 8 tokens: a state saved at block 2, not cached
+    assert pool.allocate_slots(r, 16, 8)  # ends at 24: block 6, the replay boundary ((25 - 1) // 4)
+    assert set(pool.cached_maps[1]) == {1005}
     assert len(pool.tables["r"][1]) == 2  # the state at block 2 (read this step) and at block 6
-    assert pool.allocate_slots(r, 1, 24)  # a decode step into block 7: a new page, block 2's freed
+    first = int(pool.tables["r"][1][0])
+    assert pool.allocate_slots(r, 1, 24)  # a decode step into block 7: block 2's page freed uncached,
+    # so reused at once (vLLM's `free_blocks` prepends uncached blocks) by this step's new blocks
     assert pool.tables["r"][1].tolist()[0] == pool.cached_maps[1][1005]
-    assert pool.ref[pool.cached_maps[1][1001]] == 0  # cached, in the LRU
+    assert first in pool.tables["r"][0].tolist() + pool.tables["r"][1].tolist()
     for t in range(25, 40):
         assert pool.allocate_slots(r, 1, t)
     assert pool.capacity - pool.available_bytes == 10 * 10 + 50  # decode adds no state
@@ -160,7 +164,29 @@ def test_state_group_keeps_one_state_and_saves_aligned_cuts():
     pool.check_invariants()
     assert pool.get_computed_blocks(r.block_hashes + [1, 2], 33).hit == 6
     pool.cached_maps[1].pop(1005)
-    assert pool.get_computed_blocks(r.block_hashes, 25).hit == 2  # the state at block 2 is next
+    assert pool.get_computed_blocks(r.block_hashes, 25).hit == 0  # no state before it was kept
+
+
+def test_a_state_is_cached_at_a_shared_prefix_junction():
+    """A prompt that finds a longer prefix in the full-attention group than any state serves records
+    that junction (vLLM's `shared_prefix_boundary`); the state its chunk saves there is cached, so a
+    third prompt sharing the prefix hits it (live vLLM 0.32: [0, 0, 30 blocks] for three prompts
+    sharing 30 of 50 blocks, tests/vllm/test_vllm_kinds.py)."""
+    pool = hybrid([("full", 10), ("state", 50)], capacity=100_000)
+    shared = [7, 8, 9]
+    a, b, c = (
+        PoolRequest(x, [*shared, *range(base, base + 3)]) for x, base in (("a", 100), ("b", 200), ("c", 300))
+    )
+    assert pool.allocate_slots(a, 24)  # one chunk to block 6: its replay boundary, cached
+    pool.free("a")
+    found = pool.get_computed_blocks(b.block_hashes, 25)
+    assert (found.hit, found.longest) == (0, 3)  # the full group holds 3 blocks, no state serves them
+    assert pool.allocate_slots(b, 12, 0, found)  # the chunk the scheduler cuts at the junction
+    assert pool.allocate_slots(b, 12, 12)
+    pool.free("b")
+    assert set(pool.cached_maps[1]) == {102, 9, 202}  # a's and b's replay boundaries, b's junction
+    assert pool.get_computed_blocks(c.block_hashes, 25).hit == 3
+    pool.check_invariants()
 
 
 def test_shared_pool_evicts_least_recently_freed_across_groups():

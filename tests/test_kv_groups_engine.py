@@ -68,11 +68,29 @@ def test_a_state_model_cuts_prefill_chunks_on_block_boundaries():
     # chunks end at 1088 (1200 cut to blocks), 2176 (the prompt's last full block), then 2500
     assert seen[:3] == [1088, 2176, 2500]
     state = e.pool.cached_maps[1]
-    assert len(state) == 2  # states saved at 2 and 4 blocks
+    assert len(state) == 1  # states saved at 2 and 4 blocks; only the replay boundary's (4) cached
     b = e.add_request("b", max_tokens=1, token_ids=toks + [9] * 100, session_id="s")
     while e.has_work():
         e.step()
     assert b.num_cached_tokens == 2176
+
+
+def test_a_block_aligned_prompt_stops_its_chunk_a_block_short_of_its_end():
+    """vLLM stops the last chunk at `(num_tokens - 1) // block` blocks: the state a resend of the same
+    prompt resumes at (its last token is recomputed), so the resend hits all but the last block."""
+    cfg = EngineConfig(model="qwen3-next", tensor_parallel_size=2, max_model_len=65536)
+    e = Engine(cfg)
+    toks = list(range(1, 3 * 544 + 1))  # three whole blocks
+    req = e.add_request("a", max_tokens=2, token_ids=toks, session_id="s")
+    seen = []
+    while e.has_work():
+        e.step()
+        seen.append(req.num_computed)
+    assert seen[:2] == [2 * 544, 3 * 544]
+    again = e.add_request("b", max_tokens=1, token_ids=toks, session_id="s")
+    while e.has_work():
+        e.step()
+    assert again.num_cached_tokens == 2 * 544
 
 
 def test_events_name_the_group_and_its_kind():

@@ -83,12 +83,11 @@ def test_a_window_hit_after_gpu_eviction_is_served_from_cpu_with_the_window_rule
 def test_a_linear_state_saved_at_the_cut_is_offloaded_and_reloaded():
     pool = pool_with_cpu([("full", 10), ("state", 40)], capacity=250, cpu_bytes=2000)
     a = PoolRequest("a", [100 + i for i in range(8)])
-    run(pool, a, 33, chunk=16)  # chunks end at blocks 4 and 8: states saved there
-    assert set(pool.cached_maps[1]) == {103, 107}
-    run(pool, PoolRequest("b", [500 + i for i in range(12)]), 49, chunk=16)
+    run(pool, a, 33, chunk=16)  # chunks end at blocks 4 and 8: the state at 8 (its replay boundary) kept
+    assert set(pool.cached_maps[1]) == {107}
+    run(pool, PoolRequest("b", [500 + i for i in range(16)]), 65, chunk=16)  # needs all but 10 bytes
     assert (1, 107) in pool.lower and 107 not in pool.cached_maps[1]
-    # a's states first, then b's own state at block 4 (b holds two state pages while it prefills)
-    assert stored(pool.events, "CPU", 1) == [103, 107, 503]
+    assert stored(pool.events, "CPU", 1) == [107]  # b's states at blocks 4, 8 and 12 were not cached
     pool.events.clear()
     # a's next turn: its cut at block 8 reads the state saved there, from the CPU
     nxt = PoolRequest("a2", a.block_hashes + [200, 201])

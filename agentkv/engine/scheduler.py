@@ -14,6 +14,7 @@ import numpy as np
 
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.request import EngineRequest, Status
+from agentkv.kv.group_rules import chunk_stop
 from agentkv.kv.hints import PrefixHints
 from agentkv.kv.pool import BlockPool
 
@@ -30,7 +31,7 @@ class Scheduler:
         self.hints = PrefixHints()  # requests' block tables, by the keys they share with later ones
         self.lower_tier_tokens: dict[str, int] = {}
         # a linear-attention/SSM state is saved only where a chunk ends: cut prefill chunks at block
-        # boundaries (vLLM's mamba 'align' mode, `_mamba_block_aligned_split`)
+        # boundaries, the replay boundary and a junction (vLLM's mamba 'align' mode, `_mamba_block_aligned_split`)
         self._align = bool(getattr(pool, "has_state", False)) and config.enable_prefix_caching
 
     def add(self, req: EngineRequest) -> None:
@@ -134,15 +135,12 @@ class Scheduler:
         return empty + (int(hits.argmax()) if hits.any() else len(order))
 
     def _aligned(self, req: EngineRequest, n: int, computed: int) -> int:
-        """A prefill chunk cut to end on a block boundary, and on the prompt's last one (0: none fits)."""
+        """A prefill chunk cut where a state is saved (`group_rules.chunk_stop`; 0: none fits)."""
         if computed >= max(req.prompt_len, req.num_tokens - 1):
             return n  # decoding
         bs = self.pool.block_size
-        last = req.num_tokens - req.num_tokens % bs
-        if computed < last:  # the chunk's end on a block boundary; `computed` need not be on one
-            # (a disaggregated decode's arrived KV ends a token short of the prompt)
-            n = max(0, min(computed + n, last) // bs * bs - computed)
-        return n
+        junction = getattr(req.computed, "longest", 0) * bs  # the lookup's shared-prefix junction
+        return chunk_stop(computed, n, req.num_tokens, bs, junction)
 
     def _lookup(self, req: EngineRequest) -> None:
         """Find the request's cached prefix (`req.computed`): GPU blocks first, then a run below."""

@@ -108,6 +108,28 @@ def state_boundary(total: int, block_size: int, n_hashes: int) -> int:
     return k if total % block_size == 0 and 0 < k <= n_hashes else 0
 
 
+def state_kept(k: int, prompt_len: int, block_size: int, junction: int = 0) -> bool:
+    """Whether a state saved after `k` prompt blocks is cached: vLLM 0.32 (its default
+    `prefix_cache_retention_interval` 0, `MambaManager.reachable_block_mask`) keeps only the states
+    a later request can resume at, the prompt's replay boundary (`(prompt_len - 1) // block`) and a
+    shared prefix's junction (`junction` blocks); the chunk ends between are freed uncached."""
+    return k == (prompt_len - 1) // block_size or (junction > 0 and k == junction)
+
+
+def chunk_stop(computed: int, n: int, num_tokens: int, block_size: int, junction: int = 0) -> int:
+    """A prefill chunk of `n` tokens from `computed`, cut where a state must be saved (vLLM's
+    `_mamba_block_aligned_split` in 'align' mode): on a block boundary, at the last one before the
+    request's last token (`(num_tokens - 1) // block`), and at a shared prefix's junction (`junction`
+    tokens); 0 when no boundary fits. `computed` need not be on one (a disaggregated decode's arrived
+    KV ends a token short of the prompt)."""
+    last = (num_tokens - 1) // block_size * block_size
+    if computed < last:
+        n = max(0, min(computed + n, last) // block_size * block_size - computed)
+    if computed < junction < computed + n:
+        n = junction - computed
+    return n
+
+
 def skipped_tokens(rule: str, window: int, num_computed: int) -> int:
     """Tokens a running request's next token no longer reads (vLLM's `get_num_skipped_tokens`):
     before the window, before the current chunk; none for full attention (states keep no tokens)."""

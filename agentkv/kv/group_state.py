@@ -229,9 +229,11 @@ class GroupBlocks:
                 self._cache_tokens(req, g, total)
                 continue
             k = R.state_boundary(total, bs, n_hashes)
+            if k and not R.state_kept(k, _prompt_len(req, bs), bs, self.junction.get(rid, 0)):
+                k = 0  # a chunk end no later request resumes at: its page is freed uncached
             if not k and fresh_state:  # KV from another engine: its state at the last boundary came
                 k = min(req.external_tokens // bs, n_hashes)  # with it (vLLM's connector; docs/simulate.md)
-            if k <= hashed[g]:
+            if not k or k <= hashed[g]:
                 continue
             hashed[g] = k
             h, b = req.block_hashes[k - 1], int(tables[g][-1])

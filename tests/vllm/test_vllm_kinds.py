@@ -94,3 +94,42 @@ def test_a_window_caches_its_tail_where_a_shared_prefix_ends(kind_server, tmp_pa
         f"3 prompts sharing 40 blocks of {bs}: live cached {[r.cached_tokens for r in live.records]}, "
         f"hit rate {live.hit_rate:.4%}; agentkv simulate {sim['cache']['reported']:.4%}"
     )
+
+
+# (prompts as (shared blocks, own blocks, extra tokens), the cached tokens live vLLM 0.32 gives, in blocks)
+STATE_CASES = {
+    # three prompts sharing 30 of 50 blocks: the second finds them in the full-attention group but no
+    # state there, so it hits nothing and saves the state at that junction; the third hits it
+    "junction": ([(30, 20, 0), (30, 20, 0), (30, 20, 0)], [0, 0, 30]),
+    # a block-aligned prompt keeps the state at its replay boundary, a block short of its end: a longer
+    # prompt extending it, and the same prompt again, hit all but its last block
+    "aligned, then extended": ([(30, 0, 0), (40, 0, 0)], [0, 29]),
+    "aligned, resent": ([(30, 0, 0), (30, 0, 0)], [0, 29]),
+}
+
+
+@pytest.mark.parametrize("case", list(STATE_CASES))
+@pytest.mark.parametrize("kind_server", ["kind-hybrid"], indirect=True)
+def test_a_state_is_cached_only_where_a_later_prompt_resumes(kind_server, case, tmp_path, figures):
+    """vLLM 0.32 (`prefix_cache_retention_interval` 0) caches a Gated DeltaNet state only at a prompt's
+    replay boundary and at a shared prefix's junction, where its scheduler also ends a prefill chunk;
+    the states saved at other chunk ends are freed uncached. agentkv simulates the same."""
+    cfg = kind_server.cache_config()
+    bs = int(cfg["block_size"])
+    prompts, want = STATE_CASES[case]
+    reqs = []
+    for i, (shared, own, extra) in enumerate(prompts):
+        ids = [*range(1, shared + 1), *range(1000 * (i + 1), 1000 * (i + 1) + own)]
+        reqs.append(Request(t=0.0, input_tokens=len(ids) * bs + extra, output_tokens=4, hash_ids=ids))
+    name = case.replace(" ", "-").replace(",", "")
+    trace = write_agentx(
+        Trace(id=name, block_size=bs, session=Session(id=name, requests=reqs), format="agentx"),
+        tmp_path / f"{name}.json",
+    )
+    live, sim = live_and_simulated(kind_server, trace, tmp_path / "bench")
+    assert [r.cached_tokens for r in live.records] == [n * bs for n in want]
+    assert sim["cache"]["reported"] == live.hit_rate
+    figures[f"state retention, {case} (kind-hybrid)"] = (
+        f"live cached {[r.cached_tokens for r in live.records]}, hit rate {live.hit_rate:.4%}; "
+        f"agentkv simulate {sim['cache']['reported']:.4%}"
+    )
