@@ -5,7 +5,8 @@ layers, a Qwen3-MoE, a DeepSeek-V2 with MLA, a Qwen3-Next with one Gated DeltaNe
 by the CPU build with dummy weights and a cache small enough to evict, replays the trimmed trace like
 the dense fidelity test, and is simulated from the same `config.json` with the block count and block
 size vLLM reports. The hit rates must be equal (the hybrid's: its page lifecycle in vLLM's 'align'
-mode, a state saved at each 96-token block boundary, two state pages per running request). Where vLLM
+mode, a state saved where a chunk ends on a 96-token block boundary and cached only at a prompt's
+replay boundary or a shared prefix's junction, two state pages per running request). Where vLLM
 cannot serve a kind, or serves it without prefix caching, the test
 skips with vLLM's own log line saying so.
 """
