@@ -48,6 +48,9 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own limit
     gpu_memory_utilization: float = 0.9
     enable_prefix_caching: bool = True
+    # vLLM 0.32's --prefix-cache-retention-interval: 0 keeps a window's tail and a state only where a
+    # later prompt resumes (replay boundary, junction); N > 0 also once per N-token segment
+    prefix_cache_retention_interval: int = 0
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     kv_offloading_size: float = 0.0  # GiB of CPU memory for KV offload (vLLM: --kv-offloading-size)
@@ -72,6 +75,12 @@ class EngineConfig:
         if asked is not None and asked not in BLOCK_SIZES and not (choice.aligned and choice.size == asked):
             raise bad("block_size", f"{asked} is not one of {', '.join(map(str, BLOCK_SIZES))}")
         self.block_size = choice.size
+        n = self.prefix_cache_retention_interval
+        if n < 0 or n % self.block_size:
+            raise bad(
+                "prefix_cache_retention_interval",
+                f"{n} must be non-negative and a multiple of the block size ({self.block_size})",
+            )
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise bad("gpu_memory_utilization", f"must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.data_parallel_size < 1:
@@ -149,6 +158,7 @@ class EngineConfig:
             max_model_len=args.max_model_len,
             gpu_memory_utilization=args.gpu_memory_utilization,
             enable_prefix_caching=args.enable_prefix_caching,
+            prefix_cache_retention_interval=getattr(args, "prefix_cache_retention_interval", 0),
             max_num_seqs=args.max_num_seqs,
             max_num_batched_tokens=args.max_num_batched_tokens,
             kv_offloading_size=offload,
@@ -207,6 +217,15 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         action=argparse.BooleanOptionalAction,
         default=True,
         help="reuse cached KV blocks across requests (default on)",
+    )
+    g.add_argument(
+        "--prefix-cache-retention-interval",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="sliding-window and Mamba-state groups: 0 (default, vLLM 0.32's) caches a window's tail and a "
+        "state only where a later prompt resumes (its replay boundary, a shared prefix's junction); N > 0, "
+        "a multiple of the block size, also once per N-token segment",
     )
     g.add_argument("--max-num-seqs", type=int, default=256, help="most requests in a batch (default 256)")
     g.add_argument(

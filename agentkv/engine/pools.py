@@ -51,6 +51,7 @@ def make_pool(
     """The pool `cfg` describes; a UserError when the cache cannot hold one batch or one sequence."""
     if is_hybrid(shape):
         return _hybrid(cfg, shape, cost, max_model_len, on_event)
+    _check_retention(cfg, shape.name, ())
     block_bytes = int(cost.kv_bytes_per_token * cfg.block_size)
     if cfg.num_gpu_blocks_override is not None:
         num_blocks = cfg.num_gpu_blocks_override
@@ -92,6 +93,7 @@ def hybrid_pool(
     tiers: Sequence[TierSpec] = (),
     policy: str = "lru",
     on_event: Callable[[KVEvent], None] | None = None,
+    retention_interval: int = 0,
 ) -> HybridPool:
     """A `HybridPool` of `capacity` bytes (vLLM's page `unit`, `page_layers` layers of the largest
     group) with `tiers` below it, blocks kept per group as vLLM's offloading connector keeps them,
@@ -108,7 +110,14 @@ def hybrid_pool(
             group_chunks=[max(1, min(page, s.block_bytes)) for s in specs],
         )
     return HybridPool(
-        specs, capacity, block_size, unit_bytes=unit, on_event=on_event, policy=policy, lower=lower
+        specs,
+        capacity,
+        block_size,
+        unit_bytes=unit,
+        on_event=on_event,
+        policy=policy,
+        lower=lower,
+        retention_interval=retention_interval,
     )
 
 
@@ -132,8 +141,23 @@ def _hybrid(cfg: EngineConfig, shape: ModelShape, cost: CostModel, max_model_len
             "lower --max-model-len or give more memory"
         )
     layers = group_size(shape.groups)
-    pool = hybrid_pool(specs, capacity, bs, unit, layers, _tier_specs(cfg), cfg.eviction_policy, on_event)
+    _check_retention(cfg, name, specs)
+    interval = cfg.prefix_cache_retention_interval
+    pool = hybrid_pool(
+        specs, capacity, bs, unit, layers, _tier_specs(cfg), cfg.eviction_policy, on_event, interval
+    )
     return PoolSetup(pool, capacity // unit + 1, unit)
+
+
+def _check_retention(cfg: EngineConfig, name: str, specs: Sequence[GroupSpec]) -> None:
+    """vLLM refuses a retention interval for a model without a window or Mamba-state group."""
+    if cfg.prefix_cache_retention_interval and not any(
+        s.rule == "sliding" or s.rule == "state" for s in specs
+    ):
+        raise UserError(
+            f"--prefix-cache-retention-interval {cfg.prefix_cache_retention_interval}: {name} has no "
+            "sliding-window or Mamba KV cache group, so retention has no effect (set it to 0)"
+        )
 
 
 def seq_token_capacity(pool: BlockPool | HybridPool) -> int:

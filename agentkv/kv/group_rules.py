@@ -37,6 +37,21 @@ def window_tail(window: int, block_size: int, prompt_len: int) -> tuple[int, int
     return window_before(window, block_size, (prompt_len - 1) // block_size)
 
 
+def segment_tails(window: int, block_size: int, interval: int, lo: int, hi: int) -> list[tuple[int, int]]:
+    """The block ranges of [lo, hi) a sliding-window group also caches with vLLM's
+    `prefix_cache_retention_interval` N > 0: the window before the end of each N-token segment
+    (`SlidingWindowManager.reachable_block_mask`), every block when the window spans a segment."""
+    per, need = interval // block_size, window_blocks(window, block_size)
+    if need >= per:
+        return [(lo, hi)] if lo < hi else []
+    out = []
+    for end in range((lo // per + 1) * per, hi + need, per):
+        a, e = max(lo, end - need), min(hi, end)
+        if a < e:
+            out.append((a, e))
+    return out
+
+
 def merge_ranges(ranges: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """Block ranges [start, end) in order, those that overlap or touch made one (each block once)."""
     out: list[tuple[int, int]] = []
@@ -108,12 +123,16 @@ def state_boundary(total: int, block_size: int, n_hashes: int) -> int:
     return k if total % block_size == 0 and 0 < k <= n_hashes else 0
 
 
-def state_kept(k: int, prompt_len: int, block_size: int, junction: int = 0) -> bool:
+def state_kept(k: int, prompt_len: int, block_size: int, junction: int = 0, interval: int = 0) -> bool:
     """Whether a state saved after `k` prompt blocks is cached: vLLM 0.32 (its default
     `prefix_cache_retention_interval` 0, `MambaManager.reachable_block_mask`) keeps only the states
     a later request can resume at, the prompt's replay boundary (`(prompt_len - 1) // block`) and a
-    shared prefix's junction (`junction` blocks); the chunk ends between are freed uncached."""
-    return k == (prompt_len - 1) // block_size or (junction > 0 and k == junction)
+    shared prefix's junction (`junction` blocks); the chunk ends between are freed uncached. With an
+    `interval` of N > 0 tokens it also keeps those ending an N-token segment (all, for N <= a block)."""
+    if k == (prompt_len - 1) // block_size or (junction > 0 and k == junction):
+        return True
+    per = interval // block_size
+    return interval > 0 and (per <= 1 or k % per == 0)
 
 
 def chunk_stop(computed: int, n: int, num_tokens: int, block_size: int, junction: int = 0) -> int:

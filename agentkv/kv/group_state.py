@@ -31,7 +31,7 @@ def _prompt_len(req: KVRequest, block_size: int) -> int:
 
 class GroupBlocks:
     """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `group_bytes`,
-    `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told of stores and evictions: the eviction policy's
+    `retention_interval`, `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told of stores and evictions: the eviction policy's
     hints and the tiers below, `group_tiers.GroupHooks`, or None) from the pool."""
 
     def _setup_blocks(self) -> None:
@@ -229,7 +229,8 @@ class GroupBlocks:
                 self._cache_tokens(req, g, total)
                 continue
             k = R.state_boundary(total, bs, n_hashes)
-            if k and not R.state_kept(k, _prompt_len(req, bs), bs, self.junction.get(rid, 0)):
+            junction, interval = self.junction.get(rid, 0), self.retention_interval
+            if k and not R.state_kept(k, _prompt_len(req, bs), bs, junction, interval):
                 k = 0  # a chunk end no later request resumes at: its page is freed uncached
             if not k and fresh_state:  # KV from another engine: its state at the last boundary came
                 k = min(req.external_tokens // bs, n_hashes)  # with it (vLLM's connector; docs/simulate.md)
@@ -256,7 +257,11 @@ class GroupBlocks:
         bs, w = self.block_size, self.specs[g].window
         tails = [R.window_tail(w, bs, _prompt_len(req, bs))]
         if j := self.junction.get(rid):
-            tails = R.merge_ranges([*tails, R.window_before(w, bs, j)])
+            tails.append(R.window_before(w, bs, j))
+        if self.retention_interval:  # and the window before each segment's end
+            tails += R.segment_tails(w, bs, self.retention_interval, lo, full)
+        if len(tails) > 1:
+            tails = R.merge_ranges(tails)
         for a, e in tails:
             if max(lo, a) < min(full, e):
                 self._cache_range(req, g, max(lo, a), min(full, e))

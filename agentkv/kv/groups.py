@@ -84,6 +84,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         record_events: bool = False,
         policy: str | Evictor = "lru",
         lower=None,
+        retention_interval: int = 0,
     ) -> None:
         if not specs or capacity_bytes < 1 or block_size < 1:
             raise ValueError("a hybrid pool needs groups, capacity_bytes >= 1 and block_size >= 1")
@@ -98,6 +99,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         self.num_blocks = self.capacity // self.unit_bytes  # as vLLM counts pages
         self.has_state = any(s.rule == "state" for s in self.specs)
         self.group_bytes = tuple(s.block_bytes for s in self.specs)  # a block's bytes, per group
+        self.retention_interval = retention_interval  # vLLM's prefix_cache_retention_interval (tokens)
         if lower is not None and lower.group_bytes != self.group_bytes:
             raise ValueError("a hybrid pool's tiers need its groups' block bytes (TierStack group_bytes)")
         self.lower = lower

@@ -24,7 +24,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from cluster import free_ports, stop_process
@@ -88,6 +88,11 @@ KIND_SERVERS = {
     )
     for kind, blocks in KIND_BLOCKS.items()
 }
+# vLLM 0.32's --prefix-cache-retention-interval: the window's tail kept at each 1,024-token segment's
+# end besides the replay boundary and junctions (the same flag is passed to agentkv simulate)
+KIND_SERVERS["kind-sliding-window-retention"] = replace(
+    KIND_SERVERS["kind-sliding-window"], extra=(*KIND_CHUNK, "--prefix-cache-retention-interval", "1024")
+)
 
 
 @dataclass
