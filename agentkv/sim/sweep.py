@@ -197,10 +197,13 @@ def _local_points(args: argparse.Namespace, configs: list[SimConfig], grid: list
                 overrides, blob, wall, _ = f.result()
                 yield futures[f], overrides, blob, wall
     finally:
-        workers = list(getattr(pool, "_processes", {}).values()) if pending else []
-        pool.shutdown(wait=False, cancel_futures=True)
-        for w in workers:  # the points in hand: dropped
-            w.terminate()
+        if not pending:  # every point done: a full shutdown (`wait=False` leaves CPython's executor
+            pool.shutdown(wait=True)  # thread to race the interpreter's exit: "Bad file descriptor")
+        else:
+            workers = list(getattr(pool, "_processes", {}).values())
+            pool.shutdown(wait=False, cancel_futures=True)
+            for w in workers:  # the points in hand: dropped
+                w.terminate()
 
 
 def _points(args: argparse.Namespace, configs: list[SimConfig], grid: list[dict], stop: StopRequest):
