@@ -31,8 +31,9 @@ def _prompt_len(req: KVRequest, block_size: int) -> int:
 
 class GroupBlocks:
     """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `group_bytes`,
-    `retention_interval`, `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told of stores and evictions: the eviction policy's
-    hints and the tiers below, `group_tiers.GroupHooks`, or None) from the pool."""
+    `retention_interval`, `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told of stores and
+    evictions: the eviction policy's hints and the tiers below, `group_tiers.GroupHooks`, or None)
+    from the pool."""
 
     def _setup_blocks(self) -> None:
         self.cached_maps: list[dict[int, int]] = [{} for _ in self.specs]
@@ -364,16 +365,15 @@ class GroupBlocks:
         self._ids[m : m + k] = ids
         self._n_ids = m + k
 
-    def _room(self, need: int) -> None:
-        """Evict once for what the groups' takes that follow need (the same victims as one eviction each)."""
-        if self.empty_bytes < need:
-            self._evict(need)
+    def _take(self, g: int, n: int) -> np.ndarray:
+        """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
+        return self._take_groups([n if i == g else 0 for i in range(len(self.specs))])[g]
 
     def _take_groups(self, new: list[int]) -> list[np.ndarray]:
-        """`new[g]` fresh blocks for each group `g` (ref 1), after one eviction for all of them: the
-        same ids, in the same order, as `_take` group by group, with one pass over the per-block arrays."""
+        """`new[g]` fresh blocks for each group `g` (ref 1), after one eviction for all of them (the
+        same victims, ids and order as a take per group), with one pass over the per-block arrays."""
         n = sum(new)
-        if n == 0:
+        if n <= 0:
             return [EMPTY] * len(new)
         costs = self.group_bytes
         need = sum([k * c for k, c in zip(new, costs, strict=True)])
@@ -404,22 +404,6 @@ class GroupBlocks:
         else:
             arr = np.concatenate((self._ids[:m][::-1], self._new_ids(n - m)))
         self._n_ids = max(0, m - n)
-        return arr
-
-    def _take(self, g: int, n: int) -> np.ndarray:
-        """`n` fresh blocks of group `g` (ref 1), evicting least recently freed cached blocks for room."""
-        if n <= 0:
-            return EMPTY
-        need = n * (cost := self.specs[g].block_bytes)
-        if self.empty_bytes < need:
-            self._evict(need)
-        self.empty_bytes -= need
-        arr = self._pop_ids(n)
-        self.ref[arr] = 1
-        self.bgroup[arr] = g
-        self.bcost[arr] = cost
-        self.hashed_blk[arr] = False  # (a recycled id's hash was cleared from `bhash` when it was evicted)
-        self.stats.allocated += n
         return arr
 
     def _new_ids(self, k: int) -> np.ndarray:
