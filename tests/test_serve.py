@@ -122,7 +122,8 @@ def test_metrics_parse_and_move():
                 before[
                     "vllm:cache_config_info{block_size=16,cache_dtype=auto,enable_prefix_caching=True,"
                     "gpu_memory_utilization=0.9,num_cpu_blocks=0,num_gpu_blocks="
-                    f"{server.runner.engine.num_gpu_blocks},prefix_caching_hash_algo=xxhash}}"
+                    f"{server.runner.engine.num_gpu_blocks},prefix_cache_retention_interval=0,"
+                    "prefix_caching_hash_algo=xxhash}"
                 ]
                 == 1
             )

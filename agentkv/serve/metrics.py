@@ -210,6 +210,7 @@ class _EngineCollector(Collector):
             "num_gpu_blocks": str(eng.num_gpu_blocks),
             "num_cpu_blocks": str(cpu_blocks),
             "prefix_caching_hash_algo": cfg.hash_algo,
+            "prefix_cache_retention_interval": str(cfg.prefix_cache_retention_interval),
         }
         g = GaugeMetricFamily(
             "vllm:cache_config_info", "Information of the cache config.", labels=[*info, "engine"]
