@@ -187,27 +187,45 @@ def pool_tokens(engine: Engine, ctx: int = 131072) -> int:
     return int(pool.capacity / per_seq * ctx)
 
 
-def model_families(names: list[str] | None) -> list[Row]:
+def model_families(names: list[str] | None, repeat: int = 1) -> list[Row]:
     """The Claude Code traces on 8 H200s per model family (replicas = 8 / TP, kv_aware, 64 lanes):
-    hit rate, TTFT, and the simulator's CPU time beside Llama-3.1-8B's."""
+    hit rate, TTFT, and the simulator's CPU time beside Llama-3.1-8B's. With `repeat` > 1 the models
+    run in `repeat` rounds, one run each a round (a host whose speed drifts slows them alike), and
+    each keeps its least CPU (noise only adds); a model's runs must give the same hit rate."""
     src = SHARED / "traces" / "claude-code"
     if not src.is_dir():
         print(f"(d) skipped: {src} not found (set AGENTKV_SHARED)")
         return []
     traces = load_paths([src])[:LIMIT]
-    rows, base = [], None
     print(f"(d) {src}: model families on 8x H200, 64 lanes, kv_aware   load average: {loadavg()}")
-    for name, tp, kv in MODELS:
-        if names and name not in names:
-            continue
-        eng = EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp, kv_cache_dtype=kv)
-        cfg = SimConfig(engine=eng, workers=WORKERS // tp, lanes=64, router="kv_aware")
-        w0, c0 = time.perf_counter(), time.process_time()
-        cluster = make_cluster(traces, cfg)
-        res = cluster.run()
-        wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    picked = [(n, tp, kv) for n, tp, kv in MODELS if not names or n in names]
+    cpus: list[list[float]] = [[] for _ in picked]
+    hits: list[set[float]] = [set() for _ in picked]
+    best: list[tuple[float, float, Cluster, SimResult] | None] = [None] * len(picked)  # the least-CPU run
+    for _ in range(repeat):
+        for i, (name, tp, kv) in enumerate(picked):
+            eng = EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp, kv_cache_dtype=kv)
+            cfg = SimConfig(engine=eng, workers=WORKERS // tp, lanes=64, router="kv_aware")
+            w0, c0 = time.perf_counter(), time.process_time()
+            cluster = make_cluster(traces, cfg)
+            res = cluster.run()
+            cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+            cpus[i].append(cpu)
+            hits[i].add(res.summary.cache.reported)
+            if best[i] is None or cpu < best[i][0]:
+                best[i] = (cpu, wall, cluster, res)
+    rows, base = [], None
+    for i, (name, tp, kv) in enumerate(picked):
+        if len(hits[i]) > 1:
+            raise SystemExit(f"{name}: repeated runs differ (hit rates {sorted(hits[i])})")
+        cpu, wall, cluster, res = best[i]
+        if repeat > 1:
+            listed = ", ".join(f"{c:.1f}" for c in cpus[i])
+            print(f"    {name}: CPU s of {repeat} runs, one a round: {listed} (least kept)")
         base = cpu if name == "Llama-3.1-8B" else base
-        tokens = pool_tokens(Engine(eng))
+        tokens = pool_tokens(
+            Engine(EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp, kv_cache_dtype=kv))
+        )
         s = res.summary
         vs = f", {cpu / base:.2f}x Llama-3.1-8B's CPU" if base else ""
         print(
@@ -268,6 +286,9 @@ def main() -> None:
     ap.add_argument(
         "--traces", type=int, default=None, help="(a), (c), (d): the first N Claude Code traces only"
     )
+    ap.add_argument(
+        "--repeat", type=int, default=1, help="(d): run each model N times and keep its least CPU (default 1)"
+    )
     args = ap.parse_args()
     global LIMIT
     LIMIT = args.traces
@@ -287,7 +308,9 @@ def main() -> None:
     if args.only in (None, "mooncake"):
         rows += mooncake(not args.no_dynamo)
     if args.only in (None, "models"):
-        rows += model_families(args.models.split(",") if args.models else None)
+        if args.repeat < 1:
+            ap.error(f"--repeat: {args.repeat} must be >= 1")
+        rows += model_families(args.models.split(",") if args.models else None, args.repeat)
     if args.only == "dynamo":
         routers = args.routers.split(",")
         if bad := [r for r in routers if r not in MODES]:
