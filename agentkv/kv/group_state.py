@@ -84,6 +84,10 @@ class GroupBlocks:
                 out.append(max(0, n_tok - len(self.tables[rid][g])))
         return out
 
+    def blocks_bytes(self, counts: Sequence[int]) -> int:
+        """Bytes of `counts[g]` blocks of each group `g` (what an allocation takes from the pool)."""
+        return sum([k * c for k, c in zip(counts, self.group_bytes, strict=True)])
+
     def first_skips(self, req: KVRequest, hit: int) -> list[int]:
         """Each group's leading null blocks at admission: those a window or chunk has moved past at
         the hit's end, or at the arrived KV's (vLLM's `allocate_new_computed_blocks` pads what
@@ -375,8 +379,7 @@ class GroupBlocks:
         n = sum(new)
         if n <= 0:
             return [EMPTY] * len(new)
-        costs = self.group_bytes
-        need = sum([k * c for k, c in zip(new, costs, strict=True)])
+        costs, need = self.group_bytes, self.blocks_bytes(new)
         if self.empty_bytes < need:
             self._evict(need)
         self.empty_bytes -= need

@@ -263,7 +263,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         else:
             self.remove_skipped(rid, num_computed_tokens)
             new = self.new_blocks(req, total)
-            ok = sum(n * s.block_bytes for n, s in zip(new, self.specs, strict=True)) <= self.available_bytes
+            ok = self.blocks_bytes(new) <= self.available_bytes
             if ok:
                 self.grow(req, new, total)
             else:
@@ -299,7 +299,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         shared = self.shared_blocks(req.block_hashes, hit, skips, full)
         total = num_computed_tokens + num_new_tokens
         new = self.first_blocks(hit, total, skips)
-        need = sum(n * s.block_bytes for n, s in zip(new, self.specs, strict=True))
+        need = self.blocks_bytes(new)
         for s, blocks in zip(self.specs, shared, strict=True):
             if len(blocks):
                 need += s.block_bytes * (len(blocks) - np.count_nonzero(self.ref[blocks]))
