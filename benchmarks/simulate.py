@@ -223,9 +223,7 @@ def model_families(names: list[str] | None, repeat: int = 1) -> list[Row]:
             listed = ", ".join(f"{c:.1f}" for c in cpus[i])
             print(f"    {name}: CPU s of {repeat} runs, one a round: {listed} (least kept)")
         base = cpu if name == "Llama-3.1-8B" else base
-        tokens = pool_tokens(
-            Engine(EngineConfig(gpu="h200", model=name, tensor_parallel_size=tp, kv_cache_dtype=kv))
-        )
+        tokens = pool_tokens(cluster.workers[0].engine)  # (capacity and groups: the run leaves them)
         s = res.summary
         vs = f", {cpu / base:.2f}x Llama-3.1-8B's CPU" if base else ""
         print(

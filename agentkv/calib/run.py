@@ -224,9 +224,8 @@ async def calibrate(args: argparse.Namespace) -> int:
                 split_wall_s(speed, t.time_scale, max_len) if split else 0
             )
             keep = min(keep, CURVE_SHARE * budget)
-            end = deadline - min(
-                lag_wall_s(speed, t.time_scale, max_len) + keep, budget / 2
-            )  # both: half at most
+            reserve = lag_wall_s(speed, t.time_scale, max_len) + keep
+            end = deadline - min(reserve, budget / 2)  # both: half at most
             full = make_plan(max_len, bs, t.chunk, kv_tokens) + floor
             plan = plan_for(t, full, speed, args, end - time.monotonic(), max_len)
             if not args.quiet:
