@@ -31,7 +31,8 @@ class Scheduler:
         self.hints = PrefixHints()  # requests' block tables, by the keys they share with later ones
         self.lower_tier_tokens: dict[str, int] = {}
         # a linear-attention/SSM state is saved only where a chunk ends: cut prefill chunks at block
-        # boundaries, the replay boundary and a junction (vLLM's mamba 'align' mode, `_mamba_block_aligned_split`)
+        # boundaries, the replay boundary and a junction (vLLM's mamba 'align' mode,
+        # `_mamba_block_aligned_split`)
         self._align = bool(getattr(pool, "has_state", False)) and config.enable_prefix_caching
 
     def add(self, req: EngineRequest) -> None:

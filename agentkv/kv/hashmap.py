@@ -63,9 +63,9 @@ def drop_copies(
     blocks: np.ndarray,
     hashes: list[int],
 ) -> list[int]:
-    """Forget evicted blocks (`blocks`, `hashes` in step); a hash with other copies stays, its next oldest copy answering lookups
-    (`has`, if given, marks it). Returns the hashes no block holds any more (what the tiers below
-    and the policy hear of). When no victim's hash has copies, all at once."""
+    """Forget evicted blocks (`blocks`, `hashes` in step); a hash with other copies stays, its next
+    oldest copy answering lookups (`has`, if given, marks it). Returns the hashes no block holds any
+    more (what the tiers below and the policy hear of). When no victim's hash has copies, all at once."""
     if not dups or not dups.keys() & hashes:  # (C-level: no victim's hash has another copy)
         deque(map(cached.__delitem__, hashes), 0)
         return hashes

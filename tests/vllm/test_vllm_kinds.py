@@ -71,24 +71,29 @@ def test_simulated_hit_rate_matches_live_vllm_per_kind(kind_server, trimmed_trac
     )
 
 
+def constructed(server: VllmServer, prompts: list[tuple[int, int, int]], name: str, tmp_path):
+    """Replay prompts given as (blocks shared by all, own blocks, extra tokens) of the server's block
+    size, all at t=0 in one session, live and simulated: (live run, simulate summary, block size)."""
+    bs = int(server.cache_config()["block_size"])
+    reqs = []
+    for i, (shared, own, extra) in enumerate(prompts):
+        ids = [*range(1, shared + 1), *range(1000 * (i + 1), 1000 * (i + 1) + own)]
+        reqs.append(Request(t=0.0, input_tokens=len(ids) * bs + extra, output_tokens=4, hash_ids=ids))
+    trace = write_agentx(
+        Trace(id=name, block_size=bs, session=Session(id=name, requests=reqs), format="agentx"),
+        tmp_path / f"{name}.json",
+    )
+    live, sim = live_and_simulated(server, trace, tmp_path / "bench")
+    return live, sim, bs
+
+
 @pytest.mark.parametrize("kind_server", ["kind-sliding-window"], indirect=True)
 def test_a_window_caches_its_tail_where_a_shared_prefix_ends(kind_server, tmp_path, figures):
     """Three prompts share 40 blocks (32 tokens each) and diverge after them. The first caches its
     window only before its own end; the second finds the 40 blocks in the full-attention group but
     not the window before them, so it hits nothing, and vLLM 0.32 keeps its window tail at that
     junction (`shared_prefix_boundary`); the third hits all 40. agentkv simulates the same."""
-    cfg = kind_server.cache_config()
-    bs = int(cfg["block_size"])
-    shared = list(range(1, 41))
-    reqs = [
-        Request(t=0.0, input_tokens=50 * bs, output_tokens=4, hash_ids=[*shared, *range(k, k + 10)])
-        for k in (1000, 2000, 3000)
-    ]
-    trace = write_agentx(
-        Trace(id="junction", block_size=bs, session=Session(id="junction", requests=reqs), format="agentx"),
-        tmp_path / "junction.json",
-    )
-    live, sim = live_and_simulated(kind_server, trace, tmp_path / "bench")
+    live, sim, bs = constructed(kind_server, [(40, 10, 0)] * 3, "junction", tmp_path)
     assert [r.cached_tokens for r in live.records] == [0, 0, 40 * bs]
     assert sim["cache"]["reported"] == live.hit_rate
     figures["window junction (kind-sliding-window)"] = (
@@ -115,19 +120,8 @@ def test_a_state_is_cached_only_where_a_later_prompt_resumes(kind_server, case, 
     """vLLM 0.32 (`prefix_cache_retention_interval` 0) caches a Gated DeltaNet state only at a prompt's
     replay boundary and at a shared prefix's junction, where its scheduler also ends a prefill chunk;
     the states saved at other chunk ends are freed uncached. agentkv simulates the same."""
-    cfg = kind_server.cache_config()
-    bs = int(cfg["block_size"])
     prompts, want = STATE_CASES[case]
-    reqs = []
-    for i, (shared, own, extra) in enumerate(prompts):
-        ids = [*range(1, shared + 1), *range(1000 * (i + 1), 1000 * (i + 1) + own)]
-        reqs.append(Request(t=0.0, input_tokens=len(ids) * bs + extra, output_tokens=4, hash_ids=ids))
-    name = case.replace(" ", "-").replace(",", "")
-    trace = write_agentx(
-        Trace(id=name, block_size=bs, session=Session(id=name, requests=reqs), format="agentx"),
-        tmp_path / f"{name}.json",
-    )
-    live, sim = live_and_simulated(kind_server, trace, tmp_path / "bench")
+    live, sim, bs = constructed(kind_server, prompts, case.replace(" ", "-").replace(",", ""), tmp_path)
     assert [r.cached_tokens for r in live.records] == [n * bs for n in want]
     assert sim["cache"]["reported"] == live.hit_rate
     figures[f"state retention, {case} (kind-hybrid)"] = (
