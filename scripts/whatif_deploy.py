@@ -238,9 +238,10 @@ def run_row(row: Row, a) -> str:
             f"| {f['ttft']:.1f} s | {f['mix']} |{cpu}"
         )
     f = figures(row.points[k])
-    at = f"{k}{'+' if k == a.max_lanes else ''}"
+    above = [n for n in row.points if n > k]  # the bisection's points above its knee all missed
+    at = f"{k}{'+' if k == a.max_lanes else ''} lanes" + (f" ({min(above)} missed)" if above else "")
     return (
-        f"{label} | {f['gpus']} | {tier_name}: {at} lanes | {f['agents_gpu']:.2f} | {f['agents_mw']:,.0f} | "
+        f"{label} | {f['gpus']} | {tier_name}: {at} | {f['agents_gpu']:.2f} | {f['agents_mw']:,.0f} | "
         f"{ratio(row, f)} | {f['mtok_mw']:.2f} | {f['tps']:.1f} | {f['ttft']:.1f} s | {f['mix']} |{cpu}"
     )
 

@@ -2,6 +2,7 @@
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,10 @@ def test_quick_prints_a_row_with_the_ratio_to_aa_agentperf():
     cells = [c.strip() for c in rows[0].strip("|").split("|")]
     assert cells[4] == "8" and cells[5].startswith(("default:", "relaxed:", "none met"))
     if not cells[5].startswith("none"):
+        # the knee with the least lanes the search saw miss above it (the bracket the bisection left)
+        m = re.fullmatch(r"(default|relaxed): (\d+)\+? lanes(?: \((\d+) missed\))?", cells[5])
+        assert m, cells[5]
+        assert m[3] is None or int(m[3]) > int(m[2])
         agents_gpu, agents_mw = float(cells[6]), float(cells[7].replace(",", ""))
         # agents/MW is agents/GPU over the DGX H200's provisioned 1,275 W per GPU
         assert agents_mw == pytest.approx(agents_gpu / 1275 * 1e6, rel=0.01)
