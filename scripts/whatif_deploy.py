@@ -174,6 +174,11 @@ def knee(row: Row, tier, lo: int, hi: int, a) -> int | None:
         mid = max(lo + 1, round((lo * hi) ** 0.5))
         m = point(row, mid, a)
         lo, hi = (mid, hi) if isinstance(m, dict) and meets(m, tier) else (lo, mid)
+    for n in range(lo + 1, hi) if a.exact else ():  # up from the knee, one point at a time, to a miss
+        m = point(row, n, a)
+        if not (isinstance(m, dict) and meets(m, tier)):
+            break
+        lo = n
     return lo
 
 
@@ -317,6 +322,11 @@ def parser() -> argparse.ArgumentParser:
         "--min-lanes", type=int, default=None, help="bottom of the lanes search (default 1; racks 9)"
     )
     ap.add_argument("--point-timeout", type=float, default=3600.0, help="seconds per simulate point")
+    ap.add_argument(
+        "--exact",
+        action="store_true",
+        help="after the bisection (a 25%% bracket), run each lanes point above its knee until one misses",
+    )
     ap.add_argument(
         "--expert-imbalance",
         type=float,
