@@ -243,7 +243,7 @@ def run_row(row: Row, a) -> str:
             f"| {f['ttft']:.1f} s | {f['mix']} |{cpu}"
         )
     f = figures(row.points[k])
-    above = [n for n in row.points if n > k]  # the bisection's points above its knee all missed
+    above = [n for n in row.points if n > k]  # every point tried above the knee missed
     at = f"{k}{'+' if k == a.max_lanes else ''} lanes" + (f" ({min(above)} missed)" if above else "")
     return (
         f"{label} | {f['gpus']} | {tier_name}: {at} | {f['agents_gpu']:.2f} | {f['agents_mw']:,.0f} | "

@@ -1,7 +1,6 @@
 """scripts/whatif_deploy.py prints the deployment what-if table (its --quick row) and rejects bad names."""
 
 import argparse
-import importlib.util
 import os
 import re
 import subprocess
@@ -196,19 +195,12 @@ def test_rack_offload_gives_every_rack_engine_a_cpu_tier():
     assert all("--cpu-offload" not in mod.command(r, 9, a) for r in plain)
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("whatif_deploy", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @pytest.mark.parametrize("exact", [False, True])
 def test_knee_bisects_to_a_bracket_and_exact_walks_it_to_the_first_miss(monkeypatch, exact):
     """Lanes meet the tier up to 70 and from 73 to 75 again (TTFT p90 is not monotone near a knee):
     the bisection stops within 25% (1, 192, 14, 52, 100, 72, 61 -> 61, 72 missed); --exact runs 62, 63,
     ... and stops at the first miss (71), so the knee is 70 and the row reads '70 lanes (71 missed)'."""
-    mod = _script()
+    mod = _module()
     met = set(range(1, 71)) | {73, 74, 75}
     monkeypatch.setattr(mod, "point", lambda row, n, a: row.points.setdefault(n, {"n": n}))
     monkeypatch.setattr(mod, "meets", lambda s, tier: s["n"] in met)
