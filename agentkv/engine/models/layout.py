@@ -5,8 +5,8 @@ groups of `group_size` layers (the fewest layers any spec has, or the most when 
 
 Groups that share a prefix-cache rule (full attention and MLA at any compression ratio; one window,
 DeepSeek-V4's compressor buffers among them; one chunk; states) share a block table, so they become
-one `GroupSpec` whose block costs the sum of their (padded) bytes. A model whose groups all keep every block (full attention, MLA) has no layout:
-the engine keeps its single-table `BlockPool`.
+one `GroupSpec` whose block costs the sum of their (padded) bytes. A model whose groups all keep
+every block (full attention, MLA) has no layout: the engine keeps its single-table `BlockPool`.
 """
 
 from __future__ import annotations
