@@ -159,6 +159,17 @@ def point(row: Row, lanes: int, a) -> dict | str:
     return row.points[lanes]
 
 
+def _bracket(text: str) -> float:
+    """--bracket's value: a finite factor above 1 (anything else is argparse's one-line error)."""
+    try:
+        f = float(text)
+    except ValueError:
+        f = math.nan
+    if not (math.isfinite(f) and f > 1.0):
+        raise argparse.ArgumentTypeError(f"must be a finite number above 1, got {text!r}")
+    return f
+
+
 def knee(row: Row, tier, lo: int, hi: int, a) -> int | None:
     """The most lanes meeting `tier` (bisection, as simulate --sweep; None when `lo` misses it)."""
     s = point(row, lo, a)
@@ -170,7 +181,7 @@ def knee(row: Row, tier, lo: int, hi: int, a) -> int | None:
     top = point(row, hi, a)
     if isinstance(top, dict) and meets(top, tier):
         return hi
-    while hi > lo * 1.25 and hi - lo > 1:
+    while hi > lo * a.bracket and hi - lo > 1:
         mid = max(lo + 1, round((lo * hi) ** 0.5))
         m = point(row, mid, a)
         lo, hi = (mid, hi) if isinstance(m, dict) and meets(m, tier) else (lo, mid)
@@ -323,9 +334,16 @@ def parser() -> argparse.ArgumentParser:
     )
     ap.add_argument("--point-timeout", type=float, default=3600.0, help="seconds per simulate point")
     ap.add_argument(
+        "--bracket",
+        type=_bracket,
+        default=1.25,
+        help="the bisection stops once its missed point is within this factor of its knee (default "
+        "1.25; 1.05 resolves a knee to 5%% in about two more points)",
+    )
+    ap.add_argument(
         "--exact",
         action="store_true",
-        help="after the bisection (a 25%% bracket), run each lanes point above its knee until one misses",
+        help="after the bisection (a --bracket bracket), run each lanes point above its knee until one misses",
     )
     ap.add_argument(
         "--expert-imbalance",

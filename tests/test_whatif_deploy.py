@@ -205,6 +205,27 @@ def test_knee_bisects_to_a_bracket_and_exact_walks_it_to_the_first_miss(monkeypa
     monkeypatch.setattr(mod, "point", lambda row, n, a: row.points.setdefault(n, {"n": n}))
     monkeypatch.setattr(mod, "meets", lambda s, tier: s["n"] in met)
     row = mod.Row("DeepSeek-V4-Pro", "8x H200", "agg", "default")
-    k = mod.knee(row, mod.DEFAULT_TIER, 1, 192, argparse.Namespace(exact=exact))
+    k = mod.knee(row, mod.DEFAULT_TIER, 1, 192, argparse.Namespace(exact=exact, bracket=1.25))
     assert k == (70 if exact else 61)
     assert min(n for n in row.points if n > k) == (71 if exact else 72)
+
+
+def test_bracket_narrows_the_bisection(monkeypatch):
+    """--bracket 1.05 bisects on past the default 25%: where the tier is met up to 70 the knee at 61
+    (72 missed) becomes 69 (72 missed, within 5%) in two more points, 66 and 69; the default is 1.25."""
+    mod = _module()
+    met = set(range(1, 71))
+    monkeypatch.setattr(mod, "point", lambda row, n, a: row.points.setdefault(n, {"n": n}))
+    monkeypatch.setattr(mod, "meets", lambda s, tier: s["n"] in met)
+    row = mod.Row("DeepSeek-V4-Pro", "8x H200", "agg", "default")
+    a = mod.parser().parse_args(["--bracket", "1.05"])
+    assert mod.knee(row, mod.DEFAULT_TIER, 1, 192, a) == 69
+    assert sorted(row.points) == [1, 14, 52, 61, 66, 69, 72, 100, 192]
+    assert mod.parser().parse_args([]).bracket == 1.25
+
+
+@pytest.mark.parametrize("value", ["1", "0.9", "nan", "inf", "x"])
+def test_bad_bracket_is_a_one_line_error(value):
+    p = _run("--bracket", value)
+    assert p.returncode == 2 and "--bracket: must be a finite number above 1" in p.stderr
+    assert "Traceback" not in p.stderr
