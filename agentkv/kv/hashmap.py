@@ -8,6 +8,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from agentkv.kv.u64map import U64Map
+
 
 def gallop(
     get: Callable[[int], int | None], block_hashes: Sequence[int], limit: int, start: int = 0
@@ -23,6 +25,29 @@ def gallop(
             found += chunk[: chunk.index(None)]
             return found
         found += chunk
+        lo, step = hi, step * 4
+    return found
+
+
+def gallop_map(
+    m: U64Map, block_hashes: Sequence[int], limit: int, start: int = 0, hash_array: np.ndarray | None = None
+) -> list[int]:
+    """As `gallop`, through a `U64Map`'s compiled run: `hash_array` (the hashes as uint64) whole, or
+    the hashes converted chunk by chunk (a hash outside uint64 is in no such map: the run ends there)."""
+    if hash_array is not None and len(hash_array) >= limit:
+        return m.run(hash_array[start:limit]).tolist()
+    found: list[int] = []
+    lo, step = start, 32
+    while lo < limit:
+        hi = min(limit, lo + step)
+        try:
+            ks = np.array(block_hashes[lo:hi], dtype=np.uint64)
+        except (OverflowError, TypeError, ValueError):
+            return found + gallop(m.get, block_hashes, hi, lo)
+        got = m.run(ks)
+        found += got.tolist()
+        if len(got) < hi - lo:
+            return found
         lo, step = hi, step * 4
     return found
 
@@ -57,17 +82,22 @@ def add_copies(
 
 
 def drop_copies(
-    cached: dict[int, int],
+    cached: dict[int, int] | U64Map,
     dups: dict[int, list[int]],
     has: np.ndarray | None,
     blocks: np.ndarray,
     hashes: list[int],
+    keys: np.ndarray | None = None,
 ) -> list[int]:
-    """Forget evicted blocks (`blocks`, `hashes` in step); a hash with other copies stays, its next
-    oldest copy answering lookups (`has`, if given, marks it). Returns the hashes no block holds any
-    more (what the tiers below and the policy hear of). When no victim's hash has copies, all at once."""
+    """Forget evicted blocks (`blocks`, `hashes` in step; `keys`: the hashes as uint64, for a
+    `U64Map`); a hash with other copies stays, its next oldest copy answering lookups (`has`, if
+    given, marks it). Returns the hashes no block holds any more (what the tiers below and the policy
+    hear of). When no victim's hash has copies, all at once."""
     if not dups or not dups.keys() & hashes:  # (C-level: no victim's hash has another copy)
-        deque(map(cached.__delitem__, hashes), 0)
+        if type(cached) is dict:
+            deque(map(cached.__delitem__, hashes), 0)
+        else:
+            cached.delete_many(keys if keys is not None else np.array(hashes, dtype=np.uint64))
         return hashes
     gone = []
     for b, h in zip(blocks.tolist(), hashes, strict=True):

@@ -19,11 +19,12 @@ import numpy as np
 from agentkv.kv.events import EventLog, KVEvent
 from agentkv.kv.eviction import make_policy
 from agentkv.kv.eviction.base import Evictor
-from agentkv.kv.hashmap import gallop, prefix_len
+from agentkv.kv.hashmap import gallop, gallop_map, prefix_len
 from agentkv.kv.interface import ComputedBlocks, KVRequest, LowerTier, PoolStats
 from agentkv.kv.invariants import check_pool
 from agentkv.kv.pool_hashes import PoolHashes
 from agentkv.kv.sizing import kv_bytes_per_token, num_blocks_for
+from agentkv.kv.u64map import U64Map
 
 __all__ = ["BlockPool", "kv_bytes_per_token", "num_blocks_for"]  # the boundary types: agentkv.kv.interface
 
@@ -57,7 +58,9 @@ class BlockPool(PoolHashes, EventLog):
         self.block_size = block_size
         self.ref = np.zeros(num_blocks, dtype=np.int32)
         self.block_hash = np.full(num_blocks, None, dtype=object)  # each block's hash (None: none)
-        self.cached: dict[int, int] = {}  # hash -> the block a lookup returns (its oldest copy)
+        # hash -> the block a lookup returns (its oldest copy): uint64 hashes in a U64Map, updated a
+        # batch at a time by compiled loops; a dict from the first hash outside uint64 on
+        self.cached: U64Map | dict[int, int] = U64Map(num_blocks)
         self.dups: dict[int, list[int]] = {}  # hash -> its other copies, oldest first (vLLM keeps them)
         # numpy mirror of block_hash (uint64 value, and whether the block is the one `cached` names)
         self._bh = np.zeros(num_blocks, dtype=np.uint64)
@@ -104,10 +107,10 @@ class BlockPool(PoolHashes, EventLog):
             hb = hint[:m]
             ok = self._has[hb] & (self._bh[hb] == hash_array[:m])
             k = m if ok.all() else int(ok.argmin())
-            rest = gallop(self.cached.get, block_hashes, limit, k)  # a miss there may hit elsewhere
+            rest = self._found(block_hashes, limit, k, hash_array)  # a miss there may hit elsewhere
             found = hb[:k] if not rest else np.concatenate((hb[:k], np.asarray(rest, dtype=np.int64)))
         else:
-            found = gallop(self.cached.get, block_hashes, limit)
+            found = self._found(block_hashes, limit, 0, hash_array)
         computed = ComputedBlocks(found, self._epoch)
         if count:
             self.touch(block_hashes, found)
@@ -325,7 +328,7 @@ class BlockPool(PoolHashes, EventLog):
         if computed is not None and computed.epoch == self._epoch and len(computed.blocks) >= n:
             found = computed.blocks[:n]
         else:
-            found = gallop(self.cached.get, req.block_hashes, n)
+            found = self._found(req.block_hashes, n, 0, getattr(req, "hash_array", None))
             if len(found) < n:
                 raise ValueError(
                     f"request {req.request_id}: block {len(found)} of its computed prefix is not "
@@ -334,6 +337,21 @@ class BlockPool(PoolHashes, EventLog):
         if isinstance(found, np.ndarray):
             return found.astype(np.int64)  # a copy: block tables never alias
         return np.fromiter(found, np.int64, n)
+
+    def _found(
+        self, block_hashes: Sequence[int], limit: int, start: int, hash_array: np.ndarray | None
+    ) -> list[int]:
+        """The cached blocks of the longest run of block_hashes[start:limit] (the map's search)."""
+        cached = self.cached
+        if type(cached) is dict:
+            return gallop(cached.get, block_hashes, limit, start)
+        return gallop_map(cached, block_hashes, limit, start, hash_array)
+
+    def _to_dict(self) -> None:
+        """A hash outside uint64 arrived: the map becomes a dict (and the uint64 mirror goes off)."""
+        if type(self.cached) is not dict:
+            self.cached = dict(self.cached.items())
+        self._mirror = False
 
     def _ids(self, blocks: np.ndarray) -> np.ndarray | list[int]:
         """Block ids in the form the policy takes: the array itself, or a list of ints."""

@@ -1,7 +1,7 @@
 """`BlockPool`'s hash bookkeeping: full blocks get their hashes (cached, announced, told to the
-policy and the lower tiers) and evicted blocks lose them. Per block, only the hash -> block map
-is touched one by one (through C-level `map`); the block -> hash table is an object array
-updated in bulk."""
+policy and the lower tiers) and evicted blocks lose them. The hash -> block map takes a batch's
+uint64 hashes in one compiled loop (`U64Map`; a dict, one hash at a time through C-level `map`,
+once a hash outside uint64 arrives); the block -> hash tables are arrays updated in bulk."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ class PoolHashes:
         """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
         bh, cached, dups = self.block_hash, self.cached, self.dups
         hashes = bh[victims].tolist()
-        gone = drop_copies(cached, dups, self._has, victims, hashes)
+        keys = None if type(cached) is dict else self._bh[victims]  # (a U64Map: the mirror holds them)
+        gone = drop_copies(cached, dups, self._has, victims, hashes, keys)
         bh[victims] = None
         self._has[victims] = False
         self._epoch += 1  # earlier lookups may name these blocks
@@ -42,16 +43,23 @@ class PoolHashes:
             seg_hashes = list(seg_hashes)
         idx = blocks[lo:hi]
         seg_blocks = idx.tolist()
-        got = list(map(cached.setdefault, seg_hashes, seg_blocks))  # inserts only absent hashes
-        bh[idx] = np.fromiter(seg_hashes, dtype=object, count=len(seg_hashes))
-        primary = True if got == seg_blocks else add_copies(self.dups, seg_hashes, seg_blocks, got)
+        keys = None
         if self._mirror:
             arr = getattr(req, "hash_array", None)  # uint64 hashes: no per-int conversion
             try:
-                self._bh[idx] = arr[lo:hi] if arr is not None and len(arr) >= hi else seg_hashes
-                self._has[idx] = primary
+                keys = arr[lo:hi] if arr is not None and len(arr) >= hi else np.array(seg_hashes, np.uint64)
             except (OverflowError, TypeError, ValueError):
-                self._mirror = False  # hashes outside uint64: plain lookups only
+                self._to_dict()  # hashes outside uint64: a dict map, plain lookups only
+                cached = self.cached
+        if keys is not None and type(cached) is not dict:  # inserts only absent hashes
+            got = cached.setdefault_many(keys, idx).tolist()
+        else:
+            got = list(map(cached.setdefault, seg_hashes, seg_blocks))
+        bh[idx] = np.fromiter(seg_hashes, dtype=object, count=len(seg_hashes))
+        primary = True if got == seg_blocks else add_copies(self.dups, seg_hashes, seg_blocks, got)
+        if keys is not None:
+            self._bh[idx] = keys
+            self._has[idx] = primary
         parent = cached.get(block_hashes[lo - 1]) if lo else None
         self.policy.on_cached(seg_blocks, lo, parent, block_hashes)
         self.stats.stored += len(seg_blocks)

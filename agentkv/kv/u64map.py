@@ -1,0 +1,242 @@
+"""`U64Map`: a hash -> block map for uint64 block hashes, kept in two numpy arrays (open addressing,
+linear probing) and updated a batch at a time by compiled loops (numba).
+
+`BlockPool` caches and evicts every block through its map; as a dict each insert and delete waits on
+memory (the dict's slots and the hash int objects: 240-275 ns a block inside `simulate`), where one
+compiled loop over a batch's uint64 hashes costs 30-60 ns a block (docs/simulate.md, "A compiled
+probe loop"). It also answers the dict calls the rest of the code makes (`get`, `in`, `[]`, `del`,
+`items()`, ...), so readers see a mapping; only the pool's hot paths use the batch calls.
+Keys 0 and 1 mark empty and deleted slots, so those two hashes live in a small side dict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, MutableMapping
+
+import numpy as np
+
+_MUL = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of key x _MUL pick the slot
+_M64 = (1 << 64) - 1
+_K = None  # the compiled loops, made on the first map (numba's import and load: about 0.3 s)
+
+
+def _kernels():
+    """Compile (or load from numba's cache) the batch loops once per process."""
+    global _K
+    if _K is not None:
+        return _K
+    import numba
+
+    empty, tomb, mul = np.uint64(0), np.uint64(1), np.uint64(_MUL)
+
+    @numba.njit(cache=True, nogil=True)
+    def setdefault_many(keys, vals, ks, bs, shift, mask, out):
+        """out[i]: the value ks[i] maps to after inserting (ks[i], bs[i]) unless present (-1 for the
+        slot marks 0 and 1, left to the caller); (new keys, marks met)."""
+        new = marks = 0
+        for i in range(len(ks)):
+            k = ks[i]
+            if k <= tomb:
+                out[i] = -1
+                marks += 1
+                continue
+            j = np.int64((k * mul) >> shift)
+            t = -1
+            while True:
+                kk = keys[j]
+                if kk == k:
+                    out[i] = vals[j]
+                    break
+                if kk == empty:
+                    if t >= 0:
+                        j = t
+                    keys[j] = k
+                    vals[j] = bs[i]
+                    out[i] = bs[i]
+                    new += 1
+                    break
+                if kk == tomb and t < 0:
+                    t = j
+                j = (j + 1) & mask
+        return new, marks
+
+    @numba.njit(cache=True, nogil=True)
+    def delete_many(keys, ks, shift, mask):
+        """Mark each present key's slot deleted (the slot marks 0 and 1 are skipped); how many were."""
+        gone = 0
+        for i in range(len(ks)):
+            k = ks[i]
+            if k <= tomb:
+                continue
+            j = np.int64((k * mul) >> shift)
+            while keys[j] != empty:
+                if keys[j] == k:
+                    keys[j] = tomb
+                    gone += 1
+                    break
+                j = (j + 1) & mask
+        return gone
+
+    @numba.njit(cache=True, nogil=True)
+    def run(keys, vals, ks, shift, mask, out):
+        """Values of the leading keys of ks that are present, into out; how many (-1 - i when a
+        slot mark 0 or 1 comes at i first: the caller looks that one up)."""
+        for i in range(len(ks)):
+            k = ks[i]
+            if k <= tomb:
+                return -1 - i
+            j = np.int64((k * mul) >> shift)
+            while True:
+                kk = keys[j]
+                if kk == k:
+                    out[i] = vals[j]
+                    break
+                if kk == empty:
+                    return i
+                j = (j + 1) & mask
+        return len(ks)
+
+    _K = (setdefault_many, delete_many, run)
+    return _K
+
+
+class U64Map(MutableMapping):
+    """uint64 -> int map (block hash -> block id) with compiled batch calls beside the dict API.
+
+    Sized for `capacity` live keys (the pool's blocks); it grows past that and rebuilds itself when
+    deleted slots pile up. Iteration order is slot order, not insertion order.
+    """
+
+    def __init__(self, capacity: int = 64) -> None:
+        _kernels()  # (kept in the module, not on the map: a map pickles as its arrays)
+        self._side: dict[int, int] = {}  # keys 0 and 1 (the slot marks)
+        self._alloc(max(16, 4 * capacity))
+
+    def _alloc(self, slots: int) -> None:
+        bits = max(4, (slots - 1).bit_length())
+        self._keys = np.zeros(1 << bits, dtype=np.uint64)
+        self._vals = np.zeros(1 << bits, dtype=np.int64)
+        self._shift, self._mask = np.uint64(64 - bits), (1 << bits) - 1
+        self._live = self._tombs = 0
+
+    def _room(self, more: int) -> None:
+        """Rebuild before `more` inserts would fill over half the slots (live + deleted)."""
+        size = len(self._keys)
+        if 2 * (self._live + self._tombs + more) <= size:
+            return
+        live = self._keys > 1
+        k, v = self._keys[live], self._vals[live]
+        self._alloc(size * 2 if 4 * (self._live + more) > size else size)
+        put = (_K or _kernels())[0]
+        self._live = put(self._keys, self._vals, k, v, self._shift, self._mask, np.empty_like(v))[0]
+
+    # -- batch calls (uint64 keys) ---------------------------------------------------------------
+    def setdefault_many(self, ks: np.ndarray, vs: np.ndarray) -> np.ndarray:
+        """dict.setdefault for each pair in order: the values the keys map to afterwards (int64)."""
+        self._room(len(ks))
+        out = np.empty(len(ks), dtype=np.int64)
+        new, marks = (_K or _kernels())[0](self._keys, self._vals, ks, vs, self._shift, self._mask, out)
+        self._live += new
+        if marks:  # keys 0 and 1 (the slot marks) go to the side dict, in order
+            for i in np.flatnonzero(ks <= 1).tolist():
+                out[i] = self._side.setdefault(int(ks[i]), int(vs[i]))
+        return out
+
+    def delete_many(self, ks: np.ndarray) -> None:
+        """Delete present keys (absent ones are ignored)."""
+        n = (_K or _kernels())[1](self._keys, ks, self._shift, self._mask)
+        self._live -= n
+        self._tombs += n
+        if self._side:
+            for k in ks[ks <= 1].tolist():
+                self._side.pop(k, None)
+
+    def run(self, ks: np.ndarray) -> np.ndarray:
+        """The values of the leading run of `ks` present in the map (stops at the first absent key)."""
+        out = np.empty(len(ks), dtype=np.int64)
+        n = (_K or _kernels())[2](self._keys, self._vals, ks, self._shift, self._mask, out)
+        if n < 0:  # a slot-mark key at -1 - n: the side dict answers, the run goes on after it
+            i = -1 - n
+            v = self._side.get(int(ks[i]))
+            if v is None:
+                return out[:i]
+            out[i] = v
+            rest = self.run(ks[i + 1 :])
+            out[i + 1 : i + 1 + len(rest)] = rest
+            return out[: i + 1 + len(rest)]
+        return out[:n]
+
+    # -- the dict API (one key at a time, from Python) ---------------------------------------------
+    def _slot(self, key: int) -> int:
+        """The slot holding `key` (2 <= key < 2**64), or -1."""
+        keys, mask = self._keys, self._mask
+        j = ((key * _MUL) & _M64) >> int(self._shift)
+        while (k := int(keys[j])) != 0:
+            if k == key:
+                return j
+            j = (j + 1) & mask
+        return -1
+
+    @staticmethod
+    def _is_key(key: object) -> bool:
+        return isinstance(key, int | np.integer) and 0 <= key <= _M64
+
+    def get(self, key, default=None):
+        if not self._is_key(key):
+            return default
+        key = int(key)
+        if key <= 1:
+            return self._side.get(key, default)
+        j = self._slot(key)
+        return default if j < 0 else int(self._vals[j])
+
+    def __getitem__(self, key) -> int:
+        v = self.get(key)
+        if v is None:
+            raise KeyError(key)
+        return v
+
+    def __contains__(self, key) -> bool:
+        return self.get(key) is not None
+
+    def __setitem__(self, key, value) -> None:
+        if not self._is_key(key):
+            raise KeyError(f"{key!r}: U64Map keys are ints in [0, 2**64)")
+        key = int(key)
+        if key <= 1:
+            self._side[key] = int(value)
+            return
+        j = self._slot(key)
+        if j >= 0:
+            self._vals[j] = value
+        else:
+            self.setdefault_many(np.array([key], dtype=np.uint64), np.array([int(value)], dtype=np.int64))
+
+    def __delitem__(self, key) -> None:
+        if self._is_key(key) and key <= 1:
+            del self._side[int(key)]
+            return
+        j = self._slot(int(key)) if self._is_key(key) else -1
+        if j < 0:
+            raise KeyError(key)
+        self._keys[j] = 1
+        self._live -= 1
+        self._tombs += 1
+
+    def __len__(self) -> int:
+        return self._live + len(self._side)
+
+    def __iter__(self) -> Iterator[int]:
+        yield from self._side
+        yield from self._keys[self._keys > 1].tolist()
+
+    def items(self):
+        live = self._keys > 1
+        return [*self._side.items(), *zip(self._keys[live].tolist(), self._vals[live].tolist(), strict=True)]
+
+    def values(self):
+        return [*self._side.values(), *self._vals[self._keys > 1].tolist()]
+
+    def clear(self) -> None:
+        self._side.clear()
+        self._alloc(len(self._keys))

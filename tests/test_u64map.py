@@ -1,0 +1,102 @@
+"""`U64Map`, the pool's hash -> block map: every call answers as a dict would, batch or single, with
+the slot marks (hashes 0 and 1) and rebuilds; `BlockPool` falls back to a dict for other hashes."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentkv.kv.interface import PoolRequest
+from agentkv.kv.pool import BlockPool
+from agentkv.kv.u64map import U64Map
+
+KEYS = st.one_of(st.sampled_from([0, 1, 2, 3, 2**64 - 1]), st.integers(0, 2**64 - 1))
+OPS = st.lists(
+    st.one_of(
+        st.tuples(st.just("put"), st.lists(st.tuples(KEYS, st.integers(0, 999)), max_size=12)),
+        st.tuples(st.just("del"), st.integers(0, 30)),
+        st.tuples(st.just("set"), KEYS, st.integers(0, 9)),
+        st.tuples(st.just("run"), st.integers(0, 30), KEYS),
+    ),
+    max_size=60,
+)
+
+
+def _u64(xs: list[int]) -> np.ndarray:
+    return np.array(xs, dtype=np.uint64)
+
+
+@settings(max_examples=300, deadline=None)
+@given(OPS)
+def test_every_call_answers_as_a_dict(ops):
+    """Random batches of setdefault, deletes, single sets and leading-run lookups on a small map (so it
+    rebuilds and grows): the same values, lengths, items and runs as a dict given the same calls."""
+    m, d = U64Map(4), {}
+    for op in ops:
+        if op[0] == "put":
+            ks, vs = [k for k, _ in op[1]], [v for _, v in op[1]]
+            got = m.setdefault_many(_u64(ks), np.array(vs, dtype=np.int64)).tolist()
+            assert got == [d.setdefault(k, v) for k, v in zip(ks, vs, strict=True)]
+        elif op[0] == "del":
+            gone = list(d)[: op[1]]
+            m.delete_many(_u64(gone))
+            for k in gone:
+                del d[k]
+        elif op[0] == "set":
+            m[op[1]] = d[op[1]] = op[2]
+        else:
+            ks = [*list(d)[: op[1]], op[2]]
+            want = []
+            for k in ks:
+                if k not in d:
+                    break
+                want.append(d[k])
+            assert m.run(_u64(ks)).tolist() == want
+        assert len(m) == len(d)
+    assert dict(m.items()) == d and sorted(m) == sorted(d) and sorted(m.values()) == sorted(d.values())
+    for k in [*d, 5, 2**63]:
+        assert m.get(k) == d.get(k) and (k in m) == (k in d)
+
+
+def test_single_key_calls_and_refusals():
+    """The dict API on one key: [] and del raise KeyError for absent keys; keys outside [0, 2**64)
+    are never present and cannot be set; clear empties it; a pickled map is the same map."""
+    m = U64Map()
+    m[0], m[7], m[2**64 - 1] = 10, 70, 99
+    assert m[0] == 10 and m[7] == 70 and m.get(2**64 - 1) == 99 and len(m) == 3
+    assert m.get(-1) is None and m.get(2**64) is None and "x" not in m and 8 not in m
+    with pytest.raises(KeyError):
+        m[8]
+    with pytest.raises(KeyError):
+        del m[8]
+    with pytest.raises(KeyError):
+        m[-3] = 1
+    del m[7]
+    assert 7 not in m and len(m) == 2
+    assert dict(pickle.loads(pickle.dumps(m)).items()) == {0: 10, 2**64 - 1: 99}
+    m.clear()
+    assert len(m) == 0 and list(m) == []
+
+
+def _req(rid: str, hashes: list[int]) -> PoolRequest:
+    return PoolRequest(request_id=rid, block_hashes=hashes)
+
+
+def test_pool_keeps_a_u64map_and_falls_back_to_a_dict_for_other_hashes():
+    """A pool's map is a U64Map while every hash is a uint64 (0 and 1 included); the first hash
+    outside uint64 turns it into a dict holding the same entries, and lookups answer the same."""
+    pool = BlockPool(32, block_size=4)
+    a = _req("a", [0, 1, 2**64 - 1, 5])
+    assert pool.allocate_slots(a, 16)
+    assert type(pool.cached) is U64Map and pool.get_computed_blocks([0, 1, 2**64 - 1, 5]).num_blocks == 4
+    pool.free("a")
+    b = _req("b", [0, 1, -7, 2**70])
+    assert pool.allocate_slots(b, 16, 8, pool.get_computed_blocks(b.block_hashes, 17))
+    assert type(pool.cached) is dict and not pool._mirror
+    assert pool.get_computed_blocks([0, 1, 2**64 - 1, 5]).num_blocks == 4
+    assert pool.get_computed_blocks([0, 1, -7, 2**70]).num_blocks == 4
+    pool.check_invariants()
