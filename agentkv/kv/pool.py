@@ -2,8 +2,9 @@
 
 Blocks are ints `0..num_blocks-1`. Per-block Python work is what limits a pure-Python pool
 (benchmarks/kv_pool.py measures it), so reference counts, the empty-block stack and each
-request's block table are numpy arrays updated in bulk; only the hash -> block map is a dict,
-used through C-level `map`. The verbs are the scheduler's: `get_computed_blocks`,
+request's block table are numpy arrays updated in bulk, and the hash -> block map is a `U64Map`
+(agentkv.kv.u64map) that takes a batch's uint64 hashes in one compiled loop (a dict, used through
+C-level `map`, once a hash outside uint64 arrives). The verbs are the scheduler's: `get_computed_blocks`,
 `allocate_slots`, `free`, `usage`, `reset`; the types they exchange are in agentkv.kv.interface.
 
 The hash -> block map's searches and duplicate copies are in agentkv.kv.hashmap; the invariants
