@@ -15,91 +15,19 @@ from collections.abc import Iterator, MutableMapping
 
 import numpy as np
 
-_MUL = 0x9E3779B97F4A7C15  # Fibonacci hashing: the top bits of key x _MUL pick the slot
+_MUL = 0x9E3779B97F4A7C15  # u64map_loops.MUL: the slot is the top bits of key x _MUL
 _M64 = (1 << 64) - 1
-_K = None  # the compiled loops, made on the first map (numba's import and load: about 0.3 s)
+_L = None  # agentkv.kv.u64map_loops, imported with the first map (numba's import and load: about 0.4 s)
 
 
-def _kernels():
-    """Compile (or load from numba's cache) the batch loops once per process."""
-    global _K
-    if _K is not None:
-        return _K
-    import numba
+def _loops():
+    """The compiled loops' module (numba compiles them, or loads them from its cache, once a process)."""
+    global _L
+    if _L is None:
+        from agentkv.kv import u64map_loops
 
-    empty, tomb, mul = np.uint64(0), np.uint64(1), np.uint64(_MUL)
-    # Each loop writes its probe out: a shared jitted probe made numba compile the three loops again in
-    # every process instead of loading them from its cache (0.82 s against 0.46 s to a first call).
-
-    @numba.njit(cache=True, nogil=True)
-    def setdefault_many(keys, vals, ks, bs, shift, mask, out):
-        """out[i]: the value ks[i] maps to after inserting (ks[i], bs[i]) unless present (-1 for the
-        slot marks 0 and 1, left to the caller); (new keys, marks met)."""
-        new = marks = 0
-        for i in range(len(ks)):
-            k = ks[i]
-            if k <= tomb:
-                out[i] = -1
-                marks += 1
-                continue
-            j = np.int64((k * mul) >> shift)
-            t = -1
-            while True:
-                kk = keys[j]
-                if kk == k:
-                    out[i] = vals[j]
-                    break
-                if kk == empty:
-                    if t >= 0:
-                        j = t
-                    keys[j] = k
-                    vals[j] = bs[i]
-                    out[i] = bs[i]
-                    new += 1
-                    break
-                if kk == tomb and t < 0:
-                    t = j
-                j = (j + 1) & mask
-        return new, marks
-
-    @numba.njit(cache=True, nogil=True)
-    def delete_many(keys, ks, shift, mask):
-        """Mark each present key's slot deleted (the slot marks 0 and 1 are skipped); how many were."""
-        gone = 0
-        for i in range(len(ks)):
-            k = ks[i]
-            if k <= tomb:
-                continue
-            j = np.int64((k * mul) >> shift)
-            while keys[j] != empty:
-                if keys[j] == k:
-                    keys[j] = tomb
-                    gone += 1
-                    break
-                j = (j + 1) & mask
-        return gone
-
-    @numba.njit(cache=True, nogil=True)
-    def run(keys, vals, ks, shift, mask, out):
-        """Values of the leading keys of ks that are present, into out; how many (-1 - i when a
-        slot mark 0 or 1 comes at i first: the caller looks that one up)."""
-        for i in range(len(ks)):
-            k = ks[i]
-            if k <= tomb:
-                return -1 - i
-            j = np.int64((k * mul) >> shift)
-            while True:
-                kk = keys[j]
-                if kk == k:
-                    out[i] = vals[j]
-                    break
-                if kk == empty:
-                    return i
-                j = (j + 1) & mask
-        return len(ks)
-
-    _K = (setdefault_many, delete_many, run)
-    return _K
+        _L = u64map_loops
+    return _L
 
 
 class U64Map(MutableMapping):
@@ -110,7 +38,7 @@ class U64Map(MutableMapping):
     """
 
     def __init__(self, capacity: int = 64) -> None:
-        _kernels()  # (kept in the module, not on the map: a map pickles as its arrays)
+        _loops()  # (kept in the module, not on the map: a map pickles as its arrays)
         self._side: dict[int, int] = {}  # keys 0 and 1 (the slot marks)
         self._alloc(max(16, 4 * capacity))
 
@@ -129,7 +57,7 @@ class U64Map(MutableMapping):
         live = self._keys > 1
         k, v = self._keys[live], self._vals[live]
         self._alloc(size * 2 if 4 * (self._live + more) > size else size)
-        put = (_K or _kernels())[0]
+        put = (_L or _loops()).setdefault_many
         self._live = put(self._keys, self._vals, k, v, self._shift, self._mask, np.empty_like(v))[0]
 
     # -- batch calls (uint64 keys) ---------------------------------------------------------------
@@ -137,7 +65,8 @@ class U64Map(MutableMapping):
         """dict.setdefault for each pair in order: the values the keys map to afterwards (int64)."""
         self._room(len(ks))
         out = np.empty(len(ks), dtype=np.int64)
-        new, marks = (_K or _kernels())[0](self._keys, self._vals, ks, vs, self._shift, self._mask, out)
+        put = (_L or _loops()).setdefault_many
+        new, marks = put(self._keys, self._vals, ks, vs, self._shift, self._mask, out)
         self._live += new
         if marks:  # keys 0 and 1 (the slot marks) go to the side dict, in order
             for i in np.flatnonzero(ks <= 1).tolist():
@@ -146,7 +75,7 @@ class U64Map(MutableMapping):
 
     def delete_many(self, ks: np.ndarray) -> None:
         """Delete present keys (absent ones are ignored)."""
-        n = (_K or _kernels())[1](self._keys, ks, self._shift, self._mask)
+        n = (_L or _loops()).delete_many(self._keys, ks, self._shift, self._mask)
         self._live -= n
         self._tombs += n
         if self._side:
@@ -156,7 +85,7 @@ class U64Map(MutableMapping):
     def run(self, ks: np.ndarray) -> np.ndarray:
         """The values of the leading run of `ks` present in the map (stops at the first absent key)."""
         out = np.empty(len(ks), dtype=np.int64)
-        n = (_K or _kernels())[2](self._keys, self._vals, ks, self._shift, self._mask, out)
+        n = (_L or _loops()).run(self._keys, self._vals, ks, self._shift, self._mask, out)
         if n < 0:  # a slot-mark key at -1 - n: the side dict answers, the run goes on after it
             i = -1 - n
             v = self._side.get(int(ks[i]))
@@ -170,7 +99,8 @@ class U64Map(MutableMapping):
 
     # -- the dict API (one key at a time, from Python) ---------------------------------------------
     def _slot(self, key: int) -> int:
-        """The slot holding `key` (2 <= key < 2**64), or -1."""
+        """The slot holding `key` (2 <= key < 2**64), or -1: `u64map_loops.find`'s probe written in
+        Python, as one key from Python costs 0.74 us this way and 1.31 us through numba's dispatch."""
         keys, mask = self._keys, self._mask
         j = ((key * _MUL) & _M64) >> int(self._shift)
         while (k := int(keys[j])) != 0:
