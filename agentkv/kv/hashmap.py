@@ -89,15 +89,15 @@ def drop_copies(
     hashes: list[int],
     keys: np.ndarray | None = None,
 ) -> list[int]:
-    """Forget evicted blocks (`blocks`, `hashes` in step; `keys`: the hashes as uint64, for a
-    `U64Map`); a hash with other copies stays, its next oldest copy answering lookups (`has`, if
+    """Forget evicted blocks (`blocks`, `hashes` in step; `keys`: the hashes as uint64, given with
+    a `U64Map`); a hash with other copies stays, its next oldest copy answering lookups (`has`, if
     given, marks it). Returns the hashes no block holds any more (what the tiers below and the policy
     hear of). When no victim's hash has copies, all at once."""
     if not dups or not dups.keys() & hashes:  # (C-level: no victim's hash has another copy)
         if type(cached) is dict:
             deque(map(cached.__delitem__, hashes), 0)
         else:
-            cached.delete_many(keys if keys is not None else np.array(hashes, dtype=np.uint64))
+            cached.delete_many(keys)
         return hashes
     gone = []
     for b, h in zip(blocks.tolist(), hashes, strict=True):

@@ -66,7 +66,6 @@ class BlockPool(PoolHashes, EventLog):
         # numpy mirror of block_hash (uint64 value, and whether the block is the one `cached` names)
         self._bh = np.zeros(num_blocks, dtype=np.uint64)
         self._has = np.zeros(num_blocks, dtype=bool)
-        self._mirror = True  # off once a hash does not fit in uint64
         self._empty = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)  # a stack, top at the end
         self._n_empty = num_blocks
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
@@ -343,16 +342,20 @@ class BlockPool(PoolHashes, EventLog):
         self, block_hashes: Sequence[int], limit: int, start: int, hash_array: np.ndarray | None
     ) -> list[int]:
         """The cached blocks of the longest run of block_hashes[start:limit] (the map's search)."""
-        cached = self.cached
-        if type(cached) is dict:
-            return gallop(cached.get, block_hashes, limit, start)
-        return gallop_map(cached, block_hashes, limit, start, hash_array)
+        if not self._mirror:
+            return gallop(self.cached.get, block_hashes, limit, start)
+        return gallop_map(self.cached, block_hashes, limit, start, hash_array)
+
+    @property
+    def _mirror(self) -> bool:
+        """Whether the uint64 mirror (`_bh`, `_has`) is kept: while every hash fits in uint64, which is
+        while the map is a `U64Map`."""
+        return type(self.cached) is not dict
 
     def _to_dict(self) -> None:
         """A hash outside uint64 arrived: the map becomes a dict (and the uint64 mirror goes off)."""
-        if type(self.cached) is not dict:
+        if self._mirror:
             self.cached = dict(self.cached.items())
-        self._mirror = False
 
     def _ids(self, blocks: np.ndarray) -> np.ndarray | list[int]:
         """Block ids in the form the policy takes: the array itself, or a list of ints."""

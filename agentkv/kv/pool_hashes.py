@@ -20,7 +20,7 @@ class PoolHashes:
         """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
         bh, cached, dups = self.block_hash, self.cached, self.dups
         hashes = bh[victims].tolist()
-        keys = None if type(cached) is dict else self._bh[victims]  # (a U64Map: the mirror holds them)
+        keys = self._bh[victims] if self._mirror else None  # (a U64Map's keys: the mirror holds them)
         gone = drop_copies(cached, dups, self._has, victims, hashes, keys)
         bh[victims] = None
         self._has[victims] = False
@@ -51,7 +51,7 @@ class PoolHashes:
             except (OverflowError, TypeError, ValueError):
                 self._to_dict()  # hashes outside uint64: a dict map, plain lookups only
                 cached = self.cached
-        if keys is not None and type(cached) is not dict:  # inserts only absent hashes
+        if keys is not None:  # (a U64Map) inserts only absent hashes
             got = cached.setdefault_many(keys, idx).tolist()
         else:
             got = list(map(cached.setdefault, seg_hashes, seg_blocks))
