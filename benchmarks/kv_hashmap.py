@@ -12,9 +12,9 @@ a hash already there keeps its block) and block -> hash:
 - numpy probe: open addressing with linear probing in vectorised rounds, tombstones, rebuilt.
 - numpy buckets: 4-slot buckets (one gather of a batch's rows), a delete clears the slot the
   block's entry sits in (no probing).
-- numba probe: open addressing with linear probing, one compiled loop per batch (`numba.njit`),
-  tombstones, rebuilt; only where numba is installed (not a dependency of agentkv: `pip install
-  numba` to add the row; its compile time is kept out of the timings by a warm-up run).
+- U64Map: `BlockPool`'s map since 2026-12-05 (agentkv.kv.u64map): open addressing with linear
+  probing, one compiled loop per batch (numba), tombstones, rebuilt; its loops are loaded (or
+  compiled) by a warm-up run before any timing.
 
 Between batches `--pollute` MB of other memory is read, as the simulator's own work does (the
 hash maps then miss the CPU caches as they do in `simulate`). Prints CPU ns per block cached and
@@ -32,13 +32,15 @@ from collections import deque
 
 import numpy as np
 
+from agentkv.kv.u64map import U64Map
+
 GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 
 
 class DictMap:
     """As `BlockPool`: a dict and an object array of each block's hash."""
 
-    name = "dict (BlockPool's)"
+    name = "dict (the pool's to 12-05)"
 
     def __init__(self, nb: int) -> None:
         self.map: dict[int, int] = {}
@@ -215,96 +217,27 @@ class BucketTable:
         return int(self.vals[r][hit.argmax()]) if hit.any() else self.spill.get(h)
 
 
-def _numba_table():
-    """`NumbaTable`, built only where numba imports (None elsewhere: the row is skipped)."""
-    try:
-        import numba
-    except ImportError:
-        return None
-    empty, tomb = np.uint64(0), np.uint64(1)  # reserved slot marks: hashes 0 and 1 live in `side`
+class U64Table:
+    """`BlockPool`'s `U64Map` with the uint64 mirror that names an evicted block's key."""
 
-    @numba.njit(cache=False)
-    def slot(k, shift):
-        return np.int64((k * np.uint64(0x9E3779B97F4A7C15)) >> shift)
+    name = "U64Map (BlockPool's)"
 
-    @numba.njit(cache=False)
-    def put(keys, vals, ks, bs, shift, mask):  # setdefault: a hash already there keeps its block
-        for i in range(len(ks)):
-            k, j, t = ks[i], slot(ks[i], shift), -1
-            while True:
-                kk = keys[j]
-                if kk == k:
-                    break
-                if kk == empty:
-                    if t >= 0:
-                        j = t
-                    keys[j], vals[j] = k, bs[i]
-                    break
-                if kk == tomb and t < 0:
-                    t = j
-                j = (j + 1) & mask
+    def __init__(self, nb: int) -> None:
+        self.map = U64Map(nb)
+        self.bh = np.zeros(nb, dtype=np.uint64)
 
-    @numba.njit(cache=False)
-    def drop(keys, vals, ks, shift, mask):
-        for i in range(len(ks)):
-            k, j = ks[i], slot(ks[i], shift)
-            while keys[j] != empty:
-                if keys[j] == k:
-                    keys[j] = tomb
-                    break
-                j = (j + 1) & mask
+    def insert(self, hashes: list[int], keys: np.ndarray, blocks: np.ndarray) -> None:
+        self.map.setdefault_many(keys, blocks)
+        self.bh[blocks] = keys
 
-    class NumbaTable:
-        """Open addressing, linear probing, a compiled loop per batch; rebuilt when tombstones pile up."""
+    def drop(self, victims: np.ndarray) -> None:
+        self.map.delete_many(self.bh[victims])
 
-        name = "numba probe"
-
-        def __init__(self, nb: int) -> None:
-            bits = (4 * nb - 1).bit_length()
-            self.shift, self.mask = np.uint64(64 - bits), (1 << bits) - 1
-            self.keys = np.zeros(1 << bits, dtype=np.uint64)
-            self.vals = np.zeros(1 << bits, dtype=np.int64)
-            self.bh = np.zeros(nb, dtype=np.uint64)
-            self.side: dict[int, int] = {}  # hashes 0 and 1 (the slot marks)
-            self.tombs, self.nb = 0, nb
-
-        def insert(self, hashes: list[int], keys: np.ndarray, blocks: np.ndarray) -> None:
-            if self.tombs > len(self.keys) // 2 - self.nb:
-                live = (self.keys != empty) & (self.keys != tomb)
-                k, v = self.keys[live], self.vals[live]
-                self.keys[:] = empty
-                self.tombs = 0
-                put(self.keys, self.vals, k, v, self.shift, self.mask)
-            marks = keys <= tomb
-            if marks.any():
-                for h, b in zip(keys[marks].tolist(), blocks[marks].tolist(), strict=True):
-                    self.side.setdefault(h, b)
-                keys, blocks = keys[~marks], blocks[~marks]
-            put(self.keys, self.vals, keys, blocks, self.shift, self.mask)
-            self.bh[blocks] = keys
-
-        def drop(self, victims: np.ndarray) -> None:
-            ks = self.bh[victims]
-            drop(self.keys, self.vals, ks, self.shift, self.mask)
-            self.tombs += len(ks)
-
-        def lookup(self, h: int) -> int | None:
-            if h <= 1:
-                return self.side.get(h)
-            j = ((h * 0x9E3779B97F4A7C15) & (1 << 64) - 1) >> int(self.shift)
-            while (k := int(self.keys[j])) != 0:
-                if k == h:
-                    return int(self.vals[j])
-                j = (j + 1) & self.mask
-            return None
-
-    return NumbaTable
+    def lookup(self, h: int) -> int | None:
+        return self.map.get(h)
 
 
-CLASSES = {c.__name__: c for c in (DictMap, InternedDict, LazyDict, ProbeTable, BucketTable)}
-NUMBA = _numba_table()
-if NUMBA is not None:
-    CLASSES["NumbaTable"] = NUMBA
+CLASSES = {c.__name__: c for c in (DictMap, InternedDict, LazyDict, ProbeTable, BucketTable, U64Table)}
 
 
 def churn(cls, nb: int, batch: int, stream: np.ndarray, pollute: np.ndarray) -> tuple[float, float, object]:
@@ -344,9 +277,7 @@ def main() -> None:
         "--pollute", type=int, default=64, help="MB of other memory; 1/8 of it read between batches"
     )
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument(
-        "--only", default=",".join(CLASSES), help=f"comma-separated of {', '.join(CLASSES)}, NumbaTable"
-    )
+    ap.add_argument("--only", default=",".join(CLASSES), help=f"comma-separated of {', '.join(CLASSES)}")
     args = ap.parse_args()
     if args.rounds < 2 or args.blocks < 1 or args.batch < 1:
         ap.error(
@@ -359,15 +290,11 @@ def main() -> None:
     )
     ref = None
     names = args.only.split(",")
-    if NUMBA is None and "NumbaTable" in names:
-        names.remove("NumbaTable")
-    if NUMBA is None:
-        print("numba probe: skipped (numba is not installed; `pip install numba` adds the row)")
     unknown = [n for n in names if n not in CLASSES]
     if unknown:
         ap.error(f"--only: unknown {', '.join(unknown)} (known: {', '.join(CLASSES)})")
-    if "NumbaTable" in names:  # compile its loops before any timing
-        churn(NUMBA, args.batch * 2, args.batch, stream[: args.batch * 6], pollute[:0])
+    if "U64Table" in names:  # load (or compile) its loops before any timing
+        churn(U64Table, args.batch * 2, args.batch, stream[: args.batch * 6], pollute[:0])
     for cls in (CLASSES[n] for n in names):
         best = min(
             (churn(cls, args.blocks, args.batch, stream, pollute) for _ in range(args.repeat)),
