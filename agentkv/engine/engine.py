@@ -148,11 +148,12 @@ class Engine:
         promote = 0.0
         n_prefill_tokens = 0
         for req, n in batch:
-            if req.is_prefill:
-                prefills.append((n, req.num_computed))
+            nc, plen = req.num_computed, req.prompt_len
+            if plen + req.num_output - nc > 1 or nc < plen:  # (req.is_prefill, inlined: a step's hot loop)
+                prefills.append((n, nc))
                 n_prefill_tokens += n
             else:
-                decodes.append(req.num_computed)
+                decodes.append(nc)
             if req.promote_s:
                 promote += req.promote_s
                 req.promote_s = 0.0
@@ -164,12 +165,13 @@ class Engine:
         st.promote_s += promote
         outputs: list[RequestOutput] = []
         finished: list[EngineRequest] = []
-        itl = self.itl_sink
+        itl, max_len = self.itl_sink, self.max_model_len
         for req, n in batch:
-            req.num_computed += n
-            if req.num_computed < req.num_tokens:
+            nc = req.num_computed = req.num_computed + n
+            nt = req.prompt_len + req.num_output  # (req.num_tokens, inlined)
+            if nc < nt:
                 continue  # a chunk of a longer prefill: no token yet
-            req.num_output += 1
+            out = req.num_output = req.num_output + 1
             if req.first_token is None:
                 req.first_token = end
             else:
@@ -181,7 +183,7 @@ class Engine:
             req.last_token = end
             if req.token_times is not None:
                 req.token_times.append(end)
-            done = req.num_output >= req.max_tokens or req.num_tokens >= self.max_model_len
+            done = out >= req.max_tokens or nt + 1 >= max_len
             if done:
                 req.finish_reason = "length"
                 req.finished_at = end

@@ -53,7 +53,9 @@ class Scheduler:
         while i < len(running) and budget > 0:
             req = running[i]
             nc = req.num_computed
-            n = min(req.num_tokens - nc, budget)
+            n = req.prompt_len + req.num_output - nc  # (req.num_tokens - nc: a step's hot loop)
+            if n > budget:
+                n = budget
             if align and not (n := self._aligned(req, n, nc)):
                 i += 1
                 continue
