@@ -1,5 +1,5 @@
 """`U64Map`, the pool's hash -> block map: every call answers as a dict would, batch or single, with
-the slot marks (hashes 0 and 1) and rebuilds; `BlockPool` falls back to a dict for other hashes."""
+the empty-slot mark (hash 0), deletes and growth; `BlockPool` falls back to a dict for other hashes."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ OPS = st.lists(
         st.tuples(st.just("put"), st.lists(st.tuples(KEYS, st.integers(0, 999)), max_size=12)),
         st.tuples(st.just("del"), st.integers(0, 30)),
         st.tuples(st.just("set"), KEYS, st.integers(0, 9)),
+        st.tuples(st.just("pop"), st.integers(0, 30)),
         st.tuples(st.just("run"), st.integers(0, 30), KEYS),
     ),
     max_size=60,
@@ -48,6 +49,10 @@ def test_every_call_answers_as_a_dict(ops):
                 del d[k]
         elif op[0] == "set":
             m[op[1]] = d[op[1]] = op[2]
+        elif op[0] == "pop":
+            if d:
+                k = list(d)[op[1] % len(d)]
+                del m[k], d[k]
         else:
             ks = [*list(d)[: op[1]], op[2]]
             want = []
@@ -60,6 +65,33 @@ def test_every_call_answers_as_a_dict(ops):
     assert dict(m.items()) == d and sorted(m) == sorted(d) and sorted(m.values()) == sorted(d.values())
     for k in [*d, 5, 2**63]:
         assert m.get(k) == d.get(k) and (k in m) == (k in d)
+
+
+def _homed(slot: int, n: int, bits: int = 4) -> list[int]:
+    """`n` keys whose probe starts at `slot` of a 2**bits-slot table (the top bits of key x MUL)."""
+    out, k = [], 2
+    while len(out) < n:
+        if ((k * 0x9E3779B97F4A7C15) % 2**64) >> (64 - bits) == slot:
+            out.append(k)
+        k += 1
+    return out
+
+
+@pytest.mark.parametrize("order", [[0, 1, 2, 3, 4, 5], [5, 4, 3, 2, 1, 0], [2, 0, 4, 1, 5, 3]])
+def test_deletes_keep_every_other_key_reachable_across_the_tables_end(order):
+    """Keys homed on the last two slots of a 16-slot table run past its end; deleting them in any
+    order (each delete moves later entries back, no deleted marks) leaves the rest found, and the
+    table holds no slot that no key claims."""
+    m = U64Map(4)
+    keys = _homed(15, 3) + _homed(14, 2) + _homed(0, 1)
+    m.setdefault_many(_u64(keys), np.arange(len(keys), dtype=np.int64))
+    assert len(m._keys) == 16
+    left = dict(zip(keys, range(len(keys)), strict=True))
+    for i in order:
+        del m[keys[i]]
+        del left[keys[i]]
+        assert dict(m.items()) == left and all(m.get(k) == v for k, v in left.items())
+        assert np.count_nonzero(m._keys) == len(left)
 
 
 def test_single_key_calls_and_refusals():

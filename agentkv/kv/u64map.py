@@ -6,7 +6,8 @@ memory (the dict's slots and the hash int objects: 240-275 ns a block inside `si
 compiled loop over a batch's uint64 hashes costs 30-60 ns a block (docs/simulate.md, "A compiled
 probe loop"). It also answers the dict calls the rest of the code makes (`get`, `in`, `[]`, `del`,
 `items()`, ...), so readers see a mapping; only the pool's hot paths use the batch calls.
-Keys 0 and 1 mark empty and deleted slots, so those two hashes live in a small side dict.
+Key 0 marks an empty slot, so that hash lives in a small side dict. A delete moves later entries
+back instead of leaving a mark, so the table is rebuilt only to grow (`u64map_loops`).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ def _loops():
         shift, out = np.uint64(60), np.empty(2, np.int64)
         loops.setdefault_many(keys, vals, ks, np.zeros(2, np.int64), shift, 15, out)
         loops.run(keys, vals, ks, shift, 15, out)
-        loops.delete_many(keys, ks, shift, 15)
+        loops.delete_many(keys, vals, ks, shift, 15)
         _L = loops
     return _L
 
@@ -41,12 +42,12 @@ class U64Map(MutableMapping):
     """uint64 -> int map (block hash -> block id) with compiled batch calls beside the dict API.
 
     Sized for `capacity` live keys (the pool's blocks); it grows past that and rebuilds itself when
-    deleted slots pile up. Iteration order is slot order, not insertion order.
+    Iteration order is slot order, not insertion order.
     """
 
     def __init__(self, capacity: int = 64) -> None:
         _loops()  # (kept in the module, not on the map: a map pickles as its arrays)
-        self._side: dict[int, int] = {}  # keys 0 and 1 (the slot marks)
+        self._side: dict[int, int] = {}  # key 0 (the empty-slot mark)
         self._alloc(max(16, 4 * capacity))
 
     def _alloc(self, slots: int) -> None:
@@ -54,16 +55,15 @@ class U64Map(MutableMapping):
         self._keys = np.zeros(1 << bits, dtype=np.uint64)
         self._vals = np.zeros(1 << bits, dtype=np.int64)
         self._shift, self._mask = np.uint64(64 - bits), (1 << bits) - 1
-        self._live = self._tombs = 0
+        self._live = 0
 
     def _room(self, more: int) -> None:
-        """Rebuild before `more` inserts would fill over half the slots (live + deleted)."""
-        size = len(self._keys)
-        if 2 * (self._live + self._tombs + more) <= size:
+        """Grow (to a quarter full) before `more` inserts would fill over half the slots."""
+        if 2 * (self._live + more) <= len(self._keys):
             return
-        live = self._keys > 1
+        live = self._keys != 0
         k, v = self._keys[live], self._vals[live]
-        self._alloc(size * 2 if 4 * (self._live + more) > size else size)
+        self._alloc(4 * (self._live + more))
         put = (_L or _loops()).setdefault_many
         self._live = put(self._keys, self._vals, k, v, self._shift, self._mask, np.empty_like(v))[0]
 
@@ -75,25 +75,23 @@ class U64Map(MutableMapping):
         put = (_L or _loops()).setdefault_many
         new, marks = put(self._keys, self._vals, ks, vs, self._shift, self._mask, out)
         self._live += new
-        if marks:  # keys 0 and 1 (the slot marks) go to the side dict, in order
-            for i in np.flatnonzero(ks <= 1).tolist():
+        if marks:  # key 0 (the empty mark) goes to the side dict, in order
+            for i in np.flatnonzero(ks == 0).tolist():
                 out[i] = self._side.setdefault(int(ks[i]), int(vs[i]))
         return out
 
     def delete_many(self, ks: np.ndarray) -> None:
         """Delete present keys (absent ones are ignored)."""
-        n = (_L or _loops()).delete_many(self._keys, ks, self._shift, self._mask)
+        n = (_L or _loops()).delete_many(self._keys, self._vals, ks, self._shift, self._mask)
         self._live -= n
-        self._tombs += n
-        if self._side:
-            for k in ks[ks <= 1].tolist():
-                self._side.pop(k, None)
+        if self._side and (ks == 0).any():
+            self._side.pop(0, None)
 
     def run(self, ks: np.ndarray) -> np.ndarray:
         """The values of the leading run of `ks` present in the map (stops at the first absent key)."""
         out = np.empty(len(ks), dtype=np.int64)
         n = (_L or _loops()).run(self._keys, self._vals, ks, self._shift, self._mask, out)
-        if n < 0:  # a slot-mark key at -1 - n: the side dict answers, the run goes on after it
+        if n < 0:  # key 0 at -1 - n: the side dict answers, the run goes on after it
             i = -1 - n
             v = self._side.get(int(ks[i]))
             if v is None:
@@ -106,7 +104,7 @@ class U64Map(MutableMapping):
 
     # -- the dict API (one key at a time, from Python) ---------------------------------------------
     def _slot(self, key: int) -> int:
-        """The slot holding `key` (2 <= key < 2**64), or -1: `u64map_loops.find`'s probe written in
+        """The slot holding `key` (1 <= key < 2**64), or -1: `u64map_loops.find`'s probe written in
         Python, as one key from Python costs 0.74 us this way and 1.31 us through numba's dispatch."""
         keys, mask = self._keys, self._mask
         j = ((key * _MUL) & _M64) >> int(self._shift)
@@ -124,7 +122,7 @@ class U64Map(MutableMapping):
         if not self._is_key(key):
             return default
         key = int(key)
-        if key <= 1:
+        if key == 0:
             return self._side.get(key, default)
         j = self._slot(key)
         return default if j < 0 else int(self._vals[j])
@@ -142,7 +140,7 @@ class U64Map(MutableMapping):
         if not self._is_key(key):
             raise KeyError(f"{key!r}: U64Map keys are ints in [0, 2**64)")
         key = int(key)
-        if key <= 1:
+        if key == 0:
             self._side[key] = int(value)
             return
         j = self._slot(key)
@@ -152,29 +150,26 @@ class U64Map(MutableMapping):
             self.setdefault_many(np.array([key], dtype=np.uint64), np.array([int(value)], dtype=np.int64))
 
     def __delitem__(self, key) -> None:
-        if self._is_key(key) and key <= 1:
-            del self._side[int(key)]
+        if self._is_key(key) and key == 0:
+            del self._side[0]
             return
-        j = self._slot(int(key)) if self._is_key(key) else -1
-        if j < 0:
+        if not self._is_key(key) or self._slot(int(key)) < 0:
             raise KeyError(key)
-        self._keys[j] = 1
-        self._live -= 1
-        self._tombs += 1
+        self.delete_many(np.array([int(key)], dtype=np.uint64))
 
     def __len__(self) -> int:
         return self._live + len(self._side)
 
     def __iter__(self) -> Iterator[int]:
         yield from self._side
-        yield from self._keys[self._keys > 1].tolist()
+        yield from self._keys[self._keys != 0].tolist()
 
     def items(self):
-        live = self._keys > 1
+        live = self._keys != 0
         return [*self._side.items(), *zip(self._keys[live].tolist(), self._vals[live].tolist(), strict=True)]
 
     def values(self):
-        return [*self._side.values(), *self._vals[self._keys > 1].tolist()]
+        return [*self._side.values(), *self._vals[self._keys != 0].tolist()]
 
     def clear(self) -> None:
         self._side.clear()

@@ -1,76 +1,93 @@
 """`U64Map`'s compiled loops (numba), in their own module so that `agentkv.kv.u64map` imports numba
 only when the first map is made. One probe (`find`) serves the batch loops and the map's one-key
-calls; as module-level functions they load from numba's cache in each new process."""
+calls; as module-level functions they load from numba's cache in each new process.
+
+Deletion shifts the entries after a freed slot back (linear probing's backward-shift delete), so the
+table holds no deleted-slot marks: it never fills with them and is rebuilt only to grow."""
 
 from __future__ import annotations
 
 import numba
 import numpy as np
 
-EMPTY, TOMB = np.uint64(0), np.uint64(1)  # slot marks: keys 0 and 1 live in the map's side dict
+EMPTY = np.uint64(0)  # the empty-slot mark: key 0 lives in the map's side dict
 MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of key x MUL pick the slot
 
 
 @numba.njit(cache=True, nogil=True)
 def find(keys, k, shift, mask):
-    """(the slot holding k or -1, the slot an insert of k takes: the first deleted one passed, else
-    the empty one that ended the probe)."""
+    """The slot holding k, or -1 - (the empty slot that ended the probe: where an insert of k goes)."""
     j = np.int64((k * MUL) >> shift)
-    t = -1
     while True:
         kk = keys[j]
         if kk == k:
-            return j, j
+            return j
         if kk == EMPTY:
-            return -1, (j if t < 0 else t)
-        if kk == TOMB and t < 0:
-            t = j
+            return -1 - j
         j = (j + 1) & mask
 
 
 @numba.njit(cache=True, nogil=True)
 def setdefault_many(keys, vals, ks, bs, shift, mask, out):
-    """out[i]: the value ks[i] maps to after inserting (ks[i], bs[i]) unless present (-1 for the slot
-    marks 0 and 1, left to the caller); (new keys, marks met)."""
+    """out[i]: the value ks[i] maps to after inserting (ks[i], bs[i]) unless present (-1 for the
+    empty mark 0, left to the caller); (new keys, marks met)."""
     new = marks = 0
     for i in range(len(ks)):
         k = ks[i]
-        if k <= TOMB:
+        if k == EMPTY:
             out[i] = -1
             marks += 1
             continue
-        at, ins = find(keys, k, shift, mask)
+        at = find(keys, k, shift, mask)
         if at >= 0:
             out[i] = vals[at]
         else:
-            keys[ins] = k
-            vals[ins] = bs[i]
+            keys[-1 - at] = k
+            vals[-1 - at] = bs[i]
             out[i] = bs[i]
             new += 1
     return new, marks
 
 
 @numba.njit(cache=True, nogil=True)
-def delete_many(keys, ks, shift, mask):
-    """Mark each present key's slot deleted (the slot marks 0 and 1 are skipped); how many were."""
+def _free(keys, vals, i, shift, mask):
+    """Empty slot i, moving back each later entry of its run whose probe would no longer reach it."""
+    j = i
+    while True:
+        j = (j + 1) & mask
+        kk = keys[j]
+        if kk == EMPTY:
+            break
+        home = np.int64((kk * MUL) >> shift)
+        if (i < home <= j) if i <= j else (home > i or home <= j):
+            continue  # its probe from home reaches j without passing i: it stays
+        keys[i] = kk
+        vals[i] = vals[j]
+        i = j
+    keys[i] = EMPTY
+
+
+@numba.njit(cache=True, nogil=True)
+def delete_many(keys, vals, ks, shift, mask):
+    """Delete each present key (the empty mark 0 is skipped); how many were."""
     gone = 0
     for i in range(len(ks)):
-        if ks[i] > TOMB:
-            at = find(keys, ks[i], shift, mask)[0]
+        if ks[i] != EMPTY:
+            at = find(keys, ks[i], shift, mask)
             if at >= 0:
-                keys[at] = TOMB
+                _free(keys, vals, at, shift, mask)
                 gone += 1
     return gone
 
 
 @numba.njit(cache=True, nogil=True)
 def run(keys, vals, ks, shift, mask, out):
-    """Values of the leading keys of ks that are present, into out; how many (-1 - i when a slot
-    mark 0 or 1 comes at i first: the caller looks that one up)."""
+    """Values of the leading keys of ks that are present, into out; how many (-1 - i when the empty
+    mark 0 comes at i first: the caller looks that one up)."""
     for i in range(len(ks)):
-        if ks[i] <= TOMB:
+        if ks[i] == EMPTY:
             return -1 - i
-        at = find(keys, ks[i], shift, mask)[0]
+        at = find(keys, ks[i], shift, mask)
         if at < 0:
             return i
         out[i] = vals[at]
