@@ -13,7 +13,8 @@ a hash already there keeps its block) and block -> hash:
 - numpy buckets: 4-slot buckets (one gather of a batch's rows), a delete clears the slot the
   block's entry sits in (no probing).
 - U64Map: `BlockPool`'s map since 2026-12-05 (agentkv.kv.u64map): open addressing with linear
-  probing, one compiled loop per batch (numba), tombstones, rebuilt; its loops are loaded (or
+  probing, one compiled loop per batch (numba), deletes that move later entries back (no tombstones,
+  rebuilt only to grow); its loops are loaded (or
   compiled) by a warm-up run before any timing.
 
 Between batches `--pollute` MB of other memory is read, as the simulator's own work does (the
