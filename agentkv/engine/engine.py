@@ -58,6 +58,11 @@ class Engine:
         self.hasher = make_hasher(cfg.hash_algo, cfg.seed if cfg.hash_algo == "xxhash" else None)
         self.requests: dict[str, EngineRequest] = {}
         self.stats = EngineStats()
+        # simulator fast path: steps where only the last running request prefills run without
+        # touching the decoding ones, whose updates are applied later (`_Deferred`); same results
+        self.defer_decodes = False
+        self._deferred: _Deferred | None = None
+        self.deferred_steps = 0  # steps run that way
 
     # -- requests ------------------------------------------------------------------------------
     def add_request(
@@ -116,6 +121,7 @@ class Engine:
 
     def abort(self, request_id: str) -> bool:
         """Stop a request now and free its blocks (a client went away); False if unknown."""
+        self.sync()
         req = self.requests.pop(request_id, None)
         if req is None:
             return False
@@ -139,6 +145,10 @@ class Engine:
     # -- stepping ------------------------------------------------------------------------------
     def step(self) -> StepResult | None:
         """Schedule and 'run' one batch starting now; None when nothing can run."""
+        if self.defer_decodes:
+            res = self._deferred_step()
+            if res is not None:
+                return res
         now = self.clock.now()
         batch, preempted = self.scheduler.schedule(now)
         if not batch:
@@ -213,7 +223,7 @@ class Engine:
         request that a step could admit meanwhile (`Scheduler.burst_room`). Steps are exactly those
         `step()` would run; None when that is not the case."""
         sched = self.scheduler
-        if not sched.running:
+        if not sched.running or self._deferred is not None:  # (deferred: one request prefills)
             return None
         reqs = sched.running
         k = max_steps
@@ -313,6 +323,148 @@ class Engine:
             self._finish(req)
         return StepResult(burst.start, end, outputs, 0, len(burst.requests), 0)
 
+    # -- deferred decodes (simulator fast path) ---------------------------------------------------
+    def _deferred_step(self) -> StepResult | None:
+        """One step as `step()` would run it while the running requests are decoders whose
+        allocations change nothing this step, then one prefill whose chunk takes the rest of the
+        token budget and leaves it still prefilling: only that chunk's allocation runs (after those
+        of the decoders that reach a block boundary now, in the running order), and the decoders'
+        token updates wait in `_Deferred`. None (all updates applied) when a step is not of that kind."""
+        dd = self._deferred
+        if dd is None:
+            dd = self._deferred = self._defer_start()
+            if dd is None:
+                return None
+        j, p, c = len(dd.ends), dd.prefill, dd.chunk
+        if j >= dd.stop or p.num_tokens - p.num_computed <= c or p.promote_s:
+            self.sync()  # a decoder finishes, or the prefill does: a step of `step()`'s own
+            return None
+        pool = self.pool
+        due = dd.due.pop(j, None)
+        if due is not None:
+            due.sort()  # (running order)
+            pairs = [(dd.decoders[i], dd.ncs[i] + j + 1) for i in due]
+            pairs.append((p, p.num_computed + c))
+            if not pool.surely_fits(pairs):
+                self.sync()  # room may run out: `step()` decides who is preempted
+                return None
+            for i in due:
+                d = dd.decoders[i]
+                self._catch_up(dd, i)
+                nc = d.num_computed
+                if not pool.allocate_slots(d, 1, nc):
+                    raise RuntimeError("deferred decodes: blocks checked as free were not")
+                nxt = j + 1 + pool.quiet_decodes(d, nc + 1)
+                if nxt < dd.stop:
+                    dd.due.setdefault(nxt, []).append(i)
+        elif not pool.surely_fits([(p, p.num_computed + c)]):
+            self.sync()
+            return None
+        ncp = p.num_computed
+        if not pool.allocate_slots(p, c, ncp):
+            raise RuntimeError("deferred decodes: blocks checked as free were not")
+        nd = len(dd.decoders)
+        now = self.clock.now()
+        # step()'s cost call, its sums formed the same way (the decoders' contexts each one more a step)
+        dt = self.cost.step_time_agg(
+            c,
+            ncp,
+            0.0 + c * (c + 1) * 0.5,
+            0.0 + c * ncp,
+            ncp > 0,
+            1,
+            nd,
+            dd.ctx_sum + j * nd,
+            dd.ctx_max + j,
+        )
+        end = now + dt
+        st = self.stats
+        st.steps += 1
+        st.busy_s += dt
+        st.prompt_tokens += c
+        st.generation_tokens += nd
+        p.num_computed = ncp + c
+        dd.ends.append(end)
+        self.deferred_steps += 1
+        return StepResult(now, end, [], c, nd, 0)
+
+    def _defer_start(self) -> _Deferred | None:
+        """The deferred state when the running requests are decoders and then one prefill that the
+        next step leaves unfinished (None otherwise): each decoder's first step whose allocation is
+        not a no-op, and the first step at which one finishes (the deferral ends before it)."""
+        sched = self.scheduler
+        running = sched.running
+        if len(running) < 2 or sched._align:  # ('align': state groups cut chunks where states go)
+            return None
+        p = running[-1]
+        nd = len(running) - 1
+        c = self.config.max_num_batched_tokens - nd
+        if (
+            c <= 0
+            or p.num_tokens - p.num_computed <= c
+            or p.promote_s
+            or not hasattr(self.pool, "quiet_decodes")
+        ):
+            return None
+        decoders = running[:-1]
+        limit, pool = self.max_model_len, self.pool
+        ncs: list[int] = []
+        stop = 1 << 62
+        for d in decoders:
+            nc, nt = d.num_computed, d.prompt_len + d.num_output
+            if nt - nc != 1 or nc < d.prompt_len or d.promote_s:
+                return None
+            fin = min(d.max_tokens - d.num_output, limit - nt) - 1  # the step (from 0) it finishes in
+            if fin < stop:
+                stop = fin
+                if stop < 1:
+                    return None
+            ncs.append(nc)
+        due: dict[int, list[int]] = {}
+        for i, d in enumerate(decoders):
+            k = pool.quiet_decodes(d, ncs[i])
+            if k < stop:
+                due.setdefault(k, []).append(i)
+        return _Deferred(p, decoders, ncs, c, stop, due, sum(ncs), max(ncs))
+
+    def _catch_up(self, dd: _Deferred, i: int) -> None:
+        """Apply the deferred steps to decoder `i`: what `step()` did to it in each."""
+        a, ends = dd.synced[i], dd.ends
+        b = len(ends)
+        if a == b:
+            return
+        d = dd.decoders[i]
+        first = ends[a] - d.last_token
+        if dd.gaps_from != a:  # the gaps between the steps from `a` on (shared by decoders synced alike)
+            dd.gaps = [y - x for x, y in zip(ends[a:], ends[a + 1 :], strict=False)]
+            dd.gaps_from, dd.gaps_to = a, b
+        elif dd.gaps_to != b:
+            dd.gaps += [y - x for x, y in zip(ends[dd.gaps_to - 1 :], ends[dd.gaps_to :], strict=False)]
+            dd.gaps_to = b
+        gaps = dd.gaps
+        top = max(gaps) if gaps else 0.0
+        g = first if first > top else top
+        if g > d.itl_max:
+            d.itl_max = g
+        if self.itl_sink is not None and d.measured:
+            self.itl_sink.append(first)
+            self.itl_sink.extend(gaps)
+        if d.token_times is not None:
+            d.token_times.extend(ends[a:])
+        d.num_computed += b - a
+        d.num_output += b - a
+        d.last_token = ends[-1]
+        dd.synced[i] = b
+
+    def sync(self) -> None:
+        """Apply every deferred decode (`defer_decodes`): the requests as `step()` alone leaves them."""
+        dd = self._deferred
+        if dd is None:
+            return
+        self._deferred = None
+        for i in range(len(dd.decoders)):
+            self._catch_up(dd, i)
+
     # -- the KV cache, as routers, the simulator and the server see it ---------------------------
     def cached_prefix(self, block_hashes: Sequence[int]) -> tuple[int, int]:
         """(GPU blocks, lower-tier blocks after them) of the prompt's leading run, found without a lookup."""
@@ -365,3 +517,21 @@ class Engine:
     def lower_tier_tokens(self) -> dict[str, int]:
         """Prompt tokens found below the GPU at first scheduling, by tier (a live dict: read only)."""
         return self.scheduler.lower_tier_tokens
+
+
+class _Deferred:
+    """Steps run by `Engine._deferred_step` since the decoders' last updates: the prefill, the
+    decoders in running order with their computed tokens at the start, each one's steps applied
+    (`synced`), the steps' end times, which steps reach a decoder's block boundary (`due`), and the
+    step at which one finishes (`stop`)."""
+
+    __slots__ = ("prefill", "decoders", "ncs", "chunk", "stop", "due", "ctx_sum", "ctx_max", "ends", "synced")
+    __slots__ += ("gaps", "gaps_from", "gaps_to")
+
+    def __init__(self, prefill, decoders, ncs, chunk, stop, due, ctx_sum, ctx_max) -> None:
+        self.prefill, self.decoders, self.ncs, self.chunk = prefill, decoders, ncs, chunk
+        self.stop, self.due, self.ctx_sum, self.ctx_max = stop, due, ctx_sum, ctx_max
+        self.ends: list[float] = []
+        self.synced = [0] * len(decoders)
+        self.gaps: list[float] = []
+        self.gaps_from = self.gaps_to = -1

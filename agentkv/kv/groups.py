@@ -272,6 +272,20 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
             self.quiet[rid] = self.quiet_range(req, num_computed_tokens, total)
         return ok
 
+    def quiet_decodes(self, req: KVRequest, num_computed: int) -> int:
+        """How many decode steps from `num_computed` (one token each) `allocate_slots` would answer
+        from the request's quiet range: no block freed, taken or cached (the engine skips them)."""
+        q = self.quiet.get(req.request_id)
+        if q is None or num_computed < q[0]:
+            return 0
+        return max(0, min(q[1] - num_computed, q[2] - num_computed))
+
+    def surely_fits(self, grows: list[tuple[KVRequest, int]]) -> bool:
+        """Whether running requests growing in turn to these token totals all get their blocks
+        (counting none that a window or state frees first: the answer may be a false no)."""
+        need = sum(self.blocks_bytes(self.new_blocks(req, total)) for req, total in grows)
+        return need <= self.available_bytes
+
     def _admit(
         self, req: KVRequest, num_new_tokens: int, num_computed_tokens: int, computed: ComputedBlocks | None
     ) -> bool:

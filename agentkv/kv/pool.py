@@ -170,6 +170,25 @@ class BlockPool(PoolHashes, EventLog):
             self._cache_full(req, blocks, total)  # (decode past the prompt's hashes has none)
         return True
 
+    def quiet_decodes(self, req: KVRequest, num_computed: int) -> int:
+        """How many decode steps from `num_computed` (one token each) `allocate_slots` would run as
+        no-ops: no block taken, none filled and cached (the engine's deferred decodes skip them)."""
+        blocks = self._req_blocks.get(req.request_id)
+        if blocks is None:
+            return 0
+        bs, hashed = self.block_size, self._req_hashed[req.request_id]
+        k = len(blocks) * bs - num_computed  # totals up to the held blocks' end
+        if hashed < len(req.block_hashes):  # and short of filling the next block to cache
+            k = min(k, (hashed + 1) * bs - 1 - num_computed)
+        return max(0, k)
+
+    def surely_fits(self, grows: list[tuple[KVRequest, int]]) -> bool:
+        """Whether running requests growing in turn to these token totals all get their blocks."""
+        bs, need = self.block_size, 0
+        for req, total in grows:
+            need += max(0, _cdiv(total, bs) - len(self._req_blocks[req.request_id]))
+        return need <= self._n_empty + len(self.policy)
+
     def free(self, request_id: str) -> None:
         """Release a finished or preempted request's blocks, tail first (its tail is evicted first)."""
         blocks = self._req_blocks.pop(request_id, None)

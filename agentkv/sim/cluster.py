@@ -54,7 +54,9 @@ class SimConfig:
     session_rate: float | None = None  # open loop: new session trees per simulated second
     arrivals: str = "poisson"  # poisson | constant spacing of those arrivals (seeded by seed)
     sample_every: float = 1.0  # simulated seconds between timeline samples
-    bursts: bool = True  # run pure-decode stretches as one event (same results, far fewer events)
+    # run pure-decode stretches as one event, and defer quiet decodes beside a long prefill
+    # (`Engine.defer_decodes`): the same records, far fewer events and per-request updates
+    bursts: bool = True
     # deployment (sim/disagg.py): a catalogue system; prefill/decode pools when prefill_workers > 0
     system: str | None = None
     prefill_workers: int = 0
@@ -144,6 +146,7 @@ class Cluster:
         self.policy = make_policy(cfg.router, seed=cfg.seed, **kv_weights(cfg, "router"))
         for w in self.workers:  # the queue lookup only where the policy reads it
             w.track_prefill = self.policy.queue_weight > 0
+            w.engine.defer_decodes = cfg.bursts  # (the same records: an optimisation, as bursts are)
         self.plan = ReplayPlan(
             traces,
             lanes=cfg.lanes,
