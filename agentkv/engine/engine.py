@@ -290,26 +290,13 @@ class Engine:
         end = ends[-1]
         bs_gaps = [b - a for a, b in zip(ends, ends[1:], strict=False)]
         inner_max = max(bs_gaps, default=0.0)
-        itl = self.itl_sink
         pool = self.pool
         outputs: list[RequestOutput] = []
         finished: list[EngineRequest] = []
         for req in burst.requests:
-            nc = req.num_computed
-            if not pool.allocate_slots(req, steps, nc):
+            if not pool.allocate_slots(req, steps, req.num_computed):
                 raise RuntimeError("decode burst: blocks planned as free were not")  # plan_burst checked
-            first_gap = ends[0] - req.last_token
-            g = first_gap if first_gap > inner_max else inner_max
-            if g > req.itl_max:
-                req.itl_max = g
-            if itl is not None and req.measured:
-                itl.append(first_gap)
-                itl.extend(bs_gaps)
-            if req.token_times is not None:
-                req.token_times.extend(ends)
-            req.num_computed = nc + steps
-            req.num_output += steps
-            req.last_token = end
+            self._decoded(req, ends, bs_gaps, inner_max)
             if req.num_output >= req.max_tokens or req.num_tokens >= self.max_model_len:
                 req.finish_reason = "length"
                 req.finished_at = end
@@ -322,6 +309,22 @@ class Engine:
         for req in finished:
             self._finish(req)
         return StepResult(burst.start, end, outputs, 0, len(burst.requests), 0)
+
+    def _decoded(self, req: EngineRequest, ends: list[float], gaps: list[float], top: float) -> None:
+        """What decode steps ending at `ends` did to `req`, one token each: its token gaps (`gaps`
+        between the steps, their largest `top`), counters and times (a burst's or deferred steps)."""
+        first = ends[0] - req.last_token
+        g = first if first > top else top
+        if g > req.itl_max:
+            req.itl_max = g
+        if self.itl_sink is not None and req.measured:
+            self.itl_sink.append(first)
+            self.itl_sink.extend(gaps)
+        if req.token_times is not None:
+            req.token_times.extend(ends)
+        req.num_computed += len(ends)
+        req.num_output += len(ends)
+        req.last_token = ends[-1]
 
     # -- deferred decodes (simulator fast path) ---------------------------------------------------
     def _deferred_step(self) -> StepResult | None:
@@ -433,27 +436,13 @@ class Engine:
         b = len(ends)
         if a == b:
             return
-        d = dd.decoders[i]
-        first = ends[a] - d.last_token
         if dd.gaps_from != a:  # the gaps between the steps from `a` on (shared by decoders synced alike)
             dd.gaps = [y - x for x, y in zip(ends[a:], ends[a + 1 :], strict=False)]
             dd.gaps_from, dd.gaps_to = a, b
         elif dd.gaps_to != b:
             dd.gaps += [y - x for x, y in zip(ends[dd.gaps_to - 1 :], ends[dd.gaps_to :], strict=False)]
             dd.gaps_to = b
-        gaps = dd.gaps
-        top = max(gaps) if gaps else 0.0
-        g = first if first > top else top
-        if g > d.itl_max:
-            d.itl_max = g
-        if self.itl_sink is not None and d.measured:
-            self.itl_sink.append(first)
-            self.itl_sink.extend(gaps)
-        if d.token_times is not None:
-            d.token_times.extend(ends[a:])
-        d.num_computed += b - a
-        d.num_output += b - a
-        d.last_token = ends[-1]
+        self._decoded(dd.decoders[i], ends[a:], dd.gaps, max(dd.gaps, default=0.0))
         dd.synced[i] = b
 
     def sync(self) -> None:
