@@ -80,12 +80,13 @@ class U64Map(MutableMapping):
                 out[i] = self._side.setdefault(int(ks[i]), int(vs[i]))
         return out
 
-    def delete_many(self, ks: np.ndarray) -> None:
-        """Delete present keys (absent ones are ignored)."""
+    def delete_many(self, ks: np.ndarray) -> int:
+        """Delete present keys (absent ones are ignored); how many were present."""
         n = (_L or _loops()).delete_many(self._keys, self._vals, ks, self._shift, self._mask)
         self._live -= n
         if self._side and (ks == 0).any():
-            self._side.pop(0, None)
+            n += self._side.pop(0, None) is not None
+        return n
 
     def run(self, ks: np.ndarray) -> np.ndarray:
         """The values of the leading run of `ks` present in the map (stops at the first absent key)."""
@@ -153,9 +154,8 @@ class U64Map(MutableMapping):
         if self._is_key(key) and key == 0:
             del self._side[0]
             return
-        if not self._is_key(key) or self._slot(int(key)) < 0:
+        if not self._is_key(key) or not self.delete_many(np.array([int(key)], dtype=np.uint64)):
             raise KeyError(key)
-        self.delete_many(np.array([int(key)], dtype=np.uint64))
 
     def __len__(self) -> int:
         return self._live + len(self._side)
