@@ -343,26 +343,21 @@ class Engine:
             self.sync()  # a decoder finishes, or the prefill does: a step of `step()`'s own
             return None
         pool = self.pool
-        due = dd.due.pop(j, None)
-        if due is not None:
-            due.sort()  # (running order)
-            pairs = [(dd.decoders[i], dd.ncs[i] + j + 1) for i in due]
-            pairs.append((p, p.num_computed + c))
-            if not pool.surely_fits(pairs):
-                self.sync()  # room may run out: `step()` decides who is preempted
-                return None
-            for i in due:
-                d = dd.decoders[i]
-                self._catch_up(dd, i)
-                nc = d.num_computed
-                if not pool.allocate_slots(d, 1, nc):
-                    raise RuntimeError("deferred decodes: blocks checked as free were not")
-                nxt = j + 1 + pool.quiet_decodes(d, nc + 1)
-                if nxt < dd.stop:
-                    dd.due.setdefault(nxt, []).append(i)
-        elif not pool.surely_fits([(p, p.num_computed + c)]):
-            self.sync()
+        due = sorted(dd.due.pop(j, ()))  # decoders at a block boundary now, in running order
+        grows = [(dd.decoders[i], dd.ncs[i] + j + 1) for i in due]
+        grows.append((p, p.num_computed + c))
+        if not pool.surely_fits(grows):
+            self.sync()  # room may run out: `step()` decides who is preempted
             return None
+        for i in due:
+            d = dd.decoders[i]
+            self._catch_up(dd, i)
+            nc = d.num_computed
+            if not pool.allocate_slots(d, 1, nc):
+                raise RuntimeError("deferred decodes: blocks checked as free were not")
+            nxt = j + 1 + pool.quiet_decodes(d, nc + 1)
+            if nxt < dd.stop:
+                dd.due.setdefault(nxt, []).append(i)
         ncp = p.num_computed
         if not pool.allocate_slots(p, c, ncp):
             raise RuntimeError("deferred decodes: blocks checked as free were not")
@@ -402,12 +397,7 @@ class Engine:
         p = running[-1]
         nd = len(running) - 1
         c = self.config.max_num_batched_tokens - nd
-        if (
-            c <= 0
-            or p.num_tokens - p.num_computed <= c
-            or p.promote_s
-            or not hasattr(self.pool, "quiet_decodes")
-        ):
+        if c <= 0 or p.num_tokens - p.num_computed <= c or p.promote_s:
             return None
         decoders = running[:-1]
         limit, pool = self.max_model_len, self.pool
