@@ -52,15 +52,19 @@ def _check_free(pool: BlockPool) -> None:
         free = pool.ref[b] == 0
         assert free == (b in empty or b in evictable), f"block {b}: free iff in empty/policy"
         if b in empty:
-            assert pool.block_hash[b] is None, f"empty block {b} has a hash"
+            assert pool.hash_of(b) is None, f"empty block {b} has a hash"
         if b in evictable:
-            assert pool.block_hash[b] is not None, f"evictable block {b} has no hash"
+            assert pool.hash_of(b) is not None, f"evictable block {b} has no hash"
 
 
 def _check_hashes(pool: BlockPool) -> None:
     """Every hashed block is the one `cached` names or one of its `dups`; the numpy mirror agrees."""
-    bh = pool.block_hash
+    bh = [pool.hash_of(b) for b in range(pool.num_blocks)]
     assert pool.num_cached_blocks == sum(h is not None for h in bh)
+    if pool._obj is not None:
+        assert [h is not None for h in pool._obj.tolist()] == pool._hashed.tolist(), (
+            "hashed flags out of step"
+        )
     for h, b in pool.cached.items():
         assert bh[b] == h, f"cached hash {h} -> block {b}, which holds {bh[b]}"
     for h, others in pool.dups.items():

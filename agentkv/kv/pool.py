@@ -58,18 +58,22 @@ class BlockPool(PoolHashes, EventLog):
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref = np.zeros(num_blocks, dtype=np.int32)
-        self.block_hash = np.full(num_blocks, None, dtype=object)  # each block's hash (None: none)
+        self._hashed = np.zeros(num_blocks, dtype=bool)  # whether each block holds a hash (`hash_of`)
+        self._obj: np.ndarray | None = None  # each block's hash as an object, once the map is a dict
         # hash -> the block a lookup returns (its oldest copy): uint64 hashes in a U64Map, updated a
         # batch at a time by compiled loops; a dict from the first hash outside uint64 on
         self.cached: U64Map | dict[int, int] = U64Map(num_blocks)
         self.dups: dict[int, list[int]] = {}  # hash -> its other copies, oldest first (vLLM keeps them)
-        # numpy mirror of block_hash (uint64 value, and whether the block is the one `cached` names)
+        # while the map is a U64Map: each hashed block's hash as uint64, and whether the block is
+        # the one `cached` names (the map's keys are these values, so no object array is kept)
         self._bh = np.zeros(num_blocks, dtype=np.uint64)
         self._has = np.zeros(num_blocks, dtype=bool)
         self._empty = np.arange(num_blocks - 1, -1, -1, dtype=np.int64)  # a stack, top at the end
         self._n_empty = num_blocks
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.policy.bind(self)
+        # the policy's on_cached, unless it is Evictor's no-op (LRU): no parent lookup for it then
+        self._on_cached = None if type(self.policy).on_cached is Evictor.on_cached else self.policy.on_cached
         self.lower = lower
         self.stats = PoolStats()
         self.last_promote_s = 0.0
@@ -258,7 +262,9 @@ class BlockPool(PoolHashes, EventLog):
             return False
         self.cached.clear()
         self.dups.clear()
-        self.block_hash = np.full(self.num_blocks, None, dtype=object)
+        self._hashed[:] = False
+        if self._obj is not None:
+            self._obj[:] = None
         self._has[:] = False
         self._empty = np.arange(self.num_blocks - 1, -1, -1, dtype=np.int64)
         self._n_empty = self.num_blocks
@@ -375,6 +381,9 @@ class BlockPool(PoolHashes, EventLog):
         """A hash outside uint64 arrived: the map becomes a dict (and the uint64 mirror goes off)."""
         if self._mirror:
             self.cached = dict(self.cached.items())
+            self._obj = np.full(self.num_blocks, None, dtype=object)
+            held = np.flatnonzero(self._hashed)
+            self._obj[held] = np.fromiter(self._bh[held].tolist(), dtype=object, count=len(held))
 
     def _ids(self, blocks: np.ndarray) -> np.ndarray | list[int]:
         """Block ids in the form the policy takes: the array itself, or a list of ints."""

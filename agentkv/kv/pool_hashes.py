@@ -13,56 +13,87 @@ from agentkv.kv.interface import KVRequest
 
 
 class PoolHashes:
-    """Mixin of `BlockPool`: `_cache` and `_uncache` over its `cached`, `dups`, `block_hash` and
-    the uint64 mirror (`_bh`, `_has`)."""
+    """Mixin of `BlockPool`: `_cache` and `_uncache` over its `cached`, `dups`, `_hashed` and the
+    block -> hash tables: the uint64 mirror (`_bh`, `_has`) while the map is a `U64Map`, the object
+    array `_obj` once it is a dict."""
+
+    def hash_of(self, block: int) -> int | None:
+        """The hash `block` holds (None: none), from whichever table the pool keeps."""
+        if not self._hashed[block]:
+            return None
+        return int(self._bh[block]) if self._obj is None else self._obj[block]
 
     def _uncache(self, victims: np.ndarray) -> None:
         """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
-        bh, cached, dups = self.block_hash, self.cached, self.dups
-        hashes = bh[victims].tolist()
-        keys = self._bh[victims] if self._mirror else None  # (a U64Map's keys: the mirror holds them)
-        gone = drop_copies(cached, dups, self._has, victims, hashes, keys)
-        bh[victims] = None
+        cached, dups, emit, lower = self.cached, self.dups, self._emit, self.lower
+        if self._obj is None:  # a U64Map: the mirror holds the keys
+            keys = self._bh[victims]
+            if dups or emit is not None or lower is not None:
+                hashes = gone = keys.tolist()  # (Python ints: the values the requests gave)
+                if dups:
+                    gone = drop_copies(cached, dups, self._has, victims, hashes, keys)
+                else:
+                    cached.delete_many(keys)
+            else:  # nobody asks which hashes went: no Python ints at all
+                cached.delete_many(keys)
+                hashes = gone = ()
+        else:
+            hashes = self._obj[victims].tolist()
+            gone = drop_copies(cached, dups, self._has, victims, hashes)
+            self._obj[victims] = None
         self._has[victims] = False
+        self._hashed[victims] = False
         self._epoch += 1  # earlier lookups may name these blocks
         self.stats.evicted += len(victims)
-        if self._emit is not None and hashes:
-            self._emit(BlockRemoved(block_hashes=hashes, medium="GPU"))  # one per copy, as vLLM
-        if self.lower is not None:
+        if emit is not None and hashes:
+            emit(BlockRemoved(block_hashes=hashes, medium="GPU"))  # one per copy, as vLLM
+        if lower is not None:
             for h in gone:
-                self.lower.on_gpu_evict(h)
+                lower.on_gpu_evict(h)
 
     def _cache(self, req: KVRequest, blocks: np.ndarray, lo: int, hi: int) -> None:
         """Give blocks[lo:hi] (full now) their hashes. As vLLM, a hash cached already (a fully
         cached prompt recomputes its last block; a prefix evicted and recomputed) gets this block as
         another copy: stored and announced like any block, found by lookups once its elders are gone."""
-        cached, bh = self.cached, self.block_hash
         block_hashes, token_ids = req.block_hashes, req.token_ids
-        seg_hashes = block_hashes[lo:hi]  # a list's slice is a copy already
-        if type(seg_hashes) is not list:
-            seg_hashes = list(seg_hashes)
         idx = blocks[lo:hi]
         seg_blocks = idx.tolist()
+        seg_hashes = None  # the hashes as a list, made only where something needs it
         keys = None
-        if self._mirror:
+        if self._obj is None:
             arr = getattr(req, "hash_array", None)  # uint64 hashes: no per-int conversion
             try:
-                keys = arr[lo:hi] if arr is not None and len(arr) >= hi else np.array(seg_hashes, np.uint64)
+                keys = (
+                    arr[lo:hi]
+                    if arr is not None and len(arr) >= hi
+                    else np.array(block_hashes[lo:hi], np.uint64)
+                )
             except (OverflowError, TypeError, ValueError):
                 self._to_dict()  # hashes outside uint64: a dict map, plain lookups only
-                cached = self.cached
+        cached = self.cached
         if keys is not None:  # (a U64Map) inserts only absent hashes
-            got = cached.setdefault_many(keys, idx).tolist()
-        else:
-            got = list(map(cached.setdefault, seg_hashes, seg_blocks))
-        bh[idx] = np.fromiter(seg_hashes, dtype=object, count=len(seg_hashes))
-        primary = True if got == seg_blocks else add_copies(self.dups, seg_hashes, seg_blocks, got)
-        if keys is not None:
+            got = cached.setdefault_many(keys, idx)
+            primary = True
+            if not (got == idx).all():
+                seg_hashes = _as_list(block_hashes[lo:hi])
+                primary = add_copies(self.dups, seg_hashes, seg_blocks, got.tolist())
             self._bh[idx] = keys
             self._has[idx] = primary
-        parent = cached.get(block_hashes[lo - 1]) if lo else None
-        self.policy.on_cached(seg_blocks, lo, parent, block_hashes)
+        else:
+            seg_hashes = _as_list(block_hashes[lo:hi])
+            got = list(map(cached.setdefault, seg_hashes, seg_blocks))
+            self._obj[idx] = np.fromiter(seg_hashes, dtype=object, count=len(seg_hashes))
+            if got != seg_blocks:
+                add_copies(self.dups, seg_hashes, seg_blocks, got)
+        self._hashed[idx] = True
+        if self._on_cached is not None:
+            parent = cached.get(block_hashes[lo - 1]) if lo else None
+            self._on_cached(seg_blocks, lo, parent, block_hashes)
         self.stats.stored += len(seg_blocks)
+        if self._emit is None and self.lower is None:
+            return
+        if seg_hashes is None:
+            seg_hashes = _as_list(block_hashes[lo:hi])
         if self._emit is not None:
             seg = token_ids[lo * self.block_size : hi * self.block_size] if token_ids is not None else []
             toks = seg.tolist() if hasattr(seg, "tolist") else list(seg)  # plain ints for msgpack
@@ -78,3 +109,8 @@ class PoolHashes:
         if self.lower is not None:
             for h in seg_hashes:
                 self.lower.on_gpu_store(h)
+
+
+def _as_list(hashes) -> list:
+    """A slice of a request's hashes as a list (a list's slice is a copy already)."""
+    return hashes if type(hashes) is list else list(hashes)

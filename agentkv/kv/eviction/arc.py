@@ -38,9 +38,9 @@ class ARC(Evictor):
     def on_cached(
         self, blocks: list[int], start: int, parent: int | None, block_hashes: Sequence[int] = ()
     ) -> None:
-        bh, cls, b1, b2 = self.pool.block_hash, self._cls, self.b1, self.b2
+        hash_of, cls, b1, b2 = self.pool.hash_of, self._cls, self.b1, self.b2
         for b in blocks:
-            h = bh[b]
+            h = hash_of(b)
             if h in b1:
                 self.p = min(self.c, self.p + max(len(b2) / len(b1), 1.0))
                 del b1[h]
@@ -75,17 +75,17 @@ class ARC(Evictor):
                 del t2[b]
 
     def pop_victims(self, n: int) -> list[int]:
-        bh, cls = self.pool.block_hash, self._cls
+        hash_of, cls = self.pool.hash_of, self._cls
         out: list[int] = []
         for _ in range(n):
             if self.t1 and (self.n1 > self.p or not self.t2):
                 b = self.t1.popitem(last=False)[0]
                 self.n1 -= 1
-                self.b1[bh[b]] = None
+                self.b1[hash_of(b)] = None
             else:
                 b = self.t2.popitem(last=False)[0]
                 self.n2 -= 1
-                self.b2[bh[b]] = None
+                self.b2[hash_of(b)] = None
             cls[b] = 0
             out.append(b)
         while self.b1 and self.n1 + len(self.b1) > self.c:

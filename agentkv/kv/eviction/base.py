@@ -28,7 +28,7 @@ class Evictor:
     arrays = False  # True: add/remove/pop take and give numpy int arrays instead of lists
 
     def bind(self, pool: BlockPool) -> None:
-        """Attach to `pool` (its `ref`, `block_hash` and `num_blocks` are readable) and start empty."""
+        """Attach to `pool` (its `ref`, `num_blocks` and `hash_of(block)` are readable) and start empty."""
         self.pool = pool
         self.clear()
 
