@@ -91,6 +91,17 @@ class Evictor:
         """A session will send no more requests."""
 
 
+_take_live = None  # stamp_loops.take_live, imported at the first pop (numba loads it then)
+
+
+def _load_take_live():
+    global _take_live
+    from agentkv.kv.eviction.stamp_loops import take_live
+
+    _take_live = take_live
+    return take_live
+
+
 class ChunkQueue:
     """A FIFO of `(blocks, stamps)` numpy chunks with lazy deletion, popped a window at a time.
 
@@ -131,6 +142,23 @@ class ChunkQueue:
             out.append(take)
             need -= len(take)
         return out
+
+    def pop_stamped(self, need: int, stamp: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        """`pop` for `StampedEvictor._live`'s test, by one compiled scan (`stamp_loops.take_live`)
+        that reads a chunk only up to its last needed block: the same blocks in the same order."""
+        take = _take_live or _load_take_live()
+        out = np.empty(need, dtype=np.int64)
+        q, got = self.q, 0
+        while got < need and q:
+            bl, st = q[0]
+            n, cut = take(bl, st, stamp, ref, need - got, out[got:])
+            got += n
+            if cut < len(bl):
+                q[0] = (bl[cut:], st[cut:])
+            else:
+                q.popleft()
+            self.queued -= cut
+        return out[:got]
 
     def peek(self, need: int, live) -> np.ndarray:
         """The first `need` live blocks, oldest first, as `pop` would give them; the queue unchanged."""

@@ -1,0 +1,21 @@
+"""The stamped evictors' compiled loop (numba): a victim pop scans its queue's oldest chunk only as
+far as the blocks it needs, one pass, instead of numpy windows of twice the need."""
+
+from __future__ import annotations
+
+import numba
+
+
+@numba.njit(cache=True, nogil=True)
+def take_live(bl, st, stamp, ref, need, out):
+    """Copy the first `need` live entries of the chunk (bl, st) into out (live: the entry's stamp is
+    its block's latest and the block is unused); (how many it copied, how many entries it read)."""
+    n = 0
+    for i in range(len(bl)):
+        b = bl[i]
+        if stamp[b] == st[i] and ref[b] == 0:
+            out[n] = b
+            n += 1
+            if n == need:
+                return n, i + 1
+    return n, len(bl)
