@@ -57,8 +57,7 @@ class PoolHashes:
         another copy: stored and announced like any block, found by lookups once its elders are gone."""
         block_hashes, token_ids = req.block_hashes, req.token_ids
         idx = blocks[lo:hi]
-        seg_blocks = idx.tolist()
-        seg_hashes = None  # the hashes as a list, made only where something needs it
+        seg_blocks = seg_hashes = None  # as lists, made only where something needs them
         keys = None
         if self._obj is None:
             arr = getattr(req, "hash_array", None)  # uint64 hashes: no per-int conversion
@@ -75,12 +74,12 @@ class PoolHashes:
             got = cached.setdefault_many(keys, idx)
             primary = True
             if not (got == idx).all():
-                seg_hashes = _as_list(block_hashes[lo:hi])
+                seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
                 primary = add_copies(self.dups, seg_hashes, seg_blocks, got.tolist())
             self._bh[idx] = keys
             self._has[idx] = primary
         else:
-            seg_hashes = _as_list(block_hashes[lo:hi])
+            seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
             got = list(map(cached.setdefault, seg_hashes, seg_blocks))
             self._obj[idx] = np.fromiter(seg_hashes, dtype=object, count=len(seg_hashes))
             if got != seg_blocks:
@@ -88,8 +87,8 @@ class PoolHashes:
         self._hashed[idx] = True
         if self._on_cached is not None:
             parent = cached.get(block_hashes[lo - 1]) if lo else None
-            self._on_cached(seg_blocks, lo, parent, block_hashes)
-        self.stats.stored += len(seg_blocks)
+            self._on_cached(idx.tolist() if seg_blocks is None else seg_blocks, lo, parent, block_hashes)
+        self.stats.stored += len(idx)
         if self._emit is None and self.lower is None:
             return
         if seg_hashes is None:
