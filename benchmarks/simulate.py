@@ -3,7 +3,9 @@
 (a) The 119 shared Claude Code traces (about 8,000 requests, 1.0 B input tokens) on 8 simulated
 H200s serving Llama-3.1-8B, 64 lanes, kv_aware router (steady) and round_robin (overloaded): wall
 and CPU seconds, simulated seconds, speed-up over real time, simulated requests per wall and per
-CPU second, and CPU milliseconds per simulated request. The machine may be
+CPU second, and CPU milliseconds per simulated request; then round_robin on 32 replicas (no queue to
+speak of), which tells what overload itself costs per request from what round_robin's misses cost
+(the same router, the same routing of sessions across replicas). The machine may be
 shared, so CPU time (`time.process_time`) and the load average are printed beside wall time.
 (b) The Mooncake conversation trace (12,031 requests, replayed by timestamp) on 8 workers, beside
 Dynamo's offline replay of the same file (`dynamo.replay.run_trace_replay`, Rust) run through
@@ -95,16 +97,16 @@ def ms(x: float | None) -> str:
     return "-" if x is None else f"{x * 1e3:,.0f}"
 
 
-def claude_code(router: str = "kv_aware") -> list[Row]:
+def claude_code(router: str = "kv_aware", workers: int = WORKERS) -> list[Row]:
     """(a): kv_aware keeps the 8 replicas steady; round_robin overloads them (the queue grows)."""
     src = SHARED / "traces" / "claude-code"
     if not src.is_dir():
         print(f"(a) skipped: {src} not found (set AGENTKV_SHARED)")
         return []
     cfg = SimConfig(
-        engine=EngineConfig(gpu="h200", model="llama3-8b"), workers=WORKERS, lanes=64, router=router
+        engine=EngineConfig(gpu="h200", model="llama3-8b"), workers=workers, lanes=64, router=router
     )
-    print(f"(a) {src}: 8x H200, Llama-3.1-8B, 64 lanes, {router}   load average before: {loadavg()}")
+    print(f"(a) {src}: {workers}x H200, Llama-3.1-8B, 64 lanes, {router}   load average before: {loadavg()}")
     res, lw, lc, sw, sc, cluster = timed_sim([src], cfg)
     s, n = res.summary, len(res.records)
     tin = sum(r.input_tokens for r in res.records)
@@ -121,7 +123,7 @@ def claude_code(router: str = "kv_aware") -> list[Row]:
     print(f"    {block_work(cluster, n, sc)}")
     return [
         Row(
-            f"agentkv, claude-code {router} (a)",
+            f"agentkv, claude-code {router}{'' if workers == WORKERS else f' x{workers}'} (a)",
             n,
             lw + sw,
             lc + sc,
@@ -300,11 +302,14 @@ def main() -> None:
     rows: list[Row] = []
     if args.only in (None, "claude"):
         steady, over = claude_code(), claude_code("round_robin")
-        rows += steady + over
-        if steady and over:
-            per = [r.cpu_s / r.requests for r in (*steady, *over)]
+        wide = claude_code("round_robin", 4 * WORKERS) if over else []
+        rows += steady + over + wide
+        if steady and over and wide:
+            per = [r.cpu_s / r.requests for r in (*steady, *over, *wide)]
             print(
-                f"    round_robin / kv_aware CPU per request: {per[1] / per[0]:.2f}x (issue #15's target: 1.0x)"
+                f"    round_robin / kv_aware CPU per request: {per[1] / per[0]:.2f}x (issue #15's target: 1.0x)\n"
+                f"    round_robin on {WORKERS} (overloaded) / on {4 * WORKERS} replicas, CPU per request: "
+                f"{per[1] / per[2]:.2f}x (what overload itself costs)"
             )
     if args.only in (None, "disagg"):
         rows += claude_code_disagg()
@@ -320,14 +325,14 @@ def main() -> None:
             ap.error(f"--routers: {','.join(bad)} has no Dynamo replay mode (use {', '.join(MODES)})")
         rows += dynamo_modes(routers, not args.no_dynamo)
     print(
-        f"\n{'run':36} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
+        f"\n{'run':40} {'requests':>9} {'wall s':>8} {'CPU s':>7} {'sim s':>8} {'req/wall s':>10} "
         f"{'req/CPU s':>9} {'CPU ms/req':>10} {'hit':>6}  notes"
     )
     for r in rows:
         sim = f"{r.sim_s:,.0f}" if r.sim_s is not None else "-"
         hit = f"{r.hit:.1%}" if r.hit is not None else "-"
         print(
-            f"{r.name:36} {r.requests:>9,} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {sim:>8} {r.requests / r.wall_s:>10,.0f} "
+            f"{r.name:40} {r.requests:>9,} {r.wall_s:>8.1f} {r.cpu_s:>7.1f} {sim:>8} {r.requests / r.wall_s:>10,.0f} "
             f"{r.requests / r.cpu_s:>9,.0f} {r.cpu_s / r.requests * 1e3:>10.2f} {hit:>6}  {r.note}"
         )
     print(f"load average at the end: {loadavg()}")
