@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import math
 import os
 import pickle
 import subprocess
@@ -308,6 +309,70 @@ def test_chain_keys_property(id_lists, sizes, extra):
     tbs, ebs = sizes
     reqs = [(ids, len(ids) * tbs + (extra * (i + 1)) % 20) for i, ids in enumerate(id_lists)]
     _check_consistent(reqs, 99, tbs, ebs)
+
+
+# chain_keys of four requests before its compiled loop (the numpy form, main c3aa551): the keys a
+# simulation's hits rest on stay the same from one version to the next
+GOLDEN_KEYS = [
+    (
+        ("trace_0001", [5, 9, 2**40, 7], 64, 16, 300),
+        18,
+        [18314258125648110496, 15765074194891551040, 413077400704584244],
+    ),
+    (("x", [3, 1], 16, 48, 100), 2, [17268720444441287080, 15258356492302703767]),
+    (("y", [], 64, 544, 1200), 2, [11566296188809617623, 11304280588612907417]),
+    ((7, [1, 2, 3], 64, 256, 1000), 3, [10202674223177148425, 12414847138741322047, 15984337602178819684]),
+]
+
+
+@pytest.mark.parametrize(("args", "n", "tail"), GOLDEN_KEYS)
+def test_chain_keys_are_stable(args, n, tail):
+    keys = chain_keys(*args)
+    assert keys.dtype == np.uint64 and len(keys) == n and keys.tolist()[-len(tail) :] == tail
+
+
+def _reference_keys(space, ids, t, b, input_tokens) -> list[int]:
+    """chain_keys by its definition, in Python ints mod 2**64, over the slot bases request_tokens uses."""
+    from agentkv.trace import chain_loops as cl
+    from agentkv.trace.blocks import _slot_bases
+
+    m64 = (1 << 64) - 1
+
+    def mix(x: int) -> int:
+        x = ((x ^ (x >> 30)) * int(cl.M1)) & m64
+        x = ((x ^ (x >> 27)) * int(cl.M2)) & m64
+        return x ^ (x >> 31)
+
+    n = input_tokens // b
+    g = math.gcd(b, t)
+    r, per = t // g, b // g
+    bases = _slot_bases(space_key(space), ids, -(-n * per // r)).tolist()
+    subs = [
+        bases[q // r] if r == 1 else mix(bases[q // r] ^ (((q % r + 1) * int(cl.SUB)) & m64))
+        for q in range(n * per)
+    ]
+    keys, p = [], 0
+    for j in range(n):
+        ident = subs[j * per]
+        for s in range(1, per):
+            ident = mix((ident * int(cl.GROUP) + subs[j * per + s]) & m64)
+        p = (p * int(cl.R) + ident) & m64
+        keys.append(mix(p ^ (((j + 1) * int(cl.DEPTH)) & m64)))
+    return keys
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.integers(-(2**63), 2**63 - 1), max_size=12),
+    st.sampled_from([(64, 16), (16, 64), (64, 64), (64, 544), (16, 48), (48, 16), (6, 4), (4, 6), (1, 1)]),
+    st.integers(0, 1500),
+    st.one_of(st.text(max_size=8), st.integers(0, 2**64 - 1)),
+)
+def test_chain_keys_equal_their_definition(ids, sizes, tokens, space):
+    """The compiled loop against the construction written out in Python ints: real ids, filler past
+    them, sub-blocks (engine block divides the trace's), folds (a multiple) and gcd splits (neither)."""
+    t, b = sizes
+    assert chain_keys(space, ids, t, b, tokens).tolist() == _reference_keys(space, ids, t, b, tokens)
 
 
 @pytest.mark.shared

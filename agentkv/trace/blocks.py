@@ -30,12 +30,7 @@ _U = np.uint64
 _M1, _M2 = _U(0xBF58476D1CE4E5B9), _U(0x94D049BB133111EB)
 _GOLDEN = _U(0x9E3779B97F4A7C15)  # odd: k + i * GOLDEN is injective in i (mod 2**64)
 _POS = _U(0xD1B54A32D192ED03)
-_SUB = _U(0xAEF17502108EF2D9)
-_GROUP = _U(0xDB4F0B9175AE2165)
-_DEPTH = _U(0x8CB92BA72F3D8DD7)
 _REAL, _FILL, _EMPTY = 0x7265616C, 0x66696C6C, 0x656D7074  # domain tags: "real", "fill", "empt"
-_R = 0xFF51AFD7ED558CCD  # odd multiplier of the polynomial prefix hash in chain_keys
-_RINV = pow(_R, -1, 1 << 64)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -66,13 +61,16 @@ def _slot_bases(key: int, hash_ids: Sequence[int] | np.ndarray, m: int) -> np.nd
     if k:
         out[:k] = _mix(_U(_mix1(key ^ _REAL)) + ids * _GOLDEN)
     if m > k:
-        if len(hash_ids):
-            last = int(hash_ids[-1]) & 0xFFFFFFFFFFFFFFFF
-            fill = _mix1(_mix1(key ^ _FILL) + last * int(_GOLDEN))
-        else:
-            fill = _mix1(key ^ _FILL ^ _EMPTY)
-        out[k:] = _mix(_U(fill) + np.arange(m - k, dtype=_U) * _GOLDEN)
+        out[k:] = _mix(_U(_fill(key, hash_ids)) + np.arange(m - k, dtype=_U) * _GOLDEN)
     return out
+
+
+def _fill(key: int, hash_ids: Sequence[int] | np.ndarray) -> int:
+    """The base the filler slots after a request's last block count up from."""
+    if len(hash_ids):
+        last = int(hash_ids[-1]) & 0xFFFFFFFFFFFFFFFF
+        return _mix1(_mix1(key ^ _FILL) + last * int(_GOLDEN))
+    return _mix1(key ^ _FILL ^ _EMPTY)
 
 
 def _tokens(bases: np.ndarray, n: int, vocab: tuple[int, int]) -> np.ndarray:
@@ -120,20 +118,6 @@ def request_tokens(
     return _tokens(_slot_bases(space_key(space), hash_ids, m), block_size, vocab).ravel()[:input_tokens]
 
 
-_pow_cache: list[np.ndarray] = [np.ones(1, dtype=_U), np.ones(1, dtype=_U)]
-
-
-def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """R**j and R**-j (mod 2**64) for j < n, grown by doubling and kept."""
-    rp, ri = _pow_cache
-    if len(rp) < n:
-        size = max(n, 2 * len(rp))
-        rp = np.concatenate(([_U(1)], np.cumprod(np.full(size - 1, _R, dtype=_U)))).astype(_U)
-        ri = np.concatenate(([_U(1)], np.cumprod(np.full(size - 1, _RINV, dtype=_U)))).astype(_U)
-        _pow_cache[:] = [rp, ri]
-    return rp[:n], ri[:n]
-
-
 def chain_keys(
     space: int | str,
     hash_ids: Sequence[int] | np.ndarray,
@@ -158,31 +142,26 @@ def chain_keys(
     n = max(input_tokens, 0) // b
     if n == 0:
         return np.empty(0, dtype=_U)
-    return _chained(_block_idents(space_key(space), hash_ids, t, b, n), n)
-
-
-def _block_idents(key: int, hash_ids: Sequence[int] | np.ndarray, t: int, b: int, n: int) -> np.ndarray:
-    """Identities of `n` engine blocks of `b` tokens over trace blocks of `t`: each the fold of its b/g
-    sub-blocks of g = gcd(b, t) tokens, a sub-block its trace block's base mixed with its place in it
-    (the base alone where g = t). An engine block dividing the trace's is one sub-block; one that is a
-    multiple of it folds whole trace blocks."""
+    # engine blocks fold sub-blocks of g = gcd(b, t) tokens: r of them to a trace block, per to an
+    # engine block (an engine block dividing the trace's is one sub-block; a multiple, whole ones)
     g = math.gcd(b, t)
     r, per = t // g, b // g
-    subs = n * per
-    bases = _slot_bases(key, hash_ids, -(-subs // r))
-    if r > 1:
-        place = (np.arange(r, dtype=_U) + _U(1)) * _SUB
-        bases = _mix(bases[:, None] ^ place[None, :]).ravel()[:subs]
-    slots = bases.reshape(n, per)
-    ident = slots[:, 0].copy()
-    for s in range(1, per):
-        ident = _mix(ident * _GROUP + slots[:, s])
-    return ident
+    m = -(-n * per // r)  # trace slots the blocks cover: the request's ids, then filler
+    key = space_key(space)
+    ids = np.asarray(hash_ids[:m] if len(hash_ids) > m else hash_ids, dtype=np.int64).view(_U)
+    real = _U(_mix1(key ^ _REAL))
+    fill = _U(_fill(key, hash_ids)) if m > len(ids) else _U(0)
+    out = np.empty(n, dtype=_U)
+    (_chain or _load_chain())(ids, real, fill, r, per, n, out)
+    return out
 
 
-def _chained(ident: np.ndarray, n: int) -> np.ndarray:
-    """Chain block identities into prefix keys: key j depends on blocks 0..j, as chained hashes do."""
-    rp, ri = _powers(n)
-    prefix = np.cumsum(ident * ri, dtype=_U) * rp  # P_j = sum_{i<=j} ident_i * R**(j-i)
-    depth = (np.arange(n, dtype=_U) + _U(1)) * _DEPTH
-    return _mix(prefix ^ depth)
+_chain = None  # chain_loops.chain, imported at the first chain_keys (numba loads it then)
+
+
+def _load_chain():
+    global _chain
+    from agentkv.trace.chain_loops import chain
+
+    _chain = chain
+    return chain
