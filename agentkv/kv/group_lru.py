@@ -64,32 +64,23 @@ class ByteLRU:
 
     def pop_bytes(self, need: int) -> tuple[np.ndarray, int]:
         """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry), and
-        their bytes."""
-        q, out, window, freed = self._q, [], 256, 0
-        cost = self.cost
+        their bytes: compiled scans (`stamp_loops.take_bytes`) that read a chunk only up to the last
+        victim."""
+        from agentkv.kv.eviction.stamp_loops import take_bytes
+
+        q, out, freed = self._q, [], 0
         while freed < need and q:
             bl, st = q[0]
-            b = bl[:window]
-            window *= 2  # a large need takes few windows; a small one looks at few blocks
-            ok = self._live(b, st[: len(b)])
-            live = b[ok]
-            csum = cost[live].cumsum()
-            k = int(csum.searchsorted(need - freed)) + 1  # victims needed from this window
-            if k <= len(live):
-                cut = int(ok.nonzero()[0][k - 1]) + 1
-                live = live[:k]
-                freed += int(csum[k - 1])
-            else:
-                cut = len(b)
-                freed += int(csum[-1]) if len(live) else 0
+            buf = np.empty(min(len(bl), 4096), dtype=np.int64)  # (a full one: the loop goes on)
+            k, cut, got = take_bytes(bl, st, self._stamp, self.cost, need - freed, buf)
+            freed += int(got)
             if cut < len(bl):
                 q[0] = (bl[cut:], st[cut:])
             else:
                 q.popleft()
             self._queued -= cut
-            out.append(live)
+            out.append(buf[:k])
         victims = (out[0] if len(out) == 1 else np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
-        self._stamp[victims] = 0
         self.n -= len(victims)
         return victims, freed
 

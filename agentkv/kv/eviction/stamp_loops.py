@@ -19,3 +19,22 @@ def take_live(bl, st, stamp, ref, need, out):
             if n == need:
                 return n, i + 1
     return n, len(bl)
+
+
+@numba.njit(cache=True, nogil=True)
+def take_bytes(bl, st, stamp, cost, need, out):
+    """Copy the chunk's oldest live entries (stamp still the block's latest) into out until their
+    bytes (`cost`) reach `need` or out is full, zeroing their stamps; (how many, entries read, their
+    bytes)."""
+    n = 0
+    freed = 0
+    for i in range(len(bl)):
+        b = bl[i]
+        if stamp[b] == st[i]:
+            stamp[b] = 0
+            out[n] = b
+            n += 1
+            freed += cost[b]
+            if freed >= need or n == len(out):
+                return n, i + 1, freed
+    return n, len(bl), freed
