@@ -347,22 +347,20 @@ class GroupBlocks:
         self.ref[arr] += 1
 
     def _unpin(self, arr: np.ndarray) -> None:
-        """Drop one reference to each of `arr` (any groups, in freeing order): cached ones that reach
-        zero join the LRU's tail, the others are free at once."""
-        ref = self.ref
-        ref[arr] -= 1
-        zero = arr[ref[arr] == 0]
-        if not len(zero):
-            return
-        h = self.hashed_blk[zero]
-        cached, empty = (zero, EMPTY) if np.count_nonzero(h) == len(h) else (zero[h], zero[~h])
-        bcost = self.bcost
-        if len(cached):
-            self.lru.add(cached)
-            self.evictable_bytes += int(np.add.reduce(bcost[cached]))  # (not .sum(): its Python wrapper)
-        if len(empty):
-            self.empty_bytes += int(np.add.reduce(bcost[empty]))
-            self._push_ids(empty)
+        """Drop one reference to each of `arr` (any groups, in freeing order, no block twice): cached
+        ones that reach zero join the LRU's tail, the others are free at once (one compiled pass,
+        `stamp_loops.unpin`)."""
+        from agentkv.kv.eviction.stamp_loops import unpin  # (numba: loaded at the first free)
+
+        n = len(arr)
+        cached, empty = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
+        nc, ne, cb, eb = unpin(arr, self.ref, self.hashed_blk, self.bcost, cached, empty)
+        if nc:
+            self.lru.add(cached[:nc])
+            self.evictable_bytes += int(cb)
+        if ne:
+            self.empty_bytes += int(eb)
+            self._push_ids(empty[:ne])
 
     def _push_ids(self, ids: np.ndarray) -> None:
         m, k = self._n_ids, len(ids)

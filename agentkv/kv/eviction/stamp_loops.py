@@ -38,3 +38,24 @@ def take_bytes(bl, st, stamp, cost, need, out):
             if freed >= need or n == len(out):
                 return n, i + 1, freed
     return n, len(bl), freed
+
+
+@numba.njit(cache=True, nogil=True)
+def unpin(arr, ref, hashed, cost, cached, empty):
+    """Drop one reference to each block of arr (no block twice), in order: those reaching zero go to
+    `cached` (holding a hash) or `empty`; (how many of each, and their bytes by `cost`)."""
+    nc = ne = 0
+    cb = eb = 0
+    for i in range(len(arr)):
+        b = arr[i]
+        ref[b] -= 1
+        if ref[b] == 0:
+            if hashed[b]:
+                cached[nc] = b
+                nc += 1
+                cb += cost[b]
+            else:
+                empty[ne] = b
+                ne += 1
+                eb += cost[b]
+    return nc, ne, cb, eb
