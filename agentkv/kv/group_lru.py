@@ -8,6 +8,8 @@ from collections import deque
 
 import numpy as np
 
+from agentkv.kv.eviction.base import stamp_loops
+
 
 def grown(a: np.ndarray, size: int, fill: int = 0) -> np.ndarray:
     """`a` copied into a longer array, the rest `fill` (None in an object array): the pool's
@@ -66,8 +68,7 @@ class ByteLRU:
         """The oldest live blocks whose bytes first reach `need` (fewer only if the LRU runs dry), and
         their bytes: compiled scans (`stamp_loops.take_bytes`) that read a chunk only up to the last
         victim."""
-        from agentkv.kv.eviction.stamp_loops import take_bytes
-
+        take_bytes = stamp_loops().take_bytes
         q, out, freed = self._q, [], 0
         while freed < need and q:
             bl, st = q[0]

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from itertools import compress
+from operator import mul
 
 import numpy as np
 
 from agentkv.kv import group_rules as R
 from agentkv.kv.events import BlockRemoved, BlockStored
+from agentkv.kv.eviction.base import stamp_loops
 from agentkv.kv.group_lru import ByteLRU, grown
 from agentkv.kv.hashmap import add_copies, drop_copies
 from agentkv.kv.interface import KVRequest
@@ -86,7 +88,7 @@ class GroupBlocks:
 
     def blocks_bytes(self, counts: Sequence[int]) -> int:
         """Bytes of `counts[g]` blocks of each group `g` (what an allocation takes from the pool)."""
-        return sum([k * c for k, c in zip(counts, self.group_bytes, strict=True)])
+        return sum(map(mul, counts, self.group_bytes))  # (C-level: called for every allocation)
 
     def first_skips(self, req: KVRequest, hit: int) -> list[int]:
         """Each group's leading null blocks at admission: those a window or chunk has moved past at
@@ -350,11 +352,9 @@ class GroupBlocks:
         """Drop one reference to each of `arr` (any groups, in freeing order, no block twice): cached
         ones that reach zero join the LRU's tail, the others are free at once (one compiled pass,
         `stamp_loops.unpin`)."""
-        from agentkv.kv.eviction.stamp_loops import unpin  # (numba: loaded at the first free)
-
         n = len(arr)
         cached, empty = np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64)
-        nc, ne, cb, eb = unpin(arr, self.ref, self.hashed_blk, self.bcost, cached, empty)
+        nc, ne, cb, eb = stamp_loops().unpin(arr, self.ref, self.hashed_blk, self.bcost, cached, empty)
         if nc:
             self.lru.add(cached[:nc])
             self.evictable_bytes += int(cb)

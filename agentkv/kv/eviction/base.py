@@ -91,15 +91,17 @@ class Evictor:
         """A session will send no more requests."""
 
 
-_take_live = None  # stamp_loops.take_live, imported at the first pop (numba loads it then)
+_SL = None  # agentkv.kv.eviction.stamp_loops, imported at first use (numba loads it then)
 
 
-def _load_take_live():
-    global _take_live
-    from agentkv.kv.eviction.stamp_loops import take_live
+def stamp_loops():
+    """The stamped queues' compiled loops' module (a call, not an import statement, in hot paths)."""
+    global _SL
+    if _SL is None:
+        from agentkv.kv.eviction import stamp_loops as loops
 
-    _take_live = take_live
-    return take_live
+        _SL = loops
+    return _SL
 
 
 class ChunkQueue:
@@ -146,7 +148,7 @@ class ChunkQueue:
     def pop_stamped(self, need: int, stamp: np.ndarray, ref: np.ndarray) -> np.ndarray:
         """`pop` for `StampedEvictor._live`'s test, by one compiled scan (`stamp_loops.take_live`)
         that reads a chunk only up to its last needed block: the same blocks in the same order."""
-        take = _take_live or _load_take_live()
+        take = (_SL or stamp_loops()).take_live
         out = np.empty(need, dtype=np.int64)
         q, got = self.q, 0
         while got < need and q:
