@@ -191,12 +191,12 @@ class GroupBlocks:
         """Free the blocks a window or chunk has moved past, right to left (vLLM's order), and a state
         page the last step copied from (vLLM's `MambaManager.remove_skipped_blocks`)."""
         tables, skips, bs = self.tables[rid], self.skip[rid], self.block_size
-        freed = []  # in group order, as vLLM frees them: unpinned together
+        spans = []  # in group order, as vLLM frees them: unpinned together
         for g, s in enumerate(self.specs):
             if s.rule == "state":
                 pos = self.spos[rid][g]
                 if len(pos) > 1 and pos[0] < _cdiv(num_computed, bs):
-                    freed.append(tables[g][:1].copy())
+                    spans.append((tables[g][:1].copy(), 0, 1))
                     tables[g] = tables[g][1:]
                     del pos[0]
                 continue
@@ -204,14 +204,18 @@ class GroupBlocks:
                 continue
             t, lo = tables[g], skips[g]
             hi = min(R.skipped_tokens(s.rule, s.window, num_computed) // bs, len(t))
-            if hi <= lo:
-                continue
-            arr = t[lo:hi][::-1]
-            freed.append(arr[arr >= 0])  # a copy
-            t[lo:hi] = NULL
-            skips[g] = hi
-        if freed:
-            self._unpin(freed[0] if len(freed) == 1 else np.concatenate(freed))
+            if hi > lo:
+                spans.append((t, lo, hi))
+                skips[g] = hi
+        if spans:
+            out, n, cut = (
+                np.empty(sum(hi - lo for _, lo, hi in spans), dtype=np.int64),
+                0,
+                stamp_loops().cut_span,
+            )
+            for t, lo, hi in spans:
+                n = cut(t, lo, hi, out, n)  # its blocks right to left (nulls skipped), then nulls
+            self._unpin(out[:n])
 
     def release(self, rid: str) -> None:
         """Drop a request's blocks, group by group, each table tail first (vLLM's free order)."""

@@ -59,3 +59,16 @@ def unpin(arr, ref, hashed, cost, cached, empty):
                 ne += 1
                 eb += cost[b]
     return nc, ne, cb, eb
+
+
+@numba.njit(cache=True, nogil=True)
+def cut_span(t, lo, hi, out, n):
+    """Append table t's blocks [lo, hi) to out from index n, right to left and skipping nulls (< 0),
+    then null them in t; the new n (a window's blocks a request has moved past, freed)."""
+    for i in range(hi - 1, lo - 1, -1):
+        b = t[i]
+        if b >= 0:
+            out[n] = b
+            n += 1
+            t[i] = -1
+    return n
