@@ -1,5 +1,8 @@
-"""The stamped evictors' compiled loop (numba): a victim pop scans its queue's oldest chunk only as
-far as the blocks it needs, one pass, instead of numpy windows of twice the need."""
+"""The pools' per-block loops, compiled (numba), where a step's many small numpy calls cost more
+than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
+hybrid pool's by bytes), each reading a chunk only as far as its last victim; and the hybrid pool's
+frees (dropping references, cutting the blocks a window has passed out of a table). Reached through
+`eviction.base.stamp_loops()`, so numba loads at the first pop or free."""
 
 from __future__ import annotations
 
@@ -63,8 +66,8 @@ def unpin(arr, ref, hashed, cost, cached, empty):
 
 @numba.njit(cache=True, nogil=True)
 def cut_span(t, lo, hi, out, n):
-    """Append table t's blocks [lo, hi) to out from index n, right to left and skipping nulls (< 0),
-    then null them in t; the new n (a window's blocks a request has moved past, freed)."""
+    """Append table t's blocks [lo, hi) to out from index n, right to left and skipping nulls (-1,
+    `group_state.NULL`), then null them in t; the new n (a window's blocks a request has passed)."""
     for i in range(hi - 1, lo - 1, -1):
         b = t[i]
         if b >= 0:
