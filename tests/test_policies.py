@@ -76,15 +76,19 @@ def test_a_mostly_stale_free_queue_pops_its_live_blocks_oldest_first() -> None:
     live_mask = blocks % 97 == 5  # 1% live: what an overloaded pool's queue looks like
     q.push(blocks[:15_000], blocks[:15_000].copy())
     q.push(blocks[15_000:], blocks[15_000:].copy())
+    # as a stamped evictor sees them: an entry is live while its stamp is the block's latest and
+    # the block is unused (the stale 99% carry a stamp their block has moved past)
+    stamp = np.where(live_mask, blocks, -1)
+    ref = np.zeros(len(blocks), dtype=np.int32)
 
     def live(bl: np.ndarray, st: np.ndarray) -> np.ndarray:
-        return live_mask[bl]
+        return (stamp[bl] == st) & (ref[bl] == 0)
 
     want = blocks[live_mask].tolist()
     assert q.peek(150, live).tolist() == want[:150]  # across both chunks
-    got = np.concatenate(q.pop(3, live)).tolist() + np.concatenate(q.pop(150, live)).tolist()
+    got = q.pop(3, stamp, ref).tolist() + q.pop(150, stamp, ref).tolist()
     assert got == want[:153]
-    assert np.concatenate(q.pop(10_000, live)).tolist() == want[153:]  # the queue runs dry
+    assert q.pop(10_000, stamp, ref).tolist() == want[153:]  # the queue runs dry
     assert q.queued == 0 and not q.q
 
 

@@ -1,6 +1,7 @@
 """LRU over the hybrid pool's freed cached blocks, whose sizes differ by group: victims are taken
-oldest first until enough bytes are free, exactly as one-at-a-time eviction would, but a numpy
-window at a time (the same lazy stamped queue as `eviction.base.ChunkQueue`)."""
+oldest first until enough bytes are free, exactly as one-at-a-time eviction would, by a compiled
+scan of each chunk (`stamp_loops.take_bytes`; the same lazy stamped queue as
+`eviction.base.ChunkQueue`)."""
 
 from __future__ import annotations
 

@@ -105,12 +105,13 @@ def stamp_loops():
 
 
 class ChunkQueue:
-    """A FIFO of `(blocks, stamps)` numpy chunks with lazy deletion, popped a window at a time.
+    """A FIFO of `(blocks, stamps)` numpy chunks with lazy deletion.
 
-    An entry is live iff `live(blocks, stamps)` says so (its stamp is still the block's latest
-    and the block still free), so taking a block out of the middle costs nothing. A window that
-    falls short is followed by one four times longer: an overloaded pool's queue is mostly stale
-    entries (1.6% live in the windows that fell short), and each window costs a dozen numpy calls.
+    An entry is live iff its stamp is still the block's latest and the block still free
+    (`StampedEvictor._live`), so taking a block out of the middle costs nothing. An overloaded
+    pool's queue is mostly stale entries; `pop` skips them in a compiled scan, the rarer readers
+    (`peek`, `compact`, `live_blocks`) filter a numpy window at a time, a short window followed by
+    one four times longer.
     """
 
     __slots__ = ("q", "queued")
@@ -123,31 +124,10 @@ class ChunkQueue:
         self.q.append((blocks, stamps))
         self.queued += len(blocks)
 
-    def pop(self, need: int, live) -> list[np.ndarray]:
-        """Up to `need` live blocks, oldest first (fewer only when the queue runs dry)."""
-        q = self.q
-        out: list[np.ndarray] = []
-        grow = 1
-        while need and q:  # a window of the oldest chunk, so a pop costs O(taken + stale)
-            bl, st = q[0]
-            w = min(len(bl), (2 * need + 64) * grow)
-            grow *= 4  # a window short of live blocks was mostly stale: look further next time
-            ok = live(bl[:w], st[:w])
-            idx = ok.nonzero()[0]  # np.flatnonzero without its ravel and dispatch (a hot path)
-            cut = int(idx[need - 1]) + 1 if len(idx) >= need else w
-            take = bl[:cut][ok[:cut]]
-            if cut < len(bl):
-                q[0] = (bl[cut:], st[cut:])
-            else:
-                q.popleft()
-            self.queued -= cut
-            out.append(take)
-            need -= len(take)
-        return out
-
-    def pop_stamped(self, need: int, stamp: np.ndarray, ref: np.ndarray) -> np.ndarray:
-        """`pop` for `StampedEvictor._live`'s test, by one compiled scan (`stamp_loops.take_live`)
-        that reads a chunk only up to its last needed block: the same blocks in the same order."""
+    def pop(self, need: int, stamp: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        """Up to `need` live blocks, oldest first (fewer only when the queue runs dry), live by
+        `StampedEvictor._live`'s test (`stamp`, `ref`): one compiled scan (`stamp_loops.take_live`)
+        that reads a chunk only up to its last needed block, so a pop costs O(taken + stale)."""
         take = (_SL or stamp_loops()).take_live
         out = np.empty(need, dtype=np.int64)
         q, got = self.q, 0

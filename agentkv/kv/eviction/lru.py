@@ -33,7 +33,7 @@ class LRU(StampedEvictor):
         self._n -= len(blocks)  # the pool raises their ref counts, which retires their entries
 
     def pop_victims(self, n: int) -> np.ndarray:
-        return self._evicted([self._q.pop_stamped(n, self._stamp, self.pool.ref)], n)
+        return self._evicted([self._q.pop(n, self._stamp, self.pool.ref)], n)
 
     def next_victims(self, n: int) -> np.ndarray:
         return self._q.peek(n, self._live)

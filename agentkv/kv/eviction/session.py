@@ -213,17 +213,17 @@ class SessionAware(StampedEvictor):
 
     def pop_victims(self, n: int) -> np.ndarray:
         out: list[np.ndarray] = []
-        need = n
+        need, stamp, ref = n, self._stamp, self.pool.ref
         if self._n_stale:
-            out = self._stale.pop(min(need, self._n_stale), self._live)
-            k = sum(map(len, out))
+            out.append(self._stale.pop(min(need, self._n_stale), stamp, ref))
+            k = len(out[0])
             self._n_stale -= k
             need -= k
         while need:
             g = max(self._count, key=self._rank)
-            taken = self._queues[g].pop(min(need, self._count[g]), self._live)
-            k = sum(map(len, taken))
-            out += taken
+            taken = self._queues[g].pop(min(need, self._count[g]), stamp, ref)
+            k = len(taken)
+            out.append(taken)
             need -= k
             self._take_from(g, k)
         return self._evicted(out, n)
