@@ -208,11 +208,8 @@ class GroupBlocks:
                 spans.append((t, lo, hi))
                 skips[g] = hi
         if spans:
-            out, n, cut = (
-                np.empty(sum(hi - lo for _, lo, hi in spans), dtype=np.int64),
-                0,
-                stamp_loops().cut_span,
-            )
+            cut = stamp_loops().cut_span
+            out, n = np.empty(sum(hi - lo for _, lo, hi in spans), dtype=np.int64), 0
             for t, lo, hi in spans:
                 n = cut(t, lo, hi, out, n)  # its blocks right to left (nulls skipped), then nulls
             self._unpin(out[:n])

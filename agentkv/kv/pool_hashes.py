@@ -29,11 +29,8 @@ class PoolHashes:
         if self._obj is None:  # a U64Map: the mirror holds the keys
             keys = self._bh[victims]
             if dups or emit is not None or lower is not None:
-                hashes = gone = keys.tolist()  # (Python ints: the values the requests gave)
-                if dups:
-                    gone = drop_copies(cached, dups, self._has, victims, hashes, keys)
-                else:
-                    cached.delete_many(keys)
+                hashes = keys.tolist()  # (Python ints: the values the requests gave)
+                gone = drop_copies(cached, dups, self._has, victims, hashes, keys)
             else:  # nobody asks which hashes went: no Python ints at all
                 cached.delete_many(keys)
                 hashes = gone = ()

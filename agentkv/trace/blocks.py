@@ -59,10 +59,15 @@ def _slot_bases(key: int, hash_ids: Sequence[int] | np.ndarray, m: int) -> np.nd
     out = np.empty(m, dtype=_U)
     k = len(ids)
     if k:
-        out[:k] = _mix(_U(_mix1(key ^ _REAL)) + ids * _GOLDEN)
+        out[:k] = _mix(_U(_real(key)) + ids * _GOLDEN)
     if m > k:
         out[k:] = _mix(_U(_fill(key, hash_ids)) + np.arange(m - k, dtype=_U) * _GOLDEN)
     return out
+
+
+def _real(key: int) -> int:
+    """The base a request's real slots (its hash ids) count from, in space `key`."""
+    return _mix1(key ^ _REAL)
 
 
 def _fill(key: int, hash_ids: Sequence[int] | np.ndarray) -> int:
@@ -149,7 +154,7 @@ def chain_keys(
     m = -(-n * per // r)  # trace slots the blocks cover: the request's ids, then filler
     key = space_key(space)
     ids = np.asarray(hash_ids[:m] if len(hash_ids) > m else hash_ids, dtype=np.int64).view(_U)
-    real = _U(_mix1(key ^ _REAL))
+    real = _U(_real(key))
     fill = _U(_fill(key, hash_ids)) if m > len(ids) else _U(0)
     out = np.empty(n, dtype=_U)
     (_chain or _load_chain())(ids, real, fill, r, per, n, out)
