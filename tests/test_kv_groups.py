@@ -5,7 +5,9 @@ capacity, and a one-full-group pool that behaves as BlockPool."""
 from __future__ import annotations
 
 import random
+from dataclasses import dataclass
 
+import numpy as np
 import pytest
 
 from agentkv.engine.config import EngineConfig
@@ -16,6 +18,7 @@ from agentkv.kv import group_rules as R
 from agentkv.kv.groups import GroupSpec, HybridPool
 from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
+from agentkv.kv.u64map import U64Map
 
 BS = 4
 
@@ -330,12 +333,31 @@ def test_hybrid_engine_takes_other_policies_and_a_cpu_tier():
     )
 
 
-def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants():
+@dataclass(slots=True)
+class _Hashed(PoolRequest):
+    """A request that carries its hashes as uint64 too, as the engine's requests do."""
+
+    hash_array: np.ndarray | None = None
+
+
+@pytest.mark.parametrize(
+    "events, arrays, wide_at",
+    [(True, False, None), (False, True, None), (False, False, 300), (True, True, 300)],
+    ids=["events", "uint64-arrays", "wide-hashes-mid-run", "events-arrays-wide"],
+)
+def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants(events, arrays, wide_at):
     """Every kind at once, under memory pressure: chunked prefills from each lookup's hit, decodes,
-    refusals and frees in random order; bytes, maps, tables and the LRU stay consistent."""
+    refusals and frees in random order; bytes, maps, tables and the LRU stay consistent. With and
+    without events and uint64 hash arrays; from request `wide_at` on, hashes outside uint64 arrive
+    and turn the first group's `U64Map` into a dict."""
     rng = random.Random(11)
-    pool = hybrid([("full", 10), ("sliding", 7, 9), ("chunked", 5, 16), ("state", 40)], capacity=1200)
+    specs = [("full", 10), ("sliding", 7, 9), ("chunked", 5, 16), ("state", 40)]
+    pool = HybridPool(
+        [GroupSpec(*s, event_kind=KIND.get(s[0], "")) for s in specs], 1200, BS, record_events=events
+    )
+    assert type(pool.cached_maps[0]) is U64Map and type(pool.cached_maps[1]) is dict
     running: dict[str, tuple[PoolRequest, int, int]] = {}  # id -> (request, computed, prompt tokens)
+    copies = 0  # group 0's younger copies seen after each operation
     for i in range(600):
         if running and rng.random() < 0.5:
             rid = rng.choice(sorted(running))
@@ -352,17 +374,28 @@ def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants():
                 del running[rid]
         else:
             sess, n_blocks = rng.randrange(4), rng.randrange(1, 14)
-            r = PoolRequest(f"r{i}", [sess * 100 + j for j in range(n_blocks)])
+            base = sess * 100 + (2**70 if wide_at is not None and i >= wide_at and sess % 2 else 0)
+            hashes = [base + j for j in range(n_blocks)]
+            wide = base >= 2**64
+            r = _Hashed(
+                f"r{i}", hashes, hash_array=None if wide or not arrays else np.array(hashes, np.uint64)
+            )
             n = n_blocks * BS + rng.randrange(0, BS)
             c = pool.get_computed_blocks(r.block_hashes, n)
             first = min(n - c.hit * BS, rng.randrange(1, 20))
             if first > 0 and pool.allocate_slots(r, first, c.hit * BS, c):
                 running[r.request_id] = (r, c.hit * BS + first, n)
         pool.check_invariants()
+        copies += sum(map(len, pool.dups[0].values()))
     for rid in list(running):
         pool.free(rid)
     pool.check_invariants()
-    assert pool.available_bytes == pool.capacity and pool.stats.evicted > 0
+    assert (
+        pool.available_bytes == pool.capacity and pool.stats.evicted > 0 and copies > 0
+    )  # copies evicted too
+    assert pool.mirror is (wide_at is None) and (type(pool.cached_maps[0]) is U64Map) is pool.mirror
+    if events:
+        assert pool.take_events()
 
 
 def test_block_arrays_grow_with_the_blocks_taken_not_with_the_capacity():
@@ -424,6 +457,24 @@ def test_a_recomputed_block_is_another_copy_that_outlives_the_first():
     assert [pool.cached_maps[0][h] for h in a.block_hashes] == copies and not pool.dups[0]
     assert pool.get_computed_blocks(a.block_hashes, 21).hit == 5  # still served, from b's copies
     pool.check_invariants()
+
+
+@pytest.mark.parametrize("events", [True, False])
+def test_both_copies_of_a_hash_evicted_in_one_batch_leave_no_trace(events):
+    """The older copy goes first and promotes the younger, which the same eviction then takes: the
+    hash leaves the map, its copies list and group 0's uint64 mirror (the hint checks' table)."""
+    specs = [GroupSpec("full", 10, event_kind="full_attention"), GroupSpec("sliding", 10, 8)]
+    pool = HybridPool(specs, 300, BS, record_events=events)
+    a = req("a", 5)
+    assert pool.allocate_slots(a, 20)
+    pool.free("a")
+    b = req("b", 5)  # the same prompt from scratch: copies of every full block
+    assert pool.allocate_slots(b, 20)
+    pool.free("b")
+    assert set(pool.dups[0]) == set(a.block_hashes)
+    assert pool.allocate_slots(req("c", 1, base=5000), 60)  # every block of the pool, one cached again
+    assert not pool.dups[0] and not any(h in pool.cached_maps[0] for h in a.block_hashes)
+    pool.check_invariants()  # (the mirror: a nonzero entry names the block the map gives)
 
 
 def test_a_state_page_is_padded_to_the_attention_page():

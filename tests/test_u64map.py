@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from agentkv.kv.hashmap import add_copies, drop_copies
 from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
 from agentkv.kv.u64map import U64Map
@@ -22,6 +23,7 @@ OPS = st.lists(
         st.tuples(st.just("set"), KEYS, st.integers(0, 9)),
         st.tuples(st.just("pop"), st.integers(0, 30)),
         st.tuples(st.just("run"), st.integers(0, 30), KEYS),
+        st.tuples(st.just("assign"), st.integers(0, 30), st.integers(0, 999)),
     ),
     max_size=60,
 )
@@ -34,8 +36,9 @@ def _u64(xs: list[int]) -> np.ndarray:
 @settings(max_examples=300, deadline=None)
 @given(OPS)
 def test_every_call_answers_as_a_dict(ops):
-    """Random batches of setdefault, deletes, single sets and leading-run lookups on a small map (so it
-    rebuilds and grows): the same values, lengths, items and runs as a dict given the same calls."""
+    """Random batches of setdefault, deletes, in-place assigns, single sets and leading-run lookups on a
+    small map (so it rebuilds and grows): the same values, lengths, items and runs as a dict given the
+    same calls."""
     m, d = U64Map(4), {}
     for op in ops:
         if op[0] == "put":
@@ -49,6 +52,10 @@ def test_every_call_answers_as_a_dict(ops):
                 del d[k]
         elif op[0] == "set":
             m[op[1]] = d[op[1]] = op[2]
+        elif op[0] == "assign":  # present keys only, in place
+            ks = list(d)[: op[1]]
+            m.assign_many(_u64(ks), np.arange(op[2], op[2] + len(ks), dtype=np.int64))
+            d.update(zip(ks, range(op[2], op[2] + len(ks)), strict=True))
         elif op[0] == "pop":
             if d:
                 k = list(d)[op[1] % len(d)]
@@ -95,8 +102,9 @@ def test_deletes_keep_every_other_key_reachable_across_the_tables_end(order):
 
 
 def test_single_key_calls_and_refusals():
-    """The dict API on one key: [] and del raise KeyError for absent keys; keys outside [0, 2**64)
-    are never present and cannot be set; clear empties it; a pickled map is the same map."""
+    """The dict API on one key: [] and del raise KeyError for absent keys, as an in-place assign does;
+    keys outside [0, 2**64) are never present and cannot be set; clear empties it; a pickled map is the
+    same map."""
     m = U64Map()
     m[0], m[7], m[2**64 - 1] = 10, 70, 99
     assert m[0] == 10 and m[7] == 70 and m.get(2**64 - 1) == 99 and len(m) == 3
@@ -109,6 +117,14 @@ def test_single_key_calls_and_refusals():
         m[-3] = 1
     del m[7]
     assert 7 not in m and len(m) == 2
+    with pytest.raises(KeyError):  # in-place assigns are for present keys only (0 too)
+        m.assign_many(_u64([2**64 - 1, 7]), np.array([1, 2], dtype=np.int64))
+    assert m[2**64 - 1] == 1 and 7 not in m  # (the present one assigned)
+    m[2**64 - 1] = 99
+    del m[0]
+    with pytest.raises(KeyError):
+        m.assign_many(_u64([0]), np.array([5], dtype=np.int64))
+    m[0] = 10
     assert dict(pickle.loads(pickle.dumps(m)).items()) == {0: 10, 2**64 - 1: 99}
     m.clear()
     assert len(m) == 0 and list(m) == []
@@ -132,3 +148,46 @@ def test_pool_keeps_a_u64map_and_falls_back_to_a_dict_for_other_hashes():
     assert pool.get_computed_blocks([0, 1, 2**64 - 1, 5]).num_blocks == 4
     assert pool.get_computed_blocks([0, 1, -7, 2**70]).num_blocks == 4
     pool.check_invariants()
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.one_of(
+            st.tuples(st.just("cache"), st.lists(st.sampled_from([0, 1, 5, 9, 2**64 - 1]), max_size=6)),
+            st.tuples(st.just("evict"), st.lists(st.integers(0, 40), max_size=8)),
+        ),
+        max_size=40,
+    )
+)
+def test_evicting_copies_from_a_u64map_answers_as_from_a_dict(ops):
+    """`drop_copies` on a `U64Map` (the map read and written in bulk) leaves the same map, copies,
+    returned hashes and marks as on a dict one key at a time: hashes cached several times over (0
+    and 2**64 - 1 among them), victims in any order, a copy promoted and evicted in one batch."""
+    m, d = U64Map(4), {}
+    dups_m: dict[int, list[int]] = {}
+    dups_d: dict[int, list[int]] = {}
+    has_m, has_d = np.zeros(300, bool), np.zeros(300, bool)
+    named_m, named_d = np.zeros(300, np.uint64), np.zeros(300, np.uint64)
+    held: dict[int, int] = {}  # block -> its hash
+    nxt = 0
+    for op, arg in ops:
+        if op == "cache":
+            blocks = list(range(nxt, nxt + len(arg)))
+            nxt += len(arg)
+            got = m.setdefault_many(np.array(arg, np.uint64), np.array(blocks, np.int64)).tolist()
+            assert got == [d.setdefault(h, b) for h, b in zip(arg, blocks, strict=True)]
+            add_copies(dups_m, arg, blocks, got)
+            add_copies(dups_d, list(arg), blocks, got)
+            held.update(zip(blocks, arg, strict=True))
+            continue
+        live = sorted(held)
+        victims = list(dict.fromkeys(live[i % len(live)] for i in arg)) if live else []
+        hashes = [held.pop(b) for b in victims]
+        vb = np.array(victims, np.int64)
+        gone_m = drop_copies(m, dups_m, has_m, vb, hashes, np.array(hashes, np.uint64), named_m)
+        gone_d = drop_copies(d, dups_d, has_d, vb, list(hashes), None, named_d)
+        assert gone_m == gone_d
+        assert dict(m.items()) == d and dups_m == dups_d
+        assert (has_m == has_d).all() and (named_m == named_d).all()
+    assert set(held) == set(d.values()) | {b for bs in dups_d.values() for b in bs}

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from agentkv.kv.hashmap import gallop
+from agentkv.kv.hashmap import find_run
 
 RULES = ("full", "sliding", "chunked", "state")
 
@@ -73,7 +73,7 @@ def arrival_serves(window: int, pages: Sequence[int], done: int, cut: int) -> bo
 
 def full_hit(cached: dict, hashes: Sequence[int], limit: int) -> int:
     """Full attention (and MLA): every block from the first, left to right until a miss."""
-    return len(gallop(cached.get, hashes, limit))
+    return len(find_run(cached, hashes, limit))
 
 
 def sliding_hit(cached: dict, hashes: Sequence[int], limit: int, window: int, block_size: int) -> int:

@@ -1,6 +1,13 @@
 """The hybrid pool's block bookkeeping: ids, reference counts, each group's hash map and each
 request's per-group block table (-1: vLLM's null block, a block skipped or never needed), the LRU
-of freed cached blocks, and the invariants that tie them together."""
+of freed cached blocks, and the invariants that tie them together.
+
+Block hashes live as uint64 while every hash fits (`mirror`): each block's in `bkey`, and a
+full-attention first group, which caches almost every block of a run (99% on DeepSeek-V4-Pro),
+maps them in a `U64Map` updated a batch at a time by compiled loops. The other groups' maps stay
+dicts: their rules probe one hash at a time from Python, where a dict is faster. The first hash
+outside uint64 turns every map into a dict and the hashes into Python ints (`bhash`), as
+`BlockPool` does."""
 
 from __future__ import annotations
 
@@ -14,9 +21,10 @@ from agentkv.kv import group_rules as R
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.kv.eviction.base import stamp_loops
 from agentkv.kv.group_lru import ByteLRU, grown
-from agentkv.kv.hashmap import add_copies, drop_copies
+from agentkv.kv.hashmap import add_copies, drop_copies, find_run
 from agentkv.kv.interface import KVRequest
 from agentkv.kv.invariants import check_hybrid
+from agentkv.kv.u64map import U64Map
 
 NULL = -1
 EMPTY = np.zeros(0, dtype=np.int64)
@@ -38,17 +46,22 @@ class GroupBlocks:
     from the pool."""
 
     def _setup_blocks(self) -> None:
-        self.cached_maps: list[dict[int, int]] = [{} for _ in self.specs]
-        self.dups: list[dict[int, list[int]]] = [{} for _ in self.specs]  # a hash's younger copies
         self.max_ids = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
+        # group 0's map a U64Map when it is full attention (module docstring), the others dicts
+        self.cached_maps: list[dict[int, int] | U64Map] = [
+            U64Map(min(self.max_ids, 4096)) if g == 0 and s.rule == "full" else {}
+            for g, s in enumerate(self.specs)
+        ]
+        self.dups: list[dict[int, list[int]]] = [{} for _ in self.specs]  # a hash's younger copies
         # per-block arrays sized to the ids taken so far, grown as more are (a policy binds them: full size)
         n = self.max_ids if self.policy is not None else min(self.max_ids, 4096)
         self.ref = np.zeros(n, dtype=np.int32)
         self.bgroup = np.zeros(n, dtype=np.int16)
         self.hashed_blk = np.zeros(n, dtype=bool)
-        self.bhash = np.empty(n, dtype=object)  # block -> its hash (an int) while the block is cached
+        self.mirror = True  # every hash so far fits in uint64 (off for good at the first that does not)
+        self.bkey = np.zeros(n, dtype=np.uint64)  # block -> its hash while cached (any group, copies too)
+        self.bhash: np.ndarray | None = None  # the same as Python ints, once the mirror is off (`_to_dict`)
         self.bh64 = np.zeros(n, dtype=np.uint64)  # group 0's as uint64 while cached, else 0 (hint checks)
-        self.mirror = True  # off once a hash does not fit in uint64
         # group 0: a recomputed copy -> the block holding its hash then (maybe stale: read via the mirror)
         self.alias = np.full(n, NULL, dtype=np.int64)
         self._ids = np.empty(n, dtype=np.int64)  # freed block ids, a stack (top at the end)
@@ -73,6 +86,22 @@ class GroupBlocks:
 
     def block_cost(self, b: int) -> int:
         return self.specs[int(self.bgroup[b])].block_bytes
+
+    def hash_of(self, block: int) -> int | None:
+        """The hash `block` holds (None: none), from whichever table the pool keeps."""
+        if not self.hashed_blk[block]:
+            return None
+        return int(self.bkey[block]) if self.mirror else self.bhash[block]
+
+    def _to_dict(self) -> None:
+        """A hash outside uint64 arrived: every map becomes a dict and block hashes Python ints."""
+        if not self.mirror:
+            return
+        self.mirror = False
+        self.cached_maps = [m if type(m) is dict else dict(m.items()) for m in self.cached_maps]
+        self.bhash = np.full(len(self.ref), None, dtype=object)
+        held = np.flatnonzero(self.hashed_blk)
+        self.bhash[held] = np.fromiter(self.bkey[held].tolist(), dtype=object, count=len(held))
 
     # -- sizes of an allocation ----------------------------------------------------------------
     def new_blocks(self, req: KVRequest, total: int) -> list[int]:
@@ -120,9 +149,11 @@ class GroupBlocks:
                 out.append(np.array([self.cached_maps[g][hashes[hit - 1]]], dtype=np.int64) if hit else EMPTY)
                 continue
             idx = R.hit_blocks(s.rule, hit, s.window, bs)
-            idx = range(max(idx.start, min(skips[g], hit)), hit)
-            get = self.cached_maps[g].__getitem__
-            out.append(np.fromiter(map(get, hashes[idx.start : idx.stop]), np.int64, len(idx)))
+            lo = max(idx.start, min(skips[g], hit))
+            found = find_run(self.cached_maps[g], hashes, hit, lo)
+            if len(found) < hit - lo:
+                raise KeyError(f"group {g}: hash {hashes[lo + len(found)]} of a hit is not cached")
+            out.append(np.asarray(found, dtype=np.int64))
         return out
 
     def quiet_range(self, req: KVRequest, computed: int, total: int) -> tuple[int, int, int]:
@@ -279,49 +310,75 @@ class GroupBlocks:
         hash cached already recorded as another copy."""
         rid, t = req.request_id, self.tables[req.request_id][g]
         hashes = req.block_hashes
-        d = self.cached_maps[g]
         seg = t[lo:full]
         arr = getattr(req, "hash_array", None)  # the same hashes as uint64: filtered and stored in bulk
         h64 = arr[lo:full] if arr is not None and len(arr) >= full else None
-        whole = True
+        keep = None
         if lo < self.skip[rid][g]:  # blocks a window has moved past (the table's nulls): not cached
             keep = seg >= 0
-            seg, whole = seg[keep], False
+            seg = seg[keep]
             if h64 is not None:
                 h64 = h64[keep]
-                hs = h64.tolist()
-            else:
-                hs = list(compress(hashes[lo:full], keep.tolist()))
+        d = self.cached_maps[g]
+        if type(d) is U64Map and h64 is None:
+            h64 = _uint64(hashes[lo:full] if keep is None else list(compress(hashes[lo:full], keep.tolist())))
+            if h64 is None:
+                self._to_dict()
+                d = self.cached_maps[g]
+        if type(d) is U64Map:  # one compiled insert of the batch; lists only for copies and listeners
+            if not len(seg):
+                return
+            got = d.setdefault_many(h64, seg)
+            self._store(g, None, None, hashes, lo, full, req.token_ids, keep is None, True, seg, h64)
+            copy = got != seg
+            if copy.any():
+                self._copies(g, h64.tolist(), seg.tolist(), got.tolist(), seg, got, copy)
+            return
+        if keep is not None:
+            hs = h64.tolist() if h64 is not None else list(compress(hashes[lo:full], keep.tolist()))
         else:
             hs = hashes[lo:full]
             hs = hs if type(hs) is list else list(hs)  # a list's slice is a copy already
         bl = seg.tolist()
         got = list(map(d.setdefault, hs, bl))  # inserts only absent hashes, in one pass
         if hs:
-            self._store(g, hs, bl, hashes, lo, full, req.token_ids, whole, True, seg, h64)
+            self._store(g, hs, bl, hashes, lo, full, req.token_ids, keep is None, True, seg, h64)
         if got != bl:  # a hash cached already: as vLLM, this block is another copy of it (BlockPool.dups)
             first = np.fromiter(got, np.int64, len(got))
-            copy = first != seg
-            add_copies(self.dups[g], hs, bl, got)
-            if g == 0:
-                self.alias[seg[copy]] = first[copy]
-                self.bh64[seg[copy]] = 0  # the mirror names the block the map gives
+            self._copies(g, hs, bl, got, seg, first, first != seg)
+
+    def _copies(self, g, hs, bl, got, seg, first, copy) -> None:
+        """Blocks `seg` cached under hashes the map gave other blocks (`first`, where `copy`): as vLLM,
+        each is another copy of its hash (`dups`); group 0's mirror and aliases name them."""
+        add_copies(self.dups[g], hs, bl, got)
+        if g == 0:
+            self.alias[seg[copy]] = first[copy]
+            self.bh64[seg[copy]] = 0  # the mirror names the block the map gives
 
     def _store(
         self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False, idx=None, h64=None
     ) -> None:
-        """Record cached blocks (`idx`, `h64`: the same blocks and hashes as arrays, when at hand)."""
+        """Record cached blocks: `hs` and `blocks` as lists, or (`hs`, `blocks` None) `idx` and `h64`
+        as arrays, whose lists are made only for the hooks and events."""
+        idx = blocks if idx is None else idx
+        if self.mirror:
+            key = h64 if h64 is not None else _uint64(hs)
+            if key is None:
+                self._to_dict()
         if not inserted:
             self.cached_maps[g].update(zip(hs, blocks, strict=True))
-        idx = blocks if idx is None else idx
-        self.bhash[idx] = hs
+        if self.mirror:
+            self.bkey[idx] = key
+            if g == 0:
+                self.bh64[idx] = key
+        else:
+            self.bhash[idx] = hs
         self.hashed_blk[idx] = True
-        if self.mirror and g == 0:
-            try:
-                self.bh64[idx] = hs if h64 is None else h64
-            except (OverflowError, TypeError, ValueError):
-                self.mirror = False
-        self.stats.stored += len(hs)
+        self.stats.stored += len(idx)
+        if self.hooks is None and self._emit is None:
+            return
+        if hs is None:
+            hs, blocks = h64.tolist(), idx.tolist()
         if self.hooks is not None:
             self.hooks.stored(g, blocks, lo, hashes)
         if self._emit is not None:
@@ -413,8 +470,10 @@ class GroupBlocks:
         f = self._fresh
         if f + k > len(self.ref):
             size = max(f + k, min(2 * len(self.ref), self.max_ids))
-            for name in ("ref", "bgroup", "hashed_blk", "bhash", "bh64", "bcost", "_ids", "alias"):
+            for name in ("ref", "bgroup", "hashed_blk", "bkey", "bh64", "bcost", "_ids", "alias"):
                 setattr(self, name, grown(getattr(self, name), size, NULL if name == "alias" else 0))
+            if self.bhash is not None:
+                self.bhash = grown(self.bhash, size)
             self.lru.grown(self.bcost)
         self._fresh = f + k
         return np.arange(f, f + k, dtype=np.int64)
@@ -424,17 +483,31 @@ class GroupBlocks:
         self.evictable_bytes -= freed
         self.empty_bytes += freed
         self.hashed_blk[victims] = False
-        self.bh64[victims] = 0
-        removed: dict[int, list[int]] = {}  # per group present, in group order: its hashes in LRU order
-        gone: dict[int, list[int]] = {}  # of those, the hashes no copy holds any more
+        removed: dict[
+            int, list[int] | None
+        ] = {}  # per group present, in group order: its hashes in LRU order
+        gone: dict[int, list[int] | None] = {}  # of those, the hashes no copy holds any more
         groups, i = self.bgroup[victims], 0
         order = victims[groups.argsort(kind="stable")]  # stable: LRU order kept
-        hs = self.bhash[order].tolist()
-        self.bhash[victims] = None
+        if self.mirror:
+            keys, hs = self.bkey[order], None
+        else:
+            keys, hs = None, self.bhash[order].tolist()
+            self.bhash[victims] = None
+        listen = self._emit is not None or self.hooks is not None
         for g, k in enumerate(np.bincount(groups).tolist()):
             if k:
-                removed[g], i = hs[i : i + k], i + k
-                gone[g] = self._forget(g, order[i - k : i], removed[g])
+                i += k
+                d, kg = self.cached_maps[g], None if keys is None else keys[i - k : i]
+                if hs is not None:
+                    lst = hs[i - k : i]
+                else:  # Python ints only where a dict, a copy or a listener needs them
+                    lst = kg.tolist() if listen or self.dups[g] or type(d) is not U64Map else None
+                removed[g] = lst
+                named = self.bh64 if g == 0 and self.mirror else None  # a copy promoted: the mirror names it
+                kg = kg if type(d) is U64Map else None
+                gone[g] = drop_copies(d, self.dups[g], None, order[i - k : i], lst, kg, named)
+        self.bh64[victims] = 0  # (after: a copy promoted and then evicted in this batch is named no more)
         self._push_ids(victims)
         self._epoch += 1
         self.stats.evicted += len(victims)
@@ -444,13 +517,12 @@ class GroupBlocks:
         if self.hooks is not None:
             self.hooks.evicted(gone)
 
-    def _forget(self, g: int, blocks: np.ndarray, hashes: list[int]) -> list[int]:
-        """`hashmap.drop_copies` for group `g`; a copy answering lookups now is named by group 0's mirror."""
-        d = self.cached_maps[g]
-        gone = drop_copies(d, self.dups[g], None, blocks, hashes)
-        if g == 0 and self.mirror and len(gone) < len(hashes):
-            for h in set(hashes).difference(gone):
-                self.bh64[d[h]] = h
-        return gone
-
     check_invariants = check_hybrid  # bytes add up; LRU, maps, tables and the uint64 mirror agree
+
+
+def _uint64(hashes) -> np.ndarray | None:
+    """Hashes as a uint64 array, or None when one does not fit (the pool's maps become dicts)."""
+    try:
+        return np.array(hashes, dtype=np.uint64)
+    except (OverflowError, TypeError, ValueError):
+        return None

@@ -28,16 +28,12 @@ EMPTY = np.zeros(0, dtype=np.int64)
 class _PoolView:
     """What an `Evictor` reads of a pool (`bind`): block ids' range, reference counts, hashes."""
 
-    __slots__ = ("num_blocks", "ref", "_bhash")
+    __slots__ = ("num_blocks", "ref", "hash_of")
 
     def __init__(self, pool) -> None:
         self.num_blocks = len(pool.ref)
         self.ref = pool.ref
-        self._bhash = pool.bhash  # block -> hash, for cached blocks
-
-    def hash_of(self, block: int):
-        """The hash a cached block holds."""
-        return self._bhash[block]
+        self.hash_of = pool.hash_of  # block -> the hash it holds (None: none)
 
 
 class PolicyQueue:

@@ -32,7 +32,7 @@ from agentkv.kv.eviction import make_policy
 from agentkv.kv.eviction.base import Evictor
 from agentkv.kv.group_state import GroupBlocks
 from agentkv.kv.group_tiers import GroupHooks, GroupLower, PolicyQueue
-from agentkv.kv.hashmap import gallop, prefix_len
+from agentkv.kv.hashmap import find_run, prefix_len
 from agentkv.kv.interface import ComputedBlocks, KVRequest, PoolStats
 
 
@@ -177,9 +177,9 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
     def _full_prefix(self, block_hashes, limit: int, hint, hash_array):
         """Group 0's cached blocks of the leading hashes; `hint` (the session's last table) checked in
         bulk first, as `BlockPool` does; the answer is the same."""
-        get = self.cached_maps[0].get
+        first = self.cached_maps[0]
         if hint is None or hash_array is None or not self.mirror or not len(hint):
-            return gallop(get, block_hashes, limit)
+            return find_run(first, block_hashes, limit, 0, hash_array)
         m = min(len(hint), limit, len(hash_array))
         hb = hint[:m]
         h64 = hash_array[:m]  # a block's mirror is nonzero only while group 0's map gives it that hash
@@ -188,7 +188,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
             hb, k = self._patch_hint(hb, ok, block_hashes, h64)  # copy is unhashed)
             if k < m:
                 return hb
-        rest = gallop(get, block_hashes, limit, m)
+        rest = find_run(first, block_hashes, limit, m, hash_array)
         return hb if not rest else np.concatenate((hb, np.asarray(rest, dtype=np.int64)))
 
     def _patch_hint(self, hb: np.ndarray, ok: np.ndarray, block_hashes, hash_array) -> tuple[np.ndarray, int]:
@@ -203,7 +203,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         if live.any():  # a live alias holds the hash in group 0: the map's answer, without the map
             hb[bad[live]] = cand[live]
             bad = bad[~live]
-        found = gallop(self.cached_maps[0].get, [block_hashes[i] for i in bad.tolist()], len(bad))
+        found = find_run(self.cached_maps[0], [block_hashes[i] for i in bad.tolist()], len(bad))
         end = int(bad[len(found)]) if len(found) < len(bad) else len(hb)
         out = hb[:end]
         out[bad[: len(found)]] = found

@@ -98,13 +98,11 @@ def check_hybrid(pool) -> None:
         assert pool.ref[b] == 0 and pool.hashed_blk[b], f"block {b} in the LRU is held or unhashed"
     for g, d in enumerate(pool.cached_maps):
         for h, b in d.items():
-            assert pool.bhash[b] == h and pool.hashed_blk[b] and pool.bgroup[b] == g, (
-                f"group {g}: hash {h} maps to block {b}"
-            )
+            assert pool.hash_of(b) == h and pool.bgroup[b] == g, f"group {g}: hash {h} maps to block {b}"
     for g, dd in enumerate(pool.dups):  # younger copies hold their hash too, never the map's block
         for h, bs in dd.items():
             assert bs and pool.cached_maps[g][h] not in bs, f"group {g}: hash {h}'s copies are off"
-            assert all(pool.bhash[b] == h and pool.hashed_blk[b] and pool.bgroup[b] == g for b in bs)
+            assert all(pool.hash_of(b) == h and pool.bgroup[b] == g for b in bs)
     if pool.mirror:  # a nonzero mirror entry names a block that group 0's map gives for that hash
         first = pool.cached_maps[0]
         for b in np.flatnonzero(pool.bh64).tolist():

@@ -20,7 +20,7 @@ import numpy as np
 from agentkv.kv.events import EventLog, KVEvent
 from agentkv.kv.eviction import make_policy
 from agentkv.kv.eviction.base import Evictor
-from agentkv.kv.hashmap import gallop, gallop_map, prefix_len
+from agentkv.kv.hashmap import find_run, prefix_len
 from agentkv.kv.interface import ComputedBlocks, KVRequest, LowerTier, PoolStats
 from agentkv.kv.invariants import check_pool
 from agentkv.kv.pool_hashes import PoolHashes
@@ -367,9 +367,7 @@ class BlockPool(PoolHashes, EventLog):
         self, block_hashes: Sequence[int], limit: int, start: int, hash_array: np.ndarray | None
     ) -> list[int]:
         """The cached blocks of the longest run of block_hashes[start:limit] (the map's search)."""
-        if not self._mirror:
-            return gallop(self.cached.get, block_hashes, limit, start)
-        return gallop_map(self.cached, block_hashes, limit, start, hash_array)
+        return find_run(self.cached, block_hashes, limit, start, hash_array)
 
     @property
     def _mirror(self) -> bool:

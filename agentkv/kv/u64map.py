@@ -33,6 +33,7 @@ def _loops():
         shift, out = np.uint64(60), np.empty(2, np.int64)
         loops.setdefault_many(keys, vals, ks, np.zeros(2, np.int64), shift, 15, out)
         loops.run(keys, vals, ks, shift, 15, out)
+        loops.assign_many(keys, vals, ks, np.zeros(2, np.int64), shift, 15)
         loops.delete_many(keys, vals, ks, shift, 15)
         _L = loops
     return _L
@@ -79,6 +80,18 @@ class U64Map(MutableMapping):
             for i in np.flatnonzero(ks == 0).tolist():
                 out[i] = self._side.setdefault(int(ks[i]), int(vs[i]))
         return out
+
+    def assign_many(self, ks: np.ndarray, vs: np.ndarray) -> None:
+        """`self[k] = v` for each pair, in place (no entry moves); KeyError if a key was absent (the
+        present ones are assigned)."""
+        n = (_L or _loops()).assign_many(self._keys, self._vals, ks, vs, self._shift, self._mask)
+        if n < len(ks):  # key 0 (skipped by the loop) lives in the side dict
+            for i in np.flatnonzero(ks == 0).tolist():
+                if 0 in self._side:
+                    self._side[0] = int(vs[i])
+                    n += 1
+        if n < len(ks):
+            raise KeyError("assign_many: a key is not in the map")
 
     def delete_many(self, ks: np.ndarray) -> int:
         """Delete present keys (absent ones are ignored); how many were present."""

@@ -92,3 +92,17 @@ def run(keys, vals, ks, shift, mask, out):
             return i
         out[i] = vals[at]
     return len(ks)
+
+
+@numba.njit(cache=True, nogil=True)
+def assign_many(keys, vals, ks, vs, shift, mask):
+    """vals of each present key of ks set to vs (in place: no entry moves; absent keys and the empty
+    mark 0 are skipped); how many were present."""
+    n = 0
+    for i in range(len(ks)):
+        if ks[i] != EMPTY:
+            at = find(keys, ks[i], shift, mask)
+            if at >= 0:
+                vals[at] = vs[i]
+                n += 1
+    return n
