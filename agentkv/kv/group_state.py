@@ -483,19 +483,22 @@ class GroupBlocks:
         self.evictable_bytes -= freed
         self.empty_bytes += freed
         self.hashed_blk[victims] = False
-        removed: dict[
-            int, list[int] | None
-        ] = {}  # per group present, in group order: its hashes in LRU order
-        gone: dict[int, list[int] | None] = {}  # of those, the hashes no copy holds any more
+        # per group present, in group order: its hashes in LRU order, and those no copy holds any more
+        removed: dict[int, list[int] | None] = {}
+        gone: dict[int, list[int] | None] = {}
         groups, i = self.bgroup[victims], 0
-        order = victims[groups.argsort(kind="stable")]  # stable: LRU order kept
+        if groups.any():
+            order = victims[groups.argsort(kind="stable")]  # stable: LRU order kept
+            counts = np.bincount(groups).tolist()
+        else:  # (the common case: group 0's blocks alone)
+            order, counts = victims, [len(victims)]
         if self.mirror:
             keys, hs = self.bkey[order], None
         else:
             keys, hs = None, self.bhash[order].tolist()
             self.bhash[victims] = None
         listen = self._emit is not None or self.hooks is not None
-        for g, k in enumerate(np.bincount(groups).tolist()):
+        for g, k in enumerate(counts):
             if k:
                 i += k
                 d, kg = self.cached_maps[g], None if keys is None else keys[i - k : i]
