@@ -3,9 +3,13 @@ simulated request, which tells simulated churn (a pool too small for its session
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from agentkv.engine.config import EngineConfig
 from agentkv.sim.cluster import SimConfig, make_cluster
@@ -13,6 +17,8 @@ from agentkv.trace.synth import synthesize
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 from simulate import block_work  # noqa: E402
+
+SHARED = Path(os.environ.get("AGENTKV_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 
 
 def _run(blocks: int, model: str = "Llama-3.1-8B"):
@@ -52,3 +58,39 @@ def test_block_work_reads_a_hybrid_pool_per_group_blocks():
     a, e, _ = _figures(block_work(cluster, n, 1.0))
     alloc = sum(w.engine.pool.stats.allocated for w in cluster.workers)
     assert a == round(alloc / n) > 0 and e >= 0
+
+
+def _bench(*args: str) -> subprocess.CompletedProcess:
+    root = Path(__file__).resolve().parents[1]
+    return subprocess.run(
+        [sys.executable, str(root / "benchmarks" / "simulate.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=root,
+    )
+
+
+def test_the_claude_code_runs_repeat_in_rounds_and_keep_their_least_cpu():
+    """`--only claude --repeat 2`: each of the three runs twice, one each a round, its least CPU in the
+    table and the two ratios printed (overload's own cost first); `--repeat 0` is refused."""
+    if not (SHARED / "traces" / "claude-code").is_dir():
+        pytest.skip(f"{SHARED / 'traces' / 'claude-code'} not found")
+    out = _bench("--only", "claude", "--traces", "2", "--repeat", "2")
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    rounds = [ln.strip() for ln in lines if "runs, one a round" in ln]
+    assert [r.split(":")[0] for r in rounds] == ["kv_aware x8", "round_robin x8", "round_robin x32"]
+    table = {ln.split("  ")[0]: ln for ln in lines if ln.startswith("agentkv, claude-code")}
+    least = []
+    for r in rounds:
+        cpus = [float(x) for x in re.findall(r"[\d.]+", r.rsplit(":", 1)[1].split("(")[0])]
+        assert len(cpus) == 2
+        least.append(min(cpus))
+    # the table's CPU column (after requests and wall s) holds each run's least
+    assert sorted(float(ln[40:].split()[2]) for ln in table.values()) == sorted(least)
+    assert sum("(a) " in ln and "load average before" in ln for ln in lines) == 6 and len(table) == 3
+    assert any(ln.strip().startswith("round_robin on 8 (overloaded) / on 32 replicas") for ln in lines)
+    assert any(ln.strip().startswith("round_robin / kv_aware on 8 replicas") for ln in lines)
+    bad = _bench("--only", "claude", "--repeat", "0")
+    assert bad.returncode == 2 and "--repeat: 0 must be >= 1" in bad.stderr
