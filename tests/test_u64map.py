@@ -150,6 +150,25 @@ def test_pool_keeps_a_u64map_and_falls_back_to_a_dict_for_other_hashes():
     pool.check_invariants()
 
 
+def _drop_one_at_a_time(cached, dups, has, named, blocks, hashes) -> list[int]:
+    """The reference: vLLM's eviction of each block in turn, on a dict (a copy promoted at once)."""
+    gone = []
+    for b, h in zip(blocks, hashes, strict=True):
+        others = dups.get(h)
+        if others is None:
+            del cached[h]
+            gone.append(h)
+            continue
+        if cached[h] == b:
+            cached[h] = nxt = others.pop(0)
+            has[nxt], named[nxt] = True, h
+        else:
+            others.remove(b)
+        if not others:
+            del dups[h]
+    return gone
+
+
 @settings(max_examples=200, deadline=None)
 @given(
     st.lists(
@@ -160,34 +179,40 @@ def test_pool_keeps_a_u64map_and_falls_back_to_a_dict_for_other_hashes():
         max_size=40,
     )
 )
-def test_evicting_copies_from_a_u64map_answers_as_from_a_dict(ops):
-    """`drop_copies` on a `U64Map` (the map read and written in bulk) leaves the same map, copies,
-    returned hashes and marks as on a dict one key at a time: hashes cached several times over (0
-    and 2**64 - 1 among them), victims in any order, a copy promoted and evicted in one batch."""
-    m, d = U64Map(4), {}
-    dups_m: dict[int, list[int]] = {}
-    dups_d: dict[int, list[int]] = {}
-    has_m, has_d = np.zeros(300, bool), np.zeros(300, bool)
-    named_m, named_d = np.zeros(300, np.uint64), np.zeros(300, np.uint64)
+def test_evicting_copies_answers_as_one_block_at_a_time(ops):
+    """`drop_copies` on a `U64Map` (the map read and written in bulk) and on a dict leave the same
+    map, copies, returned hashes and marks as evicting one block at a time: hashes cached several
+    times over (0 and 2**64 - 1 among them), victims in any order, a copy promoted and evicted in one
+    batch."""
+    maps = [U64Map(4), {}, {}]  # bulk on a U64Map, bulk on a dict, the reference
+    dups: list[dict[int, list[int]]] = [{}, {}, {}]
+    has = [np.zeros(300, bool) for _ in maps]
+    named = [np.zeros(300, np.uint64) for _ in maps]
     held: dict[int, int] = {}  # block -> its hash
     nxt = 0
     for op, arg in ops:
         if op == "cache":
             blocks = list(range(nxt, nxt + len(arg)))
             nxt += len(arg)
-            got = m.setdefault_many(np.array(arg, np.uint64), np.array(blocks, np.int64)).tolist()
-            assert got == [d.setdefault(h, b) for h, b in zip(arg, blocks, strict=True)]
-            add_copies(dups_m, arg, blocks, got)
-            add_copies(dups_d, list(arg), blocks, got)
+            got = maps[0].setdefault_many(np.array(arg, np.uint64), np.array(blocks, np.int64)).tolist()
+            for m in maps[1:]:
+                assert got == [m.setdefault(h, b) for h, b in zip(arg, blocks, strict=True)]
+            for dd in dups:
+                add_copies(dd, list(arg), blocks, got)
             held.update(zip(blocks, arg, strict=True))
             continue
         live = sorted(held)
         victims = list(dict.fromkeys(live[i % len(live)] for i in arg)) if live else []
         hashes = [held.pop(b) for b in victims]
         vb = np.array(victims, np.int64)
-        gone_m = drop_copies(m, dups_m, has_m, vb, hashes, np.array(hashes, np.uint64), named_m)
-        gone_d = drop_copies(d, dups_d, has_d, vb, list(hashes), None, named_d)
-        assert gone_m == gone_d
-        assert dict(m.items()) == d and dups_m == dups_d
-        assert (has_m == has_d).all() and (named_m == named_d).all()
-    assert set(held) == set(d.values()) | {b for bs in dups_d.values() for b in bs}
+        gone = [
+            drop_copies(maps[0], dups[0], has[0], vb, list(hashes), np.array(hashes, np.uint64), named[0]),
+            drop_copies(maps[1], dups[1], has[1], vb, list(hashes), None, named[1]),
+            _drop_one_at_a_time(maps[2], dups[2], has[2], named[2], victims, hashes),
+        ]
+        assert gone[0] == gone[1] == gone[2]
+        assert dict(maps[0].items()) == maps[1] == maps[2] and dups[0] == dups[1] == dups[2]
+        assert list(maps[1]) == list(maps[2])  # a dict's order too (keys set in place)
+        for arr in (has, named):
+            assert (arr[0] == arr[2]).all() and (arr[1] == arr[2]).all()
+    assert set(held) == set(maps[2].values()) | {b for bs in dups[2].values() for b in bs}

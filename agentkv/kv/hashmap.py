@@ -115,46 +115,15 @@ def drop_copies(
         else:
             deque(map(cached.__delitem__, hashes), 0)
         return hashes
-    if keys is not None:
-        return _drop_u64(cached, dups, has, blocks, hashes, keys, named)
-    gone = []
-    for b, h in zip(blocks.tolist(), hashes, strict=True):
-        others = dups.get(h)
-        if others is None:
-            del cached[h]
-            gone.append(h)
-            continue
-        if cached[h] == b:
-            cached[h] = nxt = others.pop(0)
-            if has is not None:
-                has[nxt] = True
-            if named is not None:
-                named[nxt] = h
-        else:
-            others.remove(b)
-        if not others:
-            del dups[h]
-    return gone
-
-
-def _drop_u64(
-    cached: U64Map,
-    dups: dict[int, list[int]],
-    has: np.ndarray | None,
-    blocks: np.ndarray,
-    hashes: list[int],
-    keys: np.ndarray,
-    named: np.ndarray | None,
-) -> list[int]:
-    """`drop_copies`' walk for a `U64Map`: the copies bookkeeping one victim at a time in Python, the
-    map read before it and written after it in bulk (one key at a time from Python costs about
-    0.7 us against a dict's 0.05)."""
-    cur = cached.run(keys)  # every victim's hash is in the map (a copy's under its oldest copy)
-    if len(cur) < len(keys):
+    # the map is read before the walk (a U64Map in one compiled call) and written after it (one
+    # key at a time from Python a U64Map costs about 0.7 us against a dict's 0.05)
+    cur = None if keys is None else cached.run(keys)  # (a copy's hash is mapped to its oldest copy)
+    if cur is not None and len(cur) < len(keys):
         raise KeyError(f"evicted block {int(blocks[len(cur)])}'s hash {hashes[len(cur)]} is not cached")
+    cur = cur.tolist() if cur is not None else [cached[h] for h in hashes]
     final: dict[int, int] = {}  # hash -> the block the map gives after the walk (-1: none)
     gone = []
-    for b, h, c in zip(blocks.tolist(), hashes, cur.tolist(), strict=True):
+    for b, h, c in zip(blocks.tolist(), hashes, cur, strict=True):
         others = dups.get(h)
         if others is None:
             final[h] = -1
@@ -170,6 +139,13 @@ def _drop_u64(
             others.remove(b)
         if not others:
             del dups[h]
+    if keys is None:
+        for h, v in final.items():
+            if v < 0:
+                del cached[h]
+            else:
+                cached[h] = v
+        return gone
     ks = np.fromiter(final.keys(), np.uint64, len(final))
     vs = np.fromiter(final.values(), np.int64, len(final))
     kept = vs >= 0
