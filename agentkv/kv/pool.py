@@ -106,13 +106,11 @@ class BlockPool(PoolHashes, EventLog):
         limit = len(block_hashes)
         if num_tokens is not None:
             limit = max(0, min(limit, (num_tokens - 1) // self.block_size))
-        if hint is not None and hash_array is not None and self._mirror and len(hint):
-            m = min(len(hint), limit, len(hash_array))
-            hb = hint[:m]
-            ok = self._has[hb] & (self._bh[hb] == hash_array[:m])
-            k = m if ok.all() else int(ok.argmin())
-            rest = self._found(block_hashes, limit, k, hash_array)  # a miss there may hit elsewhere
-            found = hb[:k] if not rest else np.concatenate((hb[:k], np.asarray(rest, dtype=np.int64)))
+        keys = hash_array if hint is not None and len(hint) and self._mirror else None
+        if keys is not None and keys.dtype == np.uint64 and len(keys) >= limit:
+            # one compiled pass: the hint's blocks while they hold the keys, then the map (a miss of
+            # the hint's may hit elsewhere)
+            found = self.cached.hinted_run(keys, limit, hint, self._has, self._bh)
         else:
             found = self._found(block_hashes, limit, 0, hash_array)
         computed = ComputedBlocks(found, self._epoch)

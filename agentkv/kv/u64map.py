@@ -34,6 +34,9 @@ def _loops():
         loops.setdefault_many(keys, vals, ks, np.zeros(2, np.int64), shift, 15, out)
         loops.run(keys, vals, ks, shift, 15, out)
         loops.assign_many(keys, vals, ks, np.zeros(2, np.int64), shift, 15)
+        loops.hinted_run(
+            keys, vals, ks, 2, np.zeros(2, np.int64), 2, np.zeros(16, bool), keys, shift, 15, out
+        )
         loops.delete_many(keys, vals, ks, shift, 15)
         _L = loops
     return _L
@@ -114,6 +117,24 @@ class U64Map(MutableMapping):
             rest = self.run(ks[i + 1 :])
             out[i + 1 : i + 1 + len(rest)] = rest
             return out[: i + 1 + len(rest)]
+        return out[:n]
+
+    def hinted_run(
+        self, ks: np.ndarray, limit: int, hint: np.ndarray, has: np.ndarray, bh: np.ndarray
+    ) -> np.ndarray:
+        """`run(ks[:limit])`, the leading blocks taken from `hint` while each still holds its key (a
+        pool's uint64 mirror: `has[b]` and `bh[b] == key`), the map asked from the first that does
+        not: one compiled pass where a bulk check and a run took several numpy ones."""
+        m = min(len(hint), limit)
+        out = np.empty(limit, dtype=np.int64)
+        n = (_L or _loops()).hinted_run(
+            self._keys, self._vals, ks, limit, hint, m, has, bh, self._shift, self._mask, out
+        )
+        if n < 0:  # key 0 at -1 - n, past the hint's run: the map's run goes on from there
+            i = -1 - n
+            rest = self.run(ks[i:limit])
+            out[i : i + len(rest)] = rest
+            n = i + len(rest)
         return out[:n]
 
     # -- the dict API (one key at a time, from Python) ---------------------------------------------

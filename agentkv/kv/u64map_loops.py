@@ -106,3 +106,26 @@ def assign_many(keys, vals, ks, vs, shift, mask):
                 vals[at] = vs[i]
                 n += 1
     return n
+
+
+@numba.njit(cache=True, nogil=True)
+def hinted_run(keys, vals, ks, limit, hint, m, has, bh, shift, mask, out):
+    """`run` of ks[:limit] that takes hint[i] for key i while that block still holds it (`has` and
+    `bh`, a pool's uint64 mirror; i < m) and asks the map from the first that does not; how many
+    (-1 - i when the empty mark 0 comes at i in the map's part: the caller looks that one up)."""
+    i = 0
+    while i < m:
+        b = hint[i]
+        if not has[b] or bh[b] != ks[i]:
+            break
+        out[i] = b
+        i += 1
+    while i < limit:
+        if ks[i] == EMPTY:
+            return -1 - i
+        at = find(keys, ks[i], shift, mask)
+        if at < 0:
+            return i
+        out[i] = vals[at]
+        i += 1
+    return limit
