@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentkv.trace.accesses import arrivals, block_accesses
 from agentkv.trace.ceiling import CeilingTracker, cache_hits, ceiling_tokens
@@ -41,3 +44,34 @@ def test_a_request_never_hits_its_own_blocks() -> None:
     assert tracker.hit_tokens("s", [1, 2, 2, 3], 64, 16) == 0  # repeats inside one request are misses
     assert tracker.hit_tokens("s", [1, 2, 9], 48, 16) == 32
     assert tracker.hit_tokens("other", [1, 2], 32, 16) == 0  # another hash space shares nothing
+
+
+def _reference(seen: set, hash_ids: list[int], input_tokens: int, block_size: int) -> int:
+    run = 0
+    while run < len(hash_ids) and hash_ids[run] in seen:
+        run += 1
+    seen.update(hash_ids)
+    return min(run * block_size, input_tokens)
+
+
+IDS = st.one_of(st.integers(0, 6), st.sampled_from([2**63 - 1, 2**63, 2**64 - 1, -1, -(2**63), 2**64, 2**70]))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from("ab"), st.lists(IDS, max_size=8), st.sampled_from(["list", "i8", "u8"]))
+    )
+)
+def test_the_tracker_answers_as_a_set_for_any_ids_and_forms(calls) -> None:
+    """The tracker's compiled run (ids in [0, 2**64)) gives a plain set's answers, as lists or as
+    int64 / uint64 arrays, and a space that meets a negative or wider id goes on as a set."""
+    tracker, ref = CeilingTracker(), {"a": set(), "b": set()}
+    for space, ids, form in calls:
+        arg = ids
+        if form == "i8" and all(-(2**63) <= h < 2**63 for h in ids):
+            arg = np.array(ids, dtype=np.int64)
+        elif form == "u8" and all(0 <= h < 2**64 for h in ids):
+            arg = np.array(ids, dtype=np.uint64)
+        want = _reference(ref[space], ids, 1000, 16)
+        assert tracker.hit_tokens(space, arg, 1000, 16) == want

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, replace
 from enum import IntEnum
 from typing import NamedTuple
 
+import numpy as np
+
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine, StepResult
 from agentkv.engine.hardware import get_system
@@ -323,13 +325,14 @@ class Cluster:
         item = d.item
         r = item.request
         space = item.hash_space
-        ceil_tok = self.ceiling.hit_tokens(space, r.hash_ids, r.input_tokens, item.trace.block_size)
+        ids = np.asarray(r.hash_ids, dtype=np.int64)  # (trace ids fit in int64: formats/limits.py)
+        ceil_tok = self.ceiling.hit_tokens(space, ids, r.input_tokens, item.trace.block_size)
         out_tokens = max(1, r.output_tokens)
         if r.input_tokens + out_tokens > min(self._max_len, self._kv_len) or r.input_tokens < 1:
             self._reject(d, now, out_tokens, ceil_tok)
             return None
         bs = self.ecfg.block_size
-        key_array = chain_keys(space, r.hash_ids, item.trace.block_size, bs, r.input_tokens)
+        key_array = chain_keys(space, ids, item.trace.block_size, bs, r.input_tokens)
         return key_array, ceil_tok, out_tokens
 
     def _route(self, d: Dispatch, key_array) -> RouteRequest:
