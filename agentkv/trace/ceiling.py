@@ -39,6 +39,7 @@ class CeilingTracker:
 
     def __init__(self) -> None:
         self._seen: dict[str, U64Map | set[int]] = {}
+        self._last: dict[str, np.ndarray] = {}  # each space's latest request's keys, all seen since
 
     def hit_tokens(
         self, key: str, hash_ids: Sequence[int] | np.ndarray, input_tokens: int, block_size: int
@@ -48,9 +49,15 @@ class CeilingTracker:
         if keys is not None:
             if seen is None:
                 seen = self._seen[key] = U64Map(max(16, len(keys)))
-            run = len(seen.run(keys))
+            last, k = self._last.get(key), 0
+            if last is not None:  # what it shares with the space's latest request is seen: a session's
+                n = min(len(last), len(keys))  # next turn is checked in bulk, the map asked after that
+                eq = last[:n] == keys[:n]
+                k = n if eq.all() else int(eq.argmin())
+            run = k + len(seen.run(keys[k:]))
             if run < len(keys):  # the run is in `seen` already: only the rest can add to it
                 seen.setdefault_many(keys[run:], np.zeros(len(keys) - run, dtype=np.int64))
+            self._last[key] = keys if keys.base is None else keys.copy()  # (the caller's array may change)
             return min(run * block_size, input_tokens)
         if type(seen) is not set:  # an id outside uint64: this space's ids as a set from now on
             seen = self._seen[key] = set() if seen is None else set(seen)
@@ -65,7 +72,7 @@ def _id_keys(hash_ids: Sequence[int] | np.ndarray) -> np.ndarray | None:
     if isinstance(hash_ids, np.ndarray) and hash_ids.dtype.kind in "iu":
         if hash_ids.dtype.kind == "i" and len(hash_ids) and hash_ids.min() < 0:
             return None
-        return hash_ids.astype(np.uint64, copy=False)
+        return hash_ids.view(np.uint64) if hash_ids.dtype.itemsize == 8 else hash_ids.astype(np.uint64)
     try:
         return np.asarray(hash_ids, dtype=np.uint64)
     except (OverflowError, TypeError, ValueError):
