@@ -81,17 +81,25 @@ def delete_many(keys, vals, ks, shift, mask):
 
 
 @numba.njit(cache=True, nogil=True)
-def run(keys, vals, ks, shift, mask, out):
-    """Values of the leading keys of ks that are present, into out; how many (-1 - i when the empty
-    mark 0 comes at i first: the caller looks that one up)."""
-    for i in range(len(ks)):
+def _run_from(keys, vals, ks, i, n, shift, mask, out):
+    """Values of ks[i:n] while present, into out[i:]; where the run ends (-1 - j when the empty mark
+    0 comes at j first: the caller looks that one up)."""
+    while i < n:
         if ks[i] == EMPTY:
             return -1 - i
         at = find(keys, ks[i], shift, mask)
         if at < 0:
             return i
         out[i] = vals[at]
-    return len(ks)
+        i += 1
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
+def run(keys, vals, ks, shift, mask, out):
+    """Values of the leading keys of ks that are present, into out; how many (-1 - i when the empty
+    mark 0 comes at i first: the caller looks that one up)."""
+    return _run_from(keys, vals, ks, 0, len(ks), shift, mask, out)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -120,12 +128,4 @@ def hinted_run(keys, vals, ks, limit, hint, m, has, bh, shift, mask, out):
             break
         out[i] = b
         i += 1
-    while i < limit:
-        if ks[i] == EMPTY:
-            return -1 - i
-        at = find(keys, ks[i], shift, mask)
-        if at < 0:
-            return i
-        out[i] = vals[at]
-        i += 1
-    return limit
+    return _run_from(keys, vals, ks, i, limit, shift, mask, out)
