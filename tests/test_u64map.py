@@ -222,16 +222,17 @@ def test_evicting_copies_answers_as_one_block_at_a_time(ops):
 @given(
     st.dictionaries(st.sampled_from([0, 1, 2, 3, 4, 5, 2**64 - 1]), st.integers(0, 15), max_size=7),
     st.lists(st.sampled_from([0, 1, 2, 3, 4, 5, 6, 2**64 - 1]), max_size=10),
-    st.lists(st.integers(0, 15), max_size=12),
+    st.lists(st.one_of(st.integers(0, 15), st.sampled_from([-1, 16, 99])), max_size=12),
     st.lists(
         st.tuples(st.booleans(), st.sampled_from([0, 1, 2, 3, 4, 5, 2**64 - 1])), min_size=16, max_size=16
     ),
     st.integers(0, 12),
 )
 def test_a_hinted_run_answers_as_the_hint_checked_then_the_map(entries, keys, hint, mirror, limit):
-    """`hinted_run`: the hint's blocks while each still holds its key in the mirror (`has`, `bh`),
-    then the map's run from the first that does not (key 0 too, from the side dict): the answer the
-    bulk check and `run` gave, written out here one key at a time."""
+    """`hinted_run`: the hint's blocks while each still holds its key in the mirror (`has`, `bh`; a
+    block id out of range holds nothing), then the map's run from the first that does not (key 0
+    too, from the side dict): the answer the bulk check and `run` gave, written out here one key at
+    a time."""
     m = U64Map(2)
     for k, v in entries.items():
         m[k] = v
@@ -239,7 +240,7 @@ def test_a_hinted_run_answers_as_the_hint_checked_then_the_map(entries, keys, hi
     has = np.array([h for h, _ in mirror], dtype=bool)
     bh = np.array([k for _, k in mirror], dtype=np.uint64)
     want, i = [], 0
-    while i < min(len(hint), limit) and has[hint[i]] and int(bh[hint[i]]) == keys[i]:
+    while i < min(len(hint), limit) and 0 <= hint[i] < 16 and has[hint[i]] and int(bh[hint[i]]) == keys[i]:
         want.append(hint[i])
         i += 1
     while i < limit and keys[i] in entries:

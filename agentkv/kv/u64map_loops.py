@@ -121,10 +121,10 @@ def hinted_run(keys, vals, ks, limit, hint, m, has, bh, shift, mask, out):
     """`run` of ks[:limit] that takes hint[i] for key i while that block still holds it (`has` and
     `bh`, a pool's uint64 mirror; i < m) and asks the map from the first that does not; how many
     (-1 - i when the empty mark 0 comes at i in the map's part: the caller looks that one up)."""
-    i = 0
+    i, nb = 0, len(has)
     while i < m:
         b = hint[i]
-        if not has[b] or bh[b] != ks[i]:
+        if b < 0 or b >= nb or not has[b] or bh[b] != ks[i]:  # (a block id out of range holds nothing)
             break
         out[i] = b
         i += 1
