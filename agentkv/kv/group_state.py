@@ -24,7 +24,7 @@ from agentkv.kv.group_lru import ByteLRU, grown
 from agentkv.kv.hashmap import add_copies, drop_copies, find_run
 from agentkv.kv.interface import KVRequest
 from agentkv.kv.invariants import check_hybrid
-from agentkv.kv.u64map import U64Map
+from agentkv.kv.u64map import U64Map, as_keys
 
 NULL = -1
 EMPTY = np.zeros(0, dtype=np.int64)
@@ -321,7 +321,7 @@ class GroupBlocks:
                 h64 = h64[keep]
         d = self.cached_maps[g]
         if type(d) is U64Map and h64 is None:
-            h64 = _uint64(hashes[lo:full] if keep is None else list(compress(hashes[lo:full], keep.tolist())))
+            h64 = as_keys(hashes[lo:full] if keep is None else list(compress(hashes[lo:full], keep.tolist())))
             if h64 is None:
                 self._to_dict()
                 d = self.cached_maps[g]
@@ -362,7 +362,7 @@ class GroupBlocks:
         as arrays, whose lists are made only for the hooks and events."""
         idx = blocks if idx is None else idx
         if self.mirror:
-            key = h64 if h64 is not None else _uint64(hs)
+            key = h64 if h64 is not None else as_keys(hs)
             if key is None:
                 self._to_dict()
         if not inserted:
@@ -521,11 +521,3 @@ class GroupBlocks:
             self.hooks.evicted(gone)
 
     check_invariants = check_hybrid  # bytes add up; LRU, maps, tables and the uint64 mirror agree
-
-
-def _uint64(hashes) -> np.ndarray | None:
-    """Hashes as a uint64 array, or None when one does not fit (the pool's maps become dicts)."""
-    try:
-        return np.array(hashes, dtype=np.uint64)
-    except (OverflowError, TypeError, ValueError):
-        return None

@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from agentkv.kv.u64map import U64Map
+from agentkv.kv.u64map import U64Map, as_keys
 
 
 def gallop(
@@ -40,9 +40,8 @@ def gallop_map(
     lo, step = start, 32
     while lo < limit:
         hi = min(limit, lo + step)
-        try:
-            ks = np.array(block_hashes[lo:hi], dtype=np.uint64)
-        except (OverflowError, TypeError, ValueError):
+        ks = as_keys(block_hashes[lo:hi])
+        if ks is None:
             return found + gallop(m.get, block_hashes, hi, lo)
         got = m.run(ks)
         found += got.tolist()

@@ -10,6 +10,7 @@ import numpy as np
 from agentkv.kv.events import BlockRemoved, BlockStored
 from agentkv.kv.hashmap import add_copies, drop_copies
 from agentkv.kv.interface import KVRequest
+from agentkv.kv.u64map import as_keys
 
 
 class PoolHashes:
@@ -58,13 +59,8 @@ class PoolHashes:
         keys = None
         if self._obj is None:
             arr = getattr(req, "hash_array", None)  # uint64 hashes: no per-int conversion
-            try:
-                keys = (
-                    arr[lo:hi]
-                    if arr is not None and len(arr) >= hi
-                    else np.array(block_hashes[lo:hi], np.uint64)
-                )
-            except (OverflowError, TypeError, ValueError):
+            keys = arr[lo:hi] if arr is not None and len(arr) >= hi else as_keys(block_hashes[lo:hi])
+            if keys is None:
                 self._to_dict()  # hashes outside uint64: a dict map, plain lookups only
         cached = self.cached
         if keys is not None:  # (a U64Map) inserts only absent hashes

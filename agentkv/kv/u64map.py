@@ -42,6 +42,15 @@ def _loops():
     return _L
 
 
+def as_keys(hashes) -> np.ndarray | None:
+    """Hashes as a uint64 key array, or None when one is not an int in [0, 2**64) (a map that gets
+    such a hash becomes a dict)."""
+    try:
+        return np.array(hashes, dtype=np.uint64)
+    except (OverflowError, TypeError, ValueError):
+        return None
+
+
 class U64Map(MutableMapping):
     """uint64 -> int map (block hash -> block id) with compiled batch calls beside the dict API.
 

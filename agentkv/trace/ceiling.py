@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from agentkv.kv.u64map import U64Map
+from agentkv.kv.u64map import U64Map, as_keys
 from agentkv.trace.model import Request, Trace, TraceError
 
 if TYPE_CHECKING:
@@ -73,10 +73,7 @@ def _id_keys(hash_ids: Sequence[int] | np.ndarray) -> np.ndarray | None:
         if hash_ids.dtype.kind == "i" and len(hash_ids) and hash_ids.min() < 0:
             return None
         return hash_ids.view(np.uint64) if hash_ids.dtype.itemsize == 8 else hash_ids.astype(np.uint64)
-    try:
-        return np.asarray(hash_ids, dtype=np.uint64)
-    except (OverflowError, TypeError, ValueError):
-        return None
+    return as_keys(hash_ids)
 
 
 def cache_hits(requests: Sequence[Request], block_size: int) -> np.ndarray:
