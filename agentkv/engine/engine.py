@@ -229,9 +229,10 @@ class Engine:
         k = max_steps
         limit = self.max_model_len
         ctx_sum = ctx_max = 0
-        ncs: list[int] = []  # each request's computed tokens (one decode token short of its length)
-        for r in reversed(reqs):  # the latest admitted first: the likeliest still in prefill (no burst)
-            nc, nt = r.num_computed, r.num_tokens
+        bs = self.config.block_size
+        slack: list[int] = []  # each request's free slots in its last block: it takes a new block
+        for r in reversed(reqs):  # at steps slack+1, slack+1+bs, ... (the latest admitted first: the
+            nc, nt = r.num_computed, r.num_tokens  # likeliest still in prefill, so no burst)
             if nt - nc != 1 or nc < r.prompt_len or r.promote_s:
                 return None
             if r.max_tokens - r.num_output < k:
@@ -241,30 +242,17 @@ class Engine:
             ctx_sum += nc
             if nc > ctx_max:
                 ctx_max = nc
-            ncs.append(nc)
+            slack.append(-nc % bs)
         free = self.pool.free_token_blocks if self.hybrid else self.pool.num_free_blocks
-        bs = self.config.block_size
-        held = sum([-(-c // bs) for c in ncs])
-
-        def need(steps: int) -> int:
-            return sum([-(-(c + steps) // bs) for c in ncs]) - held
-
-        need_k = need(k)
+        need_k = sum([(k - s + bs - 1) // bs for s in slack if s < k])  # new blocks k steps take
         if sched.waiting:  # a burst past a queue the steps would not admit from (vLLM's too)
             room = sched.burst_room(need_k)
             if room is None:
                 return None
             free = min(free, room)
-
-        if need_k > free:  # largest k whose new blocks fit
-            lo, hi = 0, k
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                if need(mid) <= free:
-                    lo = mid
-                else:
-                    hi = mid - 1
-            k = lo
+        if need_k > free:  # the most steps whose new blocks fit: the step before the (free+1)-th
+            rounds, i = divmod(free, len(slack))  # new block, the i-th of its round of len(slack)
+            k = sorted(slack)[i] + rounds * bs
         if k < 2:
             return None
         now = self.clock.now()
@@ -349,10 +337,8 @@ class Engine:
         if not pool.surely_fits(grows):
             self.sync()  # room may run out: `step()` decides who is preempted
             return None
-        for i in due:
-            d = dd.decoders[i]
-            self._catch_up(dd, i)
-            nc = d.num_computed
+        for i in due:  # (their token updates still wait: an allocation reads only the count passed)
+            d, nc = dd.decoders[i], dd.ncs[i] + j
             if not pool.allocate_slots(d, 1, nc):
                 raise RuntimeError("deferred decodes: blocks checked as free were not")
             nxt = j + 1 + pool.quiet_decodes(d, nc + 1)
