@@ -73,7 +73,7 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_claude_code_runs_repeat_in_rounds_and_keep_their_least_cpu():
     """`--only claude --repeat 2`: each of the three runs twice, one each a round, its least CPU in the
-    table and the two ratios printed (overload's own cost first); `--repeat 0` is refused."""
+    table and the two ratios printed (overload's own cost first, with its round-by-round spread); `--repeat 0` is refused."""
     if not (SHARED / "traces" / "claude-code").is_dir():
         pytest.skip(f"{SHARED / 'traces' / 'claude-code'} not found")
     out = _bench("--only", "claude", "--traces", "2", "--repeat", "2")
@@ -90,7 +90,13 @@ def test_the_claude_code_runs_repeat_in_rounds_and_keep_their_least_cpu():
     # the table's CPU column (after requests and wall s) holds each run's least
     assert sorted(float(ln[40:].split()[2]) for ln in table.values()) == sorted(least)
     assert sum("(a) " in ln and "load average before" in ln for ln in lines) == 6 and len(table) == 3
-    assert any(ln.strip().startswith("round_robin on 8 (overloaded) / on 32 replicas") for ln in lines)
+    over = [ln for ln in lines if ln.strip().startswith("round_robin on 8 (overloaded) / on 32 replicas")]
+    assert len(over) == 1
+    lo, hi, med = (
+        float(x)
+        for x in re.search(r"round by round ([\d.]+)x to ([\d.]+)x, median ([\d.]+)x", over[0]).groups()
+    )
+    assert lo <= med <= hi  # each round's own ratio: the spread the host's noise gives
     assert any(ln.strip().startswith("round_robin / kv_aware on 8 replicas") for ln in lines)
     bad = _bench("--only", "claude", "--repeat", "0")
     assert bad.returncode == 2 and "--repeat: 0 must be >= 1" in bad.stderr
