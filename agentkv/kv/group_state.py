@@ -82,6 +82,9 @@ class GroupBlocks:
         self.junction: dict[str, int] = {}
         # per request: (computed from, computed below, total up to) where an allocation changes nothing
         self.quiet: dict[str, tuple[int, int, int]] = {}
+        # the groups `remove_skipped` visits (window, chunk, state), with their rule and window
+        self._movers = [(g, s.rule, s.window) for g, s in enumerate(self.specs) if s.rule != "full"]
+        self._stateless = all(s.rule != "state" for s in self.specs)
         self._epoch = getattr(self, "_epoch", 0)
 
     def block_cost(self, b: int) -> int:
@@ -107,6 +110,8 @@ class GroupBlocks:
     def new_blocks(self, req: KVRequest, total: int) -> list[int]:
         """Blocks each group must take for a running request to hold `total` tokens."""
         rid, n_tok = req.request_id, _cdiv(total, self.block_size)
+        if self._stateless:
+            return [n_tok - len(t) if n_tok > len(t) else 0 for t in self.tables[rid]]
         out = []
         for g, s in enumerate(self.specs):
             if s.rule == "state":  # 'align' mode: a page for each block the request's tokens reach
@@ -160,23 +165,23 @@ class GroupBlocks:
         """After an allocation at (computed, total): the computed counts below which no window or chunk
         frees a block, and the totals up to which no group takes or caches one."""
         bs, rid, n_hashes = self.block_size, req.request_id, len(req.block_hashes)
+        tables, hashed = self.tables[rid], self.hashed[rid]
         c_hi = t_hi = 1 << 62
         for g, s in enumerate(self.specs):
-            if s.rule == "sliding":
+            rule, h = s.rule, hashed[g]
+            if rule == "sliding":
                 lead = computed - s.window + 1
                 c_hi = min(c_hi, (max(lead, 0) // bs + 1) * bs + s.window - 1)
-            elif s.rule == "chunked":
+            elif rule == "chunked":
                 c_hi = min(c_hi, (computed // s.window + 1) * s.window)
-            elif s.rule == "state":  # a new page past the current one's block; the older freed next step
+            elif rule == "state":  # a new page past the current one's block; the older freed next step
                 pos = self.spos[rid][g]
                 if len(pos) > 1:
                     c_hi = min(c_hi, computed + 1)
                 m = pos[-1]  # the current page is hashed when the tokens fill its block
-                t_hi = min(t_hi, m * bs - 1 if self.hashed[rid][g] < m <= n_hashes else m * bs)
+                t_hi = min(t_hi, m * bs - 1 if h < m <= n_hashes else m * bs)
                 continue
-            t_hi = min(t_hi, len(self.tables[rid][g]) * bs)
-            if self.hashed[rid][g] < n_hashes:
-                t_hi = min(t_hi, (self.hashed[rid][g] + 1) * bs - 1)
+            t_hi = min(t_hi, len(tables[g]) * bs, (h + 1) * bs - 1 if h < n_hashes else t_hi)
         return computed, c_hi, t_hi
 
     # -- changes ---------------------------------------------------------------------------------
@@ -221,20 +226,20 @@ class GroupBlocks:
     def remove_skipped(self, rid: str, num_computed: int) -> None:
         """Free the blocks a window or chunk has moved past, right to left (vLLM's order), and a state
         page the last step copied from (vLLM's `MambaManager.remove_skipped_blocks`)."""
+        if not self._movers:
+            return
         tables, skips, bs = self.tables[rid], self.skip[rid], self.block_size
         spans = []  # in group order, as vLLM frees them: unpinned together
-        for g, s in enumerate(self.specs):
-            if s.rule == "state":
+        for g, rule, window in self._movers:
+            if rule == "state":
                 pos = self.spos[rid][g]
                 if len(pos) > 1 and pos[0] < _cdiv(num_computed, bs):
                     spans.append((tables[g][:1].copy(), 0, 1))
                     tables[g] = tables[g][1:]
                     del pos[0]
                 continue
-            if s.rule != "sliding" and s.rule != "chunked":
-                continue
             t, lo = tables[g], skips[g]
-            hi = min(R.skipped_tokens(s.rule, s.window, num_computed) // bs, len(t))
+            hi = min(R.skipped_tokens(rule, window, num_computed) // bs, len(t))
             if hi > lo:
                 spans.append((t, lo, hi))
                 skips[g] = hi
@@ -263,9 +268,11 @@ class GroupBlocks:
         engine; a state cached already gets this page as another copy, as vLLM."""
         rid, bs, n_hashes = req.request_id, self.block_size, len(req.block_hashes)
         tables, hashed = self.tables[rid], self.hashed[rid]
+        ends = min(total // bs, n_hashes)
         for g, s in enumerate(self.specs):
             if s.rule != "state":
-                self._cache_tokens(req, g, total)
+                if min(ends, len(tables[g])) > hashed[g]:  # (else `_cache_tokens` has nothing to do)
+                    self._cache_tokens(req, g, total)
                 continue
             k = R.state_boundary(total, bs, n_hashes)
             junction, interval = self.junction.get(rid, 0), self.retention_interval

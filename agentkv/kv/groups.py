@@ -34,6 +34,7 @@ from agentkv.kv.group_state import GroupBlocks
 from agentkv.kv.group_tiers import GroupHooks, GroupLower, PolicyQueue
 from agentkv.kv.hashmap import find_run, prefix_len
 from agentkv.kv.interface import ComputedBlocks, KVRequest, PoolStats
+from agentkv.kv.u64map import U64Map
 
 
 @dataclass(frozen=True, slots=True)
@@ -153,7 +154,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         hash_array=None,
     ) -> HybridComputed:
         """The prompt's longest prefix every group can serve (at most `(num_tokens - 1) // block_size`
-        blocks, as vLLM recomputes the last token); `hint` and `hash_array` are ignored."""
+        blocks, as vLLM recomputes the last token); `hint` and `hash_array` only speed the search."""
         limit = len(block_hashes)
         if num_tokens is not None:
             limit = max(0, min(limit, (num_tokens - 1) // self.block_size))
@@ -185,16 +186,17 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         h64 = hash_array[:m]  # a block's mirror is nonzero only while group 0's map gives it that hash
         ok = (hb >= 0) & (self.bh64[hb] == h64) & (h64 != 0)
         if not ok.all():  # past a failed block the hint may hold most of the rest (a recomputed
-            hb, k = self._patch_hint(hb, ok, block_hashes, h64)  # copy is unhashed)
+            hb, k = self._patch_hint(hb, ok, h64)  # copy is unhashed)
             if k < m:
                 return hb
         rest = find_run(first, block_hashes, limit, m, hash_array)
         return hb if not rest else np.concatenate((hb, np.asarray(rest, dtype=np.int64)))
 
-    def _patch_hint(self, hb: np.ndarray, ok: np.ndarray, block_hashes, hash_array) -> tuple[np.ndarray, int]:
+    def _patch_hint(self, hb: np.ndarray, ok: np.ndarray, hash_array: np.ndarray) -> tuple[np.ndarray, int]:
         """The hint's blocks with those that failed the check replaced by the block their recomputed
         copy aliases, where that one passes it, else looked up in the map, up to the first hash not
-        cached: (the blocks, how many). Only the failed ones without a live alias cost a lookup."""
+        cached: (the blocks, how many). Only the failed ones without a live alias cost a lookup (one
+        compiled run of their uint64 hashes in a `U64Map`)."""
         bad = np.flatnonzero(~ok)
         hb = hb.copy()
         cand = self.alias[hb[bad]]
@@ -203,7 +205,8 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         if live.any():  # a live alias holds the hash in group 0: the map's answer, without the map
             hb[bad[live]] = cand[live]
             bad = bad[~live]
-        found = find_run(self.cached_maps[0], [block_hashes[i] for i in bad.tolist()], len(bad))
+        m, keys = self.cached_maps[0], hash_array[bad]
+        found = m.run(keys) if type(m) is U64Map else find_run(m, keys.tolist(), len(bad))
         end = int(bad[len(found)]) if len(found) < len(bad) else len(hb)
         out = hb[:end]
         out[bad[: len(found)]] = found
