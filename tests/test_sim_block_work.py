@@ -73,7 +73,8 @@ def _bench(*args: str) -> subprocess.CompletedProcess:
 
 def test_the_claude_code_runs_repeat_in_rounds_and_keep_their_least_cpu():
     """`--only claude --repeat 2`: each of the three runs twice, one each a round, its least CPU in the
-    table and the two ratios printed (overload's own cost first, with its round-by-round spread); `--repeat 0` is refused."""
+    table and the two ratios printed (overload's own cost first, with its round-by-round spread);
+    `--repeat 0` is refused."""
     if not (SHARED / "traces" / "claude-code").is_dir():
         pytest.skip(f"{SHARED / 'traces' / 'claude-code'} not found")
     out = _bench("--only", "claude", "--traces", "2", "--repeat", "2")
