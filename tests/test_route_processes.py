@@ -85,18 +85,21 @@ def _wait_serving(c: Cluster, j: int, parent, n: int, timeout: float = 60.0) -> 
 
 def _start_two(c: Cluster, j: int):
     """`route --processes 2` on router port j (one parser process each): the parent and the two
-    router processes, once both listen."""
+    router processes, once both listen (the worker answers already: see `worker`)."""
     flags = ["--processes", "2", "--parse-processes", "1", "--health-interval", "0.5"]
     parent = c.start_router(flags, j=j, name=f"router{j}")
-    c.wait_workers()
     return parent, _wait_serving(c, j, parent, 2)
 
 
 @pytest.fixture(scope="module")
 def worker(tmp_path_factory):
-    """One `agentkv serve` worker and two router ports, every process stopped at the end."""
+    """One `agentkv serve` worker, answering before any router starts (a router's first health
+    check, 0.5 s in, would otherwise race a slow start, such as a cold numba cache's compile, take
+    it out of rotation and answer 503 until its next check), and two router ports; every process
+    stopped at the end."""
     with Cluster(tmp_path_factory.mktemp("processes"), 1, routers=2, events=False, replay=False) as c:
         c.start_workers(time_scale=100, log_level="error")
+        c.wait_workers()
         yield c
 
 
