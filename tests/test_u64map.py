@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from agentkv.kv.hashmap import add_copies, drop_copies
 from agentkv.kv.interface import PoolRequest
 from agentkv.kv.pool import BlockPool
-from agentkv.kv.u64map import U64Map
+from agentkv.kv.u64map import U64Map, as_keys
 
 KEYS = st.one_of(st.sampled_from([0, 1, 2, 3, 2**64 - 1]), st.integers(0, 2**64 - 1))
 OPS = st.lists(
@@ -128,6 +128,27 @@ def test_single_key_calls_and_refusals():
     assert dict(pickle.loads(pickle.dumps(m)).items()) == {0: 10, 2**64 - 1: 99}
     m.clear()
     assert len(m) == 0 and list(m) == []
+
+
+@given(st.lists(st.integers(-(2**63), 2**64 - 1), max_size=20))
+def test_as_keys_answers_alike_for_a_list_and_an_integer_array(ids):
+    """A list and an integer array of the same hashes give the same keys, or both None when one is
+    negative (numpy's conversion of an int64 array would wrap it to a large key: the same hash then
+    reads as another in the map and in a dict); a 64-bit array is not copied."""
+    want = None if any(i < 0 for i in ids) else [i % 2**64 for i in ids]
+    got = as_keys(ids)
+    assert (None if got is None else got.tolist()) == want
+    signed = all(i < 2**63 for i in ids)
+    if not signed and want is None:
+        return  # (in no integer dtype)
+    arr = np.array(ids, dtype=np.int64 if signed else np.uint64)
+    got = as_keys(arr)
+    assert (None if got is None else got.tolist()) == want
+    if got is not None and len(arr):
+        assert np.shares_memory(got, arr)
+    if signed and all(-(2**31) <= i < 2**31 for i in ids):
+        got = as_keys(arr.astype(np.int32))
+        assert (None if got is None else got.tolist()) == want
 
 
 def _req(rid: str, hashes: list[int]) -> PoolRequest:

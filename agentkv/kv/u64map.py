@@ -44,7 +44,12 @@ def _loops():
 
 def as_keys(hashes) -> np.ndarray | None:
     """Hashes as a uint64 key array, or None when one is not an int in [0, 2**64) (a map that gets
-    such a hash becomes a dict)."""
+    such a hash becomes a dict). An integer array is taken as it is (a view when 64-bit: keep a copy
+    if it may change); its negative values are refused, as in a list, where numpy would wrap them."""
+    if isinstance(hashes, np.ndarray) and hashes.dtype.kind in "iu":
+        if hashes.dtype.kind == "i" and len(hashes) and hashes.min() < 0:
+            return None
+        return hashes.view(np.uint64) if hashes.dtype.itemsize == 8 else hashes.astype(np.uint64)
     try:
         return np.array(hashes, dtype=np.uint64)
     except (OverflowError, TypeError, ValueError):

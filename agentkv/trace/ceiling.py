@@ -45,7 +45,7 @@ class CeilingTracker:
         self, key: str, hash_ids: Sequence[int] | np.ndarray, input_tokens: int, block_size: int
     ) -> int:
         seen = self._seen.get(key)
-        keys = _id_keys(hash_ids) if type(seen) is not set else None
+        keys = as_keys(hash_ids) if type(seen) is not set else None
         if keys is not None:
             if seen is None:
                 seen = self._seen[key] = U64Map(max(16, len(keys)))
@@ -65,15 +65,6 @@ class CeilingTracker:
         if run < len(hash_ids):
             seen.update(hash_ids[run:] if run else hash_ids)
         return min(run * block_size, input_tokens)
-
-
-def _id_keys(hash_ids: Sequence[int] | np.ndarray) -> np.ndarray | None:
-    """Hash ids as uint64 keys (the ids themselves), or None when one is outside [0, 2**64)."""
-    if isinstance(hash_ids, np.ndarray) and hash_ids.dtype.kind in "iu":
-        if hash_ids.dtype.kind == "i" and len(hash_ids) and hash_ids.min() < 0:
-            return None
-        return hash_ids.view(np.uint64) if hash_ids.dtype.itemsize == 8 else hash_ids.astype(np.uint64)
-    return as_keys(hash_ids)
 
 
 def cache_hits(requests: Sequence[Request], block_size: int) -> np.ndarray:
