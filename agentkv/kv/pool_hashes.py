@@ -66,7 +66,7 @@ class PoolHashes:
         if keys is not None:  # (a U64Map) inserts only absent hashes
             got = cached.setdefault_many(keys, idx)
             primary = True
-            if not (got == idx).all():
+            if np.count_nonzero(got != idx):  # (count_nonzero: cheaper than .all() on short arrays)
                 seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
                 primary = add_copies(self.dups, seg_hashes, seg_blocks, got.tolist())
             self._bh[idx] = keys
