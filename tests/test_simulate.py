@@ -248,3 +248,31 @@ def test_deferred_decodes_are_exact(model, kw):
 def _rounded(rows):
     """Records with floats to 9 digits (a decode burst sums its step times at once)."""
     return [{k: round(v, 9) if isinstance(v, float) else v for k, v in r.items()} for r in rows]
+
+
+def test_a_turns_key_list_reuses_its_sessions_previous_list_and_equals_a_fresh_one(shared_dir):
+    """Each request's block keys as Python ints (what routers and engines read) equal the key array's
+    own `tolist()`, although a session's later turns take the prefix they share with its previous
+    turn from that turn's list (real Claude Code traces, sub-agents included); a session's entry is
+    gone once its last request is dispatched."""
+    from pathlib import Path
+
+    files = sorted(Path(shared_dir, "traces", "claude-code").glob("*.json*"), key=lambda p: p.stat().st_size)
+    traces = load_paths(files[:6])
+    cluster = make_cluster(traces, SimConfig(engine=EngineConfig(), workers=2, lanes=8))
+    made, reused = cluster._key_list, []
+
+    def checked(item, key_array):
+        last = cluster._turn_keys.get(item.session_key)
+        out = made(item, key_array)
+        assert out == key_array.tolist() and type(out) is list
+        if last is not None and len(out) and len(last[1]) and out[0] is last[1][0]:
+            reused.append(len(out))  # (the same int objects: taken from the previous list)
+        return out
+
+    cluster._key_list = checked
+    res = cluster.run()
+    turns = sum(len(s.requests) - 1 for t in traces for s in t.sessions())
+    assert len(res.records) == sum(t.num_requests for t in traces)
+    assert len(reused) > turns // 2  # most later turns extend their session's context
+    assert cluster._turn_keys == {}
