@@ -33,7 +33,7 @@ from agentkv.sim.worker import SimWorker
 from agentkv.trace.blocks import chain_keys
 from agentkv.trace.ceiling import CeilingTracker
 from agentkv.trace.model import Trace
-from agentkv.trace.plan import Dispatch, ReplayPlan
+from agentkv.trace.plan import Dispatch, PlanItem, ReplayPlan
 from agentkv.trace.warmup import check_load, is_warmup
 
 
@@ -344,7 +344,7 @@ class Cluster:
         keys = self._key_list(item, key_array)
         return RouteRequest(keys, item.request.input_tokens, item.tree_key, self.ecfg.block_size)
 
-    def _key_list(self, item, key_array: np.ndarray) -> list[int]:
+    def _key_list(self, item: PlanItem, key_array: np.ndarray) -> list[int]:
         """`key_array.tolist()`, made from the session's previous request's list for the prefix the
         two share (one vectorised compare) and converted only past it: a turn re-sends its session's
         context, and converting every key to a Python int cost ~10% of a run."""
