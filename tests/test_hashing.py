@@ -27,7 +27,7 @@ from agentkv.kv.hashing import (
     event_hash,
     make_hasher,
 )
-from agentkv.trace.blocks import chain_keys, request_tokens, space_key, trace_block_tokens
+from agentkv.trace.blocks import chain_keys, key_chain, request_tokens, space_key, trace_block_tokens
 
 # ../shared/vllm/README.md: observed on a live vLLM 0.32.0, PYTHONHASHSEED unset, block size 32.
 PROMPT = list(range(1, 65))
@@ -373,6 +373,30 @@ def test_chain_keys_equal_their_definition(ids, sizes, tokens, space):
     them, sub-blocks (engine block divides the trace's), folds (a multiple) and gcd splits (neither)."""
     t, b = sizes
     assert chain_keys(space, ids, t, b, tokens).tolist() == _reference_keys(space, ids, t, b, tokens)
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    st.lists(st.integers(0, 5), max_size=12),
+    st.lists(st.integers(0, 5), max_size=12),
+    st.integers(0, 12),
+    st.sampled_from([(64, 16), (16, 64), (64, 64), (16, 48), (48, 16), (6, 4), (4, 6), (1, 1)]),
+    st.tuples(st.integers(0, 900), st.integers(0, 900)),
+    st.sampled_from([("s", "s"), ("s", "t"), (3, 3)]),
+    st.booleans(),
+)
+def test_a_resumed_chain_equals_a_fresh_one(first, rest, keep, sizes, tokens, spaces, other_sizes):
+    """`key_chain` from an earlier request's chain (a session's previous turn: a shared prefix of ids,
+    then anything, in the same or another space, with other block sizes) gives the keys, prefix
+    hashes and ids of a chain computed afresh."""
+    t, b = sizes
+    prev_sizes = (b, t) if other_sizes and t != b else (t, b)
+    prev = key_chain(spaces[0], first, *prev_sizes, tokens[0])
+    ids = first[:keep] + rest
+    got = key_chain(spaces[1], ids, t, b, tokens[1], prev)
+    fresh = key_chain(spaces[1], ids, t, b, tokens[1])
+    assert got.keys.tolist() == fresh.keys.tolist() == chain_keys(spaces[1], ids, t, b, tokens[1]).tolist()
+    assert got.state.tolist() == fresh.state.tolist() and got.ids.tolist() == fresh.ids.tolist()
 
 
 @pytest.mark.shared

@@ -9,6 +9,7 @@ import pytest
 
 from agentkv.engine.config import EngineConfig
 from agentkv.sim.cluster import SimConfig, make_cluster, simulate
+from agentkv.trace.blocks import chain_keys
 from agentkv.trace.formats import bundled_sample, load_paths
 from agentkv.trace.synth import synthesize
 
@@ -251,10 +252,10 @@ def _rounded(rows):
 
 
 def test_a_turns_key_list_reuses_its_sessions_previous_list_and_equals_a_fresh_one(shared_dir):
-    """Each request's block keys as Python ints (what routers and engines read) equal the key array's
-    own `tolist()`, although a session's later turns take the prefix they share with its previous
-    turn from that turn's list (real Claude Code traces, sub-agents included); a session's entry is
-    gone once its last request is dispatched."""
+    """Each request's block keys as Python ints (what routers and engines read) equal the keys
+    computed afresh, although a session's later turns resume its previous turn's chain and take the
+    prefix they share from that turn's list (real Claude Code traces, sub-agents included); a
+    session's entry is gone once its last request is dispatched."""
     from pathlib import Path
 
     files = sorted(Path(shared_dir, "traces", "claude-code").glob("*.json*"), key=lambda p: p.stat().st_size)
@@ -262,10 +263,17 @@ def test_a_turns_key_list_reuses_its_sessions_previous_list_and_equals_a_fresh_o
     cluster = make_cluster(traces, SimConfig(engine=EngineConfig(), workers=2, lanes=8))
     made, reused = cluster._key_list, []
 
-    def checked(item, key_array):
+    def checked(item, chain):
         last = cluster._turn_keys.get(item.session_key)
-        out = made(item, key_array)
-        assert out == key_array.tolist() and type(out) is list
+        out = made(item, chain)
+        assert out == chain.keys.tolist() and type(out) is list
+        r = item.request  # (the chain resumed from the previous turn's: the keys computed afresh)
+        assert (
+            out
+            == chain_keys(
+                item.hash_space, r.hash_ids, item.trace.block_size, cluster.ecfg.block_size, r.input_tokens
+            ).tolist()
+        )
         if last is not None and len(out) and len(last[1]) and out[0] is last[1][0]:
             reused.append(len(out))  # (the same int objects: taken from the previous list)
         return out

@@ -30,7 +30,7 @@ from agentkv.sim.deploy import check_pools, kv_weights
 from agentkv.sim.limits import engine_config, reject_reason
 from agentkv.sim.summary import finished_record, sample, sim_summary
 from agentkv.sim.worker import SimWorker
-from agentkv.trace.blocks import chain_keys
+from agentkv.trace.blocks import KeyChain, key_chain
 from agentkv.trace.ceiling import CeilingTracker
 from agentkv.trace.model import Trace
 from agentkv.trace.plan import Dispatch, PlanItem, ReplayPlan
@@ -171,9 +171,10 @@ class Cluster:
         self.timeline: list[Sample] = []
         self.tree_samples = [0, 0]  # (sum of active session trees, samples): their time-mean
         self._seq = 0
-        # session -> its latest request's block keys (array, list): the next turn's list reuses the
-        # shared prefix's ints (`_key_list`); dropped with the session's last request
-        self._turn_keys: dict[str, tuple[np.ndarray, list[int]]] = {}
+        # session -> its latest request's block keys (chain, list): the next turn resumes the chain
+        # and reuses the list's ints where they agree (`_prepare`, `_key_list`); dropped with the
+        # session's last request
+        self._turn_keys: dict[str, tuple[KeyChain, list[int]]] = {}
         self._max_len = min(w.engine.max_model_len for w in self.workers)
         self._kv_len = min(w.engine.max_seq_tokens for w in self.workers)  # more never fits the KV
 
@@ -323,8 +324,9 @@ class Cluster:
         self.plan.complete(d.item.id, now, False)
 
     def _prepare(self, d: Dispatch, now: float):
-        """(block keys as an array, ceiling tokens, output tokens) of a due request, or None when no
-        engine can take it (recorded as failed)."""
+        """(block keys as a `KeyChain`, ceiling tokens, output tokens) of a due request, or None when no
+        engine can take it (recorded as failed). The chain resumes its session's previous request's
+        where their ids agree (`key_chain`): a turn re-sends its session's context."""
         item = d.item
         r = item.request
         space = item.hash_space
@@ -335,24 +337,25 @@ class Cluster:
             self._reject(d, now, out_tokens, ceil_tok)
             return None
         bs = self.ecfg.block_size
-        key_array = chain_keys(space, ids, item.trace.block_size, bs, r.input_tokens)
-        return key_array, ceil_tok, out_tokens
+        last = self._turn_keys.get(item.session_key)
+        chain = key_chain(space, ids, item.trace.block_size, bs, r.input_tokens, last and last[0])
+        return chain, ceil_tok, out_tokens
 
-    def _route(self, d: Dispatch, key_array) -> RouteRequest:
+    def _route(self, d: Dispatch, chain: KeyChain) -> RouteRequest:
         """What placement sees of a request: its block keys, length, session tree, block size."""
         item = d.item
-        keys = self._key_list(item, key_array)
+        keys = self._key_list(item, chain)
         return RouteRequest(keys, item.request.input_tokens, item.tree_key, self.ecfg.block_size)
 
-    def _key_list(self, item: PlanItem, key_array: np.ndarray) -> list[int]:
+    def _key_list(self, item: PlanItem, chain: KeyChain) -> list[int]:
         """`key_array.tolist()`, made from the session's previous request's list for the prefix the
         two share (one vectorised compare) and converted only past it: a turn re-sends its session's
         context, and converting every key to a Python int cost ~10% of a run."""
-        session = item.session_key
+        session, key_array = item.session_key, chain.keys
         last = self._turn_keys.get(session)
         k = 0
         if last is not None:
-            prev, prev_list = last
+            prev, prev_list = last[0].keys, last[1]
             m = min(len(prev), len(key_array))
             diff = np.flatnonzero(prev[:m] != key_array[:m])
             k = int(diff[0]) if len(diff) else m
@@ -362,7 +365,7 @@ class Cluster:
         else:
             out = key_array.tolist()
         if item.index + 1 < len(item.session.requests):
-            self._turn_keys[session] = (key_array, out)
+            self._turn_keys[session] = (chain, out)
         else:
             self._turn_keys.pop(session, None)
         return out
@@ -399,9 +402,9 @@ class Cluster:
         prep = self._prepare(d, now)
         if prep is None:
             return None
-        key_array, ceil_tok, out_tokens = prep
-        route = self._route(d, key_array)
-        return self.policy.choose(route, workers), route, key_array, ceil_tok, out_tokens
+        chain, ceil_tok, out_tokens = prep
+        route = self._route(d, chain)
+        return self.policy.choose(route, workers), route, chain.keys, ceil_tok, out_tokens
 
     def _dispatch(self, d: Dispatch, now: float) -> None:
         """Route a due request to a worker and queue it there (or record why it cannot run)."""

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import xxhash
@@ -141,24 +142,59 @@ def chain_keys(
     gcd(block_size, trace block size) tokens). The keys live in their own key space: compare them
     with each other, not with `block_hashes` of the tokens.
     """
+    return key_chain(space, hash_ids, trace_block_size, block_size, input_tokens).keys
+
+
+class KeyChain(NamedTuple):
+    """A request's `chain_keys` and what a later request of the same session needs to resume them
+    where the two agree: its ids as uint64, its real slots' base, each block's prefix hash, its r and
+    per (sub-blocks to a trace slot and to an engine block)."""
+
+    keys: np.ndarray
+    ids: np.ndarray
+    real: int
+    state: np.ndarray
+    r: int
+    per: int
+
+
+def key_chain(
+    space: int | str,
+    hash_ids: Sequence[int] | np.ndarray,
+    trace_block_size: int,
+    block_size: int,
+    input_tokens: int,
+    prev: KeyChain | None = None,
+) -> KeyChain:
+    """`chain_keys` with its resume state; `prev` (an earlier request's chain, as a session's previous
+    turn): its keys are taken for the leading blocks whose trace slots hold the same ids in the same
+    space, and the chain goes on from there (the same keys as computed afresh)."""
     t, b = trace_block_size, block_size
     _check(t, DEFAULT_VOCAB)
     _check(b, DEFAULT_VOCAB)
     n = max(input_tokens, 0) // b
-    if n == 0:
-        return np.empty(0, dtype=_U)
     # engine blocks fold sub-blocks of g = gcd(b, t) tokens: r of them to a trace block, per to an
     # engine block (an engine block dividing the trace's is one sub-block; a multiple, whole ones)
     g = math.gcd(b, t)
     r, per = t // g, b // g
+    out, state = np.empty(n, dtype=_U), np.empty(n, dtype=_U)
+    if n == 0:
+        return KeyChain(out, out, 0, state, r, per)
     m = -(-n * per // r)  # trace slots the blocks cover: the request's ids, then filler
     key = space_key(space)
     ids = np.asarray(hash_ids[:m] if len(hash_ids) > m else hash_ids, dtype=np.int64).view(_U)
-    real = _U(_real(key))
+    real = _real(key)
+    j0 = 0
+    if prev is not None and prev.real == real and prev.r == r and prev.per == per:
+        c = min(len(prev.ids), len(ids))  # the slots both fill with ids, up to the first that differs
+        diff = np.flatnonzero(prev.ids[:c] != ids[:c])
+        c = int(diff[0]) if len(diff) else c
+        j0 = min(c * r // per, len(prev.keys), n)  # blocks whose every sub-block is in those slots
+        out[:j0], state[:j0] = prev.keys[:j0], prev.state[:j0]
     fill = _U(_fill(key, hash_ids)) if m > len(ids) else _U(0)
-    out = np.empty(n, dtype=_U)
-    (_chain or _load_chain())(ids, real, fill, r, per, n, out)
-    return out
+    p0 = state[j0 - 1] if j0 else _U(0)
+    (_chain or _load_chain())(ids, _U(real), fill, r, per, n, out, state, j0, p0)
+    return KeyChain(out, ids, real, state, r, per)
 
 
 _chain = None  # chain_loops.chain, imported at the first chain_keys (numba loads it then)

@@ -27,18 +27,19 @@ def mix(x):
 
 
 @numba.njit(cache=True, nogil=True)
-def chain(ids, real, fill, r, per, n, out):
-    """out[j]: the key of engine block j (j < n) of `per` sub-blocks, r sub-blocks to a trace slot.
+def chain(ids, real, fill, r, per, n, out, state, j0, p0):
+    """out[j]: the key of engine block j (j0 <= j < n) of `per` sub-blocks, r sub-blocks to a trace
+    slot, and state[j] its prefix hash P_j; the chain starts at block j0 from P_{j0-1} = p0 (0 at j0 = 0).
 
     A slot's base is mix(real + id * GOLDEN) for the request's ids, then mix(fill + i * GOLDEN) for
     filler slot i; a sub-block mixes its place into its slot's base (r > 1); a block folds its
     sub-blocks (ident = mix(ident * GROUP + sub)); key j = mix(P_j ^ (j + 1) * DEPTH) with
     P_j = P_{j-1} * R + ident_j, the polynomial prefix hash `blocks._chained` computes by cumsum."""
     k = len(ids)
-    p = _U(0)
+    p = p0
     slot, base = -1, _U(0)
-    q = 0
-    for j in range(n):
+    q = j0 * per
+    for j in range(j0, n):
         ident = _U(0)
         for s in range(per):
             si = q // r
@@ -49,4 +50,5 @@ def chain(ids, real, fill, r, per, n, out):
             ident = sub if s == 0 else mix(ident * GROUP + sub)
             q += 1
         p = p * R + ident
+        state[j] = p
         out[j] = mix(p ^ (_U(j + 1) * DEPTH))
