@@ -40,10 +40,10 @@ def _prompt_len(req: KVRequest, block_size: int) -> int:
 
 
 class GroupBlocks:
-    """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `group_bytes`,
-    `retention_interval`, `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told of stores and
-    evictions: the eviction policy's hints and the tiers below, `group_tiers.GroupHooks`, or None)
-    from the pool."""
+    """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `has_state`,
+    `group_bytes`, `retention_interval`, `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told
+    of stores and evictions: the eviction policy's hints and the tiers below, `group_tiers.GroupHooks`,
+    or None) from the pool."""
 
     def _setup_blocks(self) -> None:
         self.max_ids = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
@@ -84,7 +84,6 @@ class GroupBlocks:
         self.quiet: dict[str, tuple[int, int, int]] = {}
         # the groups `remove_skipped` visits (window, chunk, state), with their rule and window
         self._movers = [(g, s.rule, s.window) for g, s in enumerate(self.specs) if s.rule != "full"]
-        self._stateless = all(s.rule != "state" for s in self.specs)
         self._epoch = getattr(self, "_epoch", 0)
 
     def block_cost(self, b: int) -> int:
@@ -110,7 +109,7 @@ class GroupBlocks:
     def new_blocks(self, req: KVRequest, total: int) -> list[int]:
         """Blocks each group must take for a running request to hold `total` tokens."""
         rid, n_tok = req.request_id, _cdiv(total, self.block_size)
-        if self._stateless:
+        if not self.has_state:
             return [n_tok - len(t) if n_tok > len(t) else 0 for t in self.tables[rid]]
         out = []
         for g, s in enumerate(self.specs):
