@@ -148,7 +148,8 @@ def chain_keys(
 class KeyChain(NamedTuple):
     """A request's `chain_keys` and what a later request of the same session needs to resume them
     where the two agree: its ids as uint64, its real slots' base, each block's prefix hash, its r and
-    per (sub-blocks to a trace slot and to an engine block)."""
+    per (sub-blocks to a trace slot and to an engine block); `resumed`: its leading keys taken from
+    the chain it resumed (0: none)."""
 
     keys: np.ndarray
     ids: np.ndarray
@@ -156,6 +157,7 @@ class KeyChain(NamedTuple):
     state: np.ndarray
     r: int
     per: int
+    resumed: int = 0
 
 
 def key_chain(
@@ -194,7 +196,7 @@ def key_chain(
     fill = _U(_fill(key, hash_ids)) if m > len(ids) else _U(0)
     p0 = state[j0 - 1] if j0 else _U(0)
     (_chain or _load_chain())(ids, _U(real), fill, r, per, n, out, state, j0, p0)
-    return KeyChain(out, ids, real, state, r, per)
+    return KeyChain(out, ids, real, state, r, per, j0)
 
 
 _chain = None  # chain_loops.chain, imported at the first chain_keys (numba loads it then)
