@@ -248,6 +248,26 @@ def test_a_one_full_group_pool_behaves_as_block_pool():
     hp.check_invariants()
 
 
+def test_a_growing_table_leaves_handed_out_tables_alone():
+    """Tables grow in place in a buffer: a full group's table handed out before (a lookup hint)
+    keeps its blocks, and growth only appends (a window nulls what it passed, as before)."""
+    pool = hybrid([("full", 10), ("sliding", 10, 8)])
+    a = req("a", 40)
+    assert pool.allocate_slots(a, 5 * BS)
+    handed = []
+    for done in range(5, 38, 3):  # growths of 3 blocks, well past the first buffers' sizes
+        handed.append((pool.block_table("a"), pool.block_table("a").copy()))
+        before = [t.copy() for t in pool.tables["a"]]
+        assert pool.allocate_slots(a, 3 * BS, done * BS)
+        for old, now in zip(before, pool.tables["a"], strict=True):
+            assert len(now) == len(old) + 3
+            kept = now[: len(old)]
+            assert np.array_equal(kept[kept >= 0], old[: len(old)][kept >= 0])
+        pool.check_invariants()
+    for view, copy in handed:
+        assert np.array_equal(view, copy)
+
+
 def test_bad_groups_are_refused():
     with pytest.raises(ValueError, match="rule"):
         GroupSpec("windowed", 10)

@@ -72,6 +72,10 @@ class GroupBlocks:
         self.empty_bytes = self.capacity
         self.evictable_bytes = 0
         self.tables: dict[str, list[np.ndarray]] = {}  # per group, int64 block ids (NULL: none)
+        # per request, per group: the buffer a window or full group's table is the head of (room to
+        # grow in place; None: not yet); a table is never written below its length, so views handed
+        # out (`block_table`'s hints) keep their blocks
+        self._bufs: dict[str, list[np.ndarray | None]] = {}
         self.hashed: dict[str, list[int]] = {}  # per group: leading blocks whose caching was decided
         self.skip: dict[str, list[int]] = {}  # per group: blocks before this index are null
         # per request, per state group: the page count vLLM's table had when each held page was taken
@@ -203,6 +207,7 @@ class GroupBlocks:
                 tables.append(np.concatenate((head, shared[g], taken[g])))
                 pos.append([])
         self.tables[rid], self.skip[rid], self.spos[rid] = tables, list(skips), pos
+        self._bufs[rid] = [None] * len(self.specs)
         self.hashed[rid] = hashed = [hit] * len(self.specs)
         ext, bs = req.external_tokens, self.block_size
         if ext > hit * bs:  # arrived KV: vLLM's finer window blocks may not hold the window at its last cut
@@ -213,13 +218,24 @@ class GroupBlocks:
 
     def grow(self, req: KVRequest, new: list[int], total: int) -> None:
         """Extend a running request's tables (room was checked), then cache what is full."""
-        tables = self.tables[req.request_id]
+        rid = req.request_id
+        tables, bufs = self.tables[rid], self._bufs[rid]
         taken = self._take_groups(new)
         for g, s in enumerate(self.specs):
-            if new[g]:
-                tables[g] = np.concatenate((tables[g], taken[g]))
-                if s.rule == "state":
-                    self.spos[req.request_id][g].append(_cdiv(total, self.block_size))
+            k = new[g]
+            if not k:
+                continue
+            t = tables[g]
+            if s.rule == "state":  # (its table loses its head as pages are freed: no buffer)
+                tables[g] = np.concatenate((t, taken[g]))
+                self.spos[rid][g].append(_cdiv(total, self.block_size))
+                continue
+            n, buf = len(t), bufs[g]
+            if buf is None or n + k > len(buf):  # a new buffer, twice what is needed
+                buf = bufs[g] = np.empty(2 * (n + k), dtype=np.int64)
+                buf[:n] = t
+            buf[n : n + k] = taken[g]
+            tables[g] = buf[: n + k]
         self._cache(req, total, fresh_state=False)
 
     def remove_skipped(self, rid: str, num_computed: int) -> None:
@@ -254,7 +270,7 @@ class GroupBlocks:
         tables = self.tables.pop(rid, None)
         if tables is None:
             return
-        del self.hashed[rid], self.skip[rid], self.spos[rid]
+        del self.hashed[rid], self.skip[rid], self.spos[rid], self._bufs[rid]
         self.quiet.pop(rid, None)
         self.junction.pop(rid, None)
         arr = np.concatenate([t[::-1] for t in tables])  # group by group, each tail first
