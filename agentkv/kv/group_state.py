@@ -41,7 +41,7 @@ def _prompt_len(req: KVRequest, block_size: int) -> int:
 
 class GroupBlocks:
     """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `has_state`,
-    `group_bytes`, `retention_interval`, `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told
+    `group_bytes` (and `_costs`, the same as an int64 array), `retention_interval`, `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told
     of stores and evictions: the eviction policy's hints and the tiers below, `group_tiers.GroupHooks`,
     or None) from the pool."""
 
@@ -457,21 +457,26 @@ class GroupBlocks:
         n = sum(new)
         if n <= 0:
             return [EMPTY] * len(new)
-        costs, need = self.group_bytes, self.blocks_bytes(new)
+        need = self.blocks_bytes(new)
         if self.empty_bytes < need:
             self._evict(need)
         self.empty_bytes -= need
         arr = self._pop_ids(n)
-        self.ref[arr] = 1
-        self.hashed_blk[arr] = False  # (a recycled id's hash was cleared from `bhash` when it was evicted)
+        # ref 1, no hash (a recycled id's was cleared from `bhash` when it was evicted), group, bytes
+        stamp_loops().mark_taken(
+            arr,
+            np.array(new, dtype=np.int64),
+            self._costs,
+            self.ref,
+            self.hashed_blk,
+            self.bgroup,
+            self.bcost,
+        )
         self.stats.allocated += n
         out, i = [], 0
-        for g, k in enumerate(new):
+        for k in new:
             if k:
-                part = arr[i : i + k]
-                self.bgroup[part] = g
-                self.bcost[part] = costs[g]
-                out.append(part)
+                out.append(arr[i : i + k])
                 i += k
             else:
                 out.append(EMPTY)

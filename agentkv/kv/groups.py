@@ -100,6 +100,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         self.num_blocks = self.capacity // self.unit_bytes  # as vLLM counts pages
         self.has_state = any(s.rule == "state" for s in self.specs)
         self.group_bytes = tuple(s.block_bytes for s in self.specs)  # a block's bytes, per group
+        self._costs = np.array(self.group_bytes, dtype=np.int64)  # (the same, for compiled loops)
         self.retention_interval = retention_interval  # vLLM's prefix_cache_retention_interval (tokens)
         if lower is not None and lower.group_bytes != self.group_bytes:
             raise ValueError("a hybrid pool's tiers need its groups' block bytes (TierStack group_bytes)")

@@ -1,7 +1,8 @@
 """The pools' per-block loops, compiled (numba), where a step's many small numpy calls cost more
 than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
 hybrid pool's by bytes), each reading a chunk only as far as its last victim; and the hybrid pool's
-frees (dropping references, cutting the blocks a window has passed out of a table). Reached through
+takes (marking fresh blocks) and frees (dropping references, cutting the blocks a window has passed
+out of a table). Reached through
 `eviction.base.stamp_loops()`, so numba loads at the first pop or free."""
 
 from __future__ import annotations
@@ -41,6 +42,21 @@ def take_bytes(bl, st, stamp, cost, need, out):
             if freed >= need or n == len(out):
                 return n, i + 1, freed
     return n, len(bl), freed
+
+
+@numba.njit(cache=True, nogil=True)
+def mark_taken(arr, counts, costs, ref, hashed, group, cost):
+    """Blocks arr, taken for each group g in turn (counts[g] of them): one reference, no hash, the
+    group and its block bytes (costs[g])."""
+    i = 0
+    for g in range(len(counts)):
+        for _ in range(counts[g]):
+            b = arr[i]
+            ref[b] = 1
+            hashed[b] = False
+            group[b] = g
+            cost[b] = costs[g]
+            i += 1
 
 
 @numba.njit(cache=True, nogil=True)
