@@ -41,9 +41,9 @@ def _prompt_len(req: KVRequest, block_size: int) -> int:
 
 class GroupBlocks:
     """Mixin of `HybridPool`: everything that touches block ids. Needs `specs`, `has_state`,
-    `group_bytes` (and `_costs`, the same as an int64 array), `retention_interval`, `block_size`, `capacity`, `stats`, `_emit` and `hooks` (told
-    of stores and evictions: the eviction policy's hints and the tiers below, `group_tiers.GroupHooks`,
-    or None) from the pool."""
+    `group_bytes` (and `_costs`, the same as an int64 array), `retention_interval`, `block_size`,
+    `capacity`, `stats`, `_emit` and `hooks` (told of stores and evictions: the eviction policy's
+    hints and the tiers below, `group_tiers.GroupHooks`, or None) from the pool."""
 
     def _setup_blocks(self) -> None:
         self.max_ids = self.capacity // min(sp.block_bytes for sp in self.specs) + 1  # most blocks ever live
