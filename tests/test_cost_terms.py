@@ -4,9 +4,11 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentkv.engine.cost import CostModel
-from agentkv.engine.cost_terms import a2a_s, distinct_experts
+from agentkv.engine.cost_terms import a2a_s, distinct_experts, pnorm
 from agentkv.engine.hardware import GroupKind, LayerGroup, ModelShape, get_model
 from agentkv.errors import UserError
 
@@ -171,3 +173,70 @@ def test_bad_parallel_settings_are_one_line_errors():
         CostModel("h200", "deepseek-v3", dp=0)
     with pytest.raises(UserError, match="do not spread over 512 GPUs"):
         CostModel("h200", "deepseek-v3", tp=8, dp=64, ep=True)
+
+
+def _group_time_reference(g, new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max):
+    """One group's layer seconds as the formula reads, with min and max (the reference for the fast loop)."""
+    if g.state_s:
+        return g.frac * ((n_prefill + n_decode) * g.state_s + (new + n_decode) * g.state_tok)
+    c, cap, t = g.compress, g.cap, 0.0
+    if new:
+        ps, pp, e = self_pairs / c, past_pairs / c, (new + past) / c
+        if cap < float("inf"):
+            lim = new * cap
+            ps = min(ps, lim)
+            pp = min(pp, lim - ps)
+            e = min(e, n_prefill * cap + new / c)
+        t += ps * g.self_pair + pp * g.past_pair + e * g.entry_s
+    if n_decode:
+        e, emax = ctx_sum / c, ctx_max / c
+        if cap < float("inf"):
+            e, emax = min(e, n_decode * cap), min(emax, cap)
+        t += max(e * g.entry_s, emax * g.stream_s, e * g.dec_pair)
+    return g.frac * t
+
+
+@pytest.mark.parametrize(
+    "model",
+    ["DeepSeek-V4-Pro", "DeepSeek-V4-Flash", "gpt-oss-120b", "Gemma-3-27B", "Qwen3-Next-80B-A3B", "Kimi-K2"],
+)
+def test_a_layer_is_its_groups_terms_to_the_last_bit(model):
+    """`ModelTerms.layer` (its token-count terms kept by count, its groups in one loop) gives what the
+    formula gives, bit for bit, over random steps: windows, top-k caps, states, prefill and decode."""
+    terms = CostModel("h200", get_model(model), tp=8 if "Pro" in model or "Kimi" in model else 2).terms()
+
+    @settings(max_examples=300, deadline=None)
+    @given(
+        st.integers(0, 16_384),
+        st.integers(0, 1 << 20),
+        st.integers(0, 8),
+        st.integers(0, 256),
+        st.integers(0, 1 << 20),
+        st.booleans(),
+    )
+    def check(new, past, n_prefill, n_decode, ctx_max, any_past):
+        n_prefill = n_prefill if new else 0
+        self_pairs, past_pairs = new * (new + 1) * 0.5, float(new * past)
+        ctx_sum = ctx_max * n_decode
+        args = (new, past, self_pairs, past_pairs, any_past, n_prefill, n_decode, ctx_sum, ctx_max)
+        t = new + n_decode
+        w, fl = terms.w_ne, t * terms.flop_ne
+        if terms.moe is not None:
+            w += terms.moe.weights_s(t)
+            fl += t * terms.moe.flop_tok
+        a = pnorm(w, fl, terms.overlap_k) + past * terms.kvb_past + (terms.setup if any_past else 0.0)
+        for g in terms.groups:
+            a += _group_time_reference(
+                g, new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max
+            )
+            assert g.time(new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max) == (
+                _group_time_reference(
+                    g, new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max
+                )
+            )
+        a += terms.comm(t)
+        want = pnorm(a, terms.floor, terms.floor_k)
+        assert terms.layer(*args) == want
+        assert terms.layer(*args) == want  # again, from the kept token-count terms
+
+    check()

@@ -6,7 +6,7 @@ single full-attention group (docs/cost-model.md, "Model kinds")."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -59,23 +59,9 @@ class GroupTerm:
 
     def time(self, new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max) -> float:
         """Attention + KV seconds of one layer of this group for a step's aggregates."""
-        if self.state_s:
-            return self.frac * ((n_prefill + n_decode) * self.state_s + (new + n_decode) * self.state_tok)
-        c, cap, t = self.compress, self.cap, 0.0
-        if new:
-            ps, pp, e = self_pairs / c, past_pairs / c, (new + past) / c
-            if cap < INF:  # new keys first (within the window when n <= it), the past fills the rest
-                lim = new * cap
-                ps = min(ps, lim)
-                pp = min(pp, lim - ps)
-                e = min(e, n_prefill * cap + new / c)
-            t += ps * self.self_pair + pp * self.past_pair + e * self.entry_s
-        if n_decode:
-            e, emax = ctx_sum / c, ctx_max / c
-            if cap < INF:
-                e, emax = min(e, n_decode * cap), min(emax, cap)
-            t += max(e * self.entry_s, emax * self.stream_s, e * self.dec_pair)
-        return self.frac * t
+        return groups_time(
+            (self,), 0.0, new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max
+        )
 
     def decode(self, n: int, ctx_sum: np.ndarray, ctx_max: np.ndarray):
         """`time` for pure-decode steps of `n` sequences, vectorised over steps (sum and max arrays)."""
@@ -92,6 +78,36 @@ class GroupTerm:
         if self.state_s:
             return self.frac * batch * self.state_s / 2
         return self.frac * batch * min(ctx / self.compress, self.cap) * self.entry_s
+
+
+def groups_time(groups, a, new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max) -> float:
+    """`a` plus each group's attention + KV seconds of one layer for a step's aggregates, added in
+    order (`GroupTerm.time` is one group's; a step's layer loops here, without a call a group)."""
+    for g in groups:
+        if g.state_s:
+            a += g.frac * ((n_prefill + n_decode) * g.state_s + (new + n_decode) * g.state_tok)
+            continue
+        c, cap, t = g.compress, g.cap, 0.0  # (x if x < y else y: `min(y, x)` without its call)
+        if new:
+            ps, pp, e = self_pairs / c, past_pairs / c, (new + past) / c
+            if cap < INF:  # new keys first (within the window when n <= it), the past fills the rest
+                lim = new * cap
+                ps = lim if lim < ps else ps
+                pp = lim - ps if lim - ps < pp else pp
+                x = n_prefill * cap + new / c
+                e = x if x < e else e
+            t += ps * g.self_pair + pp * g.past_pair + e * g.entry_s
+        if n_decode:
+            e, emax = ctx_sum / c, ctx_max / c
+            if cap < INF:
+                x = n_decode * cap
+                e = x if x < e else e
+                emax = cap if cap < emax else emax
+            m, x, y = e * g.entry_s, emax * g.stream_s, e * g.dec_pair  # (max(m, x, y), in its order)
+            m = x if x > m else m
+            t += y if y > m else m
+        a += g.frac * t
+    return a
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +257,7 @@ class ModelTerms:
     setup: float
     floor: float
     floor_k: float
+    _by_tokens: dict[int, tuple[float, float]] = field(default_factory=dict, compare=False, repr=False)
 
     def comm(self, t: int) -> float:
         """TP all-reduces (attention out; dense MLP out) and the MoE layers' collective."""
@@ -261,15 +278,24 @@ class ModelTerms:
     def layer(self, new, past, self_pairs, past_pairs, any_past, n_prefill, n_decode, ctx_sum, ctx_max):
         """Seconds of one layer (mean) for a step's aggregates, launch floor included."""
         t = new + n_decode
+        by_t = self._by_tokens.get(t)
+        if by_t is None:
+            by_t = self._by_tokens[t] = self._token_terms(t)
+        a = by_t[0] + past * self.kvb_past + (self.setup if any_past else 0.0)
+        a = groups_time(
+            self.groups, a, new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max
+        )
+        a += by_t[1]
+        return pnorm(a, self.floor, self.floor_k)
+
+    def _token_terms(self, t: int) -> tuple[float, float]:
+        """What a step's layer costs by its token count alone: the weights and GEMMs (routed experts
+        too), and the collectives (`layer` keeps them by count: a simulation's steps repeat few counts)."""
         w, fl = self.w_ne, t * self.flop_ne
         if self.moe is not None:
             w += self.moe.weights_s(t)
             fl += t * self.moe.flop_tok
-        a = pnorm(w, fl, self.overlap_k) + past * self.kvb_past + (self.setup if any_past else 0.0)
-        for g in self.groups:
-            a += g.time(new, past, self_pairs, past_pairs, n_prefill, n_decode, ctx_sum, ctx_max)
-        a += self.comm(t)
-        return pnorm(a, self.floor, self.floor_k)
+        return pnorm(w, fl, self.overlap_k), self.comm(t)
 
     def decode_layers(self, n: int, ctx_sum: np.ndarray, ctx_max: np.ndarray) -> np.ndarray:
         """`layer` for pure-decode steps of the same `n` sequences, vectorised over steps."""
