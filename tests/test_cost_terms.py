@@ -240,3 +240,13 @@ def test_a_layer_is_its_groups_terms_to_the_last_bit(model):
         assert terms.layer(*args) == want  # again, from the kept token-count terms
 
     check()
+
+
+def test_the_kept_token_count_terms_stay_bounded():
+    """A what-if pricing many token counts keeps at most 65,536 of them, and prices the same after."""
+    terms = CostModel("h200", get_model("DeepSeek-V4-Flash"), tp=2).terms()
+    first = terms.layer(5, 0, 15.0, 0.0, False, 1, 0, 0, 0)
+    for t in range(1, 70_000):
+        terms.layer(t, 0, t * (t + 1) * 0.5, 0.0, False, 1, 0, 0, 0)
+    assert len(terms._by_tokens) <= 1 << 16
+    assert terms.layer(5, 0, 15.0, 0.0, False, 1, 0, 0, 0) == first

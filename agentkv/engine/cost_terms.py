@@ -87,7 +87,7 @@ def groups_time(groups, a, new, past, self_pairs, past_pairs, n_prefill, n_decod
         if g.state_s:
             a += g.frac * ((n_prefill + n_decode) * g.state_s + (new + n_decode) * g.state_tok)
             continue
-        c, cap, t = g.compress, g.cap, 0.0  # (x if x < y else y: `min(y, x)` without its call)
+        c, cap, t = g.compress, g.cap, 0.0  # (`x if x < y else y` is `min(y, x)`, without a call)
         if new:
             ps, pp, e = self_pairs / c, past_pairs / c, (new + past) / c
             if cap < INF:  # new keys first (within the window when n <= it), the past fills the rest
@@ -280,6 +280,8 @@ class ModelTerms:
         t = new + n_decode
         by_t = self._by_tokens.get(t)
         if by_t is None:
+            if len(self._by_tokens) >= 1 << 16:  # (a bound: what-if sweeps may price many counts)
+                self._by_tokens.clear()
             by_t = self._by_tokens[t] = self._token_terms(t)
         a = by_t[0] + past * self.kvb_past + (self.setup if any_past else 0.0)
         a = groups_time(
