@@ -284,3 +284,16 @@ def test_a_turns_key_list_reuses_its_sessions_previous_list_and_equals_a_fresh_o
     assert len(res.records) == sum(t.num_requests for t in traces)
     assert len(reused) > turns // 2  # most later turns extend their session's context
     assert cluster._turn_keys == {}
+
+
+def test_a_sessions_kept_keys_go_with_its_last_request_even_when_refused(shared_dir):
+    """A session whose last request no engine can take (longer than max_model_len) still drops the
+    keys kept for its next turn; the refused requests are failed records."""
+    from pathlib import Path
+
+    files = sorted(Path(shared_dir, "traces", "claude-code").glob("*.json*"), key=lambda p: p.stat().st_size)
+    traces = load_paths(files[:6])
+    cluster = make_cluster(traces, SimConfig(engine=EngineConfig(max_model_len=20_000), workers=2, lanes=8))
+    res = cluster.run()
+    assert sum(not r.ok for r in res.records) > 0
+    assert cluster._turn_keys == {}

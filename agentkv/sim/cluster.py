@@ -335,6 +335,7 @@ class Cluster:
         out_tokens = max(1, r.output_tokens)
         if r.input_tokens + out_tokens > min(self._max_len, self._kv_len) or r.input_tokens < 1:
             self._reject(d, now, out_tokens, ceil_tok)
+            self._file_turn(item, None)
             return None
         bs = self.ecfg.block_size
         last = self._turn_keys.get(item.session_key)
@@ -352,17 +353,23 @@ class Cluster:
         chain took from that request's (`_prepare` resumed it from the same entry) and converted only
         past them: a turn re-sends its session's context, and converting every key to a Python int
         cost ~10% of a run."""
-        session, keys, k = item.session_key, chain.keys, chain.resumed
-        if k:
-            out = self._turn_keys[session][1][:k]  # (the shared prefix's references; the rest extends it)
+        keys, k = chain.keys, chain.resumed
+        if k:  # (the shared prefix's references; the rest extends it)
+            out = self._turn_keys[item.session_key][1][:k]
             out += keys[k:].tolist()
         else:
             out = keys.tolist()
-        if item.index + 1 < len(item.session.requests):
-            self._turn_keys[session] = (chain, out)
-        else:
-            self._turn_keys.pop(session, None)
+        self._file_turn(item, (chain, out))
         return out
+
+    def _file_turn(self, item: PlanItem, keys: tuple[KeyChain, list[int]] | None) -> None:
+        """A request of its session dispatched with these keys (None: refused, and the session's
+        earlier keys stay for its next turn): kept for the next turn, and the session's entry dropped
+        with its last request, dispatched or refused."""
+        if item.index + 1 >= len(item.session.requests):
+            self._turn_keys.pop(item.session_key, None)
+        elif keys is not None:
+            self._turn_keys[item.session_key] = keys
 
     def _queue(
         self,
