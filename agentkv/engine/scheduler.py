@@ -34,6 +34,7 @@ class Scheduler:
         # boundaries, the replay boundary and a junction (vLLM's mamba 'align' mode,
         # `_mamba_block_aligned_split`)
         self._align = bool(getattr(pool, "has_state", False)) and config.enable_prefix_caching
+        self._quiet = hasattr(pool, "quiet_ranges")  # a hybrid pool's decodes that change nothing
 
     def add(self, req: EngineRequest) -> None:
         self.waiting.append(req)
@@ -49,6 +50,7 @@ class Scheduler:
 
         # decode (and unfinished chunked prefills) of running requests
         running, align, alloc = self.running, self._align, pool.allocate_slots
+        quiet = pool.quiet_ranges() if self._quiet else None
         i = 0
         while i < len(running) and budget > 0:
             req = running[i]
@@ -57,6 +59,16 @@ class Scheduler:
             if n > budget:
                 n = budget
             if align and not (n := self._aligned(req, n, nc)):
+                i += 1
+                continue
+            if (
+                quiet is not None
+                and (q := quiet.get(req.request_id))
+                and q[0] <= nc < q[1]
+                and nc + n <= q[2]
+            ):
+                batch.append((req, n))  # allocate_slots' own first answer, without the call
+                budget -= n
                 i += 1
                 continue
             while not alloc(req, n, nc):

@@ -276,6 +276,11 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
             self.quiet[rid] = self.quiet_range(req, num_computed_tokens, total)
         return ok
 
+    def quiet_ranges(self) -> dict[str, tuple[int, int, int]] | None:
+        """Each running request's quiet range, for a caller that answers `allocate_slots`' first
+        check itself (the scheduler's decode loop); None while a policy must hear of every call."""
+        return self.quiet if self.policy is None else None
+
     def quiet_decodes(self, req: KVRequest, num_computed: int) -> int:
         """How many decode steps from `num_computed` (one token each) `allocate_slots` would answer
         from the request's quiet range: no block freed, taken or cached (the engine skips them)."""
