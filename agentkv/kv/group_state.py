@@ -76,6 +76,9 @@ class GroupBlocks:
         # grow in place; None: not yet); a table is never written below its length, so views handed
         # out (`block_table`'s hints) keep their blocks
         self._bufs: dict[str, list[np.ndarray | None]] = {}
+        # per request, per window group: (prompt length, junction, the block ranges it caches), made
+        # at the request's first caching and again only if either changes
+        self._tails: dict[str, dict[int, tuple[int, int, list[tuple[int, int]]]]] = {}
         self.hashed: dict[str, list[int]] = {}  # per group: leading blocks whose caching was decided
         self.skip: dict[str, list[int]] = {}  # per group: blocks before this index are null
         # per request, per state group: the page count vLLM's table had when each held page was taken
@@ -271,6 +274,7 @@ class GroupBlocks:
         if tables is None:
             return
         del self.hashed[rid], self.skip[rid], self.spos[rid], self._bufs[rid]
+        self._tails.pop(rid, None)
         self.quiet.pop(rid, None)
         self.junction.pop(rid, None)
         arr = np.concatenate([t[::-1] for t in tables])  # group by group, each tail first
@@ -316,13 +320,19 @@ class GroupBlocks:
         # a window caches only what a later request can hit: the window before the prompt's replay
         # boundary, and before the prefix the full-attention group alone found (vLLM's junction)
         bs, w = self.block_size, self.specs[g].window
-        tails = [R.window_tail(w, bs, _prompt_len(req, bs))]
-        if j := self.junction.get(rid):
-            tails.append(R.window_before(w, bs, j))
+        plen, j = _prompt_len(req, bs), self.junction.get(rid, 0)
+        memo = self._tails.get(rid)
+        if memo is None:
+            memo = self._tails[rid] = {}
+        m = memo.get(g)
+        if m is None or m[0] != plen or m[1] != j:  # (each chunk of a long prefill asks again)
+            tails = [R.window_tail(w, bs, plen)]
+            if j:
+                tails = R.merge_ranges(tails + [R.window_before(w, bs, j)])
+            memo[g] = m = (plen, j, tails)
+        tails = m[2]
         if self.retention_interval:  # and the window before each segment's end
-            tails += R.segment_tails(w, bs, self.retention_interval, lo, full)
-        if len(tails) > 1:
-            tails = R.merge_ranges(tails)
+            tails = R.merge_ranges(tails + R.segment_tails(w, bs, self.retention_interval, lo, full))
         for a, e in tails:
             if max(lo, a) < min(full, e):
                 self._cache_range(req, g, max(lo, a), min(full, e))
@@ -350,8 +360,11 @@ class GroupBlocks:
         if type(d) is U64Map:  # one compiled insert of the batch; lists only for copies and listeners
             if not len(seg):
                 return
+            had = len(d)
             got = d.setdefault_many(h64, seg)
             self._store(g, None, None, hashes, lo, full, req.token_ids, keep is None, True, seg, h64)
+            if len(d) - had == len(seg):  # every hash was new: the map gives each its own block
+                return
             copy = got != seg
             if np.count_nonzero(copy):  # (count_nonzero: a fifth of .any()'s cost on short arrays)
                 self._copies(g, h64.tolist(), seg.tolist(), got.tolist(), seg, got, copy)
