@@ -102,3 +102,50 @@ def test_events_name_the_group_and_its_kind():
     kinds = {(ev.group_idx, ev.kv_cache_spec_kind) for ev in events}
     assert kinds == {(0, "full_attention"), (1, "sliding_window")}
     assert all(len(ev.token_ids) == 16 * len(ev.block_hashes) for ev in events)
+
+
+def trace_of(model: str, quiet: bool, blocks: int = 1400) -> tuple[list[tuple], int]:
+    """Each step's (prefill tokens, decodes, preempted) and each request's (cached tokens, first
+    token, finish) for sessions sharing prefixes on a small pool; and allocate_slots' call count.
+    `quiet=False` hides the pool's quiet ranges: every decode asks allocate_slots."""
+    e = Engine(EngineConfig(model=model, max_model_len=8192, num_gpu_blocks_override=blocks))
+    if not quiet:
+        e.pool.quiet_ranges = lambda: None
+    calls, alloc = [0], e.pool.allocate_slots
+
+    def counted(*a, **k):
+        calls[0] += 1
+        return alloc(*a, **k)
+
+    e.pool.allocate_slots = counted
+    steps, reqs = [], []
+    for i in range(12):  # three sessions share prefixes; varied output lengths cross block boundaries
+        s = i % 3
+        toks = [s * 100_000 + j for j in range(1, 2000 + 400 * s)] + [90_000 + i] * (40 + 7 * i)
+        reqs.append(e.add_request(f"r{i}", max_tokens=200 + 61 * i, token_ids=toks, session_id=s))
+    while e.has_work():
+        r = e.step()
+        if r is None:
+            break
+        steps.append((r.num_prefill_tokens, r.num_decode, r.preempted))
+        e.pool.check_invariants()
+    steps += [(q.num_cached_tokens, q.first_token, q.finished_at, q.num_output) for q in reqs]
+    return steps, calls[0]
+
+
+@pytest.mark.parametrize("model,blocks", [("gpt-oss-120b", 1200), ("gemma-3-27b", 3620)])
+def test_the_decode_loops_quiet_shortcut_schedules_as_allocate_slots_does(model, blocks):
+    """The scheduler answers a quiet decode (no block freed, taken or cached) from the pool's quiet
+    ranges without calling allocate_slots: the same steps, preemptions and requests either way."""
+    with_shortcut, n_short = trace_of(model, True, blocks)
+    without, n_all = trace_of(model, False, blocks)
+    assert with_shortcut == without
+    assert n_short < n_all / 2  # most decodes took the shortcut
+    if model == "gpt-oss-120b":  # (the pool runs out: requests are preempted and come back)
+        assert sum(step[2] for step in with_shortcut[:-12]) > 0
+
+
+def test_a_pool_with_an_eviction_policy_hears_every_allocation():
+    e = Engine(EngineConfig(model="gpt-oss-120b", max_model_len=65536, eviction_policy="lfu"))
+    assert e.pool.quiet_ranges() is None
+    assert Engine(EngineConfig(model="gpt-oss-120b", max_model_len=65536)).pool.quiet_ranges() == {}
