@@ -78,6 +78,24 @@ def test_at_queue_weight_0_no_worker_is_asked_for_its_queue():
         KvAware(queue_weight=1.0).costs(new, workers)
 
 
+class _Unasked(SimWorker):
+    """A worker that fails the test if a policy scores it."""
+
+    def cached_prefix(self, block_hashes):
+        raise AssertionError("a lone worker was scored")
+
+
+def test_a_lone_worker_is_chosen_without_scoring_it():
+    cfg = EngineConfig(num_gpu_blocks_override=40_000, max_model_len=200_000)
+    new = _req(_hashes(60))
+    assert KvAware().choose(new, [_Unasked(0, Engine(cfg))]) == 0
+    with pytest.raises(AssertionError, match="scored"):  # two workers, or a sampling or sticky policy
+        KvAware().choose(new, [_Unasked(i, Engine(cfg)) for i in range(2)])
+    for policy in (KvAware(temperature=0.5), KvAware(affinity=8.0)):
+        with pytest.raises(AssertionError, match="scored"):
+            policy.choose(new, [_Unasked(0, Engine(cfg))])
+
+
 def _home_with(cached: int) -> tuple[list[SimWorker], list[int]]:
     """Two workers, the first caching the `cached`-block prefix a tree's last turn left there."""
     workers = _workers()

@@ -158,6 +158,8 @@ class KvAware(Policy):
         return self.queue_weight * min(w.active_prefill_blocks(), self.queue_cap * total)
 
     def choose(self, req, workers):
+        if len(workers) == 1 and self.temperature <= 0 and self.affinity <= 0:
+            return 0  # one candidate: scoring it (a prefix lookup) would change nothing
         costs = self.costs(req, workers)
         i = self._pick(costs)
         if self.affinity > 0 and req.session:
