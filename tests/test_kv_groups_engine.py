@@ -128,7 +128,9 @@ def trace_of(model: str, quiet: bool, blocks: int = 1400) -> tuple[list[tuple], 
         if r is None:
             break
         steps.append((r.num_prefill_tokens, r.num_decode, r.preempted))
-        e.pool.check_invariants()
+        if len(steps) % 8 == 0:
+            e.pool.check_invariants()
+    e.pool.check_invariants()
     steps += [(q.num_cached_tokens, q.first_token, q.finished_at, q.num_output) for q in reqs]
     return steps, calls[0]
 
