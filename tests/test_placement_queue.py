@@ -88,7 +88,10 @@ class _Unasked(SimWorker):
 def test_a_lone_worker_is_chosen_without_scoring_it():
     cfg = EngineConfig(num_gpu_blocks_override=40_000, max_model_len=200_000)
     new = _req(_hashes(60))
-    assert KvAware().choose(new, [_Unasked(0, Engine(cfg))]) == 0
+    policy = KvAware()
+    policy._rot = 1  # (a rotation left by an earlier pick among two)
+    assert policy.choose(new, [_Unasked(0, Engine(cfg))]) == 0
+    assert policy._rot == 0  # as scoring the one worker leaves it: the next tie among two starts alike
     with pytest.raises(AssertionError, match="scored"):  # two workers, or a sampling or sticky policy
         KvAware().choose(new, [_Unasked(i, Engine(cfg)) for i in range(2)])
     for policy in (KvAware(temperature=0.5), KvAware(affinity=8.0)):

@@ -159,6 +159,7 @@ class KvAware(Policy):
 
     def choose(self, req, workers):
         if len(workers) == 1 and self.temperature <= 0 and self.affinity <= 0:
+            self._rot = 0  # (where `_pick` leaves it for one worker)
             return 0  # one candidate: scoring it (a prefix lookup) would change nothing
         costs = self.costs(req, workers)
         i = self._pick(costs)
