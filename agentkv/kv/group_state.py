@@ -77,7 +77,7 @@ class GroupBlocks:
         # out (`block_table`'s hints) keep their blocks
         self._bufs: dict[str, list[np.ndarray | None]] = {}
         # per request, per window group: (prompt length, junction, the block ranges it caches), made
-        # at the request's first caching and again only if either changes
+        # at the group's first caching and again only if either changes
         self._tails: dict[str, dict[int, tuple[int, int, list[tuple[int, int]]]]] = {}
         self.hashed: dict[str, list[int]] = {}  # per group: leading blocks whose caching was decided
         self.skip: dict[str, list[int]] = {}  # per group: blocks before this index are null
@@ -210,7 +210,7 @@ class GroupBlocks:
                 tables.append(np.concatenate((head, shared[g], taken[g])))
                 pos.append([])
         self.tables[rid], self.skip[rid], self.spos[rid] = tables, list(skips), pos
-        self._bufs[rid] = [None] * len(self.specs)
+        self._bufs[rid], self._tails[rid] = [None] * len(self.specs), {}
         self.hashed[rid] = hashed = [hit] * len(self.specs)
         ext, bs = req.external_tokens, self.block_size
         if ext > hit * bs:  # arrived KV: vLLM's finer window blocks may not hold the window at its last cut
@@ -273,8 +273,7 @@ class GroupBlocks:
         tables = self.tables.pop(rid, None)
         if tables is None:
             return
-        del self.hashed[rid], self.skip[rid], self.spos[rid], self._bufs[rid]
-        self._tails.pop(rid, None)
+        del self.hashed[rid], self.skip[rid], self.spos[rid], self._bufs[rid], self._tails[rid]
         self.quiet.pop(rid, None)
         self.junction.pop(rid, None)
         arr = np.concatenate([t[::-1] for t in tables])  # group by group, each tail first
@@ -321,9 +320,7 @@ class GroupBlocks:
         # boundary, and before the prefix the full-attention group alone found (vLLM's junction)
         bs, w = self.block_size, self.specs[g].window
         plen, j = _prompt_len(req, bs), self.junction.get(rid, 0)
-        memo = self._tails.get(rid)
-        if memo is None:
-            memo = self._tails[rid] = {}
+        memo = self._tails[rid]
         m = memo.get(g)
         if m is None or m[0] != plen or m[1] != j:  # (each chunk of a long prefill asks again)
             tails = [R.window_tail(w, bs, plen)]
