@@ -67,7 +67,7 @@ class Scheduler:
                 and q[0] <= nc < q[1]
                 and nc + n <= q[2]
             ):
-                batch.append((req, n))  # allocate_slots' own first answer, without the call
+                batch.append((req, n))  # HybridPool.allocate_slots' own first check, without the call
                 budget -= n
                 i += 1
                 continue

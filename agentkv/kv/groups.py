@@ -255,6 +255,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         if self.policy is not None:
             self.lru.session = self._sessions[rid] = req.session_id
         quiet = self.quiet.get(rid)
+        # (the scheduler's decode loop makes this check itself through `quiet_ranges`: keep them alike)
         if quiet is not None and quiet[0] <= num_computed_tokens < quiet[1] and total <= quiet[2]:
             return True  # no block to free, take or cache (most decode steps)
         if rid not in self.tables:
