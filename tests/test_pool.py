@@ -100,6 +100,38 @@ def test_concurrent_requests_share_prefix_blocks() -> None:
     pool.check_invariants()
 
 
+def test_a_growing_table_keeps_earlier_views_and_grows_in_place() -> None:
+    """Decode growth appends to a request's table without copying it each block, while a table
+    handed out earlier (a lookup hint, `block_table`) keeps its length and content."""
+    pool = BlockPool(64, 16)
+    prefix = chain(3, 4)
+    run(pool, "x", prefix, 4 * 16)  # cache a prefix, then share it
+    pool.free("x")
+    req = PoolRequest("a", prefix)
+    computed = pool.get_computed_blocks(prefix, 4 * 16 + 1)
+    assert pool.allocate_slots(req, 16, 3 * 16, computed)  # three hits, the fourth recomputed
+    first = pool.block_table("a")
+    seen, expect = [first.copy()], first.tolist()
+    views = [first]
+    for k in range(1, 21):  # one decode block at a time
+        assert pool.allocate_slots(req, 16, (3 + k) * 16)
+        t = pool.block_table("a")
+        assert len(t) == 4 + k and t[:-1].tolist() == expect  # one block appended, the rest kept
+        expect = expect + [int(t[-1])]
+        assert t.tolist() == pool.request_blocks("a")
+        views.append(t)
+        seen.append(t.copy())
+    for v, s in zip(views, seen, strict=True):  # no view changed under its holder
+        assert v.tolist() == s.tolist()
+    grown = [v for v in views[1:] if v.base is not None]
+    assert len({id(v.base) for v in grown}) < len(grown) / 3  # a few buffers, not one copy a block
+    assert len(set(expect)) == len(expect)
+    pool.check_invariants()
+    pool.free("a")
+    assert views[-1].tolist() == seen[-1].tolist()  # freed: the last view still reads as it was
+    pool.check_invariants()
+
+
 def test_allocation_fails_cleanly_when_full() -> None:
     pool = BlockPool(8, 16, record_events=True)
     run(pool, "a", chain(1, 6), 96)

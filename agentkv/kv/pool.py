@@ -78,7 +78,8 @@ class BlockPool(PoolHashes, EventLog):
         self.stats = PoolStats()
         self.last_promote_s = 0.0
         self._setup_events(on_event, record_events)
-        self._req_blocks: dict[str, np.ndarray] = {}
+        self._req_blocks: dict[str, np.ndarray] = {}  # each a view of the head of its `_req_buf`
+        self._req_buf: dict[str, np.ndarray] = {}  # room to grow a table in place (twice what it held)
         self._req_hashed: dict[str, int] = {}  # leading blocks whose caching was decided
         self._req_session: dict[str, object] = {}
         self._epoch = 0  # moves on at each eviction and reset: older lookups' blocks may be gone
@@ -166,7 +167,7 @@ class BlockPool(PoolHashes, EventLog):
             if need > self._n_empty + len(self.policy):
                 self.stats.alloc_failures += 1
                 return False
-            blocks = self._req_blocks[req.request_id] = np.concatenate((blocks, self._take(need)))
+            blocks = self._grow(req.request_id, blocks, self._take(need))
         hashed = self._req_hashed[req.request_id]
         if total // bs > hashed and hashed < len(req.block_hashes):  # a block filled: maybe one to cache
             self._cache_full(req, blocks, total)  # (decode past the prompt's hashes has none)
@@ -196,6 +197,7 @@ class BlockPool(PoolHashes, EventLog):
         blocks = self._req_blocks.pop(request_id, None)
         if blocks is None:
             return
+        self._req_buf.pop(request_id, None)
         hashed = self._req_hashed.pop(request_id)
         session = self._req_session.pop(request_id)
         ref = self.ref
@@ -314,12 +316,25 @@ class BlockPool(PoolHashes, EventLog):
         if len(free_hits):
             self.policy.remove_many(self._ids(free_hits))
         ref[hit] += 1
-        blocks = np.concatenate((hit, self._take(need))) if need > 0 else hit
+        blocks = np.concatenate((hit, self._take(need))) if need > 0 else hit.copy()  # tables never alias
         self._req_blocks[rid] = blocks
         self._req_hashed[rid] = nc
         self._req_session[rid] = req.session_id
         self._cache_full(req, blocks, total)
         return True
+
+    def _grow(self, rid: str, blocks: np.ndarray, new: np.ndarray) -> np.ndarray:
+        """The table `blocks` with `new` appended, written past its end in a buffer that doubles when
+        full: a decode's block no longer copies the whole table (a long context's, each 16 tokens).
+        Views handed out earlier (hints) keep their length and content: only the tail is written."""
+        n, k = len(blocks), len(new)
+        buf = self._req_buf.get(rid)
+        if buf is None or n + k > len(buf):
+            buf = self._req_buf[rid] = np.empty(2 * (n + k), dtype=np.int64)
+            buf[:n] = blocks
+        buf[n : n + k] = new
+        blocks = self._req_blocks[rid] = buf[: n + k]
+        return blocks
 
     def _cache_full(self, req: KVRequest, blocks: np.ndarray, total: int) -> None:
         """Cache the request's blocks that `total` tokens fill and that have a hash, if not yet done."""
@@ -358,7 +373,7 @@ class BlockPool(PoolHashes, EventLog):
                     "cached (pass allocate_slots what get_computed_blocks found)"
                 )
         if isinstance(found, np.ndarray):
-            return found.astype(np.int64)  # a copy: block tables never alias
+            return found.astype(np.int64, copy=False)  # (may be a view: `_admit` copies it to a table)
         return np.fromiter(found, np.int64, n)
 
     def _found(
