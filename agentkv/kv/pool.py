@@ -19,7 +19,7 @@ import numpy as np
 
 from agentkv.kv.events import EventLog, KVEvent
 from agentkv.kv.eviction import make_policy
-from agentkv.kv.eviction.base import Evictor
+from agentkv.kv.eviction.base import Evictor, stamp_loops
 from agentkv.kv.hashmap import find_run, prefix_len
 from agentkv.kv.interface import ComputedBlocks, KVRequest, LowerTier, PoolStats
 from agentkv.kv.invariants import check_pool
@@ -72,6 +72,7 @@ class BlockPool(PoolHashes, EventLog):
         self._n_empty = num_blocks
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.policy.bind(self)
+        stamp_loops()  # the compiled free and admission loops, loaded now (not at a request's first free)
         # the policy's on_cached, unless it is Evictor's no-op (LRU): no parent lookup for it then
         self._on_cached = None if type(self.policy).on_cached is Evictor.on_cached else self.policy.on_cached
         self.lower = lower
@@ -200,18 +201,13 @@ class BlockPool(PoolHashes, EventLog):
         self._req_buf.pop(request_id, None)
         hashed = self._req_hashed.pop(request_id)
         session = self._req_session.pop(request_id)
-        ref = self.ref
-        rev = blocks[::-1]
-        ref[rev] -= 1
-        k = len(rev) - hashed  # the first `hashed` blocks are cached, the rest not
-        freed_cached, freed_empty = rev[k:], rev[:k]
-        freed_cached = freed_cached[ref[freed_cached] == 0]  # shared blocks stay with their other users
-        freed_empty = freed_empty[ref[freed_empty] == 0]
-        m, k = self._n_empty, len(freed_empty)
-        self._empty[m : m + k] = freed_empty
-        self._n_empty = m + k
-        if len(freed_cached):
-            self.policy.add_many(self._ids(freed_cached), session)
+        # the first `hashed` blocks are cached, the rest not; shared ones stay with their other users;
+        # the empty ones go straight onto the empty stack (it has room for every block)
+        m, freed_cached = self._n_empty, np.empty(hashed, dtype=np.int64)
+        nc, ne = stamp_loops().release(blocks, hashed, self.ref, freed_cached, self._empty[m:])
+        self._n_empty = m + ne
+        if nc:
+            self.policy.add_many(self._ids(freed_cached[:nc]), session)
 
     @property
     def num_free_blocks(self) -> int:
@@ -359,7 +355,11 @@ class BlockPool(PoolHashes, EventLog):
         """A first allocation of `total` tokens after `nc` hit blocks: the hit blocks, those of them no
         other request holds, and how many fresh blocks it takes."""
         hit = self._prefix_blocks(req, nc, computed)
-        return hit, hit[self.ref[hit] == 0], _cdiv(total, self.block_size) - nc
+        if not len(hit):
+            return hit, hit, _cdiv(total, self.block_size) - nc
+        free_hits = np.empty(len(hit), dtype=np.int64)
+        n = stamp_loops().unheld(hit, self.ref, free_hits)
+        return hit, free_hits[:n], _cdiv(total, self.block_size) - nc
 
     def _prefix_blocks(self, req: KVRequest, n: int, computed: ComputedBlocks | None) -> np.ndarray:
         """The cached blocks of the request's first `n` hashes: `computed`'s unless stale or short."""

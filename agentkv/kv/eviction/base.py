@@ -95,11 +95,16 @@ _SL = None  # agentkv.kv.eviction.stamp_loops, imported at first use (numba load
 
 
 def stamp_loops():
-    """The stamped queues' compiled loops' module (a call, not an import statement, in hot paths)."""
+    """The stamped queues' compiled loops' module (a call, not an import statement, in hot paths).
+    The dense pool's free and admission loops are called once on tiny tables here, so that numba's
+    load (or compile) happens when a pool is made, not at a served request's first free."""
     global _SL
     if _SL is None:
         from agentkv.kv.eviction import stamp_loops as loops
 
+        blocks, ref, out = np.arange(2, dtype=np.int64), np.ones(2, dtype=np.int32), np.empty(2, np.int64)
+        loops.release(blocks, 1, ref, out, out[1:])
+        loops.unheld(blocks, ref, out)
         _SL = loops
     return _SL
 

@@ -2,7 +2,8 @@
 than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
 hybrid pool's by bytes), each reading a chunk only as far as its last victim; and the hybrid pool's
 takes (marking fresh blocks) and frees (dropping references, cutting the blocks a window has passed
-out of a table). Reached through `eviction.base.stamp_loops()`, so numba loads at the first pop or
+out of a table); the dense pool's frees and admission checks (a long context's table, thousands of
+blocks, in one pass instead of several numpy gathers and masks). Reached through `eviction.base.stamp_loops()`, so numba loads at the first pop or
 free."""
 
 from __future__ import annotations
@@ -90,4 +91,35 @@ def cut_span(t, lo, hi, out, n):
             out[n] = b
             n += 1
             t[i] = -1
+    return n
+
+
+@numba.njit(cache=True, nogil=True)
+def release(blocks, hashed, ref, cached, empty):
+    """Drop one reference to each block of a table (no block twice), tail first: those reaching zero
+    go to `cached` (the first `hashed` blocks, cached ones) or `empty` (the rest); (how many of each)."""
+    nc = ne = 0
+    for i in range(len(blocks) - 1, -1, -1):
+        b = blocks[i]
+        ref[b] -= 1
+        if ref[b] == 0:
+            if i < hashed:
+                cached[nc] = b
+                nc += 1
+            else:
+                empty[ne] = b
+                ne += 1
+    return nc, ne
+
+
+@numba.njit(cache=True, nogil=True)
+def unheld(blocks, ref, out):
+    """Copy the blocks no request holds (ref 0) into out, in order; how many (an admission's cached
+    hits that leave the free queue)."""
+    n = 0
+    for i in range(len(blocks)):
+        b = blocks[i]
+        if ref[b] == 0:
+            out[n] = b
+            n += 1
     return n
