@@ -321,7 +321,7 @@ class BlockPool(PoolHashes, EventLog):
 
     def _grow(self, rid: str, blocks: np.ndarray, new: np.ndarray) -> np.ndarray:
         """The table `blocks` with `new` appended, written past its end in a buffer that doubles when
-        full: a decode's block no longer copies the whole table (a long context's, each 16 tokens).
+        full: a decode's new block no longer copies the whole table (a long context's, every block).
         Views handed out earlier (hints) keep their length and content: only the tail is written."""
         n, k = len(blocks), len(new)
         buf = self._req_buf.get(rid)

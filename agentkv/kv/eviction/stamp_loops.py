@@ -2,8 +2,9 @@
 than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
 hybrid pool's by bytes), each reading a chunk only as far as its last victim; and the hybrid pool's
 takes (marking fresh blocks) and frees (dropping references, cutting the blocks a window has passed
-out of a table); the dense pool's frees and admission checks (a long context's table, thousands of
-blocks, in one pass instead of several numpy gathers and masks). Reached through `eviction.base.stamp_loops()`, so numba loads at the first pop or
+out of a table); and the dense pool's frees and admission checks (a long context's table, thousands
+of blocks, in one pass instead of several numpy gathers and masks). Reached through
+`eviction.base.stamp_loops()`; numba loads them when a dense pool is made, else at the first pop or
 free."""
 
 from __future__ import annotations
