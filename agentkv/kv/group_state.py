@@ -24,6 +24,7 @@ from agentkv.kv.group_lru import ByteLRU, grown
 from agentkv.kv.hashmap import add_copies, drop_copies, find_run
 from agentkv.kv.interface import KVRequest
 from agentkv.kv.invariants import check_hybrid
+from agentkv.kv.tables import appended
 from agentkv.kv.u64map import U64Map, as_keys
 
 NULL = -1
@@ -233,12 +234,7 @@ class GroupBlocks:
                 tables[g] = np.concatenate((t, taken[g]))
                 self.spos[rid][g].append(_cdiv(total, self.block_size))
                 continue
-            n, buf = len(t), bufs[g]
-            if buf is None or n + k > len(buf):  # a new buffer, twice what is needed
-                buf = bufs[g] = np.empty(2 * (n + k), dtype=np.int64)
-                buf[:n] = t
-            buf[n : n + k] = taken[g]
-            tables[g] = buf[: n + k]
+            bufs[g], tables[g] = appended(bufs[g], t, taken[g])
         self._cache(req, total, fresh_state=False)
 
     def remove_skipped(self, rid: str, num_computed: int) -> None:

@@ -38,7 +38,7 @@ def _check_tables(pool: BlockPool) -> None:
         assert len(set(blocks.tolist())) == len(blocks), f"request {rid} holds a block twice"
         counts[blocks] += 1
         assert pool._req_hashed[rid] <= len(blocks), rid
-        buf = pool._req_buf.get(rid)  # a grown table is its buffer's head (`BlockPool._grow`)
+        buf = pool._req_buf.get(rid)  # a grown table is its buffer's head (`tables.appended`)
         assert buf is None or (blocks.base is buf and np.shares_memory(blocks[:1], buf[:1])), rid
     assert pool._req_buf.keys() <= pool._req_blocks.keys(), "a table buffer outlived its request"
     assert (counts == pool.ref).all(), "ref counts differ from the requests' block tables"

@@ -25,6 +25,7 @@ from agentkv.kv.interface import ComputedBlocks, KVRequest, LowerTier, PoolStats
 from agentkv.kv.invariants import check_pool
 from agentkv.kv.pool_hashes import PoolHashes
 from agentkv.kv.sizing import kv_bytes_per_token, num_blocks_for
+from agentkv.kv.tables import appended
 from agentkv.kv.u64map import U64Map
 
 __all__ = ["BlockPool", "kv_bytes_per_token", "num_blocks_for"]  # the boundary types: agentkv.kv.interface
@@ -79,8 +80,8 @@ class BlockPool(PoolHashes, EventLog):
         self.stats = PoolStats()
         self.last_promote_s = 0.0
         self._setup_events(on_event, record_events)
-        self._req_blocks: dict[str, np.ndarray] = {}  # each a view of the head of its `_req_buf`
-        self._req_buf: dict[str, np.ndarray] = {}  # room to grow a table in place (twice what it held)
+        self._req_blocks: dict[str, np.ndarray] = {}  # once grown, each the head of its `_req_buf`
+        self._req_buf: dict[str, np.ndarray] = {}  # room to grow a table in place (`tables.appended`)
         self._req_hashed: dict[str, int] = {}  # leading blocks whose caching was decided
         self._req_session: dict[str, object] = {}
         self._epoch = 0  # moves on at each eviction and reset: older lookups' blocks may be gone
@@ -168,7 +169,9 @@ class BlockPool(PoolHashes, EventLog):
             if need > self._n_empty + len(self.policy):
                 self.stats.alloc_failures += 1
                 return False
-            blocks = self._grow(req.request_id, blocks, self._take(need))
+            rid = req.request_id
+            self._req_buf[rid], blocks = appended(self._req_buf.get(rid), blocks, self._take(need))
+            self._req_blocks[rid] = blocks
         hashed = self._req_hashed[req.request_id]
         if total // bs > hashed and hashed < len(req.block_hashes):  # a block filled: maybe one to cache
             self._cache_full(req, blocks, total)  # (decode past the prompt's hashes has none)
@@ -318,19 +321,6 @@ class BlockPool(PoolHashes, EventLog):
         self._req_session[rid] = req.session_id
         self._cache_full(req, blocks, total)
         return True
-
-    def _grow(self, rid: str, blocks: np.ndarray, new: np.ndarray) -> np.ndarray:
-        """The table `blocks` with `new` appended, written past its end in a buffer that doubles when
-        full: a decode's new block no longer copies the whole table (a long context's, every block).
-        Views handed out earlier (hints) keep their length and content: only the tail is written."""
-        n, k = len(blocks), len(new)
-        buf = self._req_buf.get(rid)
-        if buf is None or n + k > len(buf):
-            buf = self._req_buf[rid] = np.empty(2 * (n + k), dtype=np.int64)
-            buf[:n] = blocks
-        buf[n : n + k] = new
-        blocks = self._req_blocks[rid] = buf[: n + k]
-        return blocks
 
     def _cache_full(self, req: KVRequest, blocks: np.ndarray, total: int) -> None:
         """Cache the request's blocks that `total` tokens fill and that have a hash, if not yet done."""
