@@ -406,7 +406,7 @@ def test_random_admissions_chunks_decodes_and_frees_keep_the_invariants(events, 
             if first > 0 and pool.allocate_slots(r, first, c.hit * BS, c):
                 running[r.request_id] = (r, c.hit * BS + first, n)
         pool.check_invariants()
-        copies += sum(map(len, pool.dups[0].values()))
+        copies += sum(map(len, pool.group_copies(0).values()))
     for rid in list(running):
         pool.free(rid)
     pool.check_invariants()
@@ -464,17 +464,17 @@ def test_a_recomputed_block_is_another_copy_that_outlives_the_first():
     pool.free("a")
     b = req("b", 5)  # the same prompt, computed again from scratch (no hit passed)
     assert pool.allocate_slots(b, 20)
-    assert set(pool.dups[0]) == set(a.block_hashes)  # every full block twice
+    assert set(pool.group_copies(0)) == set(a.block_hashes)  # every full block twice
     stored = [e.block_hashes for e in pool.take_events() if type(e).__name__ == "BlockStored"]
     assert stored[0] == a.block_hashes and a.block_hashes in stored[2:]  # b's copies announced too
     pool.free("b")
     pool.check_invariants()
-    copies = [pool.dups[0][h][0] for h in a.block_hashes]  # b's blocks
+    copies = [pool.group_copies(0)[h][0] for h in a.block_hashes]  # b's blocks
     assert pool.allocate_slots(req("c", 11, base=5000), 44)  # 22 blocks: 16 free, a's copies go first
     events = pool.take_events()
     removed = [e.block_hashes for e in events if type(e).__name__ == "BlockRemoved" and e.group_idx == 0]
     assert removed == [a.block_hashes[::-1]]  # one copy of each (a's: the oldest), tail first
-    assert [pool.cached_maps[0][h] for h in a.block_hashes] == copies and not pool.dups[0]
+    assert [pool.cached_maps[0][h] for h in a.block_hashes] == copies and not pool.group_copies(0)
     assert pool.get_computed_blocks(a.block_hashes, 21).hit == 5  # still served, from b's copies
     pool.check_invariants()
 
@@ -491,9 +491,9 @@ def test_both_copies_of_a_hash_evicted_in_one_batch_leave_no_trace(events):
     b = req("b", 5)  # the same prompt from scratch: copies of every full block
     assert pool.allocate_slots(b, 20)
     pool.free("b")
-    assert set(pool.dups[0]) == set(a.block_hashes)
+    assert set(pool.group_copies(0)) == set(a.block_hashes)
     assert pool.allocate_slots(req("c", 1, base=5000), 60)  # every block of the pool, one cached again
-    assert not pool.dups[0] and not any(h in pool.cached_maps[0] for h in a.block_hashes)
+    assert not pool.group_copies(0) and not any(h in pool.cached_maps[0] for h in a.block_hashes)
     pool.check_invariants()  # (the mirror: a nonzero entry names the block the map gives)
 
 

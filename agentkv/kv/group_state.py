@@ -65,6 +65,13 @@ class GroupBlocks:
         self.bh64 = np.zeros(n, dtype=np.uint64)  # group 0's as uint64 while cached, else 0 (hint checks)
         # group 0: a recomputed copy -> the block holding its hash then (maybe stale: read via the mirror)
         self.alias = np.full(n, NULL, dtype=np.int64)
+        # group 0's younger copies while its map is a U64Map (`dups[0]` stays empty): chains over block
+        # ids, kept by compiled loops (a recomputed prefix makes thousands: a third of the evictions of
+        # a DeepSeek-V4-Pro run). cnext: the next younger copy; cprev: the next older (-1 at the map's
+        # block); ctail: the map's block's youngest copy (-1: none); all -1 on a block outside a chain
+        self.cnext = np.full(n, NULL, dtype=np.int64)
+        self.cprev = np.full(n, NULL, dtype=np.int64)
+        self.ctail = np.full(n, NULL, dtype=np.int64)
         self._ids = np.empty(n, dtype=np.int64)  # freed block ids, a stack (top at the end)
         self._n_ids = 0
         self._fresh = 0  # ids from here on were never taken: they come after the freed ones, ascending
@@ -103,11 +110,28 @@ class GroupBlocks:
             return None
         return int(self.bkey[block]) if self.mirror else self.bhash[block]
 
+    def group_copies(self, g: int) -> dict[int, list[int]]:
+        """Group `g`'s younger copies: hash -> its blocks other than the map's, oldest first."""
+        if g or type(self.cached_maps[0]) is not U64Map:
+            return self.dups[g]
+        out, cnext = {}, self.cnext
+        for head in np.flatnonzero(self.ctail >= 0).tolist():
+            blocks, b = [], int(cnext[head])
+            while b >= 0:
+                blocks.append(b)
+                b = int(cnext[b])
+            out[int(self.bkey[head])] = blocks
+        return out
+
     def _to_dict(self) -> None:
         """A hash outside uint64 arrived: every map becomes a dict and block hashes Python ints."""
         if not self.mirror:
             return
         self.mirror = False
+        if type(self.cached_maps[0]) is U64Map:  # its copies' chains become `dups[0]`
+            self.dups[0] = self.group_copies(0)
+            for a in (self.cnext, self.cprev, self.ctail):
+                a[:] = NULL
         self.cached_maps = [m if type(m) is dict else dict(m.items()) for m in self.cached_maps]
         self.bhash = np.full(len(self.ref), None, dtype=object)
         held = np.flatnonzero(self.hashed_blk)
@@ -360,7 +384,10 @@ class GroupBlocks:
                 return
             copy = got != seg
             if np.count_nonzero(copy):  # (count_nonzero: a fifth of .any()'s cost on short arrays)
-                self._copies(g, h64.tolist(), seg.tolist(), got.tolist(), seg, got, copy)
+                blocks, first = seg[copy], got[copy]  # (a U64Map: group 0, its copies chained)
+                stamp_loops().chain_add(blocks, first, self.cnext, self.cprev, self.ctail)
+                self.alias[blocks] = first
+                self.bh64[blocks] = 0  # the mirror names the block the map gives
             return
         if keep is not None:
             hs = h64.tolist() if h64 is not None else list(compress(hashes[lo:full], keep.tolist()))
@@ -503,8 +530,10 @@ class GroupBlocks:
         f = self._fresh
         if f + k > len(self.ref):
             size = max(f + k, min(2 * len(self.ref), self.max_ids))
-            for name in ("ref", "bgroup", "hashed_blk", "bkey", "bh64", "bcost", "_ids", "alias"):
-                setattr(self, name, grown(getattr(self, name), size, NULL if name == "alias" else 0))
+            for name in ("ref", "bgroup", "hashed_blk", "bkey", "bh64", "bcost", "_ids"):
+                setattr(self, name, grown(getattr(self, name), size))
+            for name in ("alias", "cnext", "cprev", "ctail"):
+                setattr(self, name, grown(getattr(self, name), size, NULL))
             if self.bhash is not None:
                 self.bhash = grown(self.bhash, size)
             self.lru.grown(self.bcost)
@@ -540,9 +569,11 @@ class GroupBlocks:
                 else:  # Python ints only where a dict, a copy or a listener needs them
                     lst = kg.tolist() if listen or self.dups[g] or type(d) is not U64Map else None
                 removed[g] = lst
-                named = self.bh64 if g == 0 and self.mirror else None  # a copy promoted: the mirror names it
-                kg = kg if type(d) is U64Map else None
-                gone[g] = drop_copies(d, self.dups[g], None, order[i - k : i], lst, kg, named)
+                if type(d) is U64Map:  # group 0, its copies chained (a copy promoted: the mirror names it)
+                    gone[g] = self._drop_chained(d, order[i - k : i], kg, listen)
+                else:
+                    named = self.bh64 if g == 0 and self.mirror else None
+                    gone[g] = drop_copies(d, self.dups[g], None, order[i - k : i], lst, None, named)
         self.bh64[victims] = 0  # (after: a copy promoted and then evicted in this batch is named no more)
         self._push_ids(victims)
         self._epoch += 1
@@ -552,5 +583,21 @@ class GroupBlocks:
                 self._emit(BlockRemoved(block_hashes=lst, medium="GPU", group_idx=g))
         if self.hooks is not None:
             self.hooks.evicted(gone)
+
+    def _drop_chained(
+        self, d: U64Map, victims: np.ndarray, keys: np.ndarray, listen: bool
+    ) -> list[int] | None:
+        """Forget group 0's evicted blocks (in LRU order; `keys` their hashes), each hash handed to its
+        next oldest copy where one is left (`drop_copies` for the chains); the hashes no block holds
+        any more, as a list only when someone listens."""
+        n = len(victims)
+        dels, ak, av = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int64)
+        nd, na = stamp_loops().chain_drop(
+            victims, keys, self.cnext, self.cprev, self.ctail, self.bh64, dels, ak, av
+        )
+        if na:  # (before the deletions: a hash handed on and then evicted in this batch goes)
+            d.assign_many(ak[:na], av[:na])
+        d.delete_many(dels[:nd])
+        return dels[:nd].tolist() if listen else None
 
     check_invariants = check_hybrid  # bytes add up; LRU, maps, tables and the uint64 mirror agree

@@ -102,10 +102,11 @@ def check_hybrid(pool) -> None:
     for g, d in enumerate(pool.cached_maps):
         for h, b in d.items():
             assert pool.hash_of(b) == h and pool.bgroup[b] == g, f"group {g}: hash {h} maps to block {b}"
-    for g, dd in enumerate(pool.dups):  # younger copies hold their hash too, never the map's block
-        for h, bs in dd.items():
+    for g in range(len(pool.specs)):  # younger copies hold their hash too, never the map's block
+        for h, bs in pool.group_copies(g).items():
             assert bs and pool.cached_maps[g][h] not in bs, f"group {g}: hash {h}'s copies are off"
             assert all(pool.hash_of(b) == h and pool.bgroup[b] == g for b in bs)
+    _check_chains(pool)
     if pool.mirror:  # a nonzero mirror entry names a block that group 0's map gives for that hash
         first = pool.cached_maps[0]
         for b in np.flatnonzero(pool.bh64).tolist():
@@ -115,3 +116,22 @@ def check_hybrid(pool) -> None:
     assert all(0 <= b < pool._fresh <= len(pool.ref) for b in free), "a free id was never taken"
     live = set(np.flatnonzero(pool.ref > 0).tolist()) | set(lru_blocks)
     assert not live & set(free), "a held or cached block id is also free"
+
+
+def _check_chains(pool) -> None:
+    """Group 0's copy chains (while its map is a U64Map): each links both ways from the map's block
+    to its tail, holds only cached blocks, and no other block is linked."""
+    chained = pool.group_copies(0) if type(pool.cached_maps[0]) is not dict else {}
+    linked = 0
+    for h, bs in chained.items():
+        head = pool.cached_maps[0][h]
+        prev = head
+        for b in bs:
+            assert int(pool.cprev[b]) == prev, f"block {b}: its chain's back link is off"
+            prev = b
+        assert int(pool.ctail[head]) == bs[-1], f"hash {h}: its chain's tail is off"
+        linked += len(bs)
+    assert np.count_nonzero(pool.cprev >= 0) == linked, "a block outside the chains is linked"
+    assert np.count_nonzero(pool.cnext >= 0) == linked, "a chain's forward links are off"
+    assert np.count_nonzero(pool.ctail >= 0) == len(chained), "a tail outside the chains"
+    assert all(pool.ctail[b] < 0 for bs in chained.values() for b in bs), "a copy has a tail"

@@ -2,7 +2,8 @@
 than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
 hybrid pool's by bytes), each reading a chunk only as far as its last victim; and the hybrid pool's
 takes (marking fresh blocks) and frees (dropping references, cutting the blocks a window has passed
-out of a table); and the dense pool's frees and admission checks (a long context's table, thousands
+out of a table), and its group 0's chains of copies of a hash (`chain_add`, `chain_drop`); and the
+dense pool's frees and admission checks (a long context's table, thousands
 of blocks, in one pass instead of several numpy gathers and masks). Reached through
 `eviction.base.stamp_loops()`; numba loads them when a dense pool is made, else at the first pop or
 free."""
@@ -124,3 +125,58 @@ def unheld(blocks, ref, out):
             out[n] = b
             n += 1
     return n
+
+
+@numba.njit(cache=True, nogil=True)
+def chain_add(blocks, heads, cnext, cprev, ctail):
+    """Append each of blocks, a younger copy of the hash whose oldest copy (the map's block) is
+    heads[i], to that hash's chain: cnext the next younger copy, cprev the next older, ctail a head's
+    youngest (-1: none)."""
+    for i in range(len(blocks)):
+        b = blocks[i]
+        p = heads[i]
+        t = ctail[p]
+        if t < 0:
+            t = p
+        cnext[t] = b
+        cprev[b] = t
+        cnext[b] = -1
+        ctail[p] = b
+
+
+@numba.njit(cache=True, nogil=True)
+def chain_drop(victims, keys, cnext, cprev, ctail, named, dels, ak, av):
+    """Evict victims (keys: their hashes) in order from their chains: a younger copy just leaves its
+    chain; the map's block hands its hash to the next oldest copy (ak, av: key, block to assign;
+    named[block] = key) or, with none, the hash goes (dels). (How many deletions, assignments.)"""
+    nd = 0
+    na = 0
+    for i in range(len(victims)):
+        b = victims[i]
+        p = cprev[b]
+        if p >= 0:  # a younger copy: out of its chain
+            nx = cnext[b]
+            cnext[p] = nx
+            if nx >= 0:
+                cprev[nx] = p
+            else:  # it was the youngest: its head's tail moves back
+                head = p
+                while cprev[head] >= 0:
+                    head = cprev[head]
+                ctail[head] = p if p != head else -1
+            cprev[b] = -1
+            cnext[b] = -1
+        elif ctail[b] >= 0:  # the map's block, with younger copies: the next oldest answers now
+            nx = cnext[b]
+            cprev[nx] = -1
+            ctail[nx] = ctail[b] if ctail[b] != nx else -1
+            ctail[b] = -1
+            cnext[b] = -1
+            named[nx] = keys[i]
+            ak[na] = keys[i]
+            av[na] = nx
+            na += 1
+        else:  # no copy holds the hash any more
+            dels[nd] = keys[i]
+            nd += 1
+    return nd, na
