@@ -281,12 +281,20 @@ class GroupBlocks:
             if hi > lo:
                 spans.append((t, lo, hi))
                 skips[g] = hi
-        if spans:
-            cut = stamp_loops().cut_span
-            out, n = np.empty(sum(hi - lo for _, lo, hi in spans), dtype=np.int64), 0
+        if spans:  # one compiled pass a span: cut (right to left, nulls skipped) and free, as `_unpin`
+            cut = stamp_loops().cut_free
+            cached = np.empty(sum(hi - lo for _, lo, hi in spans), dtype=np.int64)
+            nc, n_ids, cb, eb = 0, self._n_ids, 0, 0
             for t, lo, hi in spans:
-                n = cut(t, lo, hi, out, n)  # its blocks right to left (nulls skipped), then nulls
-            self._unpin(out[:n])
+                nc, n_ids, c, e = cut(
+                    t, lo, hi, self.ref, self.hashed_blk, self.bcost, cached, nc, self._ids, n_ids
+                )
+                cb, eb = cb + c, eb + e
+            self._n_ids = n_ids
+            self.empty_bytes += int(eb)
+            if nc:
+                self.lru.add(cached[:nc])
+                self.evictable_bytes += int(cb)
 
     def release(self, rid: str) -> None:
         """Drop a request's blocks, group by group, each table tail first (vLLM's free order)."""

@@ -1,8 +1,8 @@
 """The pools' per-block loops, compiled (numba), where a step's many small numpy calls cost more
 than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
 hybrid pool's by bytes), each reading a chunk only as far as its last victim; and the hybrid pool's
-takes (marking fresh blocks) and frees (dropping references, cutting the blocks a window has passed
-out of a table), and its group 0's chains of copies of a hash (`chain_add`, `chain_drop`); and the
+takes (marking fresh blocks) and frees (dropping references; cutting the blocks a window has passed
+out of a table and freeing them in the same pass), and its group 0's chains of copies of a hash (`chain_add`, `chain_drop`); and the
 dense pool's frees and admission checks (a long context's table, thousands
 of blocks, in one pass instead of several numpy gathers and masks). Reached through
 `eviction.base.stamp_loops()`; numba loads them when a dense pool is made, else at the first pop or
@@ -84,16 +84,27 @@ def unpin(arr, ref, hashed, cost, cached, empty):
 
 
 @numba.njit(cache=True, nogil=True)
-def cut_span(t, lo, hi, out, n):
-    """Append table t's blocks [lo, hi) to out from index n, right to left and skipping nulls (-1,
-    `group_state.NULL`), then null them in t; the new n (a window's blocks a request has passed)."""
+def cut_free(t, lo, hi, ref, hashed, cost, cached, nc, ids, n_ids):
+    """Drop table t's blocks [lo, hi) right to left (nulls, -1, skipped) and null them (a window's
+    blocks a request has passed): one whose last reference this was goes to cached[nc:] (holding a
+    hash) or onto the free-id stack ids[n_ids:]; (the new nc and n_ids, the bytes of each by cost)."""
+    cb = 0
+    eb = 0
     for i in range(hi - 1, lo - 1, -1):
         b = t[i]
         if b >= 0:
-            out[n] = b
-            n += 1
             t[i] = -1
-    return n
+            ref[b] -= 1
+            if ref[b] == 0:
+                if hashed[b]:
+                    cached[nc] = b
+                    nc += 1
+                    cb += cost[b]
+                else:
+                    ids[n_ids] = b
+                    n_ids += 1
+                    eb += cost[b]
+    return nc, n_ids, cb, eb
 
 
 @numba.njit(cache=True, nogil=True)
