@@ -598,14 +598,16 @@ class GroupBlocks:
         """Forget group 0's evicted blocks (in LRU order; `keys` their hashes), each hash handed to its
         next oldest copy where one is left (`drop_copies` for the chains); the hashes no block holds
         any more, as a list only when someone listens."""
-        n = len(victims)
-        dels, ak, av = np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.uint64), np.empty(n, dtype=np.int64)
-        nd, na = stamp_loops().chain_drop(
-            victims, keys, self.cnext, self.cprev, self.ctail, self.bh64, dels, ak, av
-        )
-        if na:  # (before the deletions: a hash handed on and then evicted in this batch goes)
-            d.assign_many(ak[:na], av[:na])
-        d.delete_many(dels[:nd])
-        return dels[:nd].tolist() if listen else None
+        gone = np.empty(len(victims), dtype=np.uint64)
+        mkeys, mvals, shift, mask = d.slots()
+        args = (self.cnext, self.cprev, self.ctail, self.bh64, mkeys, mvals, shift, mask, gone)
+        n, zero = stamp_loops().chain_drop(victims, keys, *args)
+        if zero != -2:  # hash 0, which the map keeps aside: the loop left it to the dict API
+            if zero == -1:
+                del d[0]
+            else:
+                d[0] = zero
+        d.forgot(n - (zero == -1))
+        return gone[:n].tolist() if listen else None
 
     check_invariants = check_hybrid  # bytes add up; LRU, maps, tables and the uint64 mirror agree

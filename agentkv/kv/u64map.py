@@ -118,6 +118,15 @@ class U64Map(MutableMapping):
             n += self._side.pop(0, None) is not None
         return n
 
+    def slots(self) -> tuple[np.ndarray, np.ndarray, np.uint64, int]:
+        """(keys, vals, shift, mask): the table, for a compiled loop that probes (`u64map_loops.find`)
+        and deletes (`_free`) in place; it reports its deletions through `forgot`. Key 0 is not in it."""
+        return self._keys, self._vals, self._shift, self._mask
+
+    def forgot(self, n: int) -> None:
+        """`n` keys were deleted from `slots()` by a compiled loop."""
+        self._live -= n
+
     def run(self, ks: np.ndarray) -> np.ndarray:
         """The values of the leading run of `ks` present in the map (stops at the first absent key)."""
         out = np.empty(len(ks), dtype=np.int64)

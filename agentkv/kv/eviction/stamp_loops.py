@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import numba
 
+from agentkv.kv.u64map_loops import _free, find
+
 
 @numba.njit(cache=True, nogil=True)
 def take_live(bl, st, stamp, ref, need, out):
@@ -156,14 +158,16 @@ def chain_add(blocks, heads, cnext, cprev, ctail):
 
 
 @numba.njit(cache=True, nogil=True)
-def chain_drop(victims, keys, cnext, cprev, ctail, named, dels, ak, av):
-    """Evict victims (keys: their hashes) in order from their chains: a younger copy just leaves its
-    chain; the map's block hands its hash to the next oldest copy (ak, av: key, block to assign;
-    named[block] = key) or, with none, the hash goes (dels). (How many deletions, assignments.)"""
+def chain_drop(victims, keys, cnext, cprev, ctail, named, mkeys, mvals, shift, mask, gone):
+    """Evict victims (keys: their hashes) in order from their chains and from the map's table
+    (`U64Map.slots`): a younger copy just leaves its chain; the map's block hands its hash to the
+    next oldest copy (named[block] = key) or, with none, the hash leaves the map (into gone). (How
+    many left; key 0's outcome, which the map keeps aside: -2 untouched, -1 gone, else its block.)"""
     nd = 0
-    na = 0
+    zero = -2
     for i in range(len(victims)):
         b = victims[i]
+        k = keys[i]
         p = cprev[b]
         if p >= 0:  # a younger copy: out of its chain
             nx = cnext[b]
@@ -183,11 +187,16 @@ def chain_drop(victims, keys, cnext, cprev, ctail, named, dels, ak, av):
             ctail[nx] = ctail[b] if ctail[b] != nx else -1
             ctail[b] = -1
             cnext[b] = -1
-            named[nx] = keys[i]
-            ak[na] = keys[i]
-            av[na] = nx
-            na += 1
+            named[nx] = k
+            if k == 0:
+                zero = nx
+            else:
+                mvals[find(mkeys, k, shift, mask)] = nx
         else:  # no copy holds the hash any more
-            dels[nd] = keys[i]
+            if k == 0:
+                zero = -1
+            else:
+                _free(mkeys, mvals, find(mkeys, k, shift, mask), shift, mask)
+            gone[nd] = k
             nd += 1
-    return nd, na
+    return nd, zero
