@@ -382,17 +382,24 @@ class GroupBlocks:
             if h64 is None:
                 self._to_dict()
                 d = self.cached_maps[g]
-        if type(d) is U64Map:  # one compiled insert of the batch; lists only for copies and listeners
+        if type(d) is U64Map:  # (group 0) one compiled pass: insert, mark, chain the copies
             if not len(seg):
                 return
-            had = len(d)
-            got = d.setdefault_many(h64, seg)
-            self._store(g, None, None, hashes, lo, full, req.token_ids, keep is None, True, seg, h64)
-            if len(d) - had == len(seg):  # every hash was new: the map gives each its own block
+            d.reserve(len(seg))
+            mkeys, mvals, shift, mask = d.slots()
+            marks = (self.bkey, self.bh64, self.hashed_blk, self.cnext, self.cprev, self.ctail, self.alias)
+            new = stamp_loops().cache_run(seg, h64, mkeys, mvals, shift, mask, *marks)
+            if new >= 0:
+                d.live_changed(new)
+                self._store(
+                    g, None, None, hashes, lo, full, req.token_ids, keep is None, True, seg, h64, True
+                )
                 return
+            got = d.setdefault_many(h64, seg)  # a hash of 0 (the map keeps it aside): in steps
+            self._store(g, None, None, hashes, lo, full, req.token_ids, keep is None, True, seg, h64)
             copy = got != seg
-            if np.count_nonzero(copy):  # (count_nonzero: a fifth of .any()'s cost on short arrays)
-                blocks, first = seg[copy], got[copy]  # (a U64Map: group 0, its copies chained)
+            if np.count_nonzero(copy):
+                blocks, first = seg[copy], got[copy]
                 stamp_loops().chain_add(blocks, first, self.cnext, self.cprev, self.ctail)
                 self.alias[blocks] = first
                 self.bh64[blocks] = 0  # the mirror names the block the map gives
@@ -419,24 +426,26 @@ class GroupBlocks:
             self.bh64[seg[copy]] = 0  # the mirror names the block the map gives
 
     def _store(
-        self, g, hs, blocks, hashes, lo, hi, token_ids, whole=True, inserted=False, idx=None, h64=None
+        self,
+        g,
+        hs,
+        blocks,
+        hashes,
+        lo,
+        hi,
+        token_ids,
+        whole=True,
+        inserted=False,
+        idx=None,
+        h64=None,
+        marked=False,
     ) -> None:
         """Record cached blocks: `hs` and `blocks` as lists, or (`hs`, `blocks` None) `idx` and `h64`
-        as arrays, whose lists are made only for the hooks and events."""
+        as arrays, whose lists are made only for the hooks and events; `marked`: their hashes and
+        flags are written already (`stamp_loops.cache_run`), only counted and announced here."""
         idx = blocks if idx is None else idx
-        if self.mirror:
-            key = h64 if h64 is not None else as_keys(hs)
-            if key is None:
-                self._to_dict()
-        if not inserted:
-            self.cached_maps[g].update(zip(hs, blocks, strict=True))
-        if self.mirror:
-            self.bkey[idx] = key
-            if g == 0:
-                self.bh64[idx] = key
-        else:
-            self.bhash[idx] = hs
-        self.hashed_blk[idx] = True
+        if not marked:
+            self._mark(g, hs, blocks, idx, h64, inserted)
         self.stats.stored += len(idx)
         if self.hooks is None and self._emit is None:
             return
@@ -460,6 +469,22 @@ class GroupBlocks:
                     kv_cache_spec_kind=s.event_kind,
                 )
             )
+
+    def _mark(self, g, hs, blocks, idx, h64, inserted) -> None:
+        """`_store`'s writes: the map (unless `inserted`), each block's hash and its hashed flag."""
+        if self.mirror:
+            key = h64 if h64 is not None else as_keys(hs)
+            if key is None:
+                self._to_dict()
+        if not inserted:
+            self.cached_maps[g].update(zip(hs, blocks, strict=True))
+        if self.mirror:
+            self.bkey[idx] = key
+            if g == 0:
+                self.bh64[idx] = key
+        else:
+            self.bhash[idx] = hs
+        self.hashed_blk[idx] = True
 
     def _pin(self, g: int, arr: np.ndarray) -> None:
         """Share cached blocks of group `g`: those unreferenced leave the LRU."""
@@ -607,7 +632,7 @@ class GroupBlocks:
                 del d[0]
             else:
                 d[0] = zero
-        d.forgot(n - (zero == -1))
+        d.live_changed(-(n - (zero == -1)))
         return gone[:n].tolist() if listen else None
 
     check_invariants = check_hybrid  # bytes add up; LRU, maps, tables and the uint64 mirror agree

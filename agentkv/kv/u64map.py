@@ -119,13 +119,18 @@ class U64Map(MutableMapping):
         return n
 
     def slots(self) -> tuple[np.ndarray, np.ndarray, np.uint64, int]:
-        """(keys, vals, shift, mask): the table, for a compiled loop that probes (`u64map_loops.find`)
-        and deletes (`_free`) in place; it reports its deletions through `forgot`. Key 0 is not in it."""
+        """(keys, vals, shift, mask): the table, for a compiled loop that probes, inserts and deletes
+        in place (`u64map_loops.find`, `_free`; room made first with `reserve`), reporting its count
+        through `live_changed`. Key 0, the empty-slot mark, is not in it (`__setitem__` keeps it)."""
         return self._keys, self._vals, self._shift, self._mask
 
-    def forgot(self, n: int) -> None:
-        """`n` keys were deleted from `slots()` by a compiled loop."""
-        self._live -= n
+    def reserve(self, more: int) -> None:
+        """Room for `more` inserts into `slots()` (the table may be rebuilt: read it after)."""
+        self._room(more)
+
+    def live_changed(self, delta: int) -> None:
+        """A compiled loop inserted (delta > 0) or deleted keys in `slots()`."""
+        self._live += delta
 
     def run(self, ks: np.ndarray) -> np.ndarray:
         """The values of the leading run of `ks` present in the map (stops at the first absent key)."""

@@ -94,10 +94,23 @@ class Evictor:
 _SL = None  # agentkv.kv.eviction.stamp_loops, imported at first use (numba loads it then)
 
 
+def _warm_hybrid(loops) -> None:
+    """The hybrid pool's loops, each called once on empty input (numba loads each at its first call)."""
+    i64, u64, no = np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, bool)
+    keys, vals, shift = np.zeros(16, np.uint64), np.zeros(16, np.int64), np.uint64(60)
+    loops.cut_free(i64, 0, 0, np.zeros(0, np.int32), no, i64, i64, 0, i64, 0)
+    loops.chain_add(i64, i64, i64, i64, i64)
+    loops.chain_drop(i64, u64, i64, i64, i64, u64, keys, vals, shift, 15, u64)
+    loops.cache_run(i64, u64, keys, vals, shift, 15, u64, u64, no, i64, i64, i64, i64)
+    loops.take_bytes(i64, i64, i64, i64, 0, i64)
+    loops.mark_taken(i64, i64, i64, np.zeros(0, np.int32), no, np.zeros(0, np.int16), i64)
+    loops.unpin(i64, np.zeros(0, np.int32), no, i64, i64, i64)
+
+
 def stamp_loops():
     """The stamped queues' compiled loops' module (a call, not an import statement, in hot paths).
-    The dense pool's free and admission loops are called once on tiny tables here, so that numba's
-    load (or compile) happens when a pool is made, not at a served request's first free."""
+    Its loops are called once on tiny tables here, so that numba's load (or compile) happens when a
+    pool is made, not at a served request's first free."""
     global _SL
     if _SL is None:
         from agentkv.kv.eviction import stamp_loops as loops
@@ -105,6 +118,7 @@ def stamp_loops():
         blocks, ref, out = np.arange(2, dtype=np.int64), np.ones(2, dtype=np.int32), np.empty(2, np.int64)
         loops.release(blocks, 1, ref, out, out[1:])
         loops.unheld(blocks, ref, out)
+        _warm_hybrid(loops)
         _SL = loops
     return _SL
 

@@ -200,3 +200,41 @@ def chain_drop(victims, keys, cnext, cprev, ctail, named, mkeys, mvals, shift, m
             gone[nd] = k
             nd += 1
     return nd, zero
+
+
+@numba.njit(cache=True, nogil=True)
+def cache_run(seg, h64, mkeys, mvals, shift, mask, bkey, bh64, hashed, cnext, cprev, ctail, alias):
+    """Cache group 0's blocks seg under hashes h64 in order: each marked hashed with its key, and
+    inserted into the map's table (`U64Map.slots`, room reserved) unless its hash is there already,
+    when it is a younger copy of the block the table gives (chained, aliased, unnamed in bh64). How
+    many were inserted; -1, with nothing changed, if a hash is 0 (the map keeps that one aside)."""
+    for i in range(len(h64)):
+        if h64[i] == 0:
+            return -1
+    new = 0
+    for i in range(len(seg)):
+        b = seg[i]
+        k = h64[i]
+        bkey[b] = k
+        hashed[b] = True
+        at = find(mkeys, k, shift, mask)
+        if at < 0:
+            mkeys[-1 - at] = k
+            mvals[-1 - at] = b
+            bh64[b] = k
+            new += 1
+            continue
+        p = mvals[at]
+        if p == b:
+            bh64[b] = k
+            continue
+        t = ctail[p]  # a copy: to the tail of its hash's chain
+        if t < 0:
+            t = p
+        cnext[t] = b
+        cprev[b] = t
+        cnext[b] = -1
+        ctail[p] = b
+        alias[b] = p
+        bh64[b] = 0  # the mirror names the block the map gives
+    return new
