@@ -10,6 +10,7 @@ as `HybridKVCacheCoordinator.find_longest_cache_hit` does.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from operator import indexOf
 
 from agentkv.kv.hashmap import find_run
 
@@ -82,6 +83,13 @@ def sliding_hit(cached: dict, hashes: Sequence[int], limit: int, window: int, bl
     need = window_blocks(window, block_size)
     if need == 0:
         return limit
+    if need == 1:  # (a window within one block: the rightmost cached block ends the hit; C-level scan)
+        if limit <= 0:
+            return 0
+        try:
+            return limit - indexOf(map(cached.__contains__, hashes[limit - 1 :: -1]), True)
+        except ValueError:
+            return 0
     end = limit - 1  # candidate last block of the run; probe its first block, then the rest
     while end - need + 1 >= 0:
         if hashes[end - need + 1] not in cached:
