@@ -66,8 +66,8 @@ class GroupBlocks:
         # group 0: a recomputed copy -> the block holding its hash then (maybe stale: read via the mirror)
         self.alias = np.full(n, NULL, dtype=np.int64)
         # group 0's younger copies while its map is a U64Map (`dups[0]` stays empty): chains over block
-        # ids, kept by compiled loops (a recomputed prefix makes thousands: a third of the evictions of
-        # a DeepSeek-V4-Pro run). cnext: the next younger copy; cprev: the next older (-1 at the map's
+        # ids, kept by compiled loops (a recomputed prefix makes thousands: 16% of the blocks a
+        # DeepSeek-V4-Pro run evicts). cnext: the next younger copy; cprev: the next older (-1 at the map's
         # block); ctail: the map's block's youngest copy (-1: none); all -1 on a block outside a chain
         self.cnext = np.full(n, NULL, dtype=np.int64)
         self.cprev = np.full(n, NULL, dtype=np.int64)

@@ -1,12 +1,12 @@
 """The pools' per-block loops, compiled (numba), where a step's many small numpy calls cost more
 than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
-hybrid pool's by bytes), each reading a chunk only as far as its last victim; and the hybrid pool's
-takes (marking fresh blocks) and frees (dropping references; cutting the blocks a window has passed
-out of a table and freeing them in the same pass), and its group 0's chains of copies of a hash (`chain_add`, `chain_drop`); and the
-dense pool's frees and admission checks (a long context's table, thousands
-of blocks, in one pass instead of several numpy gathers and masks). Reached through
-`eviction.base.stamp_loops()`; numba loads them when a dense pool is made, else at the first pop or
-free."""
+hybrid pool's by bytes), each reading a chunk only as far as its last victim; the hybrid pool's takes
+(marking fresh blocks), frees (dropping references; a window's passed blocks cut from the table and
+freed in the same pass), and group 0's caching and chains of copies of a hash (`cache_run`,
+`chain_add`, `chain_drop`, writing the `U64Map`'s table in place); and the dense pool's frees and
+admission checks (a long context's table, thousands of blocks, in one pass instead of several numpy
+gathers and masks). Reached through `eviction.base.stamp_loops()`, which loads them when a pool is
+made."""
 
 from __future__ import annotations
 
