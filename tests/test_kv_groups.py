@@ -480,6 +480,37 @@ def test_a_recomputed_block_is_another_copy_that_outlives_the_first():
 
 
 @pytest.mark.parametrize("events", [True, False])
+def test_three_copies_of_a_prompt_hand_each_hash_to_the_oldest_left_as_they_are_evicted(events):
+    """Three requests compute one prompt from scratch: the map gives the first one's blocks, the
+    others are its copies, oldest first. Evicting them block by block (a growing request's decode),
+    each hash always answers from its oldest surviving copy, and the rest stay its copies."""
+    specs = [GroupSpec("full", 10, event_kind="full_attention"), GroupSpec("sliding", 10, 8)]
+    pool = HybridPool(specs, 300, BS, record_events=events)
+    owners = []
+    for rid in "abc":
+        r = req(rid, 5)
+        assert pool.allocate_slots(r, 20)
+        owners.append(pool.block_table(rid).tolist())
+        pool.free(rid)
+    hashes = req("x", 5).block_hashes
+    assert pool.group_copies(0) == {h: [owners[1][i], owners[2][i]] for i, h in enumerate(hashes)}
+    d = req("d", 40, base=9000)
+    done = 0
+    while any(h in pool.cached_maps[0] for h in hashes):
+        assert pool.allocate_slots(d, BS, done)
+        done += BS
+        for i, h in enumerate(hashes):
+            alive = [o[i] for o in owners if pool.hash_of(o[i]) == h and pool.bgroup[o[i]] == 0]
+            if alive:
+                assert pool.cached_maps[0][h] == alive[0]
+                assert pool.group_copies(0).get(h, []) == alive[1:]
+            else:
+                assert h not in pool.cached_maps[0] and h not in pool.group_copies(0)
+        pool.check_invariants()
+    assert pool.stats.evicted >= 15 and not pool.group_copies(0)  # every copy went as d grew
+
+
+@pytest.mark.parametrize("events", [True, False])
 def test_both_copies_of_a_hash_evicted_in_one_batch_leave_no_trace(events):
     """The older copy goes first and promotes the younger, which the same eviction then takes: the
     hash leaves the map, its copies list and group 0's uint64 mirror (the hint checks' table)."""
