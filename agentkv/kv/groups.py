@@ -294,7 +294,15 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
     def surely_fits(self, grows: list[tuple[KVRequest, int]]) -> bool:
         """Whether running requests growing in turn to these token totals all get their blocks
         (counting none that a window or state frees first: the answer may be a false no)."""
-        need = sum(self.blocks_bytes(self.new_blocks(req, total)) for req, total in grows)
+        if self.has_state:
+            need = sum(self.blocks_bytes(self.new_blocks(req, total)) for req, total in grows)
+            return need <= self.available_bytes
+        bs, tables, costs, need = self.block_size, self.tables, self.group_bytes, 0
+        for req, total in grows:  # (`new_blocks` inline: every step of a decode burst asks)
+            n_tok = -(-total // bs)
+            for t, c in zip(tables[req.request_id], costs, strict=True):
+                if n_tok > len(t):
+                    need += (n_tok - len(t)) * c
         return need <= self.available_bytes
 
     def _admit(
