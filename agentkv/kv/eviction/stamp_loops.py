@@ -65,23 +65,29 @@ def mark_taken(arr, counts, costs, ref, hashed, group, cost):
 
 
 @numba.njit(cache=True, nogil=True)
+def _unref(b, ref, hashed, cost, cached, nc, empty, ne):
+    """Drop one reference to block b: at zero it goes to cached[nc] (holding a hash) or empty[ne];
+    (the new nc and ne, its bytes by cost gone to each)."""
+    ref[b] -= 1
+    if ref[b] == 0:
+        if hashed[b]:
+            cached[nc] = b
+            return nc + 1, ne, cost[b], 0
+        empty[ne] = b
+        return nc, ne + 1, 0, cost[b]
+    return nc, ne, 0, 0
+
+
+@numba.njit(cache=True, nogil=True)
 def unpin(arr, ref, hashed, cost, cached, empty):
     """Drop one reference to each block of arr (no block twice), in order: those reaching zero go to
     `cached` (holding a hash) or `empty`; (how many of each, and their bytes by `cost`)."""
     nc = ne = 0
     cb = eb = 0
     for i in range(len(arr)):
-        b = arr[i]
-        ref[b] -= 1
-        if ref[b] == 0:
-            if hashed[b]:
-                cached[nc] = b
-                nc += 1
-                cb += cost[b]
-            else:
-                empty[ne] = b
-                ne += 1
-                eb += cost[b]
+        nc, ne, c, e = _unref(arr[i], ref, hashed, cost, cached, nc, empty, ne)
+        cb += c
+        eb += e
     return nc, ne, cb, eb
 
 
@@ -96,16 +102,9 @@ def cut_free(t, lo, hi, ref, hashed, cost, cached, nc, ids, n_ids):
         b = t[i]
         if b >= 0:
             t[i] = -1
-            ref[b] -= 1
-            if ref[b] == 0:
-                if hashed[b]:
-                    cached[nc] = b
-                    nc += 1
-                    cb += cost[b]
-                else:
-                    ids[n_ids] = b
-                    n_ids += 1
-                    eb += cost[b]
+            nc, n_ids, c, e = _unref(b, ref, hashed, cost, cached, nc, ids, n_ids)
+            cb += c
+            eb += e
     return nc, n_ids, cb, eb
 
 
@@ -141,20 +140,24 @@ def unheld(blocks, ref, out):
 
 
 @numba.njit(cache=True, nogil=True)
+def _chain(b, p, cnext, cprev, ctail):
+    """Block b, a younger copy of the hash whose oldest copy (the map's block) is p, to the tail of
+    that hash's chain: cnext the next younger copy, cprev the next older, ctail a head's youngest."""
+    t = ctail[p]
+    if t < 0:
+        t = p
+    cnext[t] = b
+    cprev[b] = t
+    cnext[b] = -1
+    ctail[p] = b
+
+
+@numba.njit(cache=True, nogil=True)
 def chain_add(blocks, heads, cnext, cprev, ctail):
-    """Append each of blocks, a younger copy of the hash whose oldest copy (the map's block) is
-    heads[i], to that hash's chain: cnext the next younger copy, cprev the next older, ctail a head's
-    youngest (-1: none)."""
+    """Each of blocks, a younger copy of the hash heads[i] holds (the map's block), to its chain
+    (`_chain`)."""
     for i in range(len(blocks)):
-        b = blocks[i]
-        p = heads[i]
-        t = ctail[p]
-        if t < 0:
-            t = p
-        cnext[t] = b
-        cprev[b] = t
-        cnext[b] = -1
-        ctail[p] = b
+        _chain(blocks[i], heads[i], cnext, cprev, ctail)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -228,13 +231,7 @@ def cache_run(seg, h64, mkeys, mvals, shift, mask, bkey, bh64, hashed, cnext, cp
         if p == b:
             bh64[b] = k
             continue
-        t = ctail[p]  # a copy: to the tail of its hash's chain
-        if t < 0:
-            t = p
-        cnext[t] = b
-        cprev[b] = t
-        cnext[b] = -1
-        ctail[p] = b
+        _chain(b, p, cnext, cprev, ctail)  # a copy: to the tail of its hash's chain
         alias[b] = p
         bh64[b] = 0  # the mirror names the block the map gives
     return new
