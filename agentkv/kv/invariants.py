@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from agentkv.kv.u64map import U64Map
+
 if TYPE_CHECKING:
     from agentkv.kv.pool import BlockPool
 
@@ -121,7 +123,7 @@ def check_hybrid(pool) -> None:
 def _check_chains(pool) -> None:
     """Group 0's copy chains (while its map is a U64Map): each links both ways from the map's block
     to its tail, holds only cached blocks, and no other block is linked."""
-    chained = pool.group_copies(0) if type(pool.cached_maps[0]) is not dict else {}
+    chained = pool.group_copies(0) if type(pool.cached_maps[0]) is U64Map else {}  # (else none linked)
     linked = 0
     for h, bs in chained.items():
         head = pool.cached_maps[0][h]
