@@ -29,7 +29,7 @@ import numpy as np
 from agentkv.kv import group_rules as R
 from agentkv.kv.events import EventLog, KVEvent
 from agentkv.kv.eviction import make_policy
-from agentkv.kv.eviction.base import Evictor, stamp_loops
+from agentkv.kv.eviction.base import Evictor, warm_hybrid_loops
 from agentkv.kv.group_state import GroupBlocks
 from agentkv.kv.group_tiers import GroupHooks, GroupLower, PolicyQueue
 from agentkv.kv.hashmap import find_run, prefix_len
@@ -112,7 +112,7 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         self.last_promote_s = 0.0
         self._setup_events(on_event, record_events)
         self._reset_blocks()
-        stamp_loops()  # the compiled block loops, loaded now (not at a served request's first step)
+        warm_hybrid_loops()  # the compiled block loops, loaded now (not at a served request's first step)
 
     def _reset_blocks(self) -> None:
         """Empty block bookkeeping, its LRU replaced by the policy when one is set."""

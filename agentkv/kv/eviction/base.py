@@ -92,10 +92,16 @@ class Evictor:
 
 
 _SL = None  # agentkv.kv.eviction.stamp_loops, imported at first use (numba loads it then)
+_HYBRID_WARM = False  # the hybrid pool's loops loaded (`warm_hybrid_loops`)
 
 
-def _warm_hybrid(loops) -> None:
-    """The hybrid pool's loops, each called once on empty input (numba loads each at its first call)."""
+def warm_hybrid_loops():
+    """`stamp_loops()`, with the hybrid pool's loops each called once on empty input (numba loads
+    each at its first call): a hybrid pool loads them when made, a dense one never."""
+    global _HYBRID_WARM
+    loops = stamp_loops()
+    if _HYBRID_WARM:
+        return loops
     i64, u64, no = np.zeros(0, np.int64), np.zeros(0, np.uint64), np.zeros(0, bool)
     keys, vals, shift = np.zeros(16, np.uint64), np.zeros(16, np.int64), np.uint64(60)
     loops.cut_free(i64, 0, 0, np.zeros(0, np.int32), no, i64, i64, 0, i64, 0)
@@ -105,6 +111,8 @@ def _warm_hybrid(loops) -> None:
     loops.take_bytes(i64, i64, i64, i64, 0, i64)
     loops.mark_taken(i64, i64, i64, np.zeros(0, np.int32), no, np.zeros(0, np.int16), i64)
     loops.unpin(i64, np.zeros(0, np.int32), no, i64, i64, i64)
+    _HYBRID_WARM = True
+    return loops
 
 
 def stamp_loops():
@@ -118,7 +126,6 @@ def stamp_loops():
         blocks, ref, out = np.arange(2, dtype=np.int64), np.ones(2, dtype=np.int32), np.empty(2, np.int64)
         loops.release(blocks, 1, ref, out, out[1:])
         loops.unheld(blocks, ref, out)
-        _warm_hybrid(loops)
         _SL = loops
     return _SL
 

@@ -6,7 +6,7 @@ freed in the same pass), and group 0's caching and chains of copies of a hash (`
 `chain_add`, `chain_drop`, writing the `U64Map`'s table in place); and the dense pool's frees and
 admission checks (a long context's table, thousands of blocks, in one pass instead of several numpy
 gathers and masks). Reached through `eviction.base.stamp_loops()`, which loads them when a pool is
-made."""
+made (the hybrid pool's own through `warm_hybrid_loops()`, when a hybrid pool is made)."""
 
 from __future__ import annotations
 
