@@ -391,9 +391,7 @@ class GroupBlocks:
             new = stamp_loops().cache_run(seg, h64, mkeys, mvals, shift, mask, *marks)
             if new >= 0:
                 d.live_changed(new)
-                self._store(
-                    g, None, None, hashes, lo, full, req.token_ids, keep is None, True, seg, h64, True
-                )
+                self._announce(g, None, None, hashes, lo, full, req.token_ids, keep is None, seg, h64)
                 return
             got = d.setdefault_many(h64, seg)  # a hash of 0 (the map keeps it aside): in steps
             self._store(g, None, None, hashes, lo, full, req.token_ids, keep is None, True, seg, h64)
@@ -438,14 +436,16 @@ class GroupBlocks:
         inserted=False,
         idx=None,
         h64=None,
-        marked=False,
     ) -> None:
         """Record cached blocks: `hs` and `blocks` as lists, or (`hs`, `blocks` None) `idx` and `h64`
-        as arrays, whose lists are made only for the hooks and events; `marked`: their hashes and
-        flags are written already (`stamp_loops.cache_run`), only counted and announced here."""
+        as arrays, whose lists are made only for the hooks and events (`_mark`, then `_announce`)."""
         idx = blocks if idx is None else idx
-        if not marked:
-            self._mark(g, hs, blocks, idx, h64, inserted)
+        self._mark(g, hs, blocks, idx, h64, inserted)
+        self._announce(g, hs, blocks, hashes, lo, hi, token_ids, whole, idx, h64)
+
+    def _announce(self, g, hs, blocks, hashes, lo, hi, token_ids, whole, idx, h64) -> None:
+        """`_store`'s counting and telling (hooks, events) of blocks whose hashes and flags are
+        written (by `_mark`, or by `stamp_loops.cache_run` in its pass)."""
         self.stats.stored += len(idx)
         if self.hooks is None and self._emit is None:
             return
