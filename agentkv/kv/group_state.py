@@ -399,8 +399,7 @@ class GroupBlocks:
             if np.count_nonzero(copy):
                 blocks, first = seg[copy], got[copy]
                 stamp_loops().chain_add(blocks, first, self.cnext, self.cprev, self.ctail)
-                self.alias[blocks] = first
-                self.bh64[blocks] = 0  # the mirror names the block the map gives
+                self._name_copies(blocks, first)
             return
         if keep is not None:
             hs = h64.tolist() if h64 is not None else list(compress(hashes[lo:full], keep.tolist()))
@@ -420,8 +419,14 @@ class GroupBlocks:
         each is another copy of its hash (`dups`); group 0's mirror and aliases name them."""
         add_copies(self.dups[g], hs, bl, got)
         if g == 0:
-            self.alias[seg[copy]] = first[copy]
-            self.bh64[seg[copy]] = 0  # the mirror names the block the map gives
+            self._name_copies(seg[copy], first[copy])
+
+    def _name_copies(self, blocks: np.ndarray, first: np.ndarray) -> None:
+        """Group 0's copies `blocks` of the blocks `first` the map gives for their hashes: each aliased
+        to its first, its mirror entry 0 (the mirror names the block the map gives; `cache_run` writes
+        the same in its pass)."""
+        self.alias[blocks] = first
+        self.bh64[blocks] = 0
 
     def _store(
         self,
