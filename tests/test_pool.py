@@ -152,6 +152,50 @@ def test_allocation_fails_cleanly_when_full() -> None:
     pool.check_invariants()
 
 
+def test_a_retried_admission_counts_its_free_hits_again_after_a_free_or_an_admission() -> None:
+    """A refused queue head asks again with the same lookup: its cached hits that nobody holds (they
+    leave the free queue when it is admitted) are counted anew once a request frees or takes them."""
+    pool = BlockPool(16, 16)
+    run(pool, "a", chain(1, 4), 64)  # the head's 4-block prefix, held by "a"
+    head = PoolRequest("h", chain(1, 4) + chain(2, 6))
+    computed = pool.get_computed_blocks(head.block_hashes, 10 * 16)
+    assert computed.num_blocks == 4
+    need, free_hits = pool.admission_blocks(head, 64, 6 * 16, computed)
+    assert need == 6 and len(free_hits) == 0  # held: shared, not taken from the free queue
+    assert pool.admission_blocks(head, 64, 6 * 16, computed)[0] == 6  # (a retry, unchanged)
+    pool.free("a")  # the prefix is free (cached, in the LRU): admitting the head takes it too
+    need, free_hits = pool.admission_blocks(head, 64, 6 * 16, computed)
+    assert need == 10 and sorted(free_hits.tolist()) == sorted(computed.blocks[:4])
+    c = PoolRequest("c", chain(1, 4) + chain(3, 1))  # holds the prefix again, found by the pool
+    assert pool.allocate_slots(c, 16, 64)  # (no lookup passed: the head's check stays the last one)
+    assert pool.admission_blocks(head, 64, 6 * 16, computed)[0] == 6
+    assert pool.allocate_slots(head, 6 * 16, 64, computed)
+    assert pool.num_free_blocks == 16 - 4 - 1 - 6
+    pool.check_invariants()
+
+
+def test_a_retried_admission_after_an_eviction_takes_the_copy_that_answers_for_an_evicted_hit() -> None:
+    """The same lookup asked again after an eviction: a hit block evicted whose hash has another
+    copy is found in that copy, and the copy is what the admission takes from the free queue."""
+    pool = BlockPool(7, 4)
+    prompt = chain(1, 4)
+    run(pool, "r0", prompt, 16)
+    b = pool.request_blocks("r0")
+    pool.free("r0")
+    run(pool, "r1", prompt, 16)  # a fully cached prompt: its last block computed again, a copy
+    copy = pool.request_blocks("r1")[3]
+    pool.free("r1")  # the LRU, oldest first: b[3], the copy, b[2], b[1], b[0]
+    run(pool, "x", chain(9, 2), 8)  # the two empty blocks
+    head = PoolRequest("h", prompt + chain(5, 2))
+    computed = pool.get_computed_blocks(head.block_hashes, 24)
+    need, free_hits = pool.admission_blocks(head, 16, 8, computed)
+    assert free_hits.tolist() == b and need == 6 > pool.num_free_blocks == 5
+    assert pool.allocate_slots(PoolRequest("x", chain(9, 2)), 4, 8)  # a block more: b[3] evicted
+    need, free_hits = pool.admission_blocks(head, 16, 8, computed)
+    assert free_hits.tolist() == b[:3] + [copy] and need == 6
+    pool.check_invariants()
+
+
 def test_lru_evicts_tail_first_and_oldest_request_first() -> None:
     pool = BlockPool(6, 4, "lru", record_events=True)
     a, b = chain(1, 3), chain(2, 3)

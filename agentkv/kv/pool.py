@@ -85,6 +85,10 @@ class BlockPool(PoolHashes, EventLog):
         self._req_hashed: dict[str, int] = {}  # leading blocks whose caching was decided
         self._req_session: dict[str, object] = {}
         self._epoch = 0  # moves on at each eviction and reset: older lookups' blocks may be gone
+        self._ref_moves = 0  # moves on at each free and admission: blocks' references changed
+        # the last admission check's (lookup, its hit count, epoch, ref moves, hits nobody holds): a
+        # refused queue head's retry reuses them while nothing was evicted, freed or admitted since
+        self._held: tuple | None = None
 
     # -- the scheduler's verbs -------------------------------------------------------------------
     def get_computed_blocks(
@@ -202,6 +206,7 @@ class BlockPool(PoolHashes, EventLog):
         if blocks is None:
             return
         self._req_buf.pop(request_id, None)
+        self._ref_moves += 1
         hashed = self._req_hashed.pop(request_id)
         session = self._req_session.pop(request_id)
         # the first `hashed` blocks are cached, the rest not; shared ones stay with their other users;
@@ -315,6 +320,7 @@ class BlockPool(PoolHashes, EventLog):
         if len(free_hits):
             self.policy.remove_many(self._ids(free_hits))
         ref[hit] += 1
+        self._ref_moves += 1
         blocks = np.concatenate((hit, self._take(need))) if need > 0 else hit.copy()  # tables never alias
         self._req_blocks[rid] = blocks
         self._req_hashed[rid] = nc
@@ -345,11 +351,23 @@ class BlockPool(PoolHashes, EventLog):
         """A first allocation of `total` tokens after `nc` hit blocks: the hit blocks, those of them no
         other request holds, and how many fresh blocks it takes."""
         hit = self._prefix_blocks(req, nc, computed)
+        need = _cdiv(total, self.block_size) - nc
         if not len(hit):
-            return hit, hit, _cdiv(total, self.block_size) - nc
+            return hit, hit, need
+        last = self._held
+        if (
+            last is not None
+            and last[0] is computed
+            and last[1] == nc
+            and last[2] == self._epoch
+            and last[3] == self._ref_moves
+        ):
+            return hit, last[4], need  # a retry: the same hits, none freed or taken since
         free_hits = np.empty(len(hit), dtype=np.int64)
-        n = stamp_loops().unheld(hit, self.ref, free_hits)
-        return hit, free_hits[:n], _cdiv(total, self.block_size) - nc
+        free_hits = free_hits[: stamp_loops().unheld(hit, self.ref, free_hits)]
+        if computed is not None:
+            self._held = (computed, nc, self._epoch, self._ref_moves, free_hits)
+        return hit, free_hits, need
 
     def _prefix_blocks(self, req: KVRequest, n: int, computed: ComputedBlocks | None) -> np.ndarray:
         """The cached blocks of the request's first `n` hashes: `computed`'s unless stale or short."""
