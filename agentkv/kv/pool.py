@@ -319,7 +319,7 @@ class BlockPool(PoolHashes, EventLog):
             self.stats.promote_s += self.last_promote_s
         if len(free_hits):
             self.policy.remove_many(self._ids(free_hits))
-        ref[hit] += 1
+        stamp_loops().pin(hit, ref)
         self._ref_moves += 1
         blocks = np.concatenate((hit, self._take(need))) if need > 0 else hit.copy()  # tables never alias
         self._req_blocks[rid] = blocks

@@ -126,6 +126,7 @@ def stamp_loops():
         blocks, ref, out = np.arange(2, dtype=np.int64), np.ones(2, dtype=np.int32), np.empty(2, np.int64)
         loops.release(blocks, 1, ref, out, out[1:])
         loops.unheld(blocks, ref, out)
+        loops.pin(blocks[:0], ref)
         _SL = loops
     return _SL
 

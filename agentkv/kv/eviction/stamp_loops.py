@@ -3,10 +3,11 @@ than the blocks they touch: victim pops from the stamped queues (the dense pool'
 hybrid pool's by bytes), each reading a chunk only as far as its last victim; the hybrid pool's takes
 (marking fresh blocks), frees (dropping references; a window's passed blocks cut from the table and
 freed in the same pass), and group 0's caching and chains of copies of a hash (`cache_run`,
-`chain_add`, `chain_drop`, writing the `U64Map`'s table in place); and the dense pool's frees and
-admission checks (a long context's table, thousands of blocks, in one pass instead of several numpy
-gathers and masks). Reached through `eviction.base.stamp_loops()`, which loads them when a pool is
-made (the hybrid pool's own through `warm_hybrid_loops()`, when a hybrid pool is made)."""
+`chain_add`, `chain_drop`, writing the `U64Map`'s table in place); and the dense pool's frees,
+admission checks and pins (a long context's table, thousands of blocks, in one pass instead of
+several numpy gathers and masks). Reached through `eviction.base.stamp_loops()`, which loads them
+when a pool is made (the hybrid pool's own through `warm_hybrid_loops()`, when a hybrid pool is
+made)."""
 
 from __future__ import annotations
 
@@ -137,6 +138,14 @@ def unheld(blocks, ref, out):
             out[n] = b
             n += 1
     return n
+
+
+@numba.njit(cache=True, nogil=True)
+def pin(blocks, ref):
+    """One more reference to each block (no block twice): an admission's shared hits, in one pass
+    where `ref[blocks] += 1` gathers and scatters through numpy's fancy indexing."""
+    for i in range(len(blocks)):
+        ref[blocks[i]] += 1
 
 
 @numba.njit(cache=True, nogil=True)
