@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 
 from agentkv.kv.events import BlockRemoved, BlockStored
+from agentkv.kv.eviction.base import stamp_loops
 from agentkv.kv.hashmap import add_copies, drop_copies
 from agentkv.kv.interface import KVRequest
 from agentkv.kv.u64map import as_keys
@@ -27,14 +28,22 @@ class PoolHashes:
     def _uncache(self, victims: np.ndarray) -> None:
         """Drop the hashes of evicted blocks, telling listeners and the lower tiers."""
         cached, dups, emit, lower = self.cached, self.dups, self._emit, self.lower
+        if self._obj is None and not dups and emit is None and lower is None:
+            # a U64Map, and nobody asks which hashes went: out of the table and unmarked in one
+            # compiled pass, no Python ints at all
+            mk, mv, shift, mask = cached.slots()
+            loops = stamp_loops()
+            gone, zero = loops.uncache_marks(victims, self._bh, self._has, self._hashed, mk, mv, shift, mask)
+            cached.live_changed(-gone)
+            if zero and 0 in cached:  # (hash 0 lives beside the table)
+                del cached[0]
+            self._epoch += 1  # earlier lookups may name these blocks
+            self.stats.evicted += len(victims)
+            return
         if self._obj is None:  # a U64Map: the mirror holds the keys
             keys = self._bh[victims]
-            if dups or emit is not None or lower is not None:
-                hashes = keys.tolist()  # (Python ints: the values the requests gave)
-                gone = drop_copies(cached, dups, self._has, victims, hashes, keys)
-            else:  # nobody asks which hashes went: no Python ints at all
-                cached.delete_many(keys)
-                hashes = gone = ()
+            hashes = keys.tolist()  # (Python ints: the values the requests gave)
+            gone = drop_copies(cached, dups, self._has, victims, hashes, keys)
         else:
             hashes = self._obj[victims].tolist()
             gone = drop_copies(cached, dups, self._has, victims, hashes)
@@ -63,21 +72,37 @@ class PoolHashes:
             if keys is None:
                 self._to_dict()  # hashes outside uint64: a dict map, plain lookups only
         cached = self.cached
-        if keys is not None:  # (a U64Map) inserts only absent hashes
-            got = cached.setdefault_many(keys, idx)
-            primary = True
-            if np.count_nonzero(got != idx):  # (count_nonzero: cheaper than .all() on short arrays)
-                seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
-                primary = add_copies(self.dups, seg_hashes, seg_blocks, got.tolist())
-            self._bh[idx] = keys
-            self._has[idx] = primary
+        done = False
+        if keys is not None:  # (a U64Map) inserts only absent hashes, marks all in one compiled pass
+            cached.reserve(len(idx))
+            mk, mv, shift, mask = cached.slots()
+            got = np.empty(len(idx), dtype=np.int64)
+            loops = stamp_loops()
+            new, copies = loops.cache_marks(
+                idx, keys, mk, mv, shift, mask, got, self._bh, self._has, self._hashed
+            )
+            if new >= 0:
+                done = True
+                cached.live_changed(new)
+                if copies:
+                    seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
+                    add_copies(self.dups, seg_hashes, seg_blocks, got.tolist())
+            else:  # a hash of 0 (the map keeps it aside): in steps
+                got = cached.setdefault_many(keys, idx)
+                primary = True
+                if np.count_nonzero(got != idx):  # (count_nonzero: cheaper than .all() on short arrays)
+                    seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
+                    primary = add_copies(self.dups, seg_hashes, seg_blocks, got.tolist())
+                self._bh[idx] = keys
+                self._has[idx] = primary
         else:
             seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
             got = list(map(cached.setdefault, seg_hashes, seg_blocks))
             self._obj[idx] = np.fromiter(seg_hashes, dtype=object, count=len(seg_hashes))
             if got != seg_blocks:
                 add_copies(self.dups, seg_hashes, seg_blocks, got)
-        self._hashed[idx] = True
+        if not done:
+            self._hashed[idx] = True
         if self._on_cached is not None:
             parent = cached.get(block_hashes[lo - 1]) if lo else None
             self._on_cached(idx.tolist() if seg_blocks is None else seg_blocks, lo, parent, block_hashes)

@@ -127,6 +127,10 @@ def stamp_loops():
         loops.release(blocks, 1, ref, out, out[1:])
         loops.unheld(blocks, ref, out)
         loops.pin(blocks[:0], ref)
+        i64, u64, no = blocks[:0], np.zeros(0, np.uint64), np.zeros(0, bool)
+        keys, vals, shift = np.zeros(16, np.uint64), np.zeros(16, np.int64), np.uint64(60)
+        loops.cache_marks(i64, u64, keys, vals, shift, 15, i64, u64, no, no)
+        loops.uncache_marks(i64, u64, no, no, keys, vals, shift, 15)
         _SL = loops
     return _SL
 

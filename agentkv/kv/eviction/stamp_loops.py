@@ -244,3 +244,56 @@ def cache_run(seg, h64, mkeys, mvals, shift, mask, bkey, bh64, hashed, cnext, cp
         alias[b] = p
         bh64[b] = 0  # the mirror names the block the map gives
     return new
+
+
+@numba.njit(cache=True, nogil=True)
+def cache_marks(idx, keys, mkeys, mvals, shift, mask, got, bh, has, hashed):
+    """The dense pool's caching of blocks idx under hashes keys in order: each inserted into the map's
+    table (`U64Map.slots`, room reserved) unless its hash is there already, `got` the block the
+    table gives; each marked hashed with its key, and named (`has`) where it is that block. (How
+    many were inserted, how many are copies); (-1, 0), nothing changed, if a hash is 0 (the map
+    keeps that one aside)."""
+    for i in range(len(keys)):
+        if keys[i] == 0:
+            return -1, 0
+    new = copies = 0
+    for i in range(len(idx)):
+        b = idx[i]
+        k = keys[i]
+        at = find(mkeys, k, shift, mask)
+        if at < 0:
+            mkeys[-1 - at] = k
+            mvals[-1 - at] = b
+            got[i] = b
+            has[b] = True
+            new += 1
+        else:
+            p = mvals[at]
+            got[i] = p
+            has[b] = p == b
+            if p != b:
+                copies += 1
+        bh[b] = k
+        hashed[b] = True
+    return new, copies
+
+
+@numba.njit(cache=True, nogil=True)
+def uncache_marks(victims, bh, has, hashed, mkeys, mvals, shift, mask):
+    """The dense pool's evicted blocks (none a copy of another) out of the map's table and unmarked;
+    (how many keys left the table, whether a hash was 0: the map keeps that one aside)."""
+    gone = 0
+    zero = False
+    for i in range(len(victims)):
+        v = victims[i]
+        k = bh[v]
+        if k == 0:
+            zero = True
+        else:
+            at = find(mkeys, k, shift, mask)
+            if at >= 0:
+                _free(mkeys, mvals, at, shift, mask)
+                gone += 1
+        has[v] = False
+        hashed[v] = False
+    return gone, zero
