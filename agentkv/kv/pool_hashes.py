@@ -1,7 +1,9 @@
 """`BlockPool`'s hash bookkeeping: full blocks get their hashes (cached, announced, told to the
-policy and the lower tiers) and evicted blocks lose them. The hash -> block map takes a batch's
-uint64 hashes in one compiled loop (`U64Map`; a dict, one hash at a time through C-level `map`,
-once a hash outside uint64 arrives); the block -> hash tables are arrays updated in bulk."""
+policy and the lower tiers) and evicted blocks lose them. While the hash -> block map is a
+`U64Map`, a batch's uint64 hashes go into its table and onto the block -> hash arrays in one
+compiled pass (`stamp_loops.cache_marks`; an eviction nobody listens to, `uncache_marks`); once a
+hash outside uint64 arrives it is a dict, one hash at a time through C-level `map`, and the arrays
+are updated in bulk."""
 
 from __future__ import annotations
 
@@ -72,7 +74,6 @@ class PoolHashes:
             if keys is None:
                 self._to_dict()  # hashes outside uint64: a dict map, plain lookups only
         cached = self.cached
-        done = False
         if keys is not None:  # (a U64Map) inserts only absent hashes, marks all in one compiled pass
             cached.reserve(len(idx))
             mk, mv, shift, mask = cached.slots()
@@ -82,7 +83,6 @@ class PoolHashes:
                 idx, keys, mk, mv, shift, mask, got, self._bh, self._has, self._hashed
             )
             if new >= 0:
-                done = True
                 cached.live_changed(new)
                 if copies:
                     seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
@@ -95,13 +95,13 @@ class PoolHashes:
                     primary = add_copies(self.dups, seg_hashes, seg_blocks, got.tolist())
                 self._bh[idx] = keys
                 self._has[idx] = primary
+                self._hashed[idx] = True
         else:
             seg_blocks, seg_hashes = idx.tolist(), _as_list(block_hashes[lo:hi])
             got = list(map(cached.setdefault, seg_hashes, seg_blocks))
             self._obj[idx] = np.fromiter(seg_hashes, dtype=object, count=len(seg_hashes))
             if got != seg_blocks:
                 add_copies(self.dups, seg_hashes, seg_blocks, got)
-        if not done:
             self._hashed[idx] = True
         if self._on_cached is not None:
             parent = cached.get(block_hashes[lo - 1]) if lo else None
