@@ -28,6 +28,18 @@ def find(keys, k, shift, mask):
 
 
 @numba.njit(cache=True, nogil=True)
+def put(keys, vals, k, v, shift, mask):
+    """dict.setdefault(k, v) on the table (k not the empty mark, room made): the value k maps to
+    afterwards, and whether it was inserted."""
+    at = find(keys, k, shift, mask)
+    if at >= 0:
+        return vals[at], False
+    keys[-1 - at] = k
+    vals[-1 - at] = v
+    return v, True
+
+
+@numba.njit(cache=True, nogil=True)
 def setdefault_many(keys, vals, ks, bs, shift, mask, out):
     """out[i]: the value ks[i] maps to after inserting (ks[i], bs[i]) unless present (-1 for the
     empty mark 0, left to the caller); (new keys, marks met)."""
@@ -38,14 +50,8 @@ def setdefault_many(keys, vals, ks, bs, shift, mask, out):
             out[i] = -1
             marks += 1
             continue
-        at = find(keys, k, shift, mask)
-        if at >= 0:
-            out[i] = vals[at]
-        else:
-            keys[-1 - at] = k
-            vals[-1 - at] = bs[i]
-            out[i] = bs[i]
-            new += 1
+        out[i], added = put(keys, vals, k, bs[i], shift, mask)
+        new += added
     return new, marks
 
 
@@ -68,15 +74,22 @@ def _free(keys, vals, i, shift, mask):
 
 
 @numba.njit(cache=True, nogil=True)
+def drop(keys, vals, k, shift, mask):
+    """Delete k from the table if present (k not the empty mark); whether it was."""
+    at = find(keys, k, shift, mask)
+    if at < 0:
+        return False
+    _free(keys, vals, at, shift, mask)
+    return True
+
+
+@numba.njit(cache=True, nogil=True)
 def delete_many(keys, vals, ks, shift, mask):
     """Delete each present key (the empty mark 0 is skipped); how many were."""
     gone = 0
     for i in range(len(ks)):
         if ks[i] != EMPTY:
-            at = find(keys, ks[i], shift, mask)
-            if at >= 0:
-                _free(keys, vals, at, shift, mask)
-                gone += 1
+            gone += drop(keys, vals, ks[i], shift, mask)
     return gone
 
 

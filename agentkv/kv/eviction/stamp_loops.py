@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import numba
 
-from agentkv.kv.u64map_loops import _free, find
+from agentkv.kv.u64map_loops import _free, drop, find, put
 
 
 @numba.njit(cache=True, nogil=True)
@@ -229,14 +229,8 @@ def cache_run(seg, h64, mkeys, mvals, shift, mask, bkey, bh64, hashed, cnext, cp
         k = h64[i]
         bkey[b] = k
         hashed[b] = True
-        at = find(mkeys, k, shift, mask)
-        if at < 0:
-            mkeys[-1 - at] = k
-            mvals[-1 - at] = b
-            bh64[b] = k
-            new += 1
-            continue
-        p = mvals[at]
+        p, added = put(mkeys, mvals, k, b, shift, mask)
+        new += added
         if p == b:
             bh64[b] = k
             continue
@@ -260,19 +254,11 @@ def cache_marks(idx, keys, mkeys, mvals, shift, mask, got, bh, has, hashed):
     for i in range(len(idx)):
         b = idx[i]
         k = keys[i]
-        at = find(mkeys, k, shift, mask)
-        if at < 0:
-            mkeys[-1 - at] = k
-            mvals[-1 - at] = b
-            got[i] = b
-            has[b] = True
-            new += 1
-        else:
-            p = mvals[at]
-            got[i] = p
-            has[b] = p == b
-            if p != b:
-                copies += 1
+        p, added = put(mkeys, mvals, k, b, shift, mask)
+        new += added
+        got[i] = p
+        has[b] = p == b
+        copies += p != b
         bh[b] = k
         hashed[b] = True
     return new, copies
@@ -290,10 +276,7 @@ def uncache_marks(victims, bh, has, hashed, mkeys, mvals, shift, mask):
         if k == 0:
             zero = True
         else:
-            at = find(mkeys, k, shift, mask)
-            if at >= 0:
-                _free(mkeys, mvals, at, shift, mask)
-                gone += 1
+            gone += drop(mkeys, mvals, k, shift, mask)
         has[v] = False
         hashed[v] = False
     return gone, zero
