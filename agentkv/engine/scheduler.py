@@ -141,13 +141,8 @@ class Scheduler:
         empty = pool.num_empty_blocks
         if want <= empty or not len(free_hits):
             return pool.num_free_blocks if not len(free_hits) else empty
-        order = pool.policy.next_victims(want - empty)
-        if order is None:
-            return empty
-        mark = np.zeros(pool.num_blocks, bool)  # a mask, not np.isin: no sort of a long victim run
-        mark[free_hits] = True
-        hits = mark[order]
-        return empty + (int(hits.argmax()) if hits.any() else len(order))
+        room = pool.policy.room_before(free_hits, want - empty)
+        return empty if room is None else empty + room
 
     def _aligned(self, req: EngineRequest, n: int, computed: int) -> int:
         """A prefill chunk cut where a state is saved (`group_rules.chunk_stop`; 0: none fits)."""

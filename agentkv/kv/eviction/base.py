@@ -59,6 +59,17 @@ class Evictor:
         where the policy cannot tell ahead (the caller then assumes any block may go)."""
         return None
 
+    def room_before(self, blocks: np.ndarray, n: int) -> int | None:
+        """How many of the next `n` victims come before the first of `blocks` (free blocks someone
+        waits for) would go; None where the policy cannot tell ahead (`next_victims`)."""
+        order = self.next_victims(n)
+        if order is None:
+            return None
+        mark = np.zeros(self.pool.num_blocks, bool)  # a mask, not np.isin: no sort of a long victim run
+        mark[blocks] = True
+        hits = mark[order]
+        return int(hits.argmax()) if hits.any() else len(order)
+
     def check(self) -> None:
         """Assert internal consistency (tests)."""
 
@@ -126,6 +137,8 @@ def stamp_loops():
         blocks, ref, out = np.arange(2, dtype=np.int64), np.ones(2, dtype=np.int32), np.empty(2, np.int64)
         loops.release(blocks, 1, ref, out, out[1:])
         loops.unheld(blocks, ref, out)
+        loops.min_stamp(blocks, out)
+        loops.live_before(blocks, out, out, ref, 1, 1)
         loops.pin(blocks[:0], ref)
         i64, u64, no = blocks[:0], np.zeros(0, np.uint64), np.zeros(0, bool)
         keys, vals, shift = np.zeros(16, np.uint64), np.zeros(16, np.int64), np.uint64(60)
@@ -189,6 +202,18 @@ class ChunkQueue:
             if need <= 0:
                 break
         return np.concatenate(out) if out else np.zeros(0, dtype=np.int64)
+
+    def count_before(self, bound: int, need: int, stamp: np.ndarray, ref: np.ndarray) -> int:
+        """How many live entries (`pop`'s test) come before the first stamped `bound` or later, up to
+        `need`: the victims `pop` gives before that block (stamps ascend along the queue)."""
+        count = (_SL or stamp_loops()).live_before
+        got = 0
+        for bl, st in self.q:
+            n, stop = count(bl, st, stamp, ref, bound, need - got)
+            got += n
+            if stop:
+                break
+        return got
 
     def compact(self, live) -> None:
         """Drop the stale entries (one pass, in bulk)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from agentkv.kv.eviction.base import ChunkQueue, StampedEvictor
+from agentkv.kv.eviction.base import ChunkQueue, StampedEvictor, stamp_loops
 
 
 class LRU(StampedEvictor):
@@ -37,6 +37,14 @@ class LRU(StampedEvictor):
 
     def next_victims(self, n: int) -> np.ndarray:
         return self._q.peek(n, self._live)
+
+    def room_before(self, blocks: np.ndarray, n: int) -> int:
+        """The queue's order is its stamps' (each free stamps anew from a rising clock), so the first
+        of `blocks` to go is their oldest stamp: count the live entries before it, nothing copied."""
+        if n <= 0 or not len(blocks):
+            return max(0, min(n, self._n))
+        oldest = stamp_loops().min_stamp(blocks, self._stamp)
+        return self._q.count_before(oldest, n, self._stamp, self.pool.ref)
 
     def check(self) -> None:
         assert len(self.blocks()) == self._n

@@ -1,6 +1,7 @@
 """The pools' per-block loops, compiled (numba), where a step's many small numpy calls cost more
 than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
-hybrid pool's by bytes), each reading a chunk only as far as its last victim; the hybrid pool's takes
+hybrid pool's by bytes), each reading a chunk only as far as its last victim, and the LRU's look
+ahead (how many victims come before a block a waiting request needs); the hybrid pool's takes
 (marking fresh blocks), frees (dropping references; a window's passed blocks cut from the table and
 freed in the same pass), and group 0's caching and chains of copies of a hash (`cache_run`,
 `chain_add`, `chain_drop`, writing the `U64Map`'s table in place); and the dense pool's frees,
@@ -29,6 +30,33 @@ def take_live(bl, st, stamp, ref, need, out):
             if n == need:
                 return n, i + 1
     return n, len(bl)
+
+
+@numba.njit(cache=True, nogil=True)
+def min_stamp(blocks, stamp):
+    """The oldest (least) stamp of `blocks` (free ones: stamped); the int64 maximum for none."""
+    m = 9223372036854775807
+    for i in range(len(blocks)):
+        s = stamp[blocks[i]]
+        if s < m:
+            m = s
+    return m
+
+
+@numba.njit(cache=True, nogil=True)
+def live_before(bl, st, stamp, ref, bound, need):
+    """How many live entries of the chunk (bl, st) come before the first stamped `bound` or later,
+    up to `need`; and whether the count stops in this chunk (a stamped queue's stamps ascend)."""
+    n = 0
+    for i in range(len(bl)):
+        if st[i] >= bound:
+            return n, True
+        b = bl[i]
+        if stamp[b] == st[i] and ref[b] == 0:
+            n += 1
+            if n == need:
+                return n, True
+    return n, False
 
 
 @numba.njit(cache=True, nogil=True)
