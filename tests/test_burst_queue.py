@@ -10,6 +10,7 @@ import pytest
 from agentkv.engine.config import EngineConfig
 from agentkv.engine.engine import Engine
 from agentkv.engine.scheduler import Scheduler
+from agentkv.kv.eviction.base import Evictor
 from agentkv.kv.eviction.lru import LRU
 from agentkv.kv.pool import BlockPool
 
@@ -75,6 +76,42 @@ def test_lru_look_ahead_names_the_victims_without_taking_them():
     assert ahead.tolist() == lru.pop_victims(25).tolist()
     assert lru.next_victims(10).tolist() == [7, 8, 9]  # fewer when fewer are left
     assert len(lru.next_victims(0)) == 0
+
+
+def test_lru_room_before_a_waiting_block_counts_the_victims_that_go_first():
+    """The LRU's compiled count equals the look-ahead's: the victims `pop_victims` gives before the
+    first of the given free blocks, up to `n`, past stale entries (hit, freed again) and chunk ends."""
+    rng = np.random.default_rng(3)
+    for trial in range(60):
+        pool = BlockPool(96, 16, "lru")
+        lru, ref = pool.policy, pool.ref
+        ref[:] = 1  # every block held; frees and hits below move them in and out of the queue
+        for _ in range(int(rng.integers(1, 8))):
+            held, free = np.flatnonzero(ref), np.flatnonzero(ref == 0)
+            if len(free) and rng.random() < 0.3:  # a hit: free blocks held again, entries stale
+                hit = rng.choice(free, size=int(rng.integers(1, len(free) + 1)), replace=False)
+                ref[hit] = 1
+                lru.remove_many(hit.astype(np.int64))
+            elif len(held):  # a request's free: a chunk, tail first
+                chunk = rng.choice(held, size=int(rng.integers(1, min(len(held), 30) + 1)), replace=False)
+                ref[chunk] = 0
+                lru.add_many(chunk.astype(np.int64))
+        free = np.flatnonzero(ref == 0)
+        waited = rng.choice(free, size=min(len(free), int(rng.integers(0, 4))), replace=False).astype(
+            np.int64
+        )
+        for n in (0, 1, 5, 40, 200):
+            order = lru.next_victims(n).tolist()
+            first = [i for i, b in enumerate(order) if b in set(waited.tolist())]
+            want = first[0] if first else len(order)
+            assert lru.room_before(waited, n) == want, (trial, n)
+            assert generic_room(lru, waited, n) == want  # the generic look-ahead agrees
+        assert lru.room_before(np.zeros(0, np.int64), 10**6) == len(lru) == len(free)  # none waited for
+
+
+def generic_room(lru: LRU, blocks: np.ndarray, n: int) -> int | None:
+    """The generic `Evictor.room_before` (a mask over the peeked victims), on the same LRU."""
+    return Evictor.room_before(lru, blocks, n)
 
 
 def test_burst_room_stops_before_the_first_cached_block_the_queue_head_needs(monkeypatch):
