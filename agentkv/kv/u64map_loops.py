@@ -12,30 +12,39 @@ import numpy as np
 
 EMPTY = np.uint64(0)  # the empty-slot mark: key 0 lives in the map's side dict
 MUL = np.uint64(0x9E3779B97F4A7C15)  # Fibonacci hashing: the top bits of key x MUL pick the slot
+ONE = np.uint64(1)
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def at(i):
+    """Index `i` (known not negative) as uint64: numba then leaves out its negative-index wraparound,
+    a third to a half of a table loop's instructions."""
+    return np.uint64(i)
 
 
 @numba.njit(cache=True, nogil=True)
 def find(keys, k, shift, mask):
     """The slot holding k, or -1 - (the empty slot that ended the probe: where an insert of k goes)."""
-    j = np.int64((k * MUL) >> shift)
+    j = (k * MUL) >> shift
+    m = np.uint64(mask)
     while True:
         kk = keys[j]
         if kk == k:
-            return j
+            return np.int64(j)
         if kk == EMPTY:
-            return -1 - j
-        j = (j + 1) & mask
+            return -1 - np.int64(j)
+        j = (j + ONE) & m
 
 
 @numba.njit(cache=True, nogil=True)
 def put(keys, vals, k, v, shift, mask):
     """dict.setdefault(k, v) on the table (k not the empty mark, room made): the value k maps to
     afterwards, and whether it was inserted."""
-    at = find(keys, k, shift, mask)
-    if at >= 0:
-        return vals[at], False
-    keys[-1 - at] = k
-    vals[-1 - at] = v
+    j = find(keys, k, shift, mask)
+    if j >= 0:
+        return vals[at(j)], False
+    keys[at(-1 - j)] = k
+    vals[at(-1 - j)] = v
     return v, True
 
 
@@ -58,13 +67,15 @@ def setdefault_many(keys, vals, ks, bs, shift, mask, out):
 @numba.njit(cache=True, nogil=True)
 def _free(keys, vals, i, shift, mask):
     """Empty slot i, moving back each later entry of its run whose probe would no longer reach it."""
+    i = at(i)
     j = i
+    m = np.uint64(mask)
     while True:
-        j = (j + 1) & mask
+        j = (j + ONE) & m
         kk = keys[j]
         if kk == EMPTY:
             break
-        home = np.int64((kk * MUL) >> shift)
+        home = (kk * MUL) >> shift
         if (i < home <= j) if i <= j else (home > i or home <= j):
             continue  # its probe from home reaches j without passing i: it stays
         keys[i] = kk
@@ -76,10 +87,10 @@ def _free(keys, vals, i, shift, mask):
 @numba.njit(cache=True, nogil=True)
 def drop(keys, vals, k, shift, mask):
     """Delete k from the table if present (k not the empty mark); whether it was."""
-    at = find(keys, k, shift, mask)
-    if at < 0:
+    j = find(keys, k, shift, mask)
+    if j < 0:
         return False
-    _free(keys, vals, at, shift, mask)
+    _free(keys, vals, j, shift, mask)
     return True
 
 
@@ -100,10 +111,10 @@ def _run_from(keys, vals, ks, i, n, shift, mask, out):
     while i < n:
         if ks[i] == EMPTY:
             return -1 - i
-        at = find(keys, ks[i], shift, mask)
-        if at < 0:
+        j = find(keys, ks[i], shift, mask)
+        if j < 0:
             return i
-        out[i] = vals[at]
+        out[at(i)] = vals[at(j)]
         i += 1
     return n
 
@@ -122,9 +133,9 @@ def assign_many(keys, vals, ks, vs, shift, mask):
     n = 0
     for i in range(len(ks)):
         if ks[i] != EMPTY:
-            at = find(keys, ks[i], shift, mask)
-            if at >= 0:
-                vals[at] = vs[i]
+            j = find(keys, ks[i], shift, mask)
+            if j >= 0:
+                vals[at(j)] = vs[i]
                 n += 1
     return n
 
@@ -137,8 +148,8 @@ def hinted_run(keys, vals, ks, limit, hint, m, has, bh, shift, mask, out):
     i, nb = 0, len(has)
     while i < m:
         b = hint[i]
-        if b < 0 or b >= nb or not has[b] or bh[b] != ks[i]:  # (a block id out of range holds nothing)
+        if b < 0 or b >= nb or not has[at(b)] or bh[at(b)] != ks[at(i)]:  # (an id out of range holds nothing)
             break
-        out[i] = b
+        out[at(i)] = b
         i += 1
     return _run_from(keys, vals, ks, i, limit, shift, mask, out)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numba
 
-from agentkv.kv.u64map_loops import _free, drop, find, put
+from agentkv.kv.u64map_loops import _free, at, drop, find, put
 
 
 @numba.njit(cache=True, nogil=True)
@@ -23,9 +23,9 @@ def take_live(bl, st, stamp, ref, need, out):
     its block's latest and the block is unused); (how many it copied, how many entries it read)."""
     n = 0
     for i in range(len(bl)):
-        b = bl[i]
+        b = at(bl[i])
         if stamp[b] == st[i] and ref[b] == 0:
-            out[n] = b
+            out[at(n)] = b
             n += 1
             if n == need:
                 return n, i + 1
@@ -37,7 +37,7 @@ def min_stamp(blocks, stamp):
     """The oldest (least) stamp of `blocks` (free ones: stamped); the int64 maximum for none."""
     m = 9223372036854775807
     for i in range(len(blocks)):
-        s = stamp[blocks[i]]
+        s = stamp[at(blocks[i])]
         if s < m:
             m = s
     return m
@@ -51,7 +51,7 @@ def live_before(bl, st, stamp, ref, bound, need):
     for i in range(len(bl)):
         if st[i] >= bound:
             return n, True
-        b = bl[i]
+        b = at(bl[i])
         if stamp[b] == st[i] and ref[b] == 0:
             n += 1
             if n == need:
@@ -67,10 +67,10 @@ def take_bytes(bl, st, stamp, cost, need, out):
     n = 0
     freed = 0
     for i in range(len(bl)):
-        b = bl[i]
+        b = at(bl[i])
         if stamp[b] == st[i]:
             stamp[b] = 0
-            out[n] = b
+            out[at(n)] = b
             n += 1
             freed += cost[b]
             if freed >= need or n == len(out):
@@ -85,7 +85,7 @@ def mark_taken(arr, counts, costs, ref, hashed, group, cost):
     i = 0
     for g in range(len(counts)):
         for _ in range(counts[g]):
-            b = arr[i]
+            b = at(arr[i])
             ref[b] = 1
             hashed[b] = False
             group[b] = g
@@ -97,13 +97,14 @@ def mark_taken(arr, counts, costs, ref, hashed, group, cost):
 def _unref(b, ref, hashed, cost, cached, nc, empty, ne):
     """Drop one reference to block b: at zero it goes to cached[nc] (holding a hash) or empty[ne];
     (the new nc and ne, its bytes by cost gone to each)."""
-    ref[b] -= 1
-    if ref[b] == 0:
-        if hashed[b]:
-            cached[nc] = b
-            return nc + 1, ne, cost[b], 0
-        empty[ne] = b
-        return nc, ne + 1, 0, cost[b]
+    u = at(b)
+    ref[u] -= 1
+    if ref[u] == 0:
+        if hashed[u]:
+            cached[at(nc)] = b
+            return nc + 1, ne, cost[u], 0
+        empty[at(ne)] = b
+        return nc, ne + 1, 0, cost[u]
     return nc, ne, 0, 0
 
 
@@ -143,14 +144,14 @@ def release(blocks, hashed, ref, cached, empty):
     go to `cached` (the first `hashed` blocks, cached ones) or `empty` (the rest); (how many of each)."""
     nc = ne = 0
     for i in range(len(blocks) - 1, -1, -1):
-        b = blocks[i]
+        b = at(blocks[i])
         ref[b] -= 1
         if ref[b] == 0:
             if i < hashed:
-                cached[nc] = b
+                cached[at(nc)] = b
                 nc += 1
             else:
-                empty[ne] = b
+                empty[at(ne)] = b
                 ne += 1
     return nc, ne
 
@@ -161,9 +162,9 @@ def unheld(blocks, ref, out):
     hits that leave the free queue)."""
     n = 0
     for i in range(len(blocks)):
-        b = blocks[i]
+        b = at(blocks[i])
         if ref[b] == 0:
-            out[n] = b
+            out[at(n)] = b
             n += 1
     return n
 
@@ -173,7 +174,7 @@ def pin(blocks, ref):
     """One more reference to each block (no block twice): an admission's shared hits, in one pass
     where `ref[blocks] += 1` gathers and scatters through numpy's fancy indexing."""
     for i in range(len(blocks)):
-        ref[blocks[i]] += 1
+        ref[at(blocks[i])] += 1
 
 
 @numba.njit(cache=True, nogil=True)
@@ -285,10 +286,11 @@ def cache_marks(idx, keys, mkeys, mvals, shift, mask, got, bh, has, hashed):
         p, added = put(mkeys, mvals, k, b, shift, mask)
         new += added
         got[i] = p
-        has[b] = p == b
+        u = at(b)
+        has[u] = p == b
         copies += p != b
-        bh[b] = k
-        hashed[b] = True
+        bh[u] = k
+        hashed[u] = True
     return new, copies
 
 
@@ -299,7 +301,7 @@ def uncache_marks(victims, bh, has, hashed, mkeys, mvals, shift, mask):
     gone = 0
     zero = False
     for i in range(len(victims)):
-        v = victims[i]
+        v = at(victims[i])
         k = bh[v]
         if k == 0:
             zero = True
