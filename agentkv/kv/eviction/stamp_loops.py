@@ -129,9 +129,9 @@ def cut_free(t, lo, hi, ref, hashed, cost, cached, nc, ids, n_ids):
     cb = 0
     eb = 0
     for i in range(hi - 1, lo - 1, -1):
-        b = t[i]
+        b = t[at(i)]
         if b >= 0:
-            t[i] = -1
+            t[at(i)] = -1
             nc, n_ids, c, e = _unref(b, ref, hashed, cost, cached, nc, ids, n_ids)
             cb += c
             eb += e
@@ -181,13 +181,13 @@ def pin(blocks, ref):
 def _chain(b, p, cnext, cprev, ctail):
     """Block b, a younger copy of the hash whose oldest copy (the map's block) is p, to the tail of
     that hash's chain: cnext the next younger copy, cprev the next older, ctail a head's youngest."""
-    t = ctail[p]
+    t = ctail[at(p)]
     if t < 0:
         t = p
-    cnext[t] = b
-    cprev[b] = t
-    cnext[b] = -1
-    ctail[p] = b
+    cnext[at(t)] = b
+    cprev[at(b)] = t
+    cnext[at(b)] = -1
+    ctail[at(p)] = b
 
 
 @numba.njit(cache=True, nogil=True)
@@ -207,38 +207,39 @@ def chain_drop(victims, keys, cnext, cprev, ctail, named, mkeys, mvals, shift, m
     nd = 0
     zero = -2
     for i in range(len(victims)):
-        b = victims[i]
+        b = at(victims[i])
         k = keys[i]
         p = cprev[b]
         if p >= 0:  # a younger copy: out of its chain
             nx = cnext[b]
-            cnext[p] = nx
+            cnext[at(p)] = nx
             if nx >= 0:
-                cprev[nx] = p
+                cprev[at(nx)] = p
             else:  # it was the youngest: its head's tail moves back
                 head = p
-                while cprev[head] >= 0:
-                    head = cprev[head]
-                ctail[head] = p if p != head else -1
+                while cprev[at(head)] >= 0:
+                    head = cprev[at(head)]
+                ctail[at(head)] = p if p != head else -1
             cprev[b] = -1
             cnext[b] = -1
         elif ctail[b] >= 0:  # the map's block, with younger copies: the next oldest answers now
             nx = cnext[b]
-            cprev[nx] = -1
-            ctail[nx] = ctail[b] if ctail[b] != nx else -1
+            v = at(nx)
+            cprev[v] = -1
+            ctail[v] = ctail[b] if ctail[b] != nx else -1
             ctail[b] = -1
             cnext[b] = -1
-            named[nx] = k
+            named[v] = k
             if k == 0:
                 zero = nx
             else:
-                mvals[find(mkeys, k, shift, mask)] = nx
+                mvals[at(find(mkeys, k, shift, mask))] = nx
         else:  # no copy holds the hash any more
             if k == 0:
                 zero = -1
             else:
                 _free(mkeys, mvals, find(mkeys, k, shift, mask), shift, mask)
-            gone[nd] = k
+            gone[at(nd)] = k
             nd += 1
     return nd, zero
 
@@ -256,16 +257,17 @@ def cache_run(seg, h64, mkeys, mvals, shift, mask, bkey, bh64, hashed, cnext, cp
     for i in range(len(seg)):
         b = seg[i]
         k = h64[i]
-        bkey[b] = k
-        hashed[b] = True
+        u = at(b)
+        bkey[u] = k
+        hashed[u] = True
         p, added = put(mkeys, mvals, k, b, shift, mask)
         new += added
         if p == b:
-            bh64[b] = k
+            bh64[u] = k
             continue
         _chain(b, p, cnext, cprev, ctail)  # a copy: to the tail of its hash's chain
-        alias[b] = p
-        bh64[b] = 0  # the mirror names the block the map gives
+        alias[u] = p
+        bh64[u] = 0  # the mirror names the block the map gives
     return new
 
 
