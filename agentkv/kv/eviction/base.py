@@ -60,8 +60,8 @@ class Evictor:
         return None
 
     def room_before(self, blocks: np.ndarray, n: int) -> int | None:
-        """How many of the next `n` victims come before the first of `blocks` (free blocks someone
-        waits for) would go; None where the policy cannot tell ahead (`next_victims`)."""
+        """How many of the next `n` victims go before the first of `blocks` (free blocks a waiting
+        request needs) would; None where the policy cannot tell ahead (`next_victims`)."""
         order = self.next_victims(n)
         if order is None:
             return None
