@@ -534,3 +534,92 @@ def test_a_state_page_is_padded_to_the_attention_page():
     nxt = kv_layout(get_model("qwen3-next"), 544, "bf16", 2)
     assert nxt[1].rule == "state" and nxt[1].block_bytes == 36 * 544 * 1024
     assert nxt[0].block_bytes == 12 * 544 * 1024
+
+
+def test_a_pool_nobody_listens_to_keeps_the_same_blocks_as_one_that_records_events(monkeypatch):
+    """A pool without listeners evicts group 0's victims in a single compiled pass (`evict_first`),
+    the other groups' after it; a recording pool takes the general path. A random run of shared,
+    recomputed and growing prompts over a small pool leaves both with the same block ids, maps,
+    copies, free-id stack and counts after every call."""
+    from agentkv.kv.eviction.base import stamp_loops
+
+    loops, one_pass = stamp_loops(), []
+    evict_first = loops.evict_first
+
+    def counted(*args):  # which evictions had group 0's victims alone (the others: group 1's too)
+        n, zero, rest = evict_first(*args)
+        one_pass.append(rest == 0)
+        return n, zero, rest
+
+    monkeypatch.setattr(loops, "evict_first", counted)
+    rng = random.Random(11)  # (a window block the size of three: evictions free ids a take leaves)
+    specs = [GroupSpec("full", 10, event_kind="full_attention"), GroupSpec("sliding", 30, 8)]
+    quiet, loud = (HybridPool(specs, 1500, BS, record_events=r) for r in (False, True))
+    running: dict[str, tuple[PoolRequest, int]] = {}
+    most_copies = 0
+    for i in range(600):
+        op = rng.random()
+        if op < 0.45 or not running:  # a prompt from one of a few bases: hits, misses, recomputes
+            r = req(f"r{i}", rng.randint(1, 12), base=rng.choice((0, 0, 100, 200)) * 1000)
+            use_hit = rng.random() < 0.7
+            got = []
+            for pool in (quiet, loud):
+                c = pool.get_computed_blocks(r.block_hashes, len(r.block_hashes) * BS + 1)
+                hit = c.hit if use_hit else 0
+                new = len(r.block_hashes) * BS + 1 - hit * BS
+                got.append((pool.allocate_slots(r, new, hit * BS, c if use_hit else None), hit))
+            assert got[0] == got[1]
+            if got[0][0]:
+                running[r.request_id] = (r, len(r.block_hashes) * BS + 1)
+        elif op < 0.75:  # a running request decodes a few tokens
+            rid = rng.choice(sorted(running))
+            r, done = running[rid]
+            n = rng.randint(1, 6)
+            ok = [pool.allocate_slots(r, n, done) for pool in (quiet, loud)]
+            assert ok[0] == ok[1]
+            if ok[0]:
+                running[rid] = (r, done + n)
+        else:
+            rid = rng.choice(sorted(running))
+            del running[rid]
+            for pool in (quiet, loud):
+                pool.free(rid)
+        for rid in running:
+            assert all(np.array_equal(a, b) for a, b in zip(quiet.tables[rid], loud.tables[rid], strict=True))
+        assert dict(quiet.cached_maps[0].items()) == dict(loud.cached_maps[0].items())
+        assert quiet.cached_maps[1] == loud.cached_maps[1]
+        assert quiet.group_copies(0) == loud.group_copies(0)
+        for name in ("ref", "hashed_blk", "bkey", "bh64", "bgroup", "cnext", "cprev", "ctail"):
+            assert np.array_equal(getattr(quiet, name), getattr(loud, name)), name
+        most_copies = max(most_copies, len(quiet.group_copies(0)))
+        assert quiet._ids[: quiet._n_ids].tolist() == loud._ids[: loud._n_ids].tolist()
+        assert (quiet._fresh, quiet.stats.evicted, quiet.stats.allocated) == (
+            loud._fresh,
+            loud.stats.evicted,
+            loud.stats.allocated,
+        )
+    quiet.check_invariants()
+    loud.check_invariants()
+    assert quiet.stats.evicted > 100 and most_copies > 0  # (evictions of copies among them)
+    assert any(one_pass) and not all(one_pass)  # evictions of group 0 alone and of both groups
+
+
+def test_take_ids_pops_the_freed_stack_top_first_then_never_taken_ids():
+    """A take's ids: the freed stack from its top, then never-taken ids ascending, each marked with
+    one reference, no hash, its group and that group's block bytes (groups in turn)."""
+    from agentkv.kv.eviction.base import stamp_loops
+
+    take = stamp_loops().take_ids
+    n = 12
+    ref, hashed = np.zeros(n, np.int32), np.ones(n, bool)
+    group, cost = np.full(n, 7, np.int16), np.zeros(n, np.int64)
+    ids, out = np.array([5, 2, 9, 0], dtype=np.int64), np.empty(5, np.int64)
+    counts, costs = np.array([2, 3], dtype=np.int64), np.array([10, 40], dtype=np.int64)
+    assert take(ids, 3, 7, counts, costs, ref, hashed, group, cost, out) == (0, 9)
+    assert out.tolist() == [9, 2, 5, 7, 8]
+    assert ref[out].tolist() == [1] * 5 and not hashed[out].any() and hashed.sum() == n - 5
+    assert group[out].tolist() == [0, 0, 1, 1, 1] and cost[out].tolist() == [10, 10, 40, 40, 40]
+    one, c1 = np.empty(1, np.int64), np.array([1], dtype=np.int64)  # (counts add up to the ids taken)
+    # a take the stack covers leaves the rest of it and no fresh id
+    assert take(np.array([4, 6], dtype=np.int64), 2, 12, c1, costs, ref, hashed, group, cost, one) == (1, 12)
+    assert one.tolist() == [6]

@@ -73,6 +73,7 @@ class GroupBlocks:
         self.cprev = np.full(n, NULL, dtype=np.int64)
         self.ctail = np.full(n, NULL, dtype=np.int64)
         self._ids = np.empty(n, dtype=np.int64)  # freed block ids, a stack (top at the end)
+        self._rest = np.empty(n, dtype=np.int64)  # an eviction's victims of groups other than 0 (scratch)
         self._n_ids = 0
         self._fresh = 0  # ids from here on were never taken: they come after the freed ones, ascending
         self.bcost = np.zeros(n, dtype=np.int64)
@@ -98,7 +99,8 @@ class GroupBlocks:
         # per request: (computed from, computed below, total up to) where an allocation changes nothing
         self.quiet: dict[str, tuple[int, int, int]] = {}
         # the groups `remove_skipped` visits (window, chunk, state), with their rule and window
-        self._movers = [(g, s.rule, s.window) for g, s in enumerate(self.specs) if s.rule != "full"]
+        self._rules = [(g, s.rule, s.window) for g, s in enumerate(self.specs)]
+        self._movers = [r for r in self._rules if r[1] != "full"]
         self._epoch = getattr(self, "_epoch", 0)
 
     def block_cost(self, b: int) -> int:
@@ -198,21 +200,27 @@ class GroupBlocks:
         bs, rid, n_hashes = self.block_size, req.request_id, len(req.block_hashes)
         tables, hashed = self.tables[rid], self.hashed[rid]
         c_hi = t_hi = 1 << 62
-        for g, s in enumerate(self.specs):
-            rule, h = s.rule, hashed[g]
+        for g, rule, w in self._rules:  # (`x if x < y else y` in place of `min`: every allocation asks)
+            h = hashed[g]
             if rule == "sliding":
-                lead = computed - s.window + 1
-                c_hi = min(c_hi, (max(lead, 0) // bs + 1) * bs + s.window - 1)
+                lead = computed - w + 1
+                x = ((lead // bs if lead > 0 else 0) + 1) * bs + w - 1
+                c_hi = x if x < c_hi else c_hi
             elif rule == "chunked":
-                c_hi = min(c_hi, (computed // s.window + 1) * s.window)
+                x = (computed // w + 1) * w
+                c_hi = x if x < c_hi else c_hi
             elif rule == "state":  # a new page past the current one's block; the older freed next step
                 pos = self.spos[rid][g]
-                if len(pos) > 1:
-                    c_hi = min(c_hi, computed + 1)
+                if len(pos) > 1 and computed + 1 < c_hi:
+                    c_hi = computed + 1
                 m = pos[-1]  # the current page is hashed when the tokens fill its block
-                t_hi = min(t_hi, m * bs - 1 if h < m <= n_hashes else m * bs)
+                x = m * bs - 1 if h < m <= n_hashes else m * bs
+                t_hi = x if x < t_hi else t_hi
                 continue
-            t_hi = min(t_hi, len(tables[g]) * bs, (h + 1) * bs - 1 if h < n_hashes else t_hi)
+            x = len(tables[g]) * bs
+            t_hi = x if x < t_hi else t_hi
+            if h < n_hashes and (h + 1) * bs - 1 < t_hi:
+                t_hi = (h + 1) * bs - 1
         return computed, c_hi, t_hi
 
     # -- changes ---------------------------------------------------------------------------------
@@ -249,16 +257,21 @@ class GroupBlocks:
         rid = req.request_id
         tables, bufs = self.tables[rid], self._bufs[rid]
         taken = self._take_groups(new)
-        for g, s in enumerate(self.specs):
+        for g, rule, _ in self._rules:
             k = new[g]
             if not k:
                 continue
             t = tables[g]
-            if s.rule == "state":  # (its table loses its head as pages are freed: no buffer)
+            if rule == "state":  # (its table loses its head as pages are freed: no buffer)
                 tables[g] = np.concatenate((t, taken[g]))
                 self.spos[rid][g].append(_cdiv(total, self.block_size))
                 continue
-            bufs[g], tables[g] = appended(bufs[g], t, taken[g])
+            buf, n = bufs[g], len(t)  # (`tables.appended` inline: every growth of every group)
+            if buf is None or n + k > len(buf):
+                bufs[g], tables[g] = appended(buf, t, taken[g])
+                continue
+            buf[n : n + k] = taken[g]
+            tables[g] = buf[: n + k]
         self._cache(req, total, fresh_state=False)
 
     def remove_skipped(self, rid: str, num_computed: int) -> None:
@@ -267,23 +280,30 @@ class GroupBlocks:
         if not self._movers:
             return
         tables, skips, bs = self.tables[rid], self.skip[rid], self.block_size
-        spans = []  # in group order, as vLLM frees them: unpinned together
+        spans, most = [], 0  # in group order, as vLLM frees them: unpinned together
         for g, rule, window in self._movers:
             if rule == "state":
                 pos = self.spos[rid][g]
                 if len(pos) > 1 and pos[0] < _cdiv(num_computed, bs):
                     spans.append((tables[g][:1].copy(), 0, 1))
+                    most += 1
                     tables[g] = tables[g][1:]
                     del pos[0]
                 continue
             t, lo = tables[g], skips[g]
-            hi = min(R.skipped_tokens(rule, window, num_computed) // bs, len(t))
+            if rule == "sliding":  # (`group_rules.skipped_tokens` inline: every allocation asks)
+                hi = (num_computed - window + 1) // bs  # (negative: nothing skipped, as max(0, ...))
+            else:
+                hi = num_computed // window * window // bs
+            if hi > len(t):
+                hi = len(t)
             if hi > lo:
                 spans.append((t, lo, hi))
+                most += hi - lo
                 skips[g] = hi
         if spans:  # one compiled pass a span: cut (right to left, nulls skipped) and free, as `_unpin`
             cut = stamp_loops().cut_free
-            cached = np.empty(sum(hi - lo for _, lo, hi in spans), dtype=np.int64)
+            cached = np.empty(most, dtype=np.int64)
             nc, n_ids, cb, eb = 0, self._n_ids, 0, 0
             for t, lo, hi in spans:
                 nc, n_ids, c, e = cut(
@@ -317,7 +337,8 @@ class GroupBlocks:
         ends = min(total // bs, n_hashes)
         for g, s in enumerate(self.specs):
             if s.rule != "state":
-                if min(ends, len(tables[g])) > hashed[g]:  # (else `_cache_tokens` has nothing to do)
+                n = len(tables[g])  # (else `_cache_tokens` has nothing to do)
+                if (ends if ends < n else n) > hashed[g]:
                     self._cache_tokens(req, g, total)
                 continue
             k = R.state_boundary(total, bs, n_hashes)
@@ -358,9 +379,9 @@ class GroupBlocks:
         tails = m[2]
         if self.retention_interval:  # and the window before each segment's end
             tails = R.merge_ranges(tails + R.segment_tails(w, bs, self.retention_interval, lo, full))
-        for a, e in tails:
-            if max(lo, a) < min(full, e):
-                self._cache_range(req, g, max(lo, a), min(full, e))
+        for a, e in tails:  # (`max(lo, a) < min(full, e)`, lo < full known, without the calls)
+            if lo < e and a < full and a < e:
+                self._cache_range(req, g, lo if lo > a else a, full if full < e else e)
 
     def _cache_range(self, req: KVRequest, g: int, lo: int, full: int) -> None:
         """Cache group `g`'s blocks [lo, full) of `req` (the table's nulls skipped): hashes stored, a
@@ -532,16 +553,23 @@ class GroupBlocks:
         if self.empty_bytes < need:
             self._evict(need)
         self.empty_bytes -= need
-        arr = self._pop_ids(n)
-        # ref 1, no hash (a recycled id's was cleared from `bhash` when it was evicted), group, bytes
-        stamp_loops().mark_taken(
-            arr,
+        short = n - self._n_ids  # ids beyond the freed stack: never-taken ones, the arrays grown for them
+        if short > 0 and self._fresh + short > len(self.ref):
+            self._grow_ids(self._fresh + short)
+        arr = np.empty(n, dtype=np.int64)
+        # off the freed stack (top first), then never-taken ids, ascending: ref 1, no hash (a recycled
+        # id's was cleared from `bhash` when it was evicted), group, bytes; one compiled pass
+        self._n_ids, self._fresh = stamp_loops().take_ids(
+            self._ids,
+            self._n_ids,
+            self._fresh,
             np.array(new, dtype=np.int64),
             self._costs,
             self.ref,
             self.hashed_blk,
             self.bgroup,
             self.bcost,
+            arr,
         )
         self.stats.allocated += n
         out, i = [], 0
@@ -553,35 +581,42 @@ class GroupBlocks:
                 out.append(EMPTY)
         return out
 
-    def _pop_ids(self, n: int) -> np.ndarray:
-        """`n` ids off the freed stack (top first), then never-taken ones: a fresh array."""
-        m = self._n_ids
-        if n <= m:
-            arr = self._ids[m - n : m][::-1].copy()
-        else:
-            arr = np.concatenate((self._ids[:m][::-1], self._new_ids(n - m)))
-        self._n_ids = max(0, m - n)
-        return arr
-
-    def _new_ids(self, k: int) -> np.ndarray:
-        """`k` never-taken ids; the per-block arrays grow (doubling) to hold them."""
-        f = self._fresh
-        if f + k > len(self.ref):
-            size = max(f + k, min(2 * len(self.ref), self.max_ids))
-            for name in ("ref", "bgroup", "hashed_blk", "bkey", "bh64", "bcost", "_ids"):
-                setattr(self, name, grown(getattr(self, name), size))
-            for name in ("alias", "cnext", "cprev", "ctail"):
-                setattr(self, name, grown(getattr(self, name), size, NULL))
-            if self.bhash is not None:
-                self.bhash = grown(self.bhash, size)
-            self.lru.grown(self.bcost)
-        self._fresh = f + k
-        return np.arange(f, f + k, dtype=np.int64)
+    def _grow_ids(self, upto: int) -> None:
+        """Per-block arrays long enough for ids below `upto` (doubling, up to `max_ids`)."""
+        size = max(upto, min(2 * len(self.ref), self.max_ids))
+        for name in ("ref", "bgroup", "hashed_blk", "bkey", "bh64", "bcost", "_ids", "_rest"):
+            setattr(self, name, grown(getattr(self, name), size))
+        for name in ("alias", "cnext", "cprev", "ctail"):
+            setattr(self, name, grown(getattr(self, name), size, NULL))
+        if self.bhash is not None:
+            self.bhash = grown(self.bhash, size)
+        self.lru.grown(self.bcost)
 
     def _evict(self, need: int) -> None:
         victims, freed = self.lru.pop_bytes(need - self.empty_bytes)
         self.evictable_bytes -= freed
         self.empty_bytes += freed
+        d0 = self.cached_maps[0]
+        if type(d0) is U64Map and self.mirror and self._emit is None and self.hooks is None:
+            # (nobody listens: group 0's victims in one compiled pass, the other groups' dicts after)
+            mkeys, mvals, shift, mask = d0.slots()
+            args = (self.cnext, self.cprev, self.ctail, self.bh64, mkeys, mvals, shift, mask)
+            rest = self._rest  # (as long as the id arrays: never fewer than the victims)
+            n, zero, nr = stamp_loops().evict_first(
+                victims, self.bgroup, self.hashed_blk, self.bkey, *args, self._ids, self._n_ids, rest
+            )
+            self._dropped_zero(d0, n, zero)
+            if nr:  # group by group (stable: LRU order kept), as below
+                rest = rest[:nr]
+                order, i = rest[self.bgroup[rest].argsort(kind="stable")], 0
+                for g, k in enumerate(np.bincount(self.bgroup[order]).tolist()):
+                    if k:
+                        mine, i = order[i : i + k], i + k
+                        drop_copies(self.cached_maps[g], self.dups[g], None, mine, self.bkey[mine].tolist())
+            self._n_ids += len(victims)
+            self._epoch += 1
+            self.stats.evicted += len(victims)
+            return
         self.hashed_blk[victims] = False
         # per group present, in group order: its hashes in LRU order, and those no copy holds any more
         removed: dict[int, list[int] | None] = {}
@@ -632,12 +667,19 @@ class GroupBlocks:
         mkeys, mvals, shift, mask = d.slots()
         args = (self.cnext, self.cprev, self.ctail, self.bh64, mkeys, mvals, shift, mask, gone)
         n, zero = stamp_loops().chain_drop(victims, keys, *args)
-        if zero != -2:  # hash 0, which the map keeps aside: the loop left it to the dict API
+        self._dropped_zero(d, n, zero)
+        return gone[:n].tolist() if listen else None
+
+    @staticmethod
+    def _dropped_zero(d: U64Map, n: int, zero: int) -> None:
+        """After a compiled drop from `d`'s table (`chain_drop`, `evict_first`) of `n` hashes, key
+        0's outcome (-2 untouched, -1 gone, else its block), which the map keeps aside, through its
+        dict API; the map's count told of the rest."""
+        if zero != -2:
             if zero == -1:
                 del d[0]
             else:
                 d[0] = zero
         d.live_changed(-(n - (zero == -1)))
-        return gone[:n].tolist() if listen else None
 
     check_invariants = check_hybrid  # bytes add up; LRU, maps, tables and the uint64 mirror agree

@@ -118,9 +118,13 @@ def warm_hybrid_loops():
     loops.cut_free(i64, 0, 0, np.zeros(0, np.int32), no, i64, i64, 0, i64, 0)
     loops.chain_add(i64, i64, i64, i64, i64)
     loops.chain_drop(i64, u64, i64, i64, i64, u64, keys, vals, shift, 15, u64)
+    loops.evict_first(
+        i64, np.zeros(0, np.int16), no, u64, i64, i64, i64, u64, keys, vals, shift, 15, i64, 0, i64
+    )
     loops.cache_run(i64, u64, keys, vals, shift, 15, u64, u64, no, i64, i64, i64, i64)
+    loops.hinted_prefix(i64, 0, u64, 0, u64, i64, keys, vals, shift, 15, i64)
     loops.take_bytes(i64, i64, i64, i64, 0, i64)
-    loops.mark_taken(i64, i64, i64, np.zeros(0, np.int32), no, np.zeros(0, np.int16), i64)
+    loops.take_ids(i64, 0, 0, i64, i64, np.zeros(0, np.int32), no, np.zeros(0, np.int16), i64, i64)
     loops.unpin(i64, np.zeros(0, np.int32), no, i64, i64, i64)
     _HYBRID_WARM = True
     return loops

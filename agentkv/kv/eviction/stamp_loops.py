@@ -2,9 +2,11 @@
 than the blocks they touch: victim pops from the stamped queues (the dense pool's LRU by count, the
 hybrid pool's by bytes), each reading a chunk only as far as its last victim, and the LRU's look
 ahead (how many victims come before a block a waiting request needs); the hybrid pool's takes
-(marking fresh blocks), frees (dropping references; a window's passed blocks cut from the table and
-freed in the same pass), and group 0's caching and chains of copies of a hash (`cache_run`,
-`chain_add`, `chain_drop`, writing the `U64Map`'s table in place); and the dense pool's frees,
+(ids off the freed stack, then never-taken ones, marked: `take_ids`), frees (dropping references; a
+window's passed blocks cut from the table and freed in the same pass), group 0's caching and chains
+of copies of a hash (`cache_run`, `chain_add`, `chain_drop`, writing the `U64Map`'s table in place),
+its evictions when nobody listens (`evict_first`) and its hinted prefix lookup (`hinted_prefix`);
+and the dense pool's frees,
 admission checks and pins (a long context's table, thousands of blocks, in one pass instead of
 several numpy gathers and masks). Reached through `eviction.base.stamp_loops()`, which loads them
 when a pool is made (the hybrid pool's own through `warm_hybrid_loops()`, when a hybrid pool is
@@ -91,6 +93,24 @@ def mark_taken(arr, counts, costs, ref, hashed, group, cost):
             group[b] = g
             cost[b] = costs[g]
             i += 1
+
+
+@numba.njit(cache=True, nogil=True)
+def take_ids(ids, n_ids, fresh, counts, costs, ref, hashed, group, cost, out):
+    """Fill out with block ids off the freed stack ids[:n_ids] (top first), then never-taken ones
+    from `fresh` on (ascending; the arrays hold them), each marked taken for groups in turn
+    (`mark_taken`); (the stack's new height, the next never-taken id)."""
+    i = 0
+    while i < len(out) and n_ids > 0:
+        n_ids -= 1
+        out[at(i)] = ids[at(n_ids)]
+        i += 1
+    while i < len(out):
+        out[at(i)] = fresh
+        fresh += 1
+        i += 1
+    mark_taken(out, counts, costs, ref, hashed, group, cost)
+    return n_ids, fresh
 
 
 @numba.njit(cache=True, nogil=True)
@@ -199,6 +219,42 @@ def chain_add(blocks, heads, cnext, cprev, ctail):
 
 
 @numba.njit(cache=True, nogil=True)
+def _unchain(b, k, cnext, cprev, ctail, named, mkeys, mvals, shift, mask):
+    """Evict block b (hash k) from its chain and the map's table: 0, it was a younger copy; 1, the
+    map's block, its hash handed to the next oldest copy (the second value; named[copy] = k); 2, no
+    copy holds the hash any more (out of the table). Key 0 (kept aside by the map) is left to the
+    caller."""
+    p = cprev[b]
+    if p >= 0:  # a younger copy: out of its chain
+        nx = cnext[b]
+        cnext[at(p)] = nx
+        if nx >= 0:
+            cprev[at(nx)] = p
+        else:  # it was the youngest: its head's tail moves back
+            head = p
+            while cprev[at(head)] >= 0:
+                head = cprev[at(head)]
+            ctail[at(head)] = p if p != head else -1
+        cprev[b] = -1
+        cnext[b] = -1
+        return 0, nx
+    if ctail[b] >= 0:  # the map's block, with younger copies: the next oldest answers now
+        nx = cnext[b]
+        v = at(nx)
+        cprev[v] = -1
+        ctail[v] = ctail[b] if ctail[b] != nx else -1
+        ctail[b] = -1
+        cnext[b] = -1
+        named[v] = k
+        if k != 0:
+            mvals[at(find(mkeys, k, shift, mask))] = nx
+        return 1, nx
+    if k != 0:  # no copy holds the hash any more
+        _free(mkeys, mvals, find(mkeys, k, shift, mask), shift, mask)
+    return 2, -1
+
+
+@numba.njit(cache=True, nogil=True)
 def chain_drop(victims, keys, cnext, cprev, ctail, named, mkeys, mvals, shift, mask, gone):
     """Evict victims (keys: their hashes) in order from their chains and from the map's table
     (`U64Map.slots`): a younger copy just leaves its chain; the map's block hands its hash to the
@@ -207,41 +263,50 @@ def chain_drop(victims, keys, cnext, cprev, ctail, named, mkeys, mvals, shift, m
     nd = 0
     zero = -2
     for i in range(len(victims)):
-        b = at(victims[i])
         k = keys[i]
-        p = cprev[b]
-        if p >= 0:  # a younger copy: out of its chain
-            nx = cnext[b]
-            cnext[at(p)] = nx
-            if nx >= 0:
-                cprev[at(nx)] = p
-            else:  # it was the youngest: its head's tail moves back
-                head = p
-                while cprev[at(head)] >= 0:
-                    head = cprev[at(head)]
-                ctail[at(head)] = p if p != head else -1
-            cprev[b] = -1
-            cnext[b] = -1
-        elif ctail[b] >= 0:  # the map's block, with younger copies: the next oldest answers now
-            nx = cnext[b]
-            v = at(nx)
-            cprev[v] = -1
-            ctail[v] = ctail[b] if ctail[b] != nx else -1
-            ctail[b] = -1
-            cnext[b] = -1
-            named[v] = k
-            if k == 0:
-                zero = nx
-            else:
-                mvals[at(find(mkeys, k, shift, mask))] = nx
-        else:  # no copy holds the hash any more
-            if k == 0:
-                zero = -1
-            else:
-                _free(mkeys, mvals, find(mkeys, k, shift, mask), shift, mask)
+        how, nx = _unchain(at(victims[i]), k, cnext, cprev, ctail, named, mkeys, mvals, shift, mask)
+        if how == 0:
+            continue
+        if k == 0:
+            zero = nx
+        if how == 2:
             gone[at(nd)] = k
             nd += 1
     return nd, zero
+
+
+@numba.njit(cache=True, nogil=True)
+def evict_first(
+    victims, group, hashed, bkey, cnext, cprev, ctail, bh64, mkeys, mvals, shift, mask, ids, n_ids, rest
+):
+    """The hybrid pool's eviction when nobody listens (group 0's map a `U64Map`), in one pass: each
+    victim unmarked; group 0's out of their chains and the map (`chain_drop`'s order), the other
+    groups' copied to rest (in order: their dict maps are the caller's); then every victim unnamed
+    (bh64) and pushed onto the free-id stack ids[n_ids:]. (How many hashes left group 0's map, key
+    0's outcome as `chain_drop`'s, how many went to rest.)"""
+    nd = 0
+    zero = -2
+    nr = 0
+    for i in range(len(victims)):
+        b = at(victims[i])
+        hashed[b] = False
+        if group[b] != 0:
+            rest[at(nr)] = victims[i]
+            nr += 1
+            continue
+        k = bkey[b]
+        how, nx = _unchain(b, k, cnext, cprev, ctail, bh64, mkeys, mvals, shift, mask)
+        if how == 0:
+            continue
+        if k == 0:
+            zero = nx
+        if how == 2:
+            nd += 1
+    for i in range(len(victims)):  # (after: a copy named above and evicted in this batch is unnamed)
+        b = victims[i]
+        bh64[at(b)] = 0
+        ids[at(n_ids + i)] = b
+    return nd, zero, nr
 
 
 @numba.njit(cache=True, nogil=True)
@@ -269,6 +334,34 @@ def cache_run(seg, h64, mkeys, mvals, shift, mask, bkey, bh64, hashed, cnext, cp
         alias[u] = p
         bh64[u] = 0  # the mirror names the block the map gives
     return new
+
+
+@numba.njit(cache=True, nogil=True)
+def hinted_prefix(hint, m, ks, limit, bh64, alias, mkeys, mvals, shift, mask, out):
+    """Group 0's cached blocks of keys ks[:limit] into out, the map's answer: for i < m, hint[i]
+    when its uint64 mirror holds the key (the mirror names only the block the map gives), else the
+    copy it aliases when that one's does, else the map (`U64Map.slots`). How many lead the run;
+    -1 at a key 0 (the map keeps it aside: the caller asks the map)."""
+    nb = len(bh64)
+    for i in range(limit):
+        k = ks[at(i)]
+        if k == 0:
+            return -1
+        if i < m:
+            b = hint[at(i)]
+            if 0 <= b < nb:
+                if bh64[at(b)] == k:
+                    out[at(i)] = b
+                    continue
+                c = alias[at(b)]
+                if c >= 0 and bh64[at(c)] == k:
+                    out[at(i)] = c
+                    continue
+        j = find(mkeys, k, shift, mask)
+        if j < 0:
+            return i
+        out[at(i)] = mvals[at(j)]
+    return limit
 
 
 @numba.njit(cache=True, nogil=True)
