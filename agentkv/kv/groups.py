@@ -29,7 +29,7 @@ import numpy as np
 from agentkv.kv import group_rules as R
 from agentkv.kv.events import EventLog, KVEvent
 from agentkv.kv.eviction import make_policy
-from agentkv.kv.eviction.base import Evictor, warm_hybrid_loops
+from agentkv.kv.eviction.base import Evictor, stamp_loops, warm_hybrid_loops
 from agentkv.kv.group_state import GroupBlocks
 from agentkv.kv.group_tiers import GroupHooks, GroupLower, PolicyQueue
 from agentkv.kv.hashmap import find_run, prefix_len
@@ -178,41 +178,29 @@ class HybridPool(GroupLower, GroupBlocks, EventLog):
         return computed
 
     def _full_prefix(self, block_hashes, limit: int, hint, hash_array):
-        """Group 0's cached blocks of the leading hashes; `hint` (the session's last table) checked in
-        bulk first, as `BlockPool` does; the answer is the same."""
+        """Group 0's cached blocks of the leading hashes; `hint` (the session's last table) taken
+        where it still holds them, as `BlockPool` does, in one compiled pass (`hinted_prefix`: past a
+        failed block the hint may hold most of the rest, a recomputed copy's alias the one the map
+        gives); the answer is the same."""
         first = self.cached_maps[0]
-        if hint is None or hash_array is None or not self.mirror or not len(hint):
+        if (
+            hint is None
+            or hash_array is None
+            or not len(hint)
+            or type(first) is not U64Map  # (a dict: the mirror is off)
+            or len(hash_array) < limit
+            or hash_array.dtype != np.uint64
+        ):
             return find_run(first, block_hashes, limit, 0, hash_array)
-        m = min(len(hint), limit, len(hash_array))
-        hb = hint[:m]
-        h64 = hash_array[:m]  # a block's mirror is nonzero only while group 0's map gives it that hash
-        ok = (hb >= 0) & (self.bh64[hb] == h64) & (h64 != 0)
-        if not ok.all():  # past a failed block the hint may hold most of the rest (a recomputed
-            hb, k = self._patch_hint(hb, ok, h64)  # copy is unhashed)
-            if k < m:
-                return hb
-        rest = find_run(first, block_hashes, limit, m, hash_array)
-        return hb if not rest else np.concatenate((hb, np.asarray(rest, dtype=np.int64)))
-
-    def _patch_hint(self, hb: np.ndarray, ok: np.ndarray, hash_array: np.ndarray) -> tuple[np.ndarray, int]:
-        """The hint's blocks with those that failed the check replaced by the block their recomputed
-        copy aliases, where that one passes it, else looked up in the map, up to the first hash not
-        cached: (the blocks, how many). Only the failed ones without a live alias cost a lookup (one
-        compiled run of their uint64 hashes in a `U64Map`)."""
-        bad = np.flatnonzero(~ok)
-        hb = hb.copy()
-        cand = self.alias[hb[bad]]
-        h64 = hash_array[bad]
-        live = (hb[bad] >= 0) & (cand >= 0) & (self.bh64[np.maximum(cand, 0)] == h64) & (h64 != 0)
-        if live.any():  # a live alias holds the hash in group 0: the map's answer, without the map
-            hb[bad[live]] = cand[live]
-            bad = bad[~live]
-        m, keys = self.cached_maps[0], hash_array[bad]
-        found = m.run(keys) if type(m) is U64Map else find_run(m, keys.tolist(), len(bad))
-        end = int(bad[len(found)]) if len(found) < len(bad) else len(hb)
-        out = hb[:end]
-        out[bad[: len(found)]] = found
-        return out, end
+        out = np.empty(limit, dtype=np.int64)
+        mkeys, mvals, shift, mask = first.slots()
+        m = min(len(hint), limit)
+        n = stamp_loops().hinted_prefix(
+            hint, m, hash_array, limit, self.bh64, self.alias, mkeys, mvals, shift, mask, out
+        )
+        if n < 0:  # a key 0 (the map's side dict): the map's own run
+            return find_run(first, block_hashes, limit, 0, hash_array)
+        return out[:n]
 
     def touch(self, block_hashes: Sequence[int], found) -> None:
         if self.policy is not None:
