@@ -68,9 +68,16 @@ class GroupTerm:
         if self.state_s:
             return self.frac * n * (self.state_s + self.state_tok)
         c, cap = self.compress, self.cap
-        e, emax = ctx_sum / c, ctx_max / c
+        e = ctx_sum / c
         if cap < INF:
-            e, emax = np.minimum(e, n * cap), np.minimum(emax, cap)
+            e = np.minimum(e, n * cap)
+        if (
+            not self.stream_s
+        ):  # (no per-sequence stream term: e >= 0, so max(e*a, e*b) is e*max(a, b), exactly)
+            return self.frac * (e * (self.entry_s if self.entry_s >= self.dec_pair else self.dec_pair))
+        emax = ctx_max / c
+        if cap < INF:
+            emax = np.minimum(emax, cap)
         return self.frac * np.maximum(np.maximum(e * self.entry_s, emax * self.stream_s), e * self.dec_pair)
 
     def roof(self, batch: int, ctx: int) -> float:

@@ -400,8 +400,7 @@ class Engine:
                     return None
             ncs.append(nc)
         due: dict[int, list[int]] = {}
-        for i, d in enumerate(decoders):
-            k = pool.quiet_decodes(d, ncs[i])
+        for i, k in enumerate(map(pool.quiet_decodes, decoders, ncs)):
             if k < stop:
                 due.setdefault(k, []).append(i)
         return _Deferred(p, decoders, ncs, c, stop, due, sum(ncs), max(ncs))
