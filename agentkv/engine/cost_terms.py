@@ -71,9 +71,7 @@ class GroupTerm:
         e = ctx_sum / c
         if cap < INF:
             e = np.minimum(e, n * cap)
-        if (
-            not self.stream_s
-        ):  # (no per-sequence stream term: e >= 0, so max(e*a, e*b) is e*max(a, b), exactly)
+        if not self.stream_s:  # no per-sequence stream term: e >= 0, so max(e*a, e*b) is e*max(a, b)
             return self.frac * (e * (self.entry_s if self.entry_s >= self.dec_pair else self.dec_pair))
         emax = ctx_max / c
         if cap < INF:

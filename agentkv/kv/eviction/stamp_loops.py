@@ -6,11 +6,10 @@ ahead (how many victims come before a block a waiting request needs); the hybrid
 window's passed blocks cut from the table and freed in the same pass), group 0's caching and chains
 of copies of a hash (`cache_run`, `chain_add`, `chain_drop`, writing the `U64Map`'s table in place),
 its evictions when nobody listens (`evict_first`) and its hinted prefix lookup (`hinted_prefix`);
-and the dense pool's frees,
-admission checks and pins (a long context's table, thousands of blocks, in one pass instead of
-several numpy gathers and masks). Reached through `eviction.base.stamp_loops()`, which loads them
-when a pool is made (the hybrid pool's own through `warm_hybrid_loops()`, when a hybrid pool is
-made)."""
+and the dense pool's frees, admission checks and pins (a long context's table, thousands of blocks,
+in one pass instead of several numpy gathers and masks). Reached through
+`eviction.base.stamp_loops()`, which loads them when a pool is made (the hybrid pool's own through
+`warm_hybrid_loops()`, when a hybrid pool is made)."""
 
 from __future__ import annotations
 
