@@ -606,10 +606,10 @@ class GroupBlocks:
                 victims, self.bgroup, self.hashed_blk, self.bkey, *args, self._ids, self._n_ids, rest
             )
             self._dropped_zero(d0, n, zero)
-            if nr:  # group by group (stable: LRU order kept), as below
-                rest = rest[:nr]
-                order, i = rest[self.bgroup[rest].argsort(kind="stable")], 0
-                for g, k in enumerate(np.bincount(self.bgroup[order]).tolist()):
+            if nr:  # group by group, as below
+                order, counts = self._by_group(rest[:nr])
+                i = 0
+                for g, k in enumerate(counts):
                     if k:
                         mine, i = order[i : i + k], i + k
                         drop_copies(self.cached_maps[g], self.dups[g], None, mine, self.bkey[mine].tolist())
@@ -621,12 +621,8 @@ class GroupBlocks:
         # per group present, in group order: its hashes in LRU order, and those no copy holds any more
         removed: dict[int, list[int] | None] = {}
         gone: dict[int, list[int] | None] = {}
-        groups, i = self.bgroup[victims], 0
-        if np.count_nonzero(groups):
-            order = victims[groups.argsort(kind="stable")]  # stable: LRU order kept
-            counts = np.bincount(groups).tolist()
-        else:  # (the common case: group 0's blocks alone)
-            order, counts = victims, [len(victims)]
+        order, counts = self._by_group(victims)
+        i = 0
         if self.mirror:
             keys, hs = self.bkey[order], None
         else:
@@ -656,6 +652,14 @@ class GroupBlocks:
                 self._emit(BlockRemoved(block_hashes=lst, medium="GPU", group_idx=g))
         if self.hooks is not None:
             self.hooks.evicted(gone)
+
+    def _by_group(self, blocks: np.ndarray) -> tuple[np.ndarray, list[int]]:
+        """`blocks` sorted by group, each group's in their given (LRU) order, and each group's count
+        from group 0 on (group 0's alone, the common case: as given, no sort)."""
+        groups = self.bgroup[blocks]
+        if not np.count_nonzero(groups):
+            return blocks, [len(blocks)]
+        return blocks[groups.argsort(kind="stable")], np.bincount(groups).tolist()
 
     def _drop_chained(
         self, d: U64Map, victims: np.ndarray, keys: np.ndarray, listen: bool
