@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numba
 
-from agentkv.kv.u64map_loops import _free, at, drop, find, put
+from agentkv.kv.u64map_loops import _free, _run_from, at, drop, find, put
 
 
 @numba.njit(cache=True, nogil=True)
@@ -339,28 +339,29 @@ def cache_run(seg, h64, mkeys, mvals, shift, mask, bkey, bh64, hashed, cnext, cp
 def hinted_prefix(hint, m, ks, limit, bh64, alias, mkeys, mvals, shift, mask, out):
     """Group 0's cached blocks of keys ks[:limit] into out, the map's answer: for i < m, hint[i]
     when its uint64 mirror holds the key (the mirror names only the block the map gives), else the
-    copy it aliases when that one's does, else the map (`U64Map.slots`). How many lead the run;
-    -1 at a key 0 (the map keeps it aside: the caller asks the map)."""
+    copy it aliases when that one's does, else the map (`U64Map.slots`); past the hint, the map's
+    run (`u64map_loops._run_from`). How many lead the run; -1 at a key 0 (the map keeps it aside:
+    the caller asks the map)."""
     nb = len(bh64)
-    for i in range(limit):
+    for i in range(m):
         k = ks[at(i)]
         if k == 0:
             return -1
-        if i < m:
-            b = hint[at(i)]
-            if 0 <= b < nb:
-                if bh64[at(b)] == k:
-                    out[at(i)] = b
-                    continue
-                c = alias[at(b)]
-                if c >= 0 and bh64[at(c)] == k:
-                    out[at(i)] = c
-                    continue
+        b = hint[at(i)]
+        if 0 <= b < nb:
+            if bh64[at(b)] == k:
+                out[at(i)] = b
+                continue
+            c = alias[at(b)]
+            if c >= 0 and bh64[at(c)] == k:
+                out[at(i)] = c
+                continue
         j = find(mkeys, k, shift, mask)
         if j < 0:
             return i
         out[at(i)] = mvals[at(j)]
-    return limit
+    n = _run_from(mkeys, mvals, ks, m, limit, shift, mask, out)
+    return n if n >= 0 else -1
 
 
 @numba.njit(cache=True, nogil=True)
